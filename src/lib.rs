@@ -1,0 +1,1 @@
+//! maas: a PostgreSQL-native orchestrator.
