@@ -1,1 +1,39 @@
-fn main(){}
+//! maasd: the orchestrator daemon. See `maas::daemon`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Runs requests in `pipeline_runs` through analyzer → assembler → responder.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// TOML configuration file (environment variables override it).
+    #[arg(long, env = "MAAS_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    maas::telemetry::init();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "maasd stopped");
+            eprintln!("maasd: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let cfg = maas::config::Config::load(args.config.as_deref())?;
+    let shutdown = maas::shutdown::on_signals()?;
+    maas::daemon::run(cfg, shutdown, |engine| {
+        tracing::info!(worker = engine.worker(), "maasd ready");
+    })
+    .await?;
+    Ok(())
+}

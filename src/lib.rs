@@ -1,1 +1,31 @@
-//! maas: a PostgreSQL-native orchestrator.
+//! maas: a PostgreSQL-native orchestrator for an LLM pipeline with long-term
+//! memory.
+//!
+//! PostgreSQL holds every bit of state. `maasd` LISTENs on
+//! [`listener::CHANNEL`], claims requests as leases and moves each through
+//! analyzer → assembler → final responder. The table is the truth; a
+//! notification is only a doorbell (see `DESIGN.md` for the invariants).
+//!
+//! Module map:
+//! - [`config`] — typed settings, loaded once (defaults → file → environment).
+//! - [`db`] — the connection pool, migrations, and a private cluster for
+//!   development and tests ([`db::devdb`]).
+//! - [`repo`] — every SQL statement the daemon runs, named after its effect.
+//! - [`listener`] — the dedicated LISTEN session.
+//! - [`dispatcher`] — wake or sweep → claim → run stage → record.
+//! - [`stage`] — the stages, behind a trait that knows nothing of SQL.
+//! - [`daemon`] — wires the above into `maasd`.
+//! - [`cli`] — `maasctl`.
+
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod db;
+pub mod dispatcher;
+pub mod error;
+pub mod listener;
+pub mod model;
+pub mod repo;
+pub mod shutdown;
+pub mod stage;
+pub mod telemetry;

@@ -1,0 +1,10 @@
+-- Rings the doorbell once per status that has due rows, naming its oldest
+-- row, so every listening daemon claims them.
+SELECT pg_notify('pipeline_events',
+                 json_build_object('id', id, 'status', status, 'operation', 'SWEEP')::text)
+FROM (
+    SELECT DISTINCT ON (status) id, status
+    FROM pipeline_runs
+    WHERE status IN ('NEW', 'ANALYZED', 'READY') AND run_after <= now()
+    ORDER BY status, run_after
+) oldest

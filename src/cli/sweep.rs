@@ -1,0 +1,63 @@
+//! `maasctl sweep [--dry-run]`: one catch-up sweep from the command line.
+//! It takes back expired leases (as the daemon's sweep does) and rings the
+//! doorbell on `pipeline_events` for due rows, so the running daemons claim
+//! them. It runs no stage itself.
+
+use super::{CliError, Outcome, connect};
+use crate::config::Config;
+use crate::repo;
+
+pub async fn run(cfg: &Config, dry_run: bool, json: bool) -> Result<Outcome, CliError> {
+    let client = connect(cfg).await?;
+    let expired: i64 = client
+        .query_one("SELECT count(*) FROM pipeline_runs WHERE lease_expires_at < now()", &[])
+        .await?
+        .get(0);
+    let mut recovered = Vec::new();
+    if !dry_run {
+        loop {
+            let batch = repo::reclaim_expired(&client, cfg.max_attempts, 500).await?;
+            let n = batch.len();
+            recovered.extend(batch);
+            if n < 500 {
+                break;
+            }
+        }
+    }
+    let due = repo::due_counts(&client).await?;
+    let found: i64 = due.iter().map(|d| d.1).sum();
+    let rung = if dry_run { 0 } else { repo::ring_due(&client).await? };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "dry_run": dry_run,
+                "expired_leases": expired,
+                "recovered": recovered.iter().map(|r| serde_json::json!({"id": r.id, "was": r.was, "now": r.new_status})).collect::<Vec<_>>(),
+                "found": due.iter().map(|(s, n, age)| serde_json::json!({"status": s, "rows": n, "oldest_waiting_secs": age})).collect::<Vec<_>>(),
+                "found_total": found,
+                "dispatched": rung,
+            })
+        );
+    } else {
+        if dry_run {
+            println!("dry run: nothing changed");
+            println!("expired leases: {expired} (would be taken back)");
+        } else {
+            println!("recovered: {} expired lease(s) taken back", recovered.len());
+            for r in &recovered {
+                println!("  {}  {} -> {}", r.id, r.was, r.new_status);
+            }
+        }
+        println!("found: {found} due row(s)");
+        for (status, n, age) in &due {
+            println!("  {status:<9} {n:>8}  oldest waiting {age:.1} s");
+        }
+        if dry_run {
+            println!("dispatched: none (dry run)");
+        } else {
+            println!("dispatched: rang the doorbell for {rung} status(es) with due rows");
+        }
+    }
+    Ok(Outcome::Ok)
+}

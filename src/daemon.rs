@@ -1,0 +1,71 @@
+//! `maasd`: configuration → migrations → engine, until a signal.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::db::{self, migrate};
+use crate::dispatcher::Engine;
+use crate::stage::Pipeline;
+use crate::stage::offline::OfflinePipeline;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Db(#[from] db::Error),
+    #[error("LLM provider {0:?} is not available yet; use \"offline\"")]
+    Provider(String),
+}
+
+/// A name for this process in leases and step history: host, pid and a
+/// random suffix, so a restarted process never reuses an old identity.
+pub fn worker_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".into());
+    let suffix: u32 = rand::random();
+    format!("{host}:{}:{:08x}", std::process::id(), suffix)
+}
+
+/// Applies pending migrations (and missing triggers) under the advisory lock.
+pub async fn migrate_at_start(cfg: &Config) -> Result<migrate::Report, db::Error> {
+    let pg = db::pg_config(cfg.database_url.expose(), "maasd-migrate")?;
+    let (mut client, conn) = pg.connect(tokio_postgres::NoTls).await?;
+    let driver = tokio::spawn(conn);
+    let report = migrate::migrate(&mut client, false).await;
+    drop(client);
+    let _ = driver.await;
+    report
+}
+
+/// Builds the pipeline named by the configuration.
+pub fn pipeline(cfg: &Config) -> Result<Arc<dyn Pipeline>, DaemonError> {
+    match cfg.llm_provider.as_str() {
+        "offline" => Ok(Arc::new(OfflinePipeline::new(cfg.offline.clone()))),
+        other => Err(DaemonError::Provider(other.to_owned())),
+    }
+}
+
+/// Runs the daemon until `shutdown`; `ready` is called once migrated and
+/// the engine is started.
+pub async fn run(
+    cfg: Config,
+    shutdown: CancellationToken,
+    ready: impl FnOnce(&Arc<Engine>),
+) -> Result<(), DaemonError> {
+    let cfg = Arc::new(cfg);
+    let pipeline = pipeline(&cfg)?;
+    let report = migrate_at_start(&cfg).await?;
+    if !report.applied.is_empty() || !report.triggers.is_empty() {
+        tracing::info!(applied = ?report.applied, triggers = ?report.triggers, "schema updated");
+    }
+    let pool = db::connect_pool(&cfg, "maasd")?;
+    let worker = worker_id();
+    tracing::info!(worker = %worker, provider = %cfg.llm_provider, lease_secs = cfg.lease_secs,
+        sweep_secs = cfg.sweep_secs, "maasd starting");
+    let engine = Engine::new(pool, cfg.clone(), pipeline, worker);
+    ready(&engine);
+    engine.run(shutdown).await;
+    Ok(())
+}

@@ -1,0 +1,308 @@
+//! The migration runner: `sql/NNNN_*.sql` in order, then the idempotent
+//! trigger files of `triggers/`.
+//!
+//! - Versioned and checksummed: `maas_migrations` records each applied file
+//!   with the SHA-256 of its text. A changed file, a gap, or a version this
+//!   binary does not know is refused with a message that names it.
+//! - All-or-nothing: pending migrations and their records commit in one
+//!   transaction, so a migration is never half-applied.
+//! - Safe when several daemons start at once: the transaction first takes a
+//!   transaction-scoped advisory lock, so the others wait and then find
+//!   nothing left to do.
+//! - Trigger files are re-applied when their text changed or a trigger they
+//!   create is missing (`maasctl migrate` re-applies them always).
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+
+use super::Error;
+
+/// Advisory lock key taken by every migration run ("maas" in ASCII).
+const LOCK_KEY: i64 = 0x6d61_6173;
+
+/// A migration embedded at build time.
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// An idempotent trigger file and the triggers it creates.
+pub struct TriggerFile {
+    pub name: &'static str,
+    pub sql: &'static str,
+    pub creates: &'static [&'static str],
+}
+
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_pipeline.sql",
+        sql: include_str!("../../sql/0001_pipeline.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_memory.sql",
+        sql: include_str!("../../sql/0002_memory.sql"),
+    },
+];
+
+pub const TRIGGERS: &[TriggerFile] = &[
+    TriggerFile {
+        name: "0001_notify_pipeline_change.sql",
+        sql: include_str!("../../triggers/0001_notify_pipeline_change.sql"),
+        creates: &["pipeline_runs_notify_insert", "pipeline_runs_notify_update"],
+    },
+    TriggerFile {
+        name: "0002_log_user_query.sql",
+        sql: include_str!("../../triggers/0002_log_user_query.sql"),
+        creates: &["pipeline_runs_log_user_query"],
+    },
+];
+
+/// What a migration run did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub applied: Vec<String>,
+    pub triggers: Vec<String>,
+    pub current_version: i32,
+}
+
+/// How the schema compares with this binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaState {
+    pub current_version: i32,
+    pub latest_version: i32,
+    pub missing_triggers: Vec<String>,
+}
+
+impl SchemaState {
+    pub fn is_current(&self) -> bool {
+        self.current_version == self.latest_version && self.missing_triggers.is_empty()
+    }
+}
+
+pub fn checksum(sql: &str) -> String {
+    let digest = Sha256::digest(sql.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn latest_version() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// Brings the schema up to date. `force_triggers` re-applies every trigger
+/// file even when unchanged.
+pub async fn migrate(client: &mut Client, force_triggers: bool) -> Result<Report, Error> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS maas_migrations (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             checksum   text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());
+         CREATE TABLE IF NOT EXISTS maas_triggers (
+             name       text PRIMARY KEY,
+             checksum   text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());",
+    )
+    .await?;
+
+    let applied: Vec<(i32, String, String)> = tx
+        .query(
+            "SELECT version, name, checksum FROM maas_migrations ORDER BY version",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    verify_applied(&applied)?;
+
+    let mut report = Report::default();
+    let done = applied.len();
+    for m in MIGRATIONS.iter().skip(done) {
+        tx.batch_execute(m.sql)
+            .await
+            .map_err(|e| Error::Migration(format!("{} failed: {}", m.name, describe(&e))))?;
+        tx.execute(
+            "INSERT INTO maas_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+            &[&m.version, &m.name, &checksum(m.sql)],
+        )
+        .await?;
+        report.applied.push(m.name.to_owned());
+    }
+
+    let recorded: Vec<(String, String)> = tx
+        .query("SELECT name, checksum FROM maas_triggers", &[])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let present = present_triggers(&tx).await?;
+    for t in TRIGGERS {
+        let sum = checksum(t.sql);
+        let unchanged = recorded.iter().any(|(n, c)| n == t.name && *c == sum);
+        let complete = t.creates.iter().all(|name| present.iter().any(|p| p == name));
+        if force_triggers || !unchanged || !complete {
+            tx.batch_execute(t.sql)
+                .await
+                .map_err(|e| Error::Migration(format!("trigger file {} failed: {}", t.name, describe(&e))))?;
+            tx.execute(
+                "INSERT INTO maas_triggers (name, checksum) VALUES ($1, $2)
+                 ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()",
+                &[&t.name, &sum],
+            )
+            .await?;
+            report.triggers.push(t.name.to_owned());
+        }
+    }
+    tx.commit().await?;
+    report.current_version = latest_version();
+    Ok(report)
+}
+
+/// Reads the schema state without changing anything.
+pub async fn state(client: &Client) -> Result<SchemaState, Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('maas_migrations') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    let current_version = if exists {
+        let applied: Vec<(i32, String, String)> = client
+            .query(
+                "SELECT version, name, checksum FROM maas_migrations ORDER BY version",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        verify_applied(&applied)?;
+        applied.last().map_or(0, |a| a.0)
+    } else {
+        0
+    };
+    let present = present_triggers(client).await?;
+    let missing_triggers = TRIGGERS
+        .iter()
+        .flat_map(|t| t.creates.iter())
+        .filter(|name| !present.iter().any(|p| p == *name))
+        .map(|s| (*s).to_owned())
+        .collect();
+    Ok(SchemaState {
+        current_version,
+        latest_version: latest_version(),
+        missing_triggers,
+    })
+}
+
+async fn present_triggers(client: &impl tokio_postgres::GenericClient) -> Result<Vec<String>, Error> {
+    Ok(client
+        .query(
+            "SELECT t.tgname::text FROM pg_trigger t
+             WHERE t.tgrelid = to_regclass('pipeline_runs') AND NOT t.tgisinternal",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// The applied records must be exactly a prefix of [`MIGRATIONS`]: same
+/// versions, no gaps, unchanged text.
+fn verify_applied(applied: &[(i32, String, String)]) -> Result<(), Error> {
+    for (i, (version, name, sum)) in applied.iter().enumerate() {
+        let Some(known) = MIGRATIONS.get(i) else {
+            return Err(Error::Migration(format!(
+                "the database has migration {version} ({name}), which this binary does not know; \
+                 it was migrated by a newer maas — upgrade this binary"
+            )));
+        };
+        if known.version != *version {
+            return Err(Error::Migration(format!(
+                "the database records migration {version} ({name}) where {} ({}) was expected; \
+                 the history has a gap or was edited by hand",
+                known.version, known.name
+            )));
+        }
+        if checksum(known.sql) != *sum {
+            return Err(Error::Migration(format!(
+                "migration {version} ({name}) was changed after it was applied \
+                 (recorded checksum {sum}, file has {}); add a new migration instead",
+                checksum(known.sql)
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_without_gaps_and_match_sql_dir() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            let expected = i32::try_from(i + 1).unwrap_or(i32::MAX);
+            assert_eq!(m.version, expected, "{} out of sequence", m.name);
+            assert!(m.name.starts_with(&format!("{:04}_", m.version)), "{}", m.name);
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sql");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".sql"))
+            .collect();
+        on_disk.sort();
+        let embedded: Vec<&str> = MIGRATIONS.iter().map(|m| m.name).collect();
+        assert_eq!(on_disk, embedded, "every file in sql/ must be embedded, in order");
+    }
+
+    #[test]
+    fn trigger_files_match_triggers_dir() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("triggers");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        on_disk.sort();
+        let embedded: Vec<&str> = TRIGGERS.iter().map(|t| t.name).collect();
+        assert_eq!(on_disk, embedded);
+        for t in TRIGGERS {
+            for name in t.creates {
+                assert!(t.sql.contains(name), "{} does not create {name}", t.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_changed_migration_is_refused() {
+        let Some(first) = MIGRATIONS.first() else {
+            return;
+        };
+        let ok = vec![(first.version, first.name.to_owned(), checksum(first.sql))];
+        assert!(verify_applied(&ok).is_ok());
+        let changed = vec![(first.version, first.name.to_owned(), checksum("-- edited"))];
+        let err = verify_applied(&changed)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("changed after it was applied"), "{err}");
+        let unknown = vec![(99, "0099_future.sql".to_owned(), "x".to_owned())];
+        assert!(verify_applied(&unknown).is_err());
+    }
+}

@@ -1,0 +1,698 @@
+//! The engine of `maasd`: wake or sweep → claim → run stage → record.
+//!
+//! - One dispatcher loop per stage. A wake (notification, a freed slot, a
+//!   finished previous stage, the sweep) makes it claim as many due rows as
+//!   it has free slots, in batches, with `FOR UPDATE SKIP LOCKED`. Wakes
+//!   coalesce; a notification that finds no free slot is not lost, because
+//!   the row stays due and the next freed slot claims it.
+//! - Each claimed row runs as its own task under a per-stage semaphore.
+//!   Results go to the completer, which writes them in batches, fenced on the
+//!   lease token, together with the step history (group commit: one
+//!   statement per batch, whatever the mix of stages and outcomes).
+//! - A heartbeat renews every lease this process holds in one statement;
+//!   a lease found lost cancels its stage.
+//! - The sweep takes back expired leases and wakes every dispatcher, so a
+//!   due row is worked on within one sweep interval even if every
+//!   notification was lost.
+//! - Retries are durable: the row waits in its ready status until
+//!   `run_after`; the in-memory timer that wakes us then is only a doorbell.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::FutureExt;
+use tokio::sync::{Notify, Semaphore, broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::db::Pool;
+use crate::error::Disposition;
+use crate::listener::{Event, ListenerHandler, PayloadError};
+use crate::model::{Outcome, StageKind, Status};
+use crate::repo::{self, Claimed, Finished};
+use crate::stage::{Pipeline, StageError, StageInput, StageOutput, StageSuccess};
+
+/// A claimed row counts as recovered by the sweep (no notification brought
+/// it) when the sweep's wake claimed it after it had been due this long.
+const MISSED_AFTER: Duration = Duration::from_secs(1);
+
+/// Counters of one daemon, read by tests, logs and metrics.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub claimed: [AtomicU64; 3],
+    pub succeeded: [AtomicU64; 3],
+    pub retried: AtomicU64,
+    pub failed: AtomicU64,
+    pub released: AtomicU64,
+    pub lease_lost: AtomicU64,
+    pub reclaimed: AtomicU64,
+    pub sweep_recovered: AtomicU64,
+    pub notifications: AtomicU64,
+    pub junk_payloads: AtomicU64,
+    pub listener_connects: AtomicU64,
+    pub listener_reconnects: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+struct StageSlot {
+    sem: Arc<Semaphore>,
+    wake: Notify,
+    /// Set by the sweep before it wakes the dispatcher.
+    swept: AtomicBool,
+    /// Set by every other wake (a notification, a finished stage).
+    rung: AtomicBool,
+}
+
+struct InFlight {
+    token: i64,
+    cancel: CancellationToken,
+    finished: bool,
+}
+
+/// The orchestrator core of one `maasd` process.
+pub struct Engine {
+    pool: Pool,
+    cfg: Arc<Config>,
+    worker: Arc<str>,
+    pipeline: Arc<dyn Pipeline>,
+    slots: [StageSlot; 3],
+    inflight: Mutex<HashMap<Uuid, InFlight>>,
+    results: mpsc::UnboundedSender<Finished>,
+    results_rx: Mutex<Option<mpsc::UnboundedReceiver<Finished>>>,
+    /// Cancels running stages (end of the grace period).
+    hard_stop: CancellationToken,
+    tasks: TaskTracker,
+    sweep_now: Notify,
+    listening: AtomicBool,
+    events: broadcast::Sender<Event>,
+    pub stats: Stats,
+}
+
+impl Engine {
+    pub fn new(pool: Pool, cfg: Arc<Config>, pipeline: Arc<dyn Pipeline>, worker: String) -> Arc<Engine> {
+        let (results, results_rx) = mpsc::unbounded_channel();
+        let slot = |stage| StageSlot {
+            sem: Arc::new(Semaphore::new(cfg.concurrency.of(stage))),
+            wake: Notify::new(),
+            swept: AtomicBool::new(false),
+            rung: AtomicBool::new(false),
+        };
+        let slots = [
+            slot(StageKind::Analyze),
+            slot(StageKind::Assemble),
+            slot(StageKind::Respond),
+        ];
+        let (events, _) = broadcast::channel(4096);
+        Arc::new(Engine {
+            pool,
+            cfg,
+            worker: worker.into(),
+            pipeline,
+            slots,
+            inflight: Mutex::new(HashMap::new()),
+            results,
+            results_rx: Mutex::new(Some(results_rx)),
+            hard_stop: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            sweep_now: Notify::new(),
+            listening: AtomicBool::new(false),
+            events,
+            stats: Stats::default(),
+        })
+    }
+
+    pub fn worker(&self) -> &str {
+        &self.worker
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Every valid notification, for live subscribers.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// True while the LISTEN session is up.
+    pub fn is_listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
+    }
+
+    fn slot(&self, stage: StageKind) -> &StageSlot {
+        &self.slots[stage.index()]
+    }
+
+    pub fn wake(&self, stage: StageKind) {
+        let slot = self.slot(stage);
+        slot.rung.store(true, Ordering::Relaxed);
+        slot.wake.notify_one();
+    }
+
+    /// Runs the engine until `shutdown` fires, then stops claiming, lets
+    /// running stages finish within the grace period, releases the leases of
+    /// those that did not (without spending their attempt), writes every
+    /// result, and returns.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let Some(results_rx) = self.results_rx.lock().ok().and_then(|mut g| g.take()) else {
+            tracing::error!("engine: run called twice");
+            return;
+        };
+        let completer_done = CancellationToken::new();
+        let heartbeat_done = CancellationToken::new();
+        let completer = tokio::spawn(self.clone().completer(results_rx, completer_done.clone()));
+        let heartbeat = tokio::spawn(self.clone().heartbeat(heartbeat_done.clone()));
+        let listener = tokio::spawn(crate::listener::run(
+            self.cfg.clone(),
+            self.clone() as Arc<dyn ListenerHandler>,
+            shutdown.clone(),
+        ));
+        let sweep = tokio::spawn(self.clone().sweeper(shutdown.clone()));
+        let dispatchers: Vec<_> = StageKind::ALL
+            .into_iter()
+            .map(|stage| tokio::spawn(self.clone().dispatch_loop(stage, shutdown.clone())))
+            .collect();
+
+        shutdown.cancelled().await;
+        tracing::info!(
+            grace_secs = self.cfg.grace_secs,
+            "shutdown: no longer claiming; waiting for running stages"
+        );
+        for d in dispatchers {
+            let _ = d.await;
+        }
+        let _ = listener.await;
+        let _ = sweep.await;
+        self.tasks.close();
+        if tokio::time::timeout(self.cfg.grace(), self.tasks.wait()).await.is_err() {
+            let left = self.tasks.len();
+            tracing::warn!(
+                stages = left,
+                "shutdown: grace period over; releasing the remaining leases"
+            );
+            self.hard_stop.cancel();
+            self.tasks.wait().await;
+        }
+        completer_done.cancel();
+        let _ = completer.await;
+        heartbeat_done.cancel();
+        let _ = heartbeat.await;
+        tracing::info!("shutdown: all results written");
+    }
+
+    async fn dispatch_loop(self: Arc<Self>, stage: StageKind, shutdown: CancellationToken) {
+        let slot = self.slot(stage);
+        let backoff_builder = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(5))
+            .with_jitter()
+            .without_max_times();
+        let mut backoff = backoff_builder.build();
+        // Start with a pass: rows may be waiting from before we started.
+        slot.wake.notify_one();
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = slot.wake.notified() => {}
+            }
+            // Rows claimed in a pass that only the sweep asked for were
+            // found by the sweep; when other wakes came too, only rows that
+            // had waited long count.
+            let swept = slot.swept.swap(false, Ordering::Relaxed);
+            let rung = slot.rung.swap(false, Ordering::Relaxed);
+            loop {
+                if shutdown.is_cancelled() {
+                    return;
+                }
+                let free = slot.sem.available_permits().min(self.cfg.claim_batch);
+                if free == 0 {
+                    break; // a finishing stage wakes us
+                }
+                let Ok(mut permits) = slot
+                    .sem
+                    .clone()
+                    .try_acquire_many_owned(u32::try_from(free).unwrap_or(u32::MAX))
+                else {
+                    break;
+                };
+                let claimed = match self.pool.get().await {
+                    Ok(client) => repo::claim_next(&client, stage, free, &self.worker, self.cfg.lease()).await,
+                    Err(e) => Err(e.into()),
+                };
+                match claimed {
+                    Ok(rows) => {
+                        backoff = backoff_builder.build();
+                        let n = rows.len();
+                        for row in rows {
+                            let Some(permit) = permits.split(1) else { break };
+                            bump(&self.stats.claimed[stage.index()]);
+                            if swept && (!rung || row.due_for >= MISSED_AFTER) {
+                                bump(&self.stats.sweep_recovered);
+                                tracing::info!(request.id = %row.id, %stage, waited_ms = millis(row.due_for),
+                                    "sweep: claimed a due row that no notification delivered");
+                            }
+                            let engine = self.clone();
+                            self.tasks.spawn(async move {
+                                engine.execute(stage, row).await;
+                                drop(permit);
+                            });
+                        }
+                        drop(permits);
+                        if n < free {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        drop(permits);
+                        let delay = backoff.next().unwrap_or(Duration::from_secs(5));
+                        tracing::warn!(%stage, error = %e, retry_in_ms = millis(delay), "claim failed");
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(delay) => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one claimed row through its stage and hands the result to the
+    /// completer.
+    async fn execute(self: Arc<Self>, stage: StageKind, row: Claimed) {
+        let cancel = self.hard_stop.child_token();
+        if let Ok(mut map) = self.inflight.lock() {
+            map.insert(
+                row.id,
+                InFlight {
+                    token: row.lease_token,
+                    cancel: cancel.clone(),
+                    finished: false,
+                },
+            );
+        }
+        let span = tracing::debug_span!("stage", request.id = %row.id, %stage, attempt = row.attempt);
+        let input = StageInput {
+            request_id: row.id,
+            user_id: row.user_id,
+            thread_id: row.thread_id,
+            user_query: row.user_query.clone(),
+            attempt: u32::try_from(row.attempt).unwrap_or(1),
+            analysis: row.analysis.clone(),
+            context: row.context.clone(),
+        };
+        let started = Instant::now();
+        let run = AssertUnwindSafe(self.pipeline.run(stage, &input)).catch_unwind();
+        let result = async {
+            tokio::select! {
+                r = tokio::time::timeout(self.cfg.stage_timeout(), run) => Some(r),
+                _ = cancel.cancelled() => None,
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        let latency = started.elapsed();
+        let result = match result {
+            None if self.hard_stop.is_cancelled() => Attempt::Released,
+            None => {
+                // The heartbeat found the lease lost; someone else owns the row.
+                self.forget(row.id);
+                self.wake(stage);
+                return;
+            }
+            Some(Err(_)) => Attempt::Failed(StageError::retry(
+                "stage_timeout",
+                format!("{stage} did not finish within {} s", self.cfg.stage_timeout_secs),
+            )),
+            Some(Ok(Err(panic))) => Attempt::Failed(StageError::retry("panic", panic_message(&panic))),
+            Some(Ok(Ok(Err(e)))) => Attempt::Failed(e),
+            Some(Ok(Ok(Ok(ok)))) => Attempt::Succeeded(ok),
+        };
+        let finished = self.record(stage, &row, result, latency);
+        let _guard = span.enter();
+        if let Ok(mut map) = self.inflight.lock()
+            && let Some(f) = map.get_mut(&row.id)
+        {
+            f.finished = true;
+        }
+        if self.results.send(finished).is_err() {
+            tracing::error!("completer is gone; the lease will expire and the sweep will retry");
+        }
+        self.wake(stage);
+    }
+
+    fn record(&self, stage: StageKind, row: &Claimed, attempt: Attempt, latency: Duration) -> Finished {
+        let mut f = Finished {
+            id: row.id,
+            lease_token: row.lease_token,
+            stage,
+            outcome: Outcome::Succeeded,
+            new_status: stage.done_status(),
+            attempt: row.attempt,
+            started_at: row.claimed_at,
+            analysis: None,
+            context: None,
+            answer: None,
+            error_class: None,
+            error_message: None,
+            delay: Duration::ZERO,
+            model: None,
+            prompt_tokens: None,
+            completion_tokens: None,
+            latency_ms: Some(i32::try_from(latency.as_millis()).unwrap_or(i32::MAX)),
+        };
+        let usage = match attempt {
+            Attempt::Succeeded(StageSuccess { output, usage }) => {
+                match (stage, output) {
+                    (StageKind::Analyze, StageOutput::Analysis(v)) => f.analysis = Some(v),
+                    (StageKind::Assemble, StageOutput::Context(c)) => f.context = Some(c),
+                    (StageKind::Respond, StageOutput::Answer(a)) => f.answer = Some(a),
+                    (_, other) => {
+                        return self.record(
+                            stage,
+                            row,
+                            Attempt::Failed(StageError::fail(
+                                "internal",
+                                format!("{stage} produced the wrong kind of output: {other:?}"),
+                            )),
+                            latency,
+                        );
+                    }
+                }
+                tracing::debug!(request.id = %row.id, %stage, attempt = row.attempt, "stage succeeded");
+                usage
+            }
+            Attempt::Released => {
+                f.outcome = Outcome::Released;
+                f.new_status = stage.ready_status();
+                f.error_class = Some("shutdown".into());
+                f.error_message = Some("released at shutdown before the stage finished".into());
+                bump(&self.stats.released);
+                return f;
+            }
+            Attempt::Failed(e) => {
+                let attempts = u32::try_from(row.attempt).unwrap_or(u32::MAX);
+                f.error_class = Some(e.class.to_string());
+                match e.disposition {
+                    Disposition::Retry { after } if attempts < self.cfg.max_attempts => {
+                        f.outcome = Outcome::Retrying;
+                        f.new_status = stage.ready_status();
+                        f.delay = after.unwrap_or_else(|| self.cfg.retry_delay(attempts));
+                        f.error_message = Some(format!(
+                            "{stage} attempt {attempts} of {} failed ({}): {}; retrying in {} ms",
+                            self.cfg.max_attempts,
+                            e.class,
+                            e.message,
+                            f.delay.as_millis()
+                        ));
+                        tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
+                            error = %e.message, retry_in_ms = millis(f.delay), "stage failed; will retry");
+                    }
+                    Disposition::Retry { .. } => {
+                        f.outcome = Outcome::Failed;
+                        f.new_status = Status::Failed;
+                        f.error_message = Some(format!(
+                            "{stage} failed after {attempts} attempts ({}): {}",
+                            e.class, e.message
+                        ));
+                        tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
+                            error = %e.message, "stage failed; attempts exhausted");
+                    }
+                    Disposition::Fail => {
+                        f.outcome = Outcome::Failed;
+                        f.new_status = Status::Failed;
+                        f.error_message = Some(format!("{stage} failed ({}): {}", e.class, e.message));
+                        tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
+                            error = %e.message, "stage failed permanently");
+                    }
+                }
+                e.usage
+            }
+        };
+        f.model = usage.model;
+        f.prompt_tokens = usage.prompt_tokens.and_then(|t| i32::try_from(t).ok());
+        f.completion_tokens = usage.completion_tokens.and_then(|t| i32::try_from(t).ok());
+        f
+    }
+
+    fn forget(&self, id: Uuid) {
+        if let Ok(mut map) = self.inflight.lock() {
+            map.remove(&id);
+        }
+    }
+
+    /// Writes results in batches until `done` fires and the queue is empty.
+    async fn completer(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Finished>, done: CancellationToken) {
+        let flushes = Arc::new(Semaphore::new(4));
+        let writers = TaskTracker::new();
+        loop {
+            let first = tokio::select! {
+                biased;
+                msg = rx.recv() => msg,
+                _ = done.cancelled() => rx.try_recv().ok(),
+            };
+            let Some(first) = first else { break };
+            let mut batch = vec![first];
+            while batch.len() < self.cfg.complete_batch {
+                match rx.try_recv() {
+                    Ok(f) => batch.push(f),
+                    Err(_) => break,
+                }
+            }
+            let Ok(permit) = flushes.clone().acquire_owned().await else {
+                break;
+            };
+            let engine = self.clone();
+            writers.spawn(async move {
+                engine.flush(batch).await;
+                drop(permit);
+            });
+        }
+        writers.close();
+        writers.wait().await;
+    }
+
+    /// Writes one batch, retrying while the database is unreachable, for at
+    /// most one lease period: past that the leases have expired, and the
+    /// sweep (here or elsewhere) will retry the stages.
+    async fn flush(self: Arc<Self>, batch: Vec<Finished>) {
+        let deadline = Instant::now() + self.cfg.lease();
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(2))
+            .with_jitter()
+            .without_max_times()
+            .build();
+        let applied = loop {
+            let res = match self.pool.get().await {
+                Ok(client) => repo::finish_batch(&client, &self.worker, &batch).await,
+                Err(e) => Err(e.into()),
+            };
+            match res {
+                Ok(applied) => break applied,
+                Err(e) if Instant::now() < deadline => {
+                    let delay = backoff.next().unwrap_or(Duration::from_secs(1));
+                    tracing::warn!(results = batch.len(), error = %e, retry_in_ms = millis(delay),
+                        "could not write stage results; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => {
+                    tracing::error!(results = batch.len(), error = %e,
+                        "could not write stage results within the lease; the sweep will retry these stages");
+                    for f in &batch {
+                        self.forget(f.id);
+                    }
+                    return;
+                }
+            }
+        };
+        let mut woken = [false; 3];
+        for f in &batch {
+            self.forget(f.id);
+            if !applied.contains(&f.id) {
+                bump(&self.stats.lease_lost);
+                tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome.as_str(),
+                    "lease lost before the result was written; result discarded, the row is unchanged");
+                continue;
+            }
+            match f.outcome {
+                Outcome::Succeeded => {
+                    bump(&self.stats.succeeded[f.stage.index()]);
+                    if let Some(next) = f.stage.next() {
+                        woken[next.index()] = true;
+                    }
+                }
+                Outcome::Retrying => {
+                    bump(&self.stats.retried);
+                    self.wake_later(f.stage, f.delay);
+                }
+                Outcome::Failed => bump(&self.stats.failed),
+                Outcome::Released | Outcome::LeaseExpired => {}
+            }
+        }
+        for stage in StageKind::ALL {
+            if woken[stage.index()] {
+                self.wake(stage);
+            }
+        }
+    }
+
+    fn wake_later(self: &Arc<Self>, stage: StageKind, delay: Duration) {
+        let weak: Weak<Engine> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(engine) = weak.upgrade() {
+                engine.wake(stage);
+            }
+        });
+    }
+
+    /// Renews every lease this process holds, every third of the lease.
+    async fn heartbeat(self: Arc<Self>, done: CancellationToken) {
+        let period = (self.cfg.lease() / 3).max(Duration::from_millis(200));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = done.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let held: Vec<(Uuid, i64)> = match self.inflight.lock() {
+                Ok(map) => map.iter().map(|(id, f)| (*id, f.token)).collect(),
+                Err(_) => continue,
+            };
+            if held.is_empty() {
+                continue;
+            }
+            let renewed = match self.pool.get().await {
+                Ok(client) => repo::extend_leases(&client, &held, self.cfg.lease()).await,
+                Err(e) => Err(e.into()),
+            };
+            match renewed {
+                Ok(renewed) => {
+                    if renewed.len() == held.len() {
+                        continue;
+                    }
+                    let renewed: std::collections::HashSet<Uuid> = renewed.into_iter().collect();
+                    if let Ok(map) = self.inflight.lock() {
+                        for (id, token) in &held {
+                            if renewed.contains(id) {
+                                continue;
+                            }
+                            if let Some(f) = map.get(id)
+                                && f.token == *token
+                                && !f.finished
+                            {
+                                bump(&self.stats.lease_lost);
+                                tracing::warn!(request.id = %id, "lease lost while the stage was running; cancelling it");
+                                f.cancel.cancel();
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(leases = held.len(), error = %e, "heartbeat failed; leases not renewed"),
+            }
+        }
+    }
+
+    /// The periodic catch-up sweep (and on demand, after the listener connects).
+    async fn sweeper(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let jitter = rand::random_range(0.9..=1.1);
+            let period = self.cfg.sweep_interval().mul_f64(jitter);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+                _ = self.sweep_now.notified() => {}
+            }
+            if let Err(e) = self.sweep_once().await {
+                tracing::warn!(error = %e, "sweep failed");
+            }
+        }
+    }
+
+    /// One sweep: take back expired leases, then wake every dispatcher.
+    pub async fn sweep_once(&self) -> Result<usize, crate::db::Error> {
+        let client = self.pool.get().await?;
+        let mut total = 0;
+        loop {
+            let batch = repo::reclaim_expired(&client, self.cfg.max_attempts, 500).await?;
+            for r in &batch {
+                tracing::warn!(request.id = %r.id, was = %r.was, now = %r.new_status, "sweep: lease expired; row taken back");
+            }
+            total += batch.len();
+            self.stats.reclaimed.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            if batch.len() < 500 {
+                break;
+            }
+        }
+        drop(client);
+        for stage in StageKind::ALL {
+            let slot = self.slot(stage);
+            slot.swept.store(true, Ordering::Relaxed);
+            slot.wake.notify_one();
+        }
+        tracing::trace!(reclaimed = total, "sweep done");
+        Ok(total)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+enum Attempt {
+    Succeeded(StageSuccess),
+    Failed(StageError),
+    Released,
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let msg = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("the stage panicked: {msg}")
+}
+
+impl ListenerHandler for Engine {
+    fn connected(&self, reconnect: bool) {
+        self.listening.store(true, Ordering::Relaxed);
+        bump(&self.stats.listener_connects);
+        if reconnect {
+            bump(&self.stats.listener_reconnects);
+        }
+        // LISTEN is in place: now look.
+        self.sweep_now.notify_one();
+    }
+
+    fn disconnected(&self, reason: &str) {
+        self.listening.store(false, Ordering::Relaxed);
+        tracing::warn!(reason, "listener disconnected; relying on the sweep until it is back");
+    }
+
+    fn event(&self, event: Event) {
+        bump(&self.stats.notifications);
+        if let Some(stage) = event.status.dispatches() {
+            self.wake(stage);
+        }
+        let _ = self.events.send(event);
+    }
+
+    fn junk(&self, payload: &str, error: &PayloadError) {
+        bump(&self.stats.junk_payloads);
+        let shown: String = payload.chars().take(120).collect();
+        tracing::warn!(payload = %shown, %error, "listener: skipped a notification that is not a pipeline event");
+    }
+}

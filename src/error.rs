@@ -1,0 +1,17 @@
+//! What the dispatcher does with a failed stage attempt.
+//!
+//! Every failure maps to one [`Disposition`]; classification is a method on
+//! each error type (`StageError::disposition`, `db::Error::is_connection`).
+
+use std::time::Duration;
+
+/// The dispatcher's decision about a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Count the attempt and try again after a jittered exponential backoff
+    /// (or after `after`, when the failure says how long to wait, as a rate
+    /// limit does). Past `max_attempts` the request is `FAILED`.
+    Retry { after: Option<Duration> },
+    /// Permanent: the request is `FAILED` now.
+    Fail,
+}

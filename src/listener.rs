@@ -1,0 +1,259 @@
+//! The dedicated LISTEN session.
+//!
+//! - Its own direct connection, never a pooled one (a pool's driver discards
+//!   notifications, and LISTEN does not survive PgBouncer's transaction mode).
+//! - TCP keepalives and a timed health query on the same session: a frozen
+//!   backend keeps TCP alive, and only a query notices.
+//! - Reconnects with capped exponential backoff and jitter; the delay resets
+//!   only after LISTEN succeeded.
+//! - LISTEN before look: after every (re)connect it reports `connected`, and
+//!   the daemon runs its catch-up sweep then, so nothing slips in between.
+//! - Payloads are parsed strictly; junk is reported and skipped, never fatal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_postgres::AsyncMessage;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::db::pg_config;
+use crate::model::Status;
+
+/// The channel the triggers notify (`triggers/0001_notify_pipeline_change.sql`).
+pub const CHANNEL: &str = "pipeline_events";
+
+/// A notification from `pipeline_events`: which row, its new status, and
+/// the operation (`INSERT`, `UPDATE`, or `SWEEP` from `maasctl sweep`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub id: Uuid,
+    pub status: Status,
+    pub operation: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PayloadError {
+    #[error("payload is {0} bytes, more than a notification can carry")]
+    TooLong(usize),
+    #[error("payload is not the expected JSON object: {0}")]
+    Malformed(String),
+    #[error("payload names unknown status {0:?}")]
+    UnknownStatus(String),
+}
+
+#[derive(Deserialize)]
+struct RawEvent {
+    id: Uuid,
+    status: String,
+    #[serde(default)]
+    operation: Option<String>,
+}
+
+/// Parses a `pipeline_events` payload: `{"id": uuid, "status": text, "operation": text}`.
+pub fn parse_payload(payload: &str) -> Result<Event, PayloadError> {
+    if payload.len() > 8000 {
+        return Err(PayloadError::TooLong(payload.len()));
+    }
+    let raw: RawEvent = serde_json::from_str(payload).map_err(|e| PayloadError::Malformed(e.to_string()))?;
+    let status = raw
+        .status
+        .parse::<Status>()
+        .map_err(|_| PayloadError::UnknownStatus(raw.status.chars().take(64).collect()))?;
+    Ok(Event {
+        id: raw.id,
+        status,
+        operation: raw.operation.unwrap_or_default(),
+    })
+}
+
+/// What the listener reports to its owner.
+pub trait ListenerHandler: Send + Sync + 'static {
+    /// LISTEN is in place (first connect or reconnect): run the catch-up sweep.
+    fn connected(&self, reconnect: bool);
+    /// The session was lost; notifications are not arriving.
+    fn disconnected(&self, reason: &str);
+    fn event(&self, event: Event);
+    fn junk(&self, payload: &str, error: &PayloadError);
+}
+
+/// Runs until `shutdown`: connect, LISTEN, report, forward; reconnect on
+/// any failure.
+pub async fn run(cfg: Arc<Config>, handler: Arc<dyn ListenerHandler>, shutdown: CancellationToken) {
+    let backoff_builder = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(cfg.listener.reconnect_min_ms))
+        .with_max_delay(Duration::from_millis(cfg.listener.reconnect_max_ms))
+        .with_jitter()
+        .without_max_times();
+    let mut backoff = backoff_builder.build();
+    let mut connected_before = false;
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let reason = match session(&cfg, handler.as_ref(), &shutdown, connected_before, &mut || {
+            backoff = backoff_builder.build();
+        })
+        .await
+        {
+            Ok(()) => return, // shutdown
+            Err(reason) => reason,
+        };
+        if reason.listened {
+            connected_before = true;
+            handler.disconnected(&reason.message);
+        }
+        tracing::warn!(error = %reason.message, "listener: session lost; reconnecting");
+        let delay = backoff
+            .next()
+            .unwrap_or(Duration::from_millis(cfg.listener.reconnect_max_ms));
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+struct SessionEnd {
+    message: String,
+    /// LISTEN had succeeded in this session.
+    listened: bool,
+}
+
+async fn session(
+    cfg: &Config,
+    handler: &dyn ListenerHandler,
+    shutdown: &CancellationToken,
+    reconnect: bool,
+    reset_backoff: &mut (dyn FnMut() + Send),
+) -> Result<(), SessionEnd> {
+    let fail = |message: String| SessionEnd {
+        message,
+        listened: false,
+    };
+    let pg = pg_config(cfg.database_url.expose(), "maasd-listener").map_err(|e| fail(e.to_string()))?;
+    let (client, mut connection) = tokio::select! {
+        _ = shutdown.cancelled() => return Ok(()),
+        r = pg.connect(tokio_postgres::NoTls) => r.map_err(|e| fail(format!("connect: {e}")))?,
+    };
+    // Drive the connection ourselves and forward notifications; after the
+    // first error or end, the connection is never polled again.
+    let (tx, mut rx) = mpsc::unbounded_channel::<Result<AsyncMessage, String>>();
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(msg) = messages.next().await {
+            match msg {
+                Ok(m) => {
+                    if tx.send(Ok(m)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            }
+        }
+        let _ = tx.send(Err("connection closed by the server".into()));
+    });
+    let _abort = AbortOnDrop(driver);
+
+    let listen = format!("LISTEN {CHANNEL}");
+    match tokio::time::timeout(health_timeout(cfg), client.batch_execute(&listen)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(fail(format!("LISTEN: {e}"))),
+        Err(_) => return Err(fail("LISTEN timed out".into())),
+    }
+    reset_backoff();
+    tracing::info!(channel = CHANNEL, reconnect, "listener: listening");
+    handler.connected(reconnect);
+
+    let ended = |message: String| SessionEnd {
+        message,
+        listened: true,
+    };
+    let mut health = tokio::time::interval(Duration::from_secs(cfg.listener.health_secs));
+    health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    health.tick().await;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            msg = rx.recv() => match msg {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    if n.channel() != CHANNEL {
+                        continue;
+                    }
+                    match parse_payload(n.payload()) {
+                        Ok(event) => handler.event(event),
+                        Err(e) => handler.junk(n.payload(), &e),
+                    }
+                }
+                Some(Ok(AsyncMessage::Notice(notice))) => {
+                    tracing::debug!(notice = %notice.message(), "listener: server notice");
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(ended(e)),
+                None => return Err(ended("connection task ended".into())),
+            },
+            _ = health.tick() => {
+                match tokio::time::timeout(health_timeout(cfg), client.simple_query("SELECT 1")).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return Err(ended(format!("health query: {e}"))),
+                    Err(_) => return Err(ended("health query timed out (backend frozen or network stalled)".into())),
+                }
+            }
+        }
+    }
+}
+
+fn health_timeout(cfg: &Config) -> Duration {
+    Duration::from_secs(cfg.listener.health_timeout_secs)
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_trigger_payload() {
+        let id = Uuid::new_v4();
+        let ev = parse_payload(&format!(r#"{{"id":"{id}","status":"ANALYZED","operation":"UPDATE"}}"#));
+        assert_eq!(
+            ev,
+            Ok(Event {
+                id,
+                status: Status::Analyzed,
+                operation: "UPDATE".into()
+            })
+        );
+    }
+
+    #[test]
+    fn refuses_junk_with_a_reason() {
+        let id = Uuid::new_v4();
+        for junk in ["", "garbage", "{}", "[1,2]", r#"{"id":"nope","status":"NEW"}"#, "null"] {
+            assert!(matches!(parse_payload(junk), Err(PayloadError::Malformed(_))), "{junk}");
+        }
+        assert_eq!(
+            parse_payload(&format!(r#"{{"id":"{id}","status":"EXPLODED"}}"#)),
+            Err(PayloadError::UnknownStatus("EXPLODED".into()))
+        );
+        assert!(matches!(
+            parse_payload(&"x".repeat(9000)),
+            Err(PayloadError::TooLong(9000))
+        ));
+    }
+}

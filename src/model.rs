@@ -1,0 +1,218 @@
+//! The vocabulary shared by SQL, code, logs and the CLI: request statuses,
+//! stages and step outcomes.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Status of a request (`pipeline_runs.status`), as enforced by the
+/// `pipeline_runs_status_valid` constraint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Status {
+    New,
+    Analyzing,
+    Analyzed,
+    Assembling,
+    Ready,
+    Responding,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl Status {
+    pub const ALL: [Status; 9] = [
+        Status::New,
+        Status::Analyzing,
+        Status::Analyzed,
+        Status::Assembling,
+        Status::Ready,
+        Status::Responding,
+        Status::Completed,
+        Status::Failed,
+        Status::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::New => "NEW",
+            Status::Analyzing => "ANALYZING",
+            Status::Analyzed => "ANALYZED",
+            Status::Assembling => "ASSEMBLING",
+            Status::Ready => "READY",
+            Status::Responding => "RESPONDING",
+            Status::Completed => "COMPLETED",
+            Status::Failed => "FAILED",
+            Status::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// The stage that picks up a row in this status, if it is dispatchable.
+    pub fn dispatches(self) -> Option<StageKind> {
+        match self {
+            Status::New => Some(StageKind::Analyze),
+            Status::Analyzed => Some(StageKind::Assemble),
+            Status::Ready => Some(StageKind::Respond),
+            _ => None,
+        }
+    }
+
+    /// The stage running while a row is in this (in-flight) status.
+    pub fn in_flight_stage(self) -> Option<StageKind> {
+        match self {
+            Status::Analyzing => Some(StageKind::Analyze),
+            Status::Assembling => Some(StageKind::Assemble),
+            Status::Responding => Some(StageKind::Respond),
+            _ => None,
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Completed | Status::Failed | Status::Cancelled)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown status {0:?}")]
+pub struct UnknownStatus(pub String);
+
+impl FromStr for Status {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Status::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownStatus(s.to_owned()))
+    }
+}
+
+/// One of the three stages of the fast path (`pipeline_steps.stage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StageKind {
+    Analyze,
+    Assemble,
+    Respond,
+}
+
+impl StageKind {
+    pub const ALL: [StageKind; 3] = [StageKind::Analyze, StageKind::Assemble, StageKind::Respond];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StageKind::Analyze => "analyze",
+            StageKind::Assemble => "assemble",
+            StageKind::Respond => "respond",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        match self {
+            StageKind::Analyze => 0,
+            StageKind::Assemble => 1,
+            StageKind::Respond => 2,
+        }
+    }
+
+    /// The status a row waits in before this stage claims it.
+    pub fn ready_status(self) -> Status {
+        match self {
+            StageKind::Analyze => Status::New,
+            StageKind::Assemble => Status::Analyzed,
+            StageKind::Respond => Status::Ready,
+        }
+    }
+
+    /// The status a row holds while this stage runs under a lease.
+    pub fn in_flight_status(self) -> Status {
+        match self {
+            StageKind::Analyze => Status::Analyzing,
+            StageKind::Assemble => Status::Assembling,
+            StageKind::Respond => Status::Responding,
+        }
+    }
+
+    /// The status a row moves to when this stage succeeds.
+    pub fn done_status(self) -> Status {
+        match self {
+            StageKind::Analyze => Status::Analyzed,
+            StageKind::Assemble => Status::Ready,
+            StageKind::Respond => Status::Completed,
+        }
+    }
+
+    /// The stage that runs after this one, if any.
+    pub fn next(self) -> Option<StageKind> {
+        match self {
+            StageKind::Analyze => Some(StageKind::Assemble),
+            StageKind::Assemble => Some(StageKind::Respond),
+            StageKind::Respond => None,
+        }
+    }
+}
+
+impl fmt::Display for StageKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a stage attempt ended (`pipeline_steps.outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    /// Failed for good: the row is `FAILED`.
+    Failed,
+    /// Failed; the row waits in its ready status until `run_after`.
+    Retrying,
+    /// The worker stopped renewing its lease; the sweep took the row back.
+    LeaseExpired,
+    /// Given back at shutdown without spending the attempt.
+    Released,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Retrying => "retrying",
+            Outcome::LeaseExpired => "lease_expired",
+            Outcome::Released => "released",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_round_trips_through_text() {
+        for st in Status::ALL {
+            assert_eq!(st.as_str().parse::<Status>().ok(), Some(st));
+        }
+        assert!("new".parse::<Status>().is_err());
+        assert!("BOGUS".parse::<Status>().is_err());
+    }
+
+    #[test]
+    fn stages_chain_through_the_state_machine() {
+        for stage in StageKind::ALL {
+            assert_eq!(stage.ready_status().dispatches(), Some(stage));
+            assert_eq!(stage.in_flight_status().in_flight_stage(), Some(stage));
+            match stage.next() {
+                Some(next) => assert_eq!(stage.done_status(), next.ready_status()),
+                None => assert!(stage.done_status().is_terminal()),
+            }
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! Every SQL statement the daemon runs, named after its database effect.
+//! The statements live in `sql/queries/` and are embedded at build time;
+//! each is prepared once per connection and cached.
+//!
+//! Functions accept any `GenericClient`, so callers choose between a pooled
+//! connection and a transaction.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::db::Error;
+use crate::model::{Outcome, StageKind, Status};
+
+pub const CLAIM: &str = include_str!("../../sql/queries/claim.sql");
+pub const FINISH: &str = include_str!("../../sql/queries/finish.sql");
+pub const HEARTBEAT: &str = include_str!("../../sql/queries/heartbeat.sql");
+pub const RECLAIM_EXPIRED: &str = include_str!("../../sql/queries/reclaim_expired.sql");
+pub const DUE_COUNTS: &str = include_str!("../../sql/queries/due_counts.sql");
+pub const RING_DUE: &str = include_str!("../../sql/queries/ring_due.sql");
+pub const SHOW_RUN: &str = include_str!("../../sql/queries/show_run.sql");
+pub const SHOW_STEPS: &str = include_str!("../../sql/queries/show_steps.sql");
+
+/// Every named query, for the test that prepares them all.
+pub const ALL: &[(&str, &str)] = &[
+    ("claim", CLAIM),
+    ("finish", FINISH),
+    ("heartbeat", HEARTBEAT),
+    ("reclaim_expired", RECLAIM_EXPIRED),
+    ("due_counts", DUE_COUNTS),
+    ("ring_due", RING_DUE),
+    ("show_run", SHOW_RUN),
+    ("show_steps", SHOW_STEPS),
+];
+
+/// A row claimed for one stage attempt.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    pub thread_id: Option<Uuid>,
+    pub user_query: String,
+    /// Attempt number of this stage, 1-based.
+    pub attempt: i32,
+    /// Fencing token of this lease.
+    pub lease_token: i64,
+    pub analysis: Option<Value>,
+    pub context: Option<String>,
+    pub debug: bool,
+    pub claimed_at: DateTime<Utc>,
+    /// How long the row had been due before this claim.
+    pub due_for: Duration,
+}
+
+/// Claims up to `limit` due rows for `stage`, leased to `owner`.
+pub async fn claim_next(
+    client: &impl GenericClient,
+    stage: StageKind,
+    limit: usize,
+    owner: &str,
+    lease: Duration,
+) -> Result<Vec<Claimed>, Error> {
+    let stmt = client.prepare_cached(CLAIM).await?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = client
+        .query(
+            &stmt,
+            &[
+                &stage.ready_status().as_str(),
+                &limit,
+                &stage.in_flight_status().as_str(),
+                &owner,
+                &lease.as_secs_f64(),
+            ],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let due_ms: f64 = r.get(10);
+            Claimed {
+                id: r.get(0),
+                user_id: r.get(1),
+                thread_id: r.get(2),
+                user_query: r.get(3),
+                attempt: r.get(4),
+                lease_token: r.get(5),
+                analysis: r.get(6),
+                context: r.get(7),
+                debug: r.get(8),
+                claimed_at: r.get(9),
+                due_for: Duration::try_from_secs_f64(due_ms.max(0.0) / 1000.0).unwrap_or_default(),
+            }
+        })
+        .collect())
+}
+
+/// The result of one stage attempt, to be written by [`finish_batch`].
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub id: Uuid,
+    pub lease_token: i64,
+    pub stage: StageKind,
+    pub outcome: Outcome,
+    /// Status the row moves to.
+    pub new_status: Status,
+    pub attempt: i32,
+    pub started_at: DateTime<Utc>,
+    pub analysis: Option<Value>,
+    pub context: Option<String>,
+    pub answer: Option<String>,
+    pub error_class: Option<String>,
+    pub error_message: Option<String>,
+    /// For `Retrying`: how long the row waits before it is due again.
+    pub delay: Duration,
+    pub model: Option<String>,
+    pub prompt_tokens: Option<i32>,
+    pub completion_tokens: Option<i32>,
+    pub latency_ms: Option<i32>,
+}
+
+/// Writes a batch of results, fenced, in one statement. Returns the ids
+/// whose result was applied; the others had lost their lease.
+pub async fn finish_batch(client: &impl GenericClient, worker: &str, batch: &[Finished]) -> Result<Vec<Uuid>, Error> {
+    let stmt = client.prepare_cached(FINISH).await?;
+    let ids: Vec<Uuid> = batch.iter().map(|f| f.id).collect();
+    let tokens: Vec<i64> = batch.iter().map(|f| f.lease_token).collect();
+    let stages: Vec<&str> = batch.iter().map(|f| f.stage.as_str()).collect();
+    let in_flight: Vec<&str> = batch.iter().map(|f| f.stage.in_flight_status().as_str()).collect();
+    let new_status: Vec<&str> = batch.iter().map(|f| f.new_status.as_str()).collect();
+    let outcomes: Vec<&str> = batch.iter().map(|f| f.outcome.as_str()).collect();
+    let attempts: Vec<i32> = batch.iter().map(|f| f.attempt).collect();
+    let started: Vec<DateTime<Utc>> = batch.iter().map(|f| f.started_at).collect();
+    let analysis: Vec<Option<&Value>> = batch.iter().map(|f| f.analysis.as_ref()).collect();
+    let context: Vec<Option<&str>> = batch.iter().map(|f| f.context.as_deref()).collect();
+    let answer: Vec<Option<&str>> = batch.iter().map(|f| f.answer.as_deref()).collect();
+    let err_class: Vec<Option<&str>> = batch.iter().map(|f| f.error_class.as_deref()).collect();
+    let err_msg: Vec<Option<&str>> = batch.iter().map(|f| f.error_message.as_deref()).collect();
+    let delay: Vec<i64> = batch
+        .iter()
+        .map(|f| i64::try_from(f.delay.as_millis()).unwrap_or(i64::MAX))
+        .collect();
+    let model: Vec<Option<&str>> = batch.iter().map(|f| f.model.as_deref()).collect();
+    let p_tok: Vec<Option<i32>> = batch.iter().map(|f| f.prompt_tokens).collect();
+    let c_tok: Vec<Option<i32>> = batch.iter().map(|f| f.completion_tokens).collect();
+    let latency: Vec<Option<i32>> = batch.iter().map(|f| f.latency_ms).collect();
+    let rows = client
+        .query(
+            &stmt,
+            &[
+                &ids,
+                &tokens,
+                &stages,
+                &in_flight,
+                &new_status,
+                &outcomes,
+                &attempts,
+                &started,
+                &analysis,
+                &context,
+                &answer,
+                &err_class,
+                &err_msg,
+                &delay,
+                &model,
+                &p_tok,
+                &c_tok,
+                &latency,
+                &worker,
+            ],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Renews the given leases; returns the ids still held.
+pub async fn extend_leases(
+    client: &impl GenericClient,
+    held: &[(Uuid, i64)],
+    lease: Duration,
+) -> Result<Vec<Uuid>, Error> {
+    let stmt = client.prepare_cached(HEARTBEAT).await?;
+    let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
+    let tokens: Vec<i64> = held.iter().map(|h| h.1).collect();
+    let rows = client.query(&stmt, &[&ids, &tokens, &lease.as_secs_f64()]).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// A row the sweep took back from an expired lease.
+#[derive(Debug, Clone)]
+pub struct Reclaimed {
+    pub id: Uuid,
+    pub new_status: String,
+    pub was: String,
+}
+
+/// Takes back up to `limit` rows whose lease expired.
+pub async fn reclaim_expired(
+    client: &impl GenericClient,
+    max_attempts: u32,
+    limit: usize,
+) -> Result<Vec<Reclaimed>, Error> {
+    let stmt = client.prepare_cached(RECLAIM_EXPIRED).await?;
+    let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = client.query(&stmt, &[&max, &limit]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| Reclaimed {
+            id: r.get(0),
+            new_status: r.get(1),
+            was: r.get(2),
+        })
+        .collect())
+}
+
+/// Due dispatchable rows by status: (status, count, seconds the oldest waited).
+pub async fn due_counts(client: &impl GenericClient) -> Result<Vec<(String, i64, f64)>, Error> {
+    let stmt = client.prepare_cached(DUE_COUNTS).await?;
+    let rows = client.query(&stmt, &[]).await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+}
+
+/// Rings the doorbell for every status that has due rows; returns how many
+/// notifications were sent.
+pub async fn ring_due(client: &impl GenericClient) -> Result<usize, Error> {
+    let stmt = client.prepare_cached(RING_DUE).await?;
+    Ok(client.query(&stmt, &[]).await?.len())
+}
+
+/// A request as `maasctl requests show` prints it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunView {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    pub thread_id: Option<Uuid>,
+    pub user_query: String,
+    pub status: String,
+    pub analysis_result: Option<Value>,
+    pub final_context_payload: Option<String>,
+    pub final_answer: Option<String>,
+    pub error: Option<String>,
+    pub debug: bool,
+    pub attempt: i32,
+    pub run_after: DateTime<Utc>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub lease_token: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One row of the step history.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StepView {
+    pub stage: String,
+    pub attempt: i32,
+    pub worker: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub outcome: String,
+    pub error_class: Option<String>,
+    pub error_message: Option<String>,
+    pub model: Option<String>,
+    pub prompt_tokens: Option<i32>,
+    pub completion_tokens: Option<i32>,
+    pub latency_ms: Option<i32>,
+}
+
+pub async fn show_run(client: &impl GenericClient, id: Uuid) -> Result<Option<RunView>, Error> {
+    let stmt = client.prepare_cached(SHOW_RUN).await?;
+    Ok(client.query_opt(&stmt, &[&id]).await?.map(|r| RunView {
+        id: r.get(0),
+        user_id: r.get(1),
+        thread_id: r.get(2),
+        user_query: r.get(3),
+        status: r.get(4),
+        analysis_result: r.get(5),
+        final_context_payload: r.get(6),
+        final_answer: r.get(7),
+        error: r.get(8),
+        debug: r.get(9),
+        attempt: r.get(10),
+        run_after: r.get(11),
+        lease_owner: r.get(12),
+        lease_expires_at: r.get(13),
+        lease_token: r.get(14),
+        created_at: r.get(15),
+        updated_at: r.get(16),
+    }))
+}
+
+pub async fn show_steps(client: &impl GenericClient, id: Uuid) -> Result<Vec<StepView>, Error> {
+    let stmt = client.prepare_cached(SHOW_STEPS).await?;
+    Ok(client
+        .query(&stmt, &[&id])
+        .await?
+        .iter()
+        .map(|r| StepView {
+            stage: r.get(0),
+            attempt: r.get(1),
+            worker: r.get(2),
+            started_at: r.get(3),
+            finished_at: r.get(4),
+            outcome: r.get(5),
+            error_class: r.get(6),
+            error_message: r.get(7),
+            model: r.get(8),
+            prompt_tokens: r.get(9),
+            completion_tokens: r.get(10),
+            latency_ms: r.get(11),
+        })
+        .collect())
+}

@@ -1,0 +1,7 @@
+//! One integration binary against a real PostgreSQL; a module per area.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+mod cli;
+mod orchestrator;
+mod schema;
+mod support;

@@ -1,0 +1,334 @@
+//! The schema, migrations, triggers and named queries against a real database.
+
+use std::time::Duration;
+
+use maas::db::migrate;
+use maas::repo;
+use uuid::Uuid;
+
+use crate::support::count;
+use crate::support::db::{TestDb, connect};
+
+#[tokio::test]
+async fn a_plain_insert_is_all_another_application_needs() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    let row = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, 'hello') RETURNING id, status, attempt, debug",
+            &[&user],
+        )
+        .await
+        .unwrap();
+    let id: Uuid = row.get(0);
+    assert_eq!(row.get::<_, String>(1), "NEW");
+    assert_eq!(row.get::<_, i32>(2), 0);
+    assert!(!row.get::<_, bool>(3));
+    // The logger's first half: the query is in raw_logs, once.
+    let logged: i64 = c
+        .query_one(
+            "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND user_id = $2 AND message_type = 'user_query' AND content = 'hello'",
+            &[&id, &user],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(logged, 1);
+}
+
+#[tokio::test]
+async fn the_database_refuses_bad_rows() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    let bogus = c
+        .execute(
+            "INSERT INTO pipeline_runs (user_id, user_query, status) VALUES ($1, 'q', 'BOGUS')",
+            &[&user],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        bogus.to_string().contains("pipeline_runs_status_valid")
+            || format!("{bogus:?}").contains("pipeline_runs_status_valid")
+    );
+    let empty = c
+        .execute(
+            "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, '   ')",
+            &[&user],
+        )
+        .await
+        .unwrap_err();
+    assert!(format!("{empty:?}").contains("pipeline_runs_query_not_empty"));
+    let huge = "x".repeat(100_001);
+    let too_big = c
+        .execute(
+            "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, $2)",
+            &[&user, &huge],
+        )
+        .await
+        .unwrap_err();
+    assert!(format!("{too_big:?}").contains("pipeline_runs_query_size"));
+    // An in-flight status without a lease is refused.
+    let no_lease = c
+        .execute(
+            "INSERT INTO pipeline_runs (user_id, user_query, status) VALUES ($1, 'q', 'ANALYZING')",
+            &[&user],
+        )
+        .await
+        .unwrap_err();
+    assert!(format!("{no_lease:?}").contains("pipeline_runs_lease_matches_status"));
+    assert_eq!(count(&c, "SELECT count(*) FROM pipeline_runs").await, 0);
+    // Each role has one active default prompt.
+    let roles = count(
+        &c,
+        "SELECT count(DISTINCT role_name) FROM system_prompts WHERE is_active",
+    )
+    .await;
+    assert_eq!(roles, 4);
+}
+
+#[tokio::test]
+async fn the_trigger_rings_on_insert_and_status_change_only() {
+    let db = TestDb::new().await;
+    let (listener, mut conn) = db
+        .url
+        .parse::<tokio_postgres::Config>()
+        .unwrap()
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        use futures_util::StreamExt;
+        let mut s = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = s.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    listener.batch_execute("LISTEN pipeline_events").await.unwrap();
+    let c = db.client().await;
+    let id: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'q') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    c.execute("UPDATE pipeline_runs SET error = 'x' WHERE id = $1", &[&id])
+        .await
+        .unwrap();
+    c.execute("UPDATE pipeline_runs SET status = 'CANCELLED' WHERE id = $1", &[&id])
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let ev1 = maas::listener::parse_payload(&first).unwrap();
+    let ev2 = maas::listener::parse_payload(&second).unwrap();
+    assert_eq!(
+        (ev1.id, ev1.status.as_str(), ev1.operation.as_str()),
+        (id, "NEW", "INSERT")
+    );
+    assert_eq!(
+        (ev2.id, ev2.status.as_str(), ev2.operation.as_str()),
+        (id, "CANCELLED", "UPDATE")
+    );
+    // The payload names the row; it never carries it.
+    let v: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(v.as_object().unwrap().len(), 3);
+    // The non-status update rang nothing.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rx.recv())
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn every_named_query_prepares_against_the_schema() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for (name, sql) in repo::ALL {
+        if let Err(e) = c.prepare(sql).await {
+            panic!("query {name} does not prepare: {e:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn concurrent_migrations_apply_once() {
+    let db = TestDb::empty().await;
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let url = db.url.clone();
+        handles.push(tokio::spawn(async move {
+            let mut c = connect(&url).await;
+            migrate::migrate(&mut c, false).await
+        }));
+    }
+    let mut applied = 0;
+    for h in handles {
+        let report = h.await.unwrap().unwrap();
+        applied += report.applied.len();
+    }
+    assert_eq!(
+        applied,
+        migrate::MIGRATIONS.len(),
+        "each migration applied exactly once"
+    );
+    let c = db.client().await;
+    let state = migrate::state(&c).await.unwrap();
+    assert!(state.is_current(), "{state:?}");
+}
+
+#[tokio::test]
+async fn a_changed_or_unknown_migration_is_refused() {
+    let db = TestDb::new().await;
+    let mut c = db.client().await;
+    c.execute("UPDATE maas_migrations SET checksum = 'edited' WHERE version = 1", &[])
+        .await
+        .unwrap();
+    let err = migrate::migrate(&mut c, false).await.unwrap_err().to_string();
+    assert!(err.contains("changed after it was applied"), "{err}");
+    c.execute(
+        "UPDATE maas_migrations SET checksum = $1 WHERE version = 1",
+        &[&migrate::checksum(migrate::MIGRATIONS[0].sql)],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO maas_migrations (version, name, checksum) VALUES (999, '0999_future.sql', 'x')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let err = migrate::migrate(&mut c, false).await.unwrap_err().to_string();
+    assert!(err.contains("does not know"), "{err}");
+}
+
+#[tokio::test]
+async fn a_dropped_trigger_is_reinstalled_by_migrate() {
+    let db = TestDb::new().await;
+    let mut c = db.client().await;
+    c.batch_execute("DROP TRIGGER pipeline_runs_notify_insert ON pipeline_runs")
+        .await
+        .unwrap();
+    let state = migrate::state(&c).await.unwrap();
+    assert_eq!(state.missing_triggers, vec!["pipeline_runs_notify_insert".to_owned()]);
+    let report = migrate::migrate(&mut c, false).await.unwrap();
+    assert_eq!(report.triggers, vec!["0001_notify_pipeline_change.sql".to_owned()]);
+    assert!(migrate::state(&c).await.unwrap().is_current());
+}
+
+/// A writer whose lease was lost changes nothing.
+#[tokio::test]
+async fn a_stale_writer_is_fenced_out() {
+    use maas::model::{Outcome, StageKind, Status};
+    let db = TestDb::new().await;
+    let cfg = maas::config::Config {
+        database_url: maas::config::Secret(db.url.clone()),
+        ..Default::default()
+    };
+    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let client = pool.get().await.unwrap();
+    let c = db.client().await;
+    let id: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'q') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let a = repo::claim_next(&client, StageKind::Analyze, 10, "worker-a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(a.len(), 1);
+    // A's lease runs out; the sweep takes the row back; B claims it.
+    c.execute(
+        "UPDATE pipeline_runs SET lease_expires_at = now() - interval '1 s' WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    let back = repo::reclaim_expired(&client, 3, 100).await.unwrap();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].new_status, "NEW");
+    let b = repo::claim_next(&client, StageKind::Analyze, 10, "worker-b", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0].attempt, 2, "the expired attempt was counted");
+    let result = |row: &repo::Claimed, text: &str| repo::Finished {
+        id: row.id,
+        lease_token: row.lease_token,
+        stage: StageKind::Analyze,
+        outcome: Outcome::Succeeded,
+        new_status: Status::Analyzed,
+        attempt: row.attempt,
+        started_at: row.claimed_at,
+        analysis: Some(serde_json::json!({"by": text})),
+        context: None,
+        answer: None,
+        error_class: None,
+        error_message: None,
+        delay: Duration::ZERO,
+        model: None,
+        prompt_tokens: None,
+        completion_tokens: None,
+        latency_ms: None,
+    };
+    // A wakes up and writes late: nothing changes.
+    let applied = repo::finish_batch(&client, "worker-a", &[result(&a[0], "a")])
+        .await
+        .unwrap();
+    assert!(applied.is_empty());
+    let status: String = c
+        .query_one("SELECT status FROM pipeline_runs WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "ANALYZING");
+    // B's result applies.
+    let applied = repo::finish_batch(&client, "worker-b", &[result(&b[0], "b")])
+        .await
+        .unwrap();
+    assert_eq!(applied, vec![id]);
+    let row = c
+        .query_one(
+            "SELECT status, analysis_result->>'by', attempt FROM pipeline_runs WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "ANALYZED");
+    assert_eq!(row.get::<_, String>(1), "b");
+    assert_eq!(row.get::<_, i32>(2), 0, "attempts reset for the next stage");
+    let steps: Vec<(String, i32, String)> = c
+        .query(
+            "SELECT outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        steps,
+        vec![
+            ("lease_expired".to_owned(), 1, "worker-a".to_owned()),
+            ("succeeded".to_owned(), 2, "worker-b".to_owned())
+        ]
+    );
+}

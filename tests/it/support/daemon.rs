@@ -1,0 +1,125 @@
+//! Real `maasd` processes for tests about processes.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+pub struct Maasd {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+/// Settings for a test daemon; every field becomes an environment variable.
+pub struct Opts {
+    pub lease_secs: u64,
+    pub sweep_secs: u64,
+    pub extra: Vec<(String, String)>,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            lease_secs: 30,
+            sweep_secs: 5,
+            extra: Vec::new(),
+        }
+    }
+}
+
+impl Opts {
+    pub fn env(mut self, k: &str, v: impl ToString) -> Self {
+        self.extra.push((k.to_owned(), v.to_string()));
+        self
+    }
+}
+
+impl Maasd {
+    pub fn spawn(database_url: &str, opts: Opts) -> Maasd {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("maasd-logs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join(format!("maasd-{}.log", uuid::Uuid::new_v4().simple()));
+        let file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_maasd"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DATABASE_URL", database_url)
+            .env("MAAS_LEASE_SECS", opts.lease_secs.to_string())
+            .env("MAAS_SWEEP_SECS", opts.sweep_secs.to_string())
+            .env("MAAS_HTTP_ADDR", "127.0.0.1:0")
+            .env("MAAS_RETRY_BASE_MS", "50")
+            .env("MAAS_LISTENER__HEALTH_SECS", "1")
+            .env("MAAS_LISTENER__HEALTH_TIMEOUT_SECS", "2")
+            .env(
+                "RUST_LOG",
+                std::env::var("MAAS_TEST_DAEMON_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file);
+        for (k, v) in &opts.extra {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        Maasd {
+            child: Some(child),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.as_ref().unwrap().id()).unwrap())
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        kill(self.pid(), sig).unwrap();
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait().unwrap().is_none(),
+            None => false,
+        }
+    }
+
+    /// Waits for exit (deadline), returning the exit code.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(c) = self.child.as_mut()
+                && let Some(status) = c.try_wait().unwrap()
+            {
+                self.child = None;
+                return status.code();
+            }
+            if tokio::time::Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Maasd {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = kill(Pid::from_raw(i32::try_from(c.id()).unwrap_or(0)), Signal::SIGCONT);
+        }
+        self.kill();
+    }
+}

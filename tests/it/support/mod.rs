@@ -1,0 +1,118 @@
+//! Harness: real PostgreSQL, real processes, waits with deadlines.
+
+pub mod daemon;
+pub mod db;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+/// Polls `cond` until it holds or `within` passes; panics with `what` then.
+pub async fn wait_until<F, Fut>(within: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if cond().await {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {within:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Inserts `n` requests with plain SQL (as another application would).
+pub async fn insert_requests(c: &Client, n: i64, query: &str) -> Vec<uuid::Uuid> {
+    c.query(
+        "INSERT INTO pipeline_runs (user_id, user_query)
+         SELECT gen_random_uuid(), $2 || ' #' || g FROM generate_series(1, $1::int8) g
+         RETURNING id",
+        &[&n, &query],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+pub async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// Waits until every request is terminal.
+pub async fn wait_all_terminal(c: &Client, within: Duration) {
+    wait_until(within, "every request terminal", || async {
+        count(
+            c,
+            "SELECT count(*) FROM pipeline_runs WHERE status NOT IN ('COMPLETED','FAILED','CANCELLED')",
+        )
+        .await
+            == 0
+    })
+    .await;
+}
+
+/// Asserts the effects of each stage were written exactly once per request.
+pub async fn assert_each_stage_succeeded_once(c: &Client) {
+    let dup = count(
+        c,
+        "SELECT count(*) FROM (SELECT run_id, stage FROM pipeline_steps WHERE outcome = 'succeeded'
+                               GROUP BY run_id, stage HAVING count(*) > 1) d",
+    )
+    .await;
+    assert_eq!(dup, 0, "a stage succeeded twice for some request");
+    let completed = count(c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
+    let succeeded = count(c, "SELECT count(*) FROM pipeline_steps WHERE outcome = 'succeeded'").await;
+    assert_eq!(
+        succeeded,
+        completed * 3,
+        "three successful stages per completed request"
+    );
+    let answers = count(
+        c,
+        "SELECT count(*) FROM raw_logs WHERE message_type = 'assistant_response'",
+    )
+    .await;
+    assert_eq!(answers, completed, "one logged answer per completed request");
+    let missing = count(
+        c,
+        "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'
+           AND (final_answer IS NULL OR analysis_result IS NULL OR final_context_payload IS NULL)",
+    )
+    .await;
+    assert_eq!(missing, 0, "completed requests carry analysis, context and answer");
+}
+
+/// Requests by status, with the errors of failed ones, for assertion messages.
+pub async fn summary(c: &Client) -> String {
+    let rows = c
+        .query(
+            "SELECT status, count(*), min(error) FROM pipeline_runs GROUP BY status ORDER BY status",
+            &[],
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            format!(
+                "{}={} {}",
+                r.get::<_, String>(0),
+                r.get::<_, i64>(1),
+                r.get::<_, Option<String>>(2).unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Asserts how many requests completed, showing the others if not.
+pub async fn assert_completed(c: &Client, n: i64) {
+    let done = count(c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
+    assert_eq!(done, n, "completed requests; all: {}", summary(c).await);
+}
