@@ -1,0 +1,45 @@
+# Shared by bin/run, bin/test and the benchmark scripts: install what is
+# missing, find the repository, build the binaries.
+# shellcheck shell=bash
+
+MAAS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+export MAAS_ROOT
+
+say() { printf '%s\n' "$*" >&2; }
+
+as_root() {
+    if [[ $(id -u) -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        say "need root to run: $*  (no sudo here; install it by hand)"
+        return 1
+    fi
+}
+
+have_pg_server() {
+    local bindir
+    bindir=$(pg_config --bindir 2>/dev/null || true)
+    [[ -n $bindir && -x $bindir/initdb && -x $bindir/postgres ]] && return 0
+    compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+}
+
+# Installs the PostgreSQL server (and psql) with apt-get when missing.
+ensure_postgres() {
+    if have_pg_server && command -v psql >/dev/null 2>&1; then
+        return 0
+    fi
+    say "PostgreSQL is not installed; installing it with apt-get"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-contrib >/dev/null
+    have_pg_server || { say "PostgreSQL server binaries still missing after apt-get"; return 1; }
+}
+
+ensure_cargo() {
+    if ! command -v cargo >/dev/null 2>&1; then
+        # shellcheck disable=SC1091
+        [[ -f $HOME/.cargo/env ]] && . "$HOME/.cargo/env"
+    fi
+    command -v cargo >/dev/null 2>&1 || { say "cargo not found: install Rust (https://rustup.rs)"; return 1; }
+}
