@@ -1,1 +1,2 @@
 //! maas: a PostgreSQL-native orchestrator.
+pub mod llm;
