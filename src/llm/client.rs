@@ -53,7 +53,7 @@ struct RoleClient {
     settings: RoleSettings,
     backend: Backend,
     limits: RoleLimits,
-    /// Shared with every role that uses the same provider and base URL.
+    /// Shared with every role that uses the same provider.
     cooling: Arc<Cooling>,
 }
 
@@ -95,9 +95,16 @@ impl Llm {
             resolved.offline_latency,
             resolved.offline_fail_marker.clone(),
         );
-        let mut cooling: HashMap<(ProviderKind, String), Arc<Cooling>> = HashMap::new();
-        let mut roles = Vec::with_capacity(Role::ALL.len());
-        for settings in resolved.roles {
+        // One cool-down per provider: the configuration gives each provider
+        // one endpoint and one key, i.e. one account's rate limits.
+        let mut cooling: HashMap<ProviderKind, Arc<Cooling>> = HashMap::new();
+        let mut build = |role: Role, settings: RoleSettings| -> Result<RoleClient, ConfigError> {
+            if settings.role != role {
+                return Err(ConfigError::Invalid {
+                    key: format!("llm.{role}"),
+                    reason: format!("holds the settings of llm.{}", settings.role),
+                });
+            }
             let backend = match (settings.provider, settings.endpoint.clone()) {
                 (ProviderKind::OpenAi, Some(endpoint)) => Backend::OpenAi(endpoint),
                 (ProviderKind::Anthropic, Some(endpoint)) => Backend::Anthropic(endpoint),
@@ -110,23 +117,20 @@ impl Llm {
                     });
                 }
             };
-            let base_url = settings
-                .endpoint
-                .as_ref()
-                .map(|e| e.base_url.clone())
-                .unwrap_or_default();
-            let cooling = Arc::clone(cooling.entry((settings.provider, base_url)).or_default());
-            roles.push(RoleClient {
+            let cooling = Arc::clone(cooling.entry(settings.provider).or_default());
+            Ok(RoleClient {
                 limits: RoleLimits::new(&settings),
                 backend,
                 settings,
                 cooling,
-            });
-        }
-        let roles: [RoleClient; 3] = roles.try_into().map_err(|_| ConfigError::Invalid {
-            key: "llm".to_owned(),
-            reason: "expected exactly three roles".to_owned(),
-        })?;
+            })
+        };
+        let [analyzer, responder, archivist] = resolved.roles;
+        let roles = [
+            build(Role::Analyzer, analyzer)?,
+            build(Role::Responder, responder)?,
+            build(Role::Archivist, archivist)?,
+        ];
         Ok(Llm {
             http,
             roles,

@@ -2,24 +2,27 @@
 //!
 //! Three limits stand between [`Llm::chat`](super::Llm::chat) and the wire:
 //!
-//! 1. **Cooling** ([`Cooling`]), one per provider endpoint (provider and
-//!    base URL), shared by every role that uses it. Each 429 pushes the
-//!    endpoint's "cooling until" instant to at least now + the provider's
-//!    `Retry-After` (or [`DEFAULT_COOLING`] when it gave none, capped at
-//!    [`MAX_COOLING`]). A provider that is rate limiting thus slows every
-//!    call this daemon makes to it, not just the one that got the 429.
+//! 1. **Cooling** ([`Cooling`]), one per provider endpoint (the
+//!    configuration gives each provider one base URL and one key: one
+//!    account's rate limits), shared by every role that uses it. Each 429 pushes the endpoint's "cooling until"
+//!    instant to at least now + the provider's `Retry-After` (or
+//!    [`DEFAULT_COOLING`] when it gave none, capped at [`MAX_COOLING`]). A
+//!    provider that is rate limiting thus slows every call this daemon makes
+//!    to it, not just the one that got the 429.
 //! 2. **Concurrency**: a semaphore per role (`max_concurrency`).
 //! 3. **Requests per minute**: a governor GCRA limiter per role
 //!    (`requests_per_minute`), bursting up to the per-minute figure.
 //!
 //! Every wait is bounded by one *admission deadline*, the role timeout from
-//! the start of the call, so no caller is held for long: a wait that would
-//! end after the deadline is not started, and the call returns
-//! [`LlmError::RateLimited`] at once with the remaining wait as
-//! `retry_after`. The caller then defers the request durably (a
-//! `run_after` column) instead of holding a task, a lease and a dispatcher
-//! slot. Short waits — a cool-down of a few seconds, a slot that frees up —
-//! are cheaper in place than a round trip through the database.
+//! the start of the call, so no caller is held for long. A cool-down or rpm
+//! wait that would end after the deadline is not started: the call returns
+//! [`LlmError::RateLimited`] at once, unsent, with the remaining wait as
+//! `retry_after`. A concurrency slot is waited for until the deadline, then
+//! the call returns `RateLimited` without a hint. Either way the caller
+//! defers the request durably (a `run_after` column) instead of holding a
+//! task, a lease and a dispatcher slot, and no attempt is counted. Short
+//! waits — a cool-down of a few seconds, a slot that frees up — are cheaper
+//! in place than a round trip through the database.
 //!
 //! Why [`DEFAULT_COOLING`] is 5 s and not the 60 s the caller waits for a
 //! 429 without a hint: the shared cool-down only has to stop a burst from
