@@ -1,0 +1,3 @@
+//! Harness code shared by the integration tests.
+
+pub mod fake_llm;
