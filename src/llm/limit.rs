@@ -2,10 +2,10 @@
 //!
 //! Three limits stand between [`Llm::chat`](super::Llm::chat) and the wire:
 //!
-//! 1. **Cooling** ([`Cooling`]), one per provider endpoint (the
-//!    configuration gives each provider one base URL and one key: one
-//!    account's rate limits), shared by every role that uses it. Each 429 pushes the endpoint's "cooling until"
-//!    instant to at least now + the provider's `Retry-After` (or
+//! 1. **Cooling**, one per provider endpoint (the configuration gives each
+//!    provider one base URL and one key: one account's rate limits), shared
+//!    by every role that uses it. Each 429 pushes the endpoint's "cooling
+//!    until" instant to at least now + the provider's `Retry-After` (or
 //!    [`DEFAULT_COOLING`] when it gave none, capped at [`MAX_COOLING`]). A
 //!    provider that is rate limiting thus slows every call this daemon makes
 //!    to it, not just the one that got the 429.

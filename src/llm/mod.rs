@@ -12,8 +12,8 @@
 //! - **Google Gemini** `generateContent`
 //!   (`{base}/v1beta/models/{model}:generateContent`).
 //! - **Offline**: deterministic, in-process, no key, no network; every
-//!   answer is labelled as such (see [`offline`](self::offline)). It is the
-//!   default, so a fresh install runs end to end without credentials.
+//!   answer is labelled as such (see [`offline`]). It is the default, so a
+//!   fresh install runs end to end without credentials.
 //!
 //! Invariants:
 //! - **The client never retries.** A failure comes back as an [`LlmError`]
@@ -35,7 +35,7 @@ mod client;
 pub mod config;
 mod error;
 mod gemini;
-mod limit;
+pub mod limit;
 pub mod offline;
 mod openai;
 
@@ -120,7 +120,7 @@ pub enum Role {
 }
 
 impl Role {
-    /// Every role, in the order [`Role::index`] uses.
+    /// Every role: analyzer, responder, archivist.
     pub const ALL: [Role; 3] = [Role::Analyzer, Role::Responder, Role::Archivist];
 
     /// The name used in configuration (`llm.<name>`), logs and metrics.
