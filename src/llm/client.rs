@@ -315,3 +315,21 @@ fn transport_error(
         message: scrub(&message, key),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>(_: &T) {}
+
+    /// The dispatcher shares one `Llm` across tasks and spawns `chat`.
+    #[test]
+    fn llm_is_shareable_and_chat_can_be_spawned() {
+        send_sync::<Llm>();
+        let llm = Llm::from_config_with_env(&LlmConfig::default(), "offline", |_| None).unwrap();
+        let call = llm.chat(Role::Responder, ChatRequest::new(None, "hi"));
+        send(&call);
+    }
+}
