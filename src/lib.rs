@@ -13,6 +13,7 @@
 //! - [`repo`] — every SQL statement the daemon runs, named after its effect.
 //! - [`listener`] — the dedicated LISTEN session.
 //! - [`dispatcher`] — wake or sweep → claim → run stage → record.
+//! - [`llm`] — LLM providers (OpenAI-compatible, Anthropic, Gemini, offline).
 //! - [`stage`] — the stages, behind a trait that knows nothing of SQL.
 //! - [`daemon`] — wires the above into `maasd`.
 //! - [`cli`] — `maasctl`.
@@ -24,6 +25,7 @@ pub mod db;
 pub mod dispatcher;
 pub mod error;
 pub mod listener;
+pub mod llm;
 pub mod model;
 pub mod repo;
 pub mod shutdown;

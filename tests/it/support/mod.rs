@@ -2,6 +2,7 @@
 
 pub mod daemon;
 pub mod db;
+pub mod fake_llm;
 
 use std::future::Future;
 use std::time::Duration;

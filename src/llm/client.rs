@@ -1,0 +1,317 @@
+//! [`Llm`]: the per-role clients behind one shared `reqwest::Client`.
+//!
+//! Built once at startup from [`LlmConfig`]. A call goes: admission
+//! ([`limit`](super::limit)) → the provider's request shape → one HTTP
+//! exchange under the role timeout → classification ([`LlmError`]). A 429
+//! also starts the endpoint's shared cool-down. Nothing is retried here.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::config::{ApiKey, Endpoint, LlmConfig, ResolvedLlm, RoleSettings};
+use super::error::{classify_status, scrub};
+use super::limit::{Cooling, RoleLimits};
+use super::offline::Offline;
+use super::{ChatRequest, ChatResponse, ConfigError, LlmError, ProviderKind, Role, anthropic, gemini, openai};
+
+/// Bodies larger than this are not read to the end: no chat completion is
+/// this big, and a misbehaving endpoint must not exhaust memory.
+const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// What a provider returned, before it becomes a [`ChatResponse`].
+pub(crate) struct Completion {
+    pub(crate) text: String,
+    pub(crate) model: Option<String>,
+    pub(crate) prompt_tokens: Option<u32>,
+    pub(crate) completion_tokens: Option<u32>,
+}
+
+/// Which API a role speaks, with its endpoint.
+enum Backend {
+    OpenAi(Endpoint),
+    Anthropic(Endpoint),
+    Gemini(Endpoint),
+    Offline,
+}
+
+type Parse = fn(&[u8]) -> Result<Completion, String>;
+
+/// The LLM clients of all roles. Cheap to share behind an `Arc`.
+pub struct Llm {
+    http: reqwest::Client,
+    roles: [RoleClient; 3],
+    offline: Offline,
+}
+
+struct RoleClient {
+    settings: RoleSettings,
+    backend: Backend,
+    limits: RoleLimits,
+    /// Shared with every role that uses the same provider.
+    cooling: Arc<Cooling>,
+}
+
+impl fmt::Debug for Llm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("Llm");
+        for client in &self.roles {
+            s.field(client.settings.role.as_str(), &client.settings);
+        }
+        s.finish_non_exhaustive()
+    }
+}
+
+impl Llm {
+    /// Builds the clients, reading the provider variables (`OPENAI_API_KEY`
+    /// and friends, see [`config`](super::config)) from the process
+    /// environment. `default_provider` is `MAAS_LLM_PROVIDER` (`"offline"`
+    /// when unset).
+    pub fn from_config(cfg: &LlmConfig, default_provider: &str) -> Result<Llm, ConfigError> {
+        Llm::from_config_with_env(cfg, default_provider, |name| std::env::var(name).ok())
+    }
+
+    /// [`Llm::from_config`] with the environment given as a lookup function.
+    pub fn from_config_with_env(
+        cfg: &LlmConfig,
+        default_provider: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Llm, ConfigError> {
+        Llm::new(cfg.resolve(default_provider, &env)?)
+    }
+
+    /// Builds the clients from resolved settings.
+    pub fn new(resolved: ResolvedLlm) -> Result<Llm, ConfigError> {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("maas/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ConfigError::HttpClient(e.to_string()))?;
+        let offline = Offline::new(resolved.offline_latency, resolved.offline_fail_marker.clone());
+        // One cool-down per provider: the configuration gives each provider
+        // one endpoint and one key, i.e. one account's rate limits.
+        let mut cooling: HashMap<ProviderKind, Arc<Cooling>> = HashMap::new();
+        let mut build = |role: Role, settings: RoleSettings| -> Result<RoleClient, ConfigError> {
+            if settings.role != role {
+                return Err(ConfigError::Invalid {
+                    key: format!("llm.{role}"),
+                    reason: format!("holds the settings of llm.{}", settings.role),
+                });
+            }
+            let backend = match (settings.provider, settings.endpoint.clone()) {
+                (ProviderKind::OpenAi, Some(endpoint)) => Backend::OpenAi(endpoint),
+                (ProviderKind::Anthropic, Some(endpoint)) => Backend::Anthropic(endpoint),
+                (ProviderKind::Gemini, Some(endpoint)) => Backend::Gemini(endpoint),
+                (ProviderKind::Offline, _) => Backend::Offline,
+                (provider, None) => {
+                    return Err(ConfigError::Invalid {
+                        key: format!("llm.{provider}"),
+                        reason: format!("llm.{} has no endpoint", settings.role),
+                    });
+                }
+            };
+            let cooling = Arc::clone(cooling.entry(settings.provider).or_default());
+            Ok(RoleClient {
+                limits: RoleLimits::new(&settings),
+                backend,
+                settings,
+                cooling,
+            })
+        };
+        let [analyzer, responder, archivist] = resolved.roles;
+        let roles = [
+            build(Role::Analyzer, analyzer)?,
+            build(Role::Responder, responder)?,
+            build(Role::Archivist, archivist)?,
+        ];
+        Ok(Llm { http, roles, offline })
+    }
+
+    /// The model a role uses.
+    pub fn model(&self, role: Role) -> &str {
+        &self.roles[role.index()].settings.model
+    }
+
+    /// The provider name a role uses (`openai`, `anthropic`, `gemini`,
+    /// `offline`).
+    pub fn provider_name(&self, role: Role) -> &'static str {
+        self.roles[role.index()].settings.provider.as_str()
+    }
+
+    /// All resolved settings of a role (keys redact in `Debug`).
+    pub fn settings(&self, role: Role) -> &RoleSettings {
+        &self.roles[role.index()].settings
+    }
+
+    /// Sends one chat request with the role's provider, model, temperature,
+    /// token limit and timeout, within its concurrency and rate limits.
+    ///
+    /// Returns within two role timeouts: at most one waiting for admission
+    /// (see [`limit`](super::limit)), one for the HTTP exchange. Never
+    /// retries: the error's [`LlmError::disposition`] says what to do.
+    pub async fn chat(&self, role: Role, req: ChatRequest) -> Result<ChatResponse, LlmError> {
+        let client = &self.roles[role.index()];
+        let settings = &client.settings;
+        let provider = settings.provider.as_str();
+        let deadline = Instant::now() + settings.timeout;
+        let _permit = client
+            .limits
+            .admit(provider, &client.cooling, deadline)
+            .await
+            .inspect_err(|e| {
+                tracing::debug!(
+                    role = role.as_str(),
+                    provider,
+                    error.class = e.class(),
+                    "llm call not admitted"
+                );
+            })?;
+
+        let sent = Instant::now();
+        let http = &self.http;
+        let result = match &client.backend {
+            Backend::OpenAi(ep) => {
+                let builder = openai::request(http, ep, settings, &req);
+                exchange(settings, ep, builder, openai::parse).await
+            }
+            Backend::Anthropic(ep) => {
+                let builder = anthropic::request(http, ep, settings, &req);
+                exchange(settings, ep, builder, anthropic::parse).await
+            }
+            Backend::Gemini(ep) => {
+                let builder = gemini::request(http, ep, settings, &req);
+                exchange(settings, ep, builder, gemini::parse).await
+            }
+            Backend::Offline => self.offline.chat(role, settings, &req).await,
+        };
+        let latency = sent.elapsed();
+
+        match result {
+            Ok(done) => {
+                tracing::debug!(
+                    role = role.as_str(),
+                    provider,
+                    model = settings.model,
+                    prompt.chars = req.prompt_chars(),
+                    completion.chars = done.text.len(),
+                    prompt_tokens = done.prompt_tokens,
+                    completion_tokens = done.completion_tokens,
+                    latency_ms = latency.as_millis(),
+                    "llm call completed"
+                );
+                Ok(ChatResponse {
+                    text: done.text,
+                    model: done.model.unwrap_or_else(|| settings.model.clone()),
+                    prompt_tokens: done.prompt_tokens,
+                    completion_tokens: done.completion_tokens,
+                    latency,
+                })
+            }
+            Err(error) => {
+                if let LlmError::RateLimited { retry_after, .. } = &error {
+                    let pause = client.cooling.rate_limited(*retry_after);
+                    tracing::warn!(
+                        provider,
+                        retry_after_ms = retry_after.map(|d| d.as_millis()),
+                        cooling_ms = pause.as_millis(),
+                        "llm provider is rate limiting; every call to it waits"
+                    );
+                }
+                tracing::debug!(
+                    role = role.as_str(),
+                    provider,
+                    model = settings.model,
+                    error.class = error.class(),
+                    error.status = error.status(),
+                    latency_ms = latency.as_millis(),
+                    "llm call failed"
+                );
+                Err(error)
+            }
+        }
+    }
+}
+
+/// One HTTP exchange: send, read the body (bounded), classify.
+async fn exchange(
+    settings: &RoleSettings,
+    endpoint: &Endpoint,
+    builder: reqwest::RequestBuilder,
+    parse: Parse,
+) -> Result<Completion, LlmError> {
+    let provider = settings.provider;
+    let key = Some(&endpoint.api_key);
+    let transport = |e: reqwest::Error| transport_error(provider, settings.timeout, e, key);
+
+    let mut response = builder.timeout(settings.timeout).send().await.map_err(transport)?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(transport)? {
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(LlmError::InvalidResponse {
+                provider: provider.as_str(),
+                message: format!("HTTP {status}: body larger than {MAX_BODY_BYTES} bytes"),
+            });
+        }
+        body.extend_from_slice(&chunk);
+    }
+
+    if !status.is_success() {
+        return Err(classify_status(
+            provider,
+            status.as_u16(),
+            &headers,
+            &body,
+            SystemTime::now(),
+            key,
+        ));
+    }
+    parse(&body).map_err(|message| LlmError::InvalidResponse {
+        provider: provider.as_str(),
+        message: scrub(&message, key),
+    })
+}
+
+/// A reqwest error: the timeout, or a transport failure with its cause
+/// chain (the URL is left out; the provider name says where).
+fn transport_error(provider: ProviderKind, timeout: Duration, error: reqwest::Error, key: Option<&ApiKey>) -> LlmError {
+    if error.is_timeout() {
+        return LlmError::Timeout {
+            provider: provider.as_str(),
+            message: format!("no complete answer within {} s", timeout.as_secs_f64()),
+        };
+    }
+    let error = error.without_url();
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    LlmError::Connect {
+        provider: provider.as_str(),
+        message: scrub(&message, key),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>(_: &T) {}
+
+    /// The dispatcher shares one `Llm` across tasks and spawns `chat`.
+    #[test]
+    fn llm_is_shareable_and_chat_can_be_spawned() {
+        send_sync::<Llm>();
+        let llm = Llm::from_config_with_env(&LlmConfig::default(), "offline", |_| None).unwrap();
+        let call = llm.chat(Role::Responder, ChatRequest::new(None, "hi"));
+        send(&call);
+    }
+}

@@ -1,0 +1,256 @@
+//! LLM providers: one client per role, classified errors, shared limits.
+//!
+//! Every stage that needs a model goes through [`Llm::chat`] with its
+//! [`Role`]. The role decides the provider, model, temperature, token limit,
+//! timeout, concurrency and requests per minute ([`LlmConfig`]); the stage
+//! only supplies the prompt ([`ChatRequest`]).
+//!
+//! Providers:
+//! - **OpenAI-compatible** chat completions (`{base}/chat/completions`):
+//!   OpenAI, vLLM, Ollama, llama.cpp, OpenRouter…
+//! - **Anthropic** Messages (`{base}/v1/messages`).
+//! - **Google Gemini** `generateContent`
+//!   (`{base}/v1beta/models/{model}:generateContent`).
+//! - **Offline**: deterministic, in-process, no key, no network; every
+//!   answer is labelled as such (see [`offline`]). It is the default, so a
+//!   fresh install runs end to end without credentials.
+//!
+//! Invariants:
+//! - **The client never retries.** A failure comes back as an [`LlmError`]
+//!   whose [`LlmError::disposition`] tells the caller what to do; the caller
+//!   stores retries durably (a `run_after` column), so a restart loses no
+//!   schedule. The only waits inside `chat` are admission waits (a
+//!   concurrency slot, the role's requests-per-minute budget, a provider's
+//!   shared cool-down after a 429), each bounded by the role timeout.
+//! - **`chat` is bounded**: at most one role timeout waiting for admission
+//!   plus one role timeout for the HTTP exchange.
+//! - **Keys never leak**: they live in [`ApiKey`], whose `Debug` and
+//!   `Display` redact; provider error text is scrubbed of the key before it
+//!   becomes part of an error.
+//! - Nothing here logs prompts or completions; only sizes, model, tokens,
+//!   latency and error classes.
+
+mod anthropic;
+mod client;
+pub mod config;
+mod error;
+mod gemini;
+pub mod limit;
+pub mod offline;
+mod openai;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use client::Llm;
+pub use config::{
+    ApiKey, ConfigError, Endpoint, EndpointConfig, LlmConfig, OfflineConfig, ResolvedLlm, RoleConfig, RoleSettings,
+};
+pub use error::{LlmDisposition, LlmError, parse_proto_duration, parse_retry_after};
+pub use limit::{DEFAULT_COOLING, MAX_COOLING};
+
+/// The API a role talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProviderKind {
+    /// OpenAI chat completions and every server that speaks that shape.
+    OpenAi,
+    /// Anthropic Messages API.
+    Anthropic,
+    /// Google Gemini `generateContent`.
+    Gemini,
+    /// The built-in deterministic provider; no network.
+    Offline,
+}
+
+impl ProviderKind {
+    /// Every provider, in a stable order.
+    pub const ALL: [ProviderKind; 4] = [
+        ProviderKind::OpenAi,
+        ProviderKind::Anthropic,
+        ProviderKind::Gemini,
+        ProviderKind::Offline,
+    ];
+
+    /// The name used in configuration, logs, metrics and errors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Gemini => "gemini",
+            ProviderKind::Offline => "offline",
+        }
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The name given was not one of `openai`, `anthropic`, `gemini`, `offline`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown LLM provider {0:?} (expected openai, anthropic, gemini or offline)")]
+pub struct UnknownProvider(pub String);
+
+impl FromStr for ProviderKind {
+    type Err = UnknownProvider;
+
+    /// Case-insensitive; surrounding whitespace is ignored.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let name = s.trim();
+        ProviderKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str().eq_ignore_ascii_case(name))
+            .ok_or_else(|| UnknownProvider(s.to_owned()))
+    }
+}
+
+/// Who is calling: each role has its own provider, model and limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Decides whether a query needs long-term memory; a cheap model, JSON out.
+    Analyzer,
+    /// Writes the final answer; a strong model.
+    Responder,
+    /// Compresses raw chat logs into LSM records; a cheap model, JSON out.
+    Archivist,
+}
+
+impl Role {
+    /// Every role: analyzer, responder, archivist.
+    pub const ALL: [Role; 3] = [Role::Analyzer, Role::Responder, Role::Archivist];
+
+    /// The name used in configuration (`llm.<name>`), logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Analyzer => "analyzer",
+            Role::Responder => "responder",
+            Role::Archivist => "archivist",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Role::Analyzer => 0,
+            Role::Responder => 1,
+            Role::Archivist => 2,
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The author of one message of a conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageRole {
+    /// The end user (or the stage speaking for them).
+    User,
+    /// An earlier model answer.
+    Assistant,
+}
+
+impl MessageRole {
+    /// The wire name used by OpenAI and Anthropic (`user` / `assistant`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageRole::User => "user",
+            MessageRole::Assistant => "assistant",
+        }
+    }
+}
+
+/// One turn of the conversation sent to the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// `user` or `assistant`.
+    pub role: MessageRole,
+    /// The text of the turn.
+    pub content: String,
+}
+
+impl Message {
+    /// A user turn.
+    pub fn user(content: impl Into<String>) -> Message {
+        Message {
+            role: MessageRole::User,
+            content: content.into(),
+        }
+    }
+
+    /// An assistant turn.
+    pub fn assistant(content: impl Into<String>) -> Message {
+        Message {
+            role: MessageRole::Assistant,
+            content: content.into(),
+        }
+    }
+}
+
+/// What a stage asks of a model. Model, temperature and limits come from the
+/// role's configuration, not from here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChatRequest {
+    /// The system prompt, if any.
+    pub system: Option<String>,
+    /// The conversation, oldest first; normally ends with a user turn.
+    pub messages: Vec<Message>,
+    /// Ask for a single JSON object: OpenAI `response_format: json_object`,
+    /// Gemini `responseMimeType: application/json`, Anthropic (which has no
+    /// JSON mode) an extra system instruction. The caller still validates.
+    pub json_mode: bool,
+}
+
+impl ChatRequest {
+    /// A system prompt and one user message.
+    pub fn new(system: Option<String>, user: impl Into<String>) -> ChatRequest {
+        ChatRequest {
+            system,
+            messages: vec![Message::user(user)],
+            json_mode: false,
+        }
+    }
+
+    /// The same request, asking for JSON output.
+    #[must_use]
+    pub fn json(mut self) -> ChatRequest {
+        self.json_mode = true;
+        self
+    }
+
+    /// The content of the last user message, if there is one.
+    pub fn last_user_message(&self) -> Option<&str> {
+        self.messages
+            .iter()
+            .rev()
+            .find(|m| m.role == MessageRole::User)
+            .map(|m| m.content.as_str())
+    }
+
+    /// Characters of prompt (system plus messages); logged instead of the text.
+    pub fn prompt_chars(&self) -> usize {
+        self.system.as_deref().map_or(0, str::len) + self.messages.iter().map(|m| m.content.len()).sum::<usize>()
+    }
+}
+
+/// A completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatResponse {
+    /// The generated text; never empty (an empty completion is an error).
+    pub text: String,
+    /// The model that answered, as the provider reports it (falls back to
+    /// the configured model when the provider does not say).
+    pub model: String,
+    /// Input tokens, when the provider reports them.
+    pub prompt_tokens: Option<u32>,
+    /// Output tokens, when the provider reports them.
+    pub completion_tokens: Option<u32>,
+    /// Time from sending the request to having the whole body; admission
+    /// waits (concurrency, rate limits, cool-down) are not included.
+    pub latency: Duration,
+}

@@ -1,0 +1,633 @@
+//! A fake LLM provider over real HTTP, for tests, benchmarks and chaos runs.
+//!
+//! [`FakeLlm::start`] binds an axum server (127.0.0.1, port 0 by default) that
+//! speaks three shapes:
+//! - OpenAI chat completions: `POST /v1/chat/completions` (so the OpenAI base
+//!   URL is [`FakeLlm::openai_base_url`], which ends in `/v1`);
+//! - Anthropic Messages: `POST /v1/messages`;
+//! - Gemini: `POST /v1beta/models/{model}:generateContent`.
+//!
+//! Each shape follows its own script, a queue of [`Reply`]s pushed with
+//! [`FakeLlm::push`]: a completion with given text and usage, any status with
+//! headers and body (429 with `Retry-After`, 500, 529, spend limits, token
+//! limits…), any of those after a delay, or a body that is not JSON. When a
+//! script is empty the server answers with the default reply: a completion
+//! with a fixed text, optionally after a fixed latency ([`FakeConfig`],
+//! [`FakeLlm::set_default`]).
+//!
+//! Every request is recorded before it is answered ([`Recorded`]: path,
+//! lower-cased headers, parsed JSON body, arrival instant), so tests can
+//! assert model, temperature, token limit and auth headers, and measure when
+//! requests arrived. [`FakeLlm::wait_for_requests`] waits on a condition with
+//! a deadline instead of sleeping.
+//!
+//! The module depends only on axum, tokio and serde_json, so a benchmark or
+//! chaos binary can include it with `#[path = …] mod fake_llm;`.
+
+#![allow(dead_code, reason = "shared harness: not every user calls every helper")]
+#![allow(clippy::expect_used, reason = "test harness: failing loudly is the point")]
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Uri};
+use axum::response::Response;
+use axum::routing::post;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// The API shapes the fake speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// OpenAI chat completions.
+    OpenAi,
+    /// Anthropic Messages.
+    Anthropic,
+    /// Gemini generateContent.
+    Gemini,
+}
+
+impl Api {
+    /// All three shapes.
+    pub const ALL: [Api; 3] = [Api::OpenAi, Api::Anthropic, Api::Gemini];
+
+    /// The provider name maas uses for this shape.
+    pub fn provider(self) -> &'static str {
+        match self {
+            Api::OpenAi => "openai",
+            Api::Anthropic => "anthropic",
+            Api::Gemini => "gemini",
+        }
+    }
+}
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// A successful completion in the route's shape, echoing the model asked for.
+    Completion {
+        /// The generated text (may be empty, to test empty completions).
+        text: String,
+        /// Reported input tokens.
+        prompt_tokens: u32,
+        /// Reported output tokens.
+        completion_tokens: u32,
+    },
+    /// Any status, headers and raw body.
+    Http {
+        /// HTTP status.
+        status: u16,
+        /// Extra response headers.
+        headers: Vec<(String, String)>,
+        /// The body, sent as is.
+        body: String,
+    },
+    /// Another reply, sent after a delay (e.g. longer than the client timeout).
+    Delayed {
+        /// How long to hold the request.
+        delay: Duration,
+        /// What to answer then.
+        reply: Box<Reply>,
+    },
+}
+
+impl Reply {
+    /// A completion with this text and usage 10 in / 5 out.
+    pub fn text(text: impl Into<String>) -> Reply {
+        Reply::Completion {
+            text: text.into(),
+            prompt_tokens: 10,
+            completion_tokens: 5,
+        }
+    }
+
+    /// The same completion with other usage figures (no effect on other replies).
+    #[must_use]
+    pub fn with_usage(self, prompt: u32, completion: u32) -> Reply {
+        match self {
+            Reply::Completion { text, .. } => Reply::Completion {
+                text,
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+            },
+            other => other,
+        }
+    }
+
+    /// Any status with a raw body.
+    pub fn status(status: u16, body: impl Into<String>) -> Reply {
+        Reply::Http {
+            status,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: body.into(),
+        }
+    }
+
+    /// Adds a response header (no effect on completions).
+    #[must_use]
+    pub fn with_header(self, name: impl Into<String>, value: impl Into<String>) -> Reply {
+        match self {
+            Reply::Http {
+                status,
+                mut headers,
+                body,
+            } => {
+                headers.push((name.into(), value.into()));
+                Reply::Http { status, headers, body }
+            }
+            Reply::Delayed { delay, reply } => Reply::Delayed {
+                delay,
+                reply: Box::new(reply.with_header(name, value)),
+            },
+            completion => completion,
+        }
+    }
+
+    /// This reply, after `delay`.
+    #[must_use]
+    pub fn after(self, delay: Duration) -> Reply {
+        Reply::Delayed {
+            delay,
+            reply: Box::new(self),
+        }
+    }
+
+    /// A provider-shaped error body: OpenAI `{"error":{message,type,code}}`,
+    /// Anthropic `{"type":"error","error":{type,message}}`, Gemini
+    /// `{"error":{code,message,status,details}}`. `kind` is the OpenAI
+    /// type/code, the Anthropic error type or the Gemini status.
+    pub fn error(api: Api, status: u16, kind: &str, message: &str, details: Value) -> Reply {
+        let body = match api {
+            Api::OpenAi => {
+                json!({"error": {"message": message, "type": kind, "param": null, "code": kind}})
+            }
+            Api::Anthropic => {
+                let mut error = json!({"type": kind, "message": message});
+                if !details.is_null() {
+                    error["details"] = details;
+                }
+                json!({"type": "error", "error": error, "request_id": "req_fake"})
+            }
+            Api::Gemini => json!({"error": {
+                "code": status, "message": message, "status": kind,
+                "details": if details.is_null() { json!([]) } else { details }
+            }}),
+        };
+        Reply::status(status, body.to_string())
+    }
+
+    /// 500 with a generic body.
+    pub fn server_error() -> Reply {
+        Reply::status(
+            500,
+            json!({"error": {"message": "internal server error", "type": "server_error"}}).to_string(),
+        )
+    }
+
+    /// Anthropic's 529 overloaded.
+    pub fn overloaded() -> Reply {
+        Reply::status(
+            529,
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).to_string(),
+        )
+    }
+
+    /// 200 with a body that is not JSON.
+    pub fn invalid_json() -> Reply {
+        Reply::Http {
+            status: 200,
+            headers: vec![("content-type".into(), "text/plain".into())],
+            body: "this is not json {".into(),
+        }
+    }
+
+    /// A per-minute rate limit in the provider's shape, with `Retry-After`
+    /// when given (seconds or an HTTP date).
+    pub fn rate_limited(api: Api, retry_after: Option<&str>) -> Reply {
+        let reply = match api {
+            Api::OpenAi => Reply::error(
+                api,
+                429,
+                "rate_limit_exceeded",
+                "Rate limit reached for requests per min (RPM): Limit 3, Used 3, Requested 1.",
+                Value::Null,
+            ),
+            Api::Anthropic => Reply::error(
+                api,
+                429,
+                "rate_limit_error",
+                "Number of request tokens has exceeded your per-minute rate limit",
+                Value::Null,
+            ),
+            Api::Gemini => Reply::error(
+                api,
+                429,
+                "RESOURCE_EXHAUSTED",
+                "You exceeded your current quota, please check your plan and billing details.",
+                json!([per_minute_violation()]),
+            ),
+        };
+        match retry_after {
+            Some(value) => reply.with_header("retry-after", value),
+            None => reply,
+        }
+    }
+
+    /// Gemini's 429 with the delay in the body (`RetryInfo.retryDelay`,
+    /// e.g. `"22s"`) and no header.
+    pub fn gemini_retry_info(delay: &str) -> Reply {
+        Reply::error(
+            Api::Gemini,
+            429,
+            "RESOURCE_EXHAUSTED",
+            "You exceeded your current quota, please check your plan and billing details.",
+            json!([
+                per_minute_violation(),
+                {"@type": "type.googleapis.com/google.rpc.Help", "links": [{"description": "Learn more", "url": "https://ai.google.dev/gemini-api/docs/rate-limits"}]},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay}
+            ]),
+        )
+    }
+
+    /// A 429 that means the money or the daily quota is gone: OpenAI
+    /// `insufficient_quota`, Anthropic `enforced_spend_limit_reached`,
+    /// Gemini a per-day quota violation (with a RetryInfo, which must not
+    /// make it look transient).
+    pub fn spend_limit(api: Api) -> Reply {
+        match api {
+            Api::OpenAi => Reply::error(
+                api,
+                429,
+                "insufficient_quota",
+                "You exceeded your current quota, please check your plan and billing details.",
+                Value::Null,
+            ),
+            Api::Anthropic => Reply::error(
+                api,
+                429,
+                "rate_limit_error",
+                "You have reached your API usage limits: your organization has crossed its monthly API usage threshold.",
+                json!({"error_code": "enforced_spend_limit_reached"}),
+            ),
+            Api::Gemini => Reply::error(
+                api,
+                429,
+                "RESOURCE_EXHAUSTED",
+                "You exceeded your current quota, please check your plan and billing details.",
+                json!([
+                    {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{
+                        "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+                        "quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+                        "quotaValue": "250"
+                    }]},
+                    {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "40s"}
+                ]),
+            ),
+        }
+    }
+
+    /// The provider's context-length error.
+    pub fn token_limit(api: Api) -> Reply {
+        match api {
+            Api::OpenAi => Reply::error(
+                api,
+                400,
+                "context_length_exceeded",
+                "This model's maximum context length is 128000 tokens. However, your messages resulted in 130412 tokens.",
+                Value::Null,
+            ),
+            Api::Anthropic => Reply::error(
+                api,
+                400,
+                "invalid_request_error",
+                "prompt is too long: 208310 tokens > 200000 maximum",
+                Value::Null,
+            ),
+            Api::Gemini => Reply::error(
+                api,
+                400,
+                "INVALID_ARGUMENT",
+                "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).",
+                Value::Null,
+            ),
+        }
+    }
+
+    /// A malformed-request 400.
+    pub fn bad_request(api: Api) -> Reply {
+        let kind = match api {
+            Api::OpenAi | Api::Anthropic => "invalid_request_error",
+            Api::Gemini => "INVALID_ARGUMENT",
+        };
+        Reply::error(api, 400, kind, "messages: field required", Value::Null)
+    }
+
+    /// A 401 for a bad key.
+    pub fn unauthorized(api: Api) -> Reply {
+        let kind = match api {
+            Api::OpenAi => "invalid_api_key",
+            Api::Anthropic => "authentication_error",
+            Api::Gemini => "UNAUTHENTICATED",
+        };
+        Reply::error(api, 401, kind, "invalid x-api-key", Value::Null)
+    }
+}
+
+fn per_minute_violation() -> Value {
+    json!({"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{
+        "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+        "quotaId": "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+        "quotaValue": "10"
+    }]})
+}
+
+/// A request as the fake received it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// Which route.
+    pub api: Api,
+    /// Path and query.
+    pub path: String,
+    /// Headers, names lower-cased (the last value wins).
+    pub headers: HashMap<String, String>,
+    /// The body parsed as JSON (`Null` if it was not JSON).
+    pub body: Value,
+    /// When it arrived.
+    pub received_at: Instant,
+}
+
+impl Recorded {
+    /// A header value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(&name.to_ascii_lowercase()).map(String::as_str)
+    }
+}
+
+/// Start-up settings of the fake.
+#[derive(Debug, Clone)]
+pub struct FakeConfig {
+    /// Where to listen. Default: 127.0.0.1 port 0 (any free port).
+    pub bind: SocketAddr,
+    /// Text of the default completion. Default: "fake reply".
+    pub default_text: String,
+    /// Latency of the default completion. Default: none.
+    pub default_latency: Option<Duration>,
+}
+
+impl Default for FakeConfig {
+    fn default() -> FakeConfig {
+        FakeConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            default_text: "fake reply".into(),
+            default_latency: None,
+        }
+    }
+}
+
+struct Shared {
+    scripts: Mutex<HashMap<Api, VecDeque<Reply>>>,
+    default: Mutex<(String, Option<Duration>)>,
+    requests: Mutex<Vec<Recorded>>,
+    count: watch::Sender<usize>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A running fake provider; stops when dropped.
+pub struct FakeLlm {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeLlm {
+    /// Starts with the default [`FakeConfig`].
+    pub async fn start() -> FakeLlm {
+        FakeLlm::start_with(FakeConfig::default()).await
+    }
+
+    /// Starts with the given settings.
+    pub async fn start_with(config: FakeConfig) -> FakeLlm {
+        let shared = Arc::new(Shared {
+            scripts: Mutex::new(HashMap::new()),
+            default: Mutex::new((config.default_text, config.default_latency)),
+            requests: Mutex::new(Vec::new()),
+            count: watch::Sender::new(0),
+        });
+        let app = Router::new()
+            .route(
+                "/v1/chat/completions",
+                post(
+                    |State(s): State<Arc<Shared>>, uri: Uri, headers: HeaderMap, body: Bytes| {
+                        handle(s, Api::OpenAi, None, uri, headers, body)
+                    },
+                ),
+            )
+            .route(
+                "/v1/messages",
+                post(
+                    |State(s): State<Arc<Shared>>, uri: Uri, headers: HeaderMap, body: Bytes| {
+                        handle(s, Api::Anthropic, None, uri, headers, body)
+                    },
+                ),
+            )
+            .route(
+                "/v1beta/models/{model_action}",
+                post(
+                    |State(s): State<Arc<Shared>>,
+                     Path(model_action): Path<String>,
+                     uri: Uri,
+                     headers: HeaderMap,
+                     body: Bytes| {
+                        let model = model_action
+                            .split_once(':')
+                            .map_or(model_action.clone(), |(m, _)| m.to_owned());
+                        handle(s, Api::Gemini, Some(model), uri, headers, body)
+                    },
+                ),
+            )
+            .with_state(Arc::clone(&shared));
+        let listener = TcpListener::bind(config.bind).await.expect("fake LLM: bind");
+        let addr = listener.local_addr().expect("fake LLM: local address");
+        let task = tokio::spawn(async move {
+            // Ends when the task is aborted (FakeLlm dropped).
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeLlm { addr, shared, task }
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`: the Anthropic and Gemini base URL.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `http://127.0.0.1:<port>/v1`: the OpenAI base URL.
+    pub fn openai_base_url(&self) -> String {
+        format!("{}/v1", self.base_url())
+    }
+
+    /// The base URL a client of `api` should use.
+    pub fn base_url_for(&self, api: Api) -> String {
+        match api {
+            Api::OpenAi => self.openai_base_url(),
+            Api::Anthropic | Api::Gemini => self.base_url(),
+        }
+    }
+
+    /// Appends a reply to the script of `api`.
+    pub fn push(&self, api: Api, reply: Reply) {
+        lock(&self.shared.scripts).entry(api).or_default().push_back(reply);
+    }
+
+    /// Scripted replies of `api` not used yet.
+    pub fn pending(&self, api: Api) -> usize {
+        lock(&self.shared.scripts).get(&api).map_or(0, VecDeque::len)
+    }
+
+    /// Changes the reply used when a script is empty.
+    pub fn set_default(&self, text: impl Into<String>, latency: Option<Duration>) {
+        *lock(&self.shared.default) = (text.into(), latency);
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// The requests of one route.
+    pub fn requests_for(&self, api: Api) -> Vec<Recorded> {
+        self.requests().into_iter().filter(|r| r.api == api).collect()
+    }
+
+    /// How many requests arrived so far.
+    pub fn request_count(&self) -> usize {
+        *self.shared.count.borrow()
+    }
+
+    /// Waits until at least `n` requests have arrived, panicking after
+    /// `within`; returns them.
+    pub async fn wait_for_requests(&self, n: usize, within: Duration) -> Vec<Recorded> {
+        let mut rx = self.shared.count.subscribe();
+        tokio::time::timeout(within, rx.wait_for(|c| *c >= n))
+            .await
+            .unwrap_or_else(|_| panic!("fake LLM: {} of {n} requests within {within:?}", self.request_count()))
+            .expect("fake LLM: counter closed");
+        self.requests()
+    }
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    api: Api,
+    path_model: Option<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let model = path_model
+        .or_else(|| body.get("model").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "unknown-model".to_owned());
+    let headers = headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_ascii_lowercase(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    lock(&shared.requests).push(Recorded {
+        api,
+        path: uri
+            .path_and_query()
+            .map_or_else(|| uri.path().to_owned(), ToString::to_string),
+        headers,
+        body,
+        received_at: Instant::now(),
+    });
+    shared.count.send_modify(|c| *c += 1);
+
+    let scripted = lock(&shared.scripts).get_mut(&api).and_then(VecDeque::pop_front);
+    let mut reply = scripted.unwrap_or_else(|| {
+        let (text, latency) = lock(&shared.default).clone();
+        let reply = Reply::text(text);
+        match latency {
+            Some(delay) => reply.after(delay),
+            None => reply,
+        }
+    });
+    loop {
+        match reply {
+            Reply::Delayed { delay, reply: next } => {
+                tokio::time::sleep(delay).await;
+                reply = *next;
+            }
+            Reply::Completion {
+                text,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                let body = completion_body(api, &model, &text, prompt_tokens, completion_tokens);
+                return respond(
+                    200,
+                    &[("content-type".into(), "application/json".into())],
+                    body.to_string(),
+                );
+            }
+            Reply::Http { status, headers, body } => return respond(status, &headers, body),
+        }
+    }
+}
+
+fn completion_body(api: Api, model: &str, text: &str, prompt: u32, completion: u32) -> Value {
+    match api {
+        Api::OpenAi => json!({
+            "id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        }),
+        Api::Anthropic => json!({
+            "id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": prompt, "output_tokens": completion}
+        }),
+        Api::Gemini => json!({
+            "candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": prompt, "candidatesTokenCount": completion, "totalTokenCount": prompt + completion},
+            "modelVersion": model
+        }),
+    }
+}
+
+fn respond(status: u16, headers: &[(String, String)], body: String) -> Response {
+    let mut builder = Response::builder().status(status);
+    for (name, value) in headers {
+        builder = builder.header(name.as_str(), value.as_str());
+    }
+    builder
+        .body(Body::from(body))
+        .expect("fake LLM: a scripted reply has an invalid status or header")
+}
