@@ -49,7 +49,8 @@ CREATE INDEX pipeline_runs_lease_idx ON pipeline_runs (lease_expires_at)
 CREATE INDEX pipeline_runs_user_idx ON pipeline_runs (user_id, created_at);
 
 -- One row per finished stage attempt (including attempts that were
--- interrupted: `lease_expired`, `released`). The attempt in flight is shown by
+-- interrupted: `lease_expired`, `released`, and attempts turned back before
+-- any request was sent, `deferred`, which do not count). The attempt in flight is shown by
 -- the lease columns of its run.
 CREATE TABLE pipeline_steps (
     id                bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -69,6 +70,6 @@ CREATE TABLE pipeline_steps (
 
     CONSTRAINT pipeline_steps_stage_valid CHECK (stage IN ('analyze', 'assemble', 'respond')),
     CONSTRAINT pipeline_steps_outcome_valid CHECK (outcome IN (
-        'succeeded', 'failed', 'retrying', 'lease_expired', 'released'))
+        'succeeded', 'failed', 'retrying', 'deferred', 'lease_expired', 'released'))
 );
 CREATE INDEX pipeline_steps_run_idx ON pipeline_steps (run_id, id);

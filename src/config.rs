@@ -16,6 +16,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::llm::LlmConfig;
 use crate::model::StageKind;
 
 /// Everything `maasd` and `maasctl` read from configuration.
@@ -59,8 +60,19 @@ pub struct Config {
     pub concurrency: Concurrency,
     /// The LISTEN session.
     pub listener: ListenerConfig,
-    /// The built-in offline pipeline (used when no provider is configured).
-    pub offline: OfflineConfig,
+    /// The analyzer reads this many of the user's most recent memory
+    /// records. Default 20.
+    pub memory_records: usize,
+    /// Token budget of the assembled context (counted with the responder
+    /// model's tokenizer, or a conservative estimate). The history is cut
+    /// first, the query never. Default 16000.
+    pub context_max_tokens: usize,
+    /// How long the active prompts are cached before they are read again.
+    /// Default 5.
+    pub prompt_cache_secs: u64,
+    /// The LLM roles and providers (`[llm]`, see `llm::LlmConfig`).
+    #[serde(skip_serializing)]
+    pub llm: LlmConfig,
 }
 
 /// Per-stage concurrency limits. A notification that finds no free slot is
@@ -121,17 +133,6 @@ impl Default for ListenerConfig {
     }
 }
 
-/// The deterministic in-process pipeline: no key, no network.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct OfflineConfig {
-    /// Simulated latency of each model call. Default 0.
-    pub latency_ms: u64,
-    /// Fault injection for tests and drills: a query containing this marker
-    /// fails every stage attempt with a retryable error. Default: none.
-    pub fail_when_query_contains: Option<String>,
-}
-
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -150,7 +151,10 @@ impl Default for Config {
             complete_batch: 512,
             concurrency: Concurrency::default(),
             listener: ListenerConfig::default(),
-            offline: OfflineConfig::default(),
+            memory_records: 20,
+            context_max_tokens: 16000,
+            prompt_cache_secs: 5,
+            llm: LlmConfig::default(),
         }
     }
 }
@@ -229,6 +233,7 @@ impl Config {
             ("concurrency.analyze", self.concurrency.analyze),
             ("concurrency.assemble", self.concurrency.assemble),
             ("concurrency.respond", self.concurrency.respond),
+            ("context_max_tokens", self.context_max_tokens),
         ] {
             if v == 0 {
                 return invalid(key, "must be at least 1");

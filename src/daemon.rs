@@ -7,15 +7,15 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::db::{self, migrate};
 use crate::dispatcher::Engine;
-use crate::stage::Pipeline;
-use crate::stage::offline::OfflinePipeline;
+use crate::llm::Llm;
+use crate::stage::{LlmPipeline, Pipeline};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     #[error(transparent)]
     Db(#[from] db::Error),
-    #[error("LLM provider {0:?} is not available yet; use \"offline\"")]
-    Provider(String),
+    #[error("LLM configuration: {0}")]
+    Llm(#[from] crate::llm::ConfigError),
 }
 
 /// A name for this process in leases and step history: host, pid and a
@@ -39,12 +39,19 @@ pub async fn migrate_at_start(cfg: &Config) -> Result<migrate::Report, db::Error
     report
 }
 
-/// Builds the pipeline named by the configuration.
+/// Builds the pipeline: the providers of each role from `[llm]`, falling
+/// back to `llm_provider` (`MAAS_LLM_PROVIDER`).
 pub fn pipeline(cfg: &Config) -> Result<Arc<dyn Pipeline>, DaemonError> {
-    match cfg.llm_provider.as_str() {
-        "offline" => Ok(Arc::new(OfflinePipeline::new(cfg.offline.clone()))),
-        other => Err(DaemonError::Provider(other.to_owned())),
+    let llm = Llm::from_config(&cfg.llm, &cfg.llm_provider)?;
+    for role in crate::llm::Role::ALL {
+        tracing::info!(
+            role = role.as_str(),
+            provider = llm.provider_name(role),
+            model = llm.model(role),
+            "llm role"
+        );
     }
+    Ok(Arc::new(LlmPipeline::new(llm, cfg.context_max_tokens)))
 }
 
 /// Runs the daemon until `shutdown`; `ready` is called once migrated and

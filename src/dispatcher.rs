@@ -35,7 +35,7 @@ use crate::config::Config;
 use crate::db::Pool;
 use crate::error::Disposition;
 use crate::listener::{Event, ListenerHandler, PayloadError};
-use crate::model::{Outcome, StageKind, Status};
+use crate::model::{Outcome, Prompts, StageKind, Status};
 use crate::repo::{self, Claimed, Finished};
 use crate::stage::{Pipeline, StageError, StageInput, StageOutput, StageSuccess};
 
@@ -94,6 +94,7 @@ pub struct Engine {
     tasks: TaskTracker,
     sweep_now: Notify,
     listening: AtomicBool,
+    prompts: Mutex<Option<(Instant, Arc<Prompts>)>>,
     events: broadcast::Sender<Event>,
     pub stats: Stats,
 }
@@ -126,6 +127,7 @@ impl Engine {
             tasks: TaskTracker::new(),
             sweep_now: Notify::new(),
             listening: AtomicBool::new(false),
+            prompts: Mutex::new(None),
             events,
             stats: Stats::default(),
         })
@@ -246,12 +248,23 @@ impl Engine {
                 else {
                     break;
                 };
-                let claimed = match self.pool.get().await {
-                    Ok(client) => repo::claim_next(&client, stage, free, &self.worker, self.cfg.lease()).await,
-                    Err(e) => Err(e.into()),
+                // Prompts first: a row is only claimed when its stage can run.
+                let claimed = match (self.prompts().await, self.pool.get().await) {
+                    (Err(e), _) => Err(e),
+                    (Ok(prompts), Ok(client)) => repo::claim_next(
+                        &client,
+                        stage,
+                        free,
+                        &self.worker,
+                        self.cfg.lease(),
+                        self.cfg.memory_records,
+                    )
+                    .await
+                    .map(|rows| (rows, prompts)),
+                    (Ok(_), Err(e)) => Err(e.into()),
                 };
                 match claimed {
-                    Ok(rows) => {
+                    Ok((rows, prompts)) => {
                         backoff = backoff_builder.build();
                         let n = rows.len();
                         for row in rows {
@@ -263,8 +276,9 @@ impl Engine {
                                     "sweep: claimed a due row that no notification delivered");
                             }
                             let engine = self.clone();
+                            let prompts = prompts.clone();
                             self.tasks.spawn(async move {
-                                engine.execute(stage, row).await;
+                                engine.execute(stage, row, prompts).await;
                                 drop(permit);
                             });
                         }
@@ -289,7 +303,7 @@ impl Engine {
 
     /// Runs one claimed row through its stage and hands the result to the
     /// completer.
-    async fn execute(self: Arc<Self>, stage: StageKind, row: Claimed) {
+    async fn execute(self: Arc<Self>, stage: StageKind, mut row: Claimed, prompts: Arc<Prompts>) {
         let cancel = self.hard_stop.child_token();
         if let Ok(mut map) = self.inflight.lock() {
             map.insert(
@@ -310,6 +324,8 @@ impl Engine {
             attempt: u32::try_from(row.attempt).unwrap_or(1),
             analysis: row.analysis.clone(),
             context: row.context.clone(),
+            memory: std::mem::take(&mut row.memory),
+            prompts,
         };
         let started = Instant::now();
         let run = AssertUnwindSafe(self.pipeline.run(stage, &input)).catch_unwind();
@@ -403,14 +419,32 @@ impl Engine {
             Attempt::Failed(e) => {
                 let attempts = u32::try_from(row.attempt).unwrap_or(u32::MAX);
                 f.error_class = Some(e.class.to_string());
+                let limit = match e.disposition {
+                    Disposition::Retry {
+                        max_attempts: Some(m), ..
+                    } => m.min(self.cfg.max_attempts),
+                    _ => self.cfg.max_attempts,
+                };
                 match e.disposition {
-                    Disposition::Retry { after } if attempts < self.cfg.max_attempts => {
+                    Disposition::Defer { after } => {
+                        f.outcome = Outcome::Deferred;
+                        f.new_status = stage.ready_status();
+                        f.delay = after;
+                        f.error_message = Some(format!(
+                            "{stage} deferred ({}): {}; trying again in {} ms without spending an attempt",
+                            e.class,
+                            e.message,
+                            after.as_millis()
+                        ));
+                        tracing::info!(request.id = %row.id, %stage, class = %e.class, retry_in_ms = millis(after),
+                            "stage deferred");
+                    }
+                    Disposition::Retry { after, .. } if attempts < limit => {
                         f.outcome = Outcome::Retrying;
                         f.new_status = stage.ready_status();
                         f.delay = after.unwrap_or_else(|| self.cfg.retry_delay(attempts));
                         f.error_message = Some(format!(
-                            "{stage} attempt {attempts} of {} failed ({}): {}; retrying in {} ms",
-                            self.cfg.max_attempts,
+                            "{stage} attempt {attempts} of {limit} failed ({}): {}; retrying in {} ms",
                             e.class,
                             e.message,
                             f.delay.as_millis()
@@ -443,6 +477,39 @@ impl Engine {
         f.prompt_tokens = usage.prompt_tokens.and_then(|t| i32::try_from(t).ok());
         f.completion_tokens = usage.completion_tokens.and_then(|t| i32::try_from(t).ok());
         f
+    }
+
+    /// The active prompts, read at most every `prompt_cache_secs`. If the
+    /// database cannot be read, the last known prompts are used; with none
+    /// known yet, the error is returned (and nothing is claimed).
+    async fn prompts(&self) -> Result<Arc<Prompts>, crate::db::Error> {
+        let ttl = Duration::from_secs(self.cfg.prompt_cache_secs);
+        let cached = self.prompts.lock().ok().and_then(|g| g.clone());
+        if let Some((at, p)) = &cached
+            && at.elapsed() < ttl
+        {
+            return Ok(p.clone());
+        }
+        let fresh = match self.pool.get().await {
+            Ok(client) => repo::active_prompts(&client).await,
+            Err(e) => Err(e.into()),
+        };
+        match fresh {
+            Ok(p) => {
+                let p = Arc::new(p);
+                if let Ok(mut g) = self.prompts.lock() {
+                    *g = Some((Instant::now(), p.clone()));
+                }
+                Ok(p)
+            }
+            Err(e) => match cached {
+                Some((_, p)) => {
+                    tracing::warn!(error = %e, "cannot read system_prompts; using the last known prompts");
+                    Ok(p)
+                }
+                None => Err(e),
+            },
+        }
     }
 
     fn forget(&self, id: Uuid) {
@@ -532,7 +599,7 @@ impl Engine {
                         woken[next.index()] = true;
                     }
                 }
-                Outcome::Retrying => {
+                Outcome::Retrying | Outcome::Deferred => {
                     bump(&self.stats.retried);
                     self.wake_later(f.stage, f.delay);
                 }

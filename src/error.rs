@@ -10,8 +10,16 @@ use std::time::Duration;
 pub enum Disposition {
     /// Count the attempt and try again after a jittered exponential backoff
     /// (or after `after`, when the failure says how long to wait, as a rate
-    /// limit does). Past `max_attempts` the request is `FAILED`.
-    Retry { after: Option<Duration> },
+    /// limit does). Past `max_attempts` (the configured one unless the
+    /// failure sets a lower one, as invalid model output does) the request
+    /// is `FAILED`.
+    Retry {
+        after: Option<Duration>,
+        max_attempts: Option<u32>,
+    },
+    /// Try again after `after` without spending the attempt: nothing was
+    /// attempted (e.g. the provider is cooling down after a 429).
+    Defer { after: Duration },
     /// Permanent: the request is `FAILED` now.
     Fail,
 }

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Status of a request (`pipeline_runs.status`), as enforced by the
@@ -173,6 +174,9 @@ pub enum Outcome {
     Failed,
     /// Failed; the row waits in its ready status until `run_after`.
     Retrying,
+    /// Turned back before any request was sent (a provider cooling down
+    /// after rate limiting us); waits until `run_after`, attempt not spent.
+    Deferred,
     /// The worker stopped renewing its lease; the sweep took the row back.
     LeaseExpired,
     /// Given back at shutdown without spending the attempt.
@@ -185,10 +189,32 @@ impl Outcome {
             Outcome::Succeeded => "succeeded",
             Outcome::Failed => "failed",
             Outcome::Retrying => "retrying",
+            Outcome::Deferred => "deferred",
             Outcome::LeaseExpired => "lease_expired",
             Outcome::Released => "released",
         }
     }
+}
+
+/// One long-term memory (LSM) record, as the stages see it. It always
+/// belongs to the user of the request that reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryRecord {
+    pub id: i64,
+    pub time_bucket_start: DateTime<Utc>,
+    pub time_bucket_end: DateTime<Utc>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    pub summary: String,
+}
+
+/// The active prompt of each role (`system_prompts`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prompts {
+    pub analyzer: Option<String>,
+    pub assembler: Option<String>,
+    pub final_responder: Option<String>,
+    pub archivist: Option<String>,
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ done AS (
         attempt               = CASE i.outcome
                                     WHEN 'succeeded' THEN 0
                                     WHEN 'released' THEN greatest(r.attempt - 1, 0)
+                                    WHEN 'deferred' THEN greatest(r.attempt - 1, 0)
                                     ELSE r.attempt END,
         run_after             = now() + i.delay_ms * interval '1 millisecond',
         lease_owner           = NULL,

@@ -32,11 +32,17 @@ pub const MAX_PROVIDER_MESSAGE: usize = 500;
 pub enum LlmDisposition {
     /// Transient: count an attempt and retry with exponential backoff.
     Retry,
-    /// The provider (or this daemon's own limit for it) is rate limiting:
-    /// wait `retry_after` if given, else the policy default (60 s), without
-    /// counting an attempt against the failure budget.
+    /// The provider answered 429: wait `retry_after` if given, else the
+    /// policy default (60 s); the try counts (the seed allows 3).
     RateLimited {
         /// The provider's hint, when it gave one.
+        retry_after: Option<Duration>,
+    },
+    /// This daemon's own limit for the provider (its shared cool-down after
+    /// a 429, the role's requests per minute or concurrency) kept the request
+    /// from being sent: wait and try again without counting a try.
+    Throttled {
+        /// How long until the limit lifts, when known.
         retry_after: Option<Duration>,
     },
     /// Permanent: retrying the same request cannot succeed.
@@ -84,16 +90,26 @@ pub enum LlmError {
         /// The provider's message.
         message: String,
     },
-    /// A 429 that passes with time, or a local limit of this daemon (the
-    /// provider's shared cool-down, the role's requests per minute or
-    /// concurrency) that kept the request from being sent at all.
+    /// A 429 that passes with time.
     #[error("{provider}: rate limited{}: {message}", retry_after_note(*.retry_after))]
     RateLimited {
         /// Provider name.
         provider: &'static str,
         /// How long to wait, when known.
         retry_after: Option<Duration>,
-        /// The provider's message, or which local limit applied.
+        /// The provider's message.
+        message: String,
+    },
+    /// A local limit of this daemon (the provider's shared cool-down, the
+    /// role's requests per minute or concurrency) kept the request from being
+    /// sent at all.
+    #[error("{provider}: throttled by this daemon{}: {message}", retry_after_note(*.retry_after))]
+    Throttled {
+        /// Provider name.
+        provider: &'static str,
+        /// How long until the limit lifts, when known.
+        retry_after: Option<Duration>,
+        /// Which local limit applied.
         message: String,
     },
     /// The account's quota or spend limit is used up; waiting minutes will
@@ -164,7 +180,7 @@ fn retry_after_note(retry_after: Option<Duration>) -> String {
 
 impl LlmError {
     /// A stable name for the attempt record and metrics: `timeout`,
-    /// `connect`, `server`, `overloaded`, `rate_limited`, `quota_exhausted`,
+    /// `connect`, `server`, `overloaded`, `rate_limited`, `throttled`, `quota_exhausted`,
     /// `token_limit`, `bad_request`, `auth` or `invalid_response`.
     pub fn class(&self) -> &'static str {
         match self {
@@ -173,6 +189,7 @@ impl LlmError {
             LlmError::Server { .. } | LlmError::Injected => "server",
             LlmError::Overloaded { .. } => "overloaded",
             LlmError::RateLimited { .. } => "rate_limited",
+            LlmError::Throttled { .. } => "throttled",
             LlmError::QuotaExhausted { .. } => "quota_exhausted",
             LlmError::TokenLimit { .. } => "token_limit",
             LlmError::BadRequest { .. } => "bad_request",
@@ -193,6 +210,9 @@ impl LlmError {
             LlmError::RateLimited { retry_after, .. } => LlmDisposition::RateLimited {
                 retry_after: *retry_after,
             },
+            LlmError::Throttled { retry_after, .. } => LlmDisposition::Throttled {
+                retry_after: *retry_after,
+            },
             LlmError::QuotaExhausted { .. } | LlmError::BadRequest { .. } | LlmError::Auth { .. } => {
                 LlmDisposition::Fail
             }
@@ -208,6 +228,7 @@ impl LlmError {
             | LlmError::Server { provider, .. }
             | LlmError::Overloaded { provider, .. }
             | LlmError::RateLimited { provider, .. }
+            | LlmError::Throttled { provider, .. }
             | LlmError::QuotaExhausted { provider, .. }
             | LlmError::TokenLimit { provider, .. }
             | LlmError::BadRequest { provider, .. }
@@ -233,7 +254,7 @@ impl LlmError {
     /// The wait the provider asked for, for rate limits.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            LlmError::RateLimited { retry_after, .. } => *retry_after,
+            LlmError::RateLimited { retry_after, .. } | LlmError::Throttled { retry_after, .. } => *retry_after,
             _ => None,
         }
     }

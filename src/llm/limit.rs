@@ -16,9 +16,9 @@
 //! Every wait is bounded by one *admission deadline*, the role timeout from
 //! the start of the call, so no caller is held for long. A cool-down or rpm
 //! wait that would end after the deadline is not started: the call returns
-//! [`LlmError::RateLimited`] at once, unsent, with the remaining wait as
+//! [`LlmError::Throttled`] at once, unsent, with the remaining wait as
 //! `retry_after`. A concurrency slot is waited for until the deadline, then
-//! the call returns `RateLimited` without a hint. Either way the caller
+//! the call returns `Throttled` without a hint. Either way the caller
 //! defers the request durably (a `run_after` column) instead of holding a
 //! task, a lease and a dispatcher slot, and no attempt is counted. Short
 //! waits — a cool-down of a few seconds, a slot that frees up — are cheaper
@@ -78,7 +78,7 @@ impl Cooling {
     async fn wait(&self, provider: &'static str, deadline: Instant) -> Result<(), LlmError> {
         while let Some(until) = self.until() {
             if until > deadline {
-                return Err(LlmError::RateLimited {
+                return Err(LlmError::Throttled {
                     provider,
                     retry_after: Some(until.saturating_duration_since(Instant::now())),
                     message: "cooling down after a 429 from this provider; request not sent".to_owned(),
@@ -136,7 +136,7 @@ impl RoleLimits {
             Ok(Ok(permit)) => permit,
             // The semaphore is never closed; treat it like a full one.
             Ok(Err(_)) | Err(_) => {
-                return Err(LlmError::RateLimited {
+                return Err(LlmError::Throttled {
                     provider,
                     retry_after: None,
                     message: "every max_concurrency slot of this role stayed busy for the \
@@ -154,7 +154,7 @@ impl RoleLimits {
                         let wait = not_until.wait_time_from(self.clock.now());
                         let ready = Instant::now() + wait;
                         if ready > deadline {
-                            return Err(LlmError::RateLimited {
+                            return Err(LlmError::Throttled {
                                 provider,
                                 retry_after: Some(wait),
                                 message: "requests_per_minute of this role used up; \

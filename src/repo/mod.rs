@@ -13,7 +13,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::db::Error;
-use crate::model::{Outcome, StageKind, Status};
+use crate::model::{MemoryRecord, Outcome, Prompts, StageKind, Status};
 
 pub const CLAIM: &str = include_str!("../../sql/queries/claim.sql");
 pub const FINISH: &str = include_str!("../../sql/queries/finish.sql");
@@ -23,6 +23,7 @@ pub const DUE_COUNTS: &str = include_str!("../../sql/queries/due_counts.sql");
 pub const RING_DUE: &str = include_str!("../../sql/queries/ring_due.sql");
 pub const SHOW_RUN: &str = include_str!("../../sql/queries/show_run.sql");
 pub const SHOW_STEPS: &str = include_str!("../../sql/queries/show_steps.sql");
+pub const ACTIVE_PROMPTS: &str = include_str!("../../sql/queries/active_prompts.sql");
 
 /// Every named query, for the test that prepares them all.
 pub const ALL: &[(&str, &str)] = &[
@@ -34,6 +35,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("ring_due", RING_DUE),
     ("show_run", SHOW_RUN),
     ("show_steps", SHOW_STEPS),
+    ("active_prompts", ACTIVE_PROMPTS),
 ];
 
 /// A row claimed for one stage attempt.
@@ -53,15 +55,19 @@ pub struct Claimed {
     pub claimed_at: DateTime<Utc>,
     /// How long the row had been due before this claim.
     pub due_for: Duration,
+    /// The user's memory this stage reads (see `claim.sql`).
+    pub memory: Vec<MemoryRecord>,
 }
 
-/// Claims up to `limit` due rows for `stage`, leased to `owner`.
+/// Claims up to `limit` due rows for `stage`, leased to `owner`, with up to
+/// `memory_records` of each user's recent memory for the analyzer.
 pub async fn claim_next(
     client: &impl GenericClient,
     stage: StageKind,
     limit: usize,
     owner: &str,
     lease: Duration,
+    memory_records: usize,
 ) -> Result<Vec<Claimed>, Error> {
     let stmt = client.prepare_cached(CLAIM).await?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -74,6 +80,7 @@ pub async fn claim_next(
                 &stage.in_flight_status().as_str(),
                 &owner,
                 &lease.as_secs_f64(),
+                &i64::try_from(memory_records).unwrap_or(i64::MAX),
             ],
         )
         .await?;
@@ -81,6 +88,7 @@ pub async fn claim_next(
         .iter()
         .map(|r| {
             let due_ms: f64 = r.get(10);
+            let memory: Option<Value> = r.get(11);
             Claimed {
                 id: r.get(0),
                 user_id: r.get(1),
@@ -93,6 +101,7 @@ pub async fn claim_next(
                 debug: r.get(8),
                 claimed_at: r.get(9),
                 due_for: Duration::try_from_secs_f64(due_ms.max(0.0) / 1000.0).unwrap_or_default(),
+                memory: memory.and_then(|m| serde_json::from_value(m).ok()).unwrap_or_default(),
             }
         })
         .collect())
@@ -314,4 +323,22 @@ pub async fn show_steps(client: &impl GenericClient, id: Uuid) -> Result<Vec<Ste
             latency_ms: r.get(11),
         })
         .collect())
+}
+
+/// The active prompt of every role.
+pub async fn active_prompts(client: &impl GenericClient) -> Result<Prompts, Error> {
+    let stmt = client.prepare_cached(ACTIVE_PROMPTS).await?;
+    let mut prompts = Prompts::default();
+    for r in client.query(&stmt, &[]).await? {
+        let role: String = r.get(0);
+        let text: String = r.get(1);
+        match role.as_str() {
+            "Analyzer" => prompts.analyzer = Some(text),
+            "Assembler" => prompts.assembler = Some(text),
+            "FinalResponder" => prompts.final_responder = Some(text),
+            "Archivist" => prompts.archivist = Some(text),
+            _ => {}
+        }
+    }
+    Ok(prompts)
 }

@@ -460,7 +460,8 @@ async fn a_long_cool_down_refuses_at_once_without_sending() {
     let started = Instant::now();
     let second = llm.chat(Role::Analyzer, request()).await.unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(1));
-    assert_eq!(second.class(), "rate_limited");
+    assert_eq!(second.class(), "throttled", "refused locally, not by the provider");
+    assert_eq!(second.status(), None);
     let wait = second.retry_after().unwrap();
     assert!(
         wait > Duration::from_secs(100) && wait <= Duration::from_secs(120),
@@ -479,7 +480,7 @@ async fn requests_per_minute_refuses_past_the_budget() {
 
     llm.chat(Role::Analyzer, request()).await.unwrap();
     let err = llm.chat(Role::Analyzer, request()).await.unwrap_err();
-    assert_eq!(err.class(), "rate_limited");
+    assert_eq!(err.class(), "throttled");
     assert!(err.retry_after().unwrap() > Duration::from_secs(50));
     // Other roles have their own budget.
     llm.chat(Role::Responder, request()).await.unwrap();

@@ -161,7 +161,7 @@ async fn a_daemon_killed_mid_stage_is_recovered_after_its_lease() {
             sweep_secs: 1,
             ..Opts::default()
         }
-        .env("MAAS_OFFLINE__LATENCY_MS", 60_000),
+        .env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000),
     );
     let ids = insert_requests(&c, 10, "interrupted").await;
     wait_until(GENEROUS, "all ten in flight in the slow daemon", || async {
@@ -231,7 +231,7 @@ async fn a_poison_row_fails_after_max_attempts_and_holds_nobody_back() {
     let c = db.client().await;
     let _d = Maasd::spawn(
         &db.url,
-        Opts::default().env("MAAS_OFFLINE__FAIL_WHEN_QUERY_CONTAINS", "POISON"),
+        Opts::default().env("MAAS_LLM__OFFLINE__FAIL_WHEN_QUERY_CONTAINS", "POISON"),
     );
     let poison: Uuid = c
         .query_one(
@@ -311,7 +311,7 @@ async fn sigterm_releases_running_stages_without_spending_attempts() {
     let mut slow = Maasd::spawn(
         &db.url,
         Opts::default()
-            .env("MAAS_OFFLINE__LATENCY_MS", 60_000)
+            .env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000)
             .env("MAAS_GRACE_SECS", 1),
     );
     insert_requests(&c, 5, "released").await;
@@ -363,7 +363,7 @@ async fn a_frozen_daemon_cannot_overwrite_what_another_did() {
             sweep_secs: 1,
             ..Opts::default()
         }
-        .env("MAAS_OFFLINE__LATENCY_MS", 1500),
+        .env("MAAS_LLM__OFFLINE__LATENCY_MS", 1500),
     );
     insert_requests(&c, 5, "frozen").await;
     wait_until(GENEROUS, "all five in flight", || async {
@@ -421,7 +421,7 @@ async fn postgres_restarted_mid_run_the_daemon_reconnects_and_finishes() {
             sweep_secs: 1,
             ..Opts::default()
         }
-        .env("MAAS_OFFLINE__LATENCY_MS", 20),
+        .env("MAAS_LLM__OFFLINE__LATENCY_MS", 20),
     );
     wait_until(GENEROUS, "migrated by the daemon", || async {
         let c = connect(&url).await;

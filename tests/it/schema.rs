@@ -250,7 +250,7 @@ async fn a_stale_writer_is_fenced_out() {
         .await
         .unwrap()
         .get(0);
-    let a = repo::claim_next(&client, StageKind::Analyze, 10, "worker-a", Duration::from_secs(30))
+    let a = repo::claim_next(&client, StageKind::Analyze, 10, "worker-a", Duration::from_secs(30), 20)
         .await
         .unwrap();
     assert_eq!(a.len(), 1);
@@ -264,7 +264,7 @@ async fn a_stale_writer_is_fenced_out() {
     let back = repo::reclaim_expired(&client, 3, 100).await.unwrap();
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].new_status, "NEW");
-    let b = repo::claim_next(&client, StageKind::Analyze, 10, "worker-b", Duration::from_secs(30))
+    let b = repo::claim_next(&client, StageKind::Analyze, 10, "worker-b", Duration::from_secs(30), 20)
         .await
         .unwrap();
     assert_eq!(b.len(), 1);
