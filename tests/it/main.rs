@@ -5,4 +5,5 @@ mod cli;
 mod llm;
 mod orchestrator;
 mod schema;
+mod stages;
 mod support;
