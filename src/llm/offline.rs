@@ -549,6 +549,19 @@ pub(crate) fn find_datetimes(text: &str) -> Vec<DateTime<Utc>> {
     found
 }
 
+/// A valid analysis in the Analyzer prompt's shape, for fake providers in
+/// benchmarks and drills that answer every role with the same text.
+pub fn analysis_example() -> String {
+    json!({
+        "needs_context": false,
+        "context_type": "none",
+        "time_scope": "none",
+        "search_keywords": [],
+        "context_found": null,
+    })
+    .to_string()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 mod tests {
@@ -665,3 +678,4 @@ mod tests {
         assert!(plain.contains("No earlier conversations"));
     }
 }
+

@@ -1,0 +1,512 @@
+//! The benchmark behind `bin/bench`: throughput, latency, LLM-bound
+//! concurrency and crash recovery of real `maasd` processes, measured against
+//! the limit of the same PostgreSQL cluster (pgbench) in the same run.
+//!
+//! `cargo bench --bench maas -- [--quick] [--json]`; `bin/bench` provisions
+//! nothing else: the cluster is made here (durable: fsync and
+//! synchronous_commit on) under the target directory.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark harness fails loudly")]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "statistics over small counts"
+)]
+
+#[path = "../tests/it/support/daemon.rs"]
+#[allow(dead_code, reason = "shared with the tests, which use more of it")]
+mod daemon;
+#[path = "../tests/it/support/fake_llm.rs"]
+mod fake_llm;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use daemon::{Maasd, Opts};
+use fake_llm::{FakeConfig, FakeLlm};
+use futures_util::StreamExt;
+use maas::db::devdb::{Cluster, ClusterSpec, ensure_database};
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+use uuid::Uuid;
+
+struct Bench {
+    cluster: Cluster,
+    quick: bool,
+    results: Vec<(String, Value, String)>,
+}
+
+impl Bench {
+    fn record(&mut self, key: &str, value: impl Into<Value>, note: &str) {
+        self.results.push((key.to_owned(), value.into(), note.to_owned()));
+    }
+
+    async fn fresh_db(&self, name: &str) -> String {
+        let admin = connect(&self.cluster.url("postgres")).await;
+        let db = format!("bench_{name}");
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+            .await
+            .unwrap();
+        drop(admin);
+        ensure_database(&self.cluster.url("postgres"), &db).await.unwrap();
+        self.cluster.url(&db)
+    }
+}
+
+async fn connect(url: &str) -> Client {
+    let (c, conn) = url.parse::<tokio_postgres::Config>().unwrap().connect(NoTls).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    c
+}
+
+async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// Waits (polling every 10 ms) until `sql` returns at least `n`.
+async fn wait_count(c: &Client, sql: &str, n: i64, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if count(c, sql).await >= n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// A daemon that is migrated and listening.
+async fn start_daemon(url: &str, opts: Opts) -> Maasd {
+    let d = Maasd::spawn(url, opts);
+    let c = connect(url).await;
+    let ok = wait_count(
+        &c,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'maasd-listener'",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(ok, "maasd did not start: {}", d.log_text());
+    d
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+// ---------------------------------------------------------------- scenarios
+
+async fn pgbench(b: &mut Bench) {
+    let url = b.fresh_db("pgbench").await;
+    let c = connect(&url).await;
+    c.batch_execute(
+        "CREATE TABLE bench_kv (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
+         INSERT INTO bench_kv (id) SELECT g FROM generate_series(1, 100000) g;",
+    )
+    .await
+    .unwrap();
+    c.batch_execute("VACUUM ANALYZE bench_kv").await.unwrap();
+    let script = std::env::temp_dir().join(format!("maas-bench-{}.sql", std::process::id()));
+    std::fs::write(
+        &script,
+        "\\set id random(1, 100000)\nUPDATE bench_kv SET v = v + 1 WHERE id = :id;\n",
+    )
+    .unwrap();
+    let secs = if b.quick { "5" } else { "15" };
+    let run = |clients: &str| -> f64 {
+        let out = Command::new(b.cluster.binary("pgbench"))
+            .args(["-n", "-h", "127.0.0.1", "-p", &b.cluster.port.to_string(), "-U", "postgres"])
+            .args(["-c", clients, "-j", if clients == "1" { "1" } else { "2" }, "-T", secs])
+            .arg("-f")
+            .arg(&script)
+            .arg(url.rsplit('/').next().unwrap())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find_map(|l| l.strip_prefix("tps = "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("pgbench said: {text}{}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let c1 = run("1");
+    let c16 = run("16");
+    c.batch_execute(
+        "CREATE FUNCTION bench_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_notify('bench_events', json_build_object('id', NEW.id, 'v', NEW.v)::text); RETURN NULL; END $$;
+         CREATE TRIGGER bench_notify AFTER UPDATE ON bench_kv FOR EACH ROW EXECUTE FUNCTION bench_notify();",
+    )
+    .await
+    .unwrap();
+    let n16 = run("16");
+    let _ = std::fs::remove_file(&script);
+    b.record("pgbench_tps_c1", round(c1, 0), "single-row UPDATE by key, 1 client");
+    b.record("pgbench_tps_c16", round(c16, 0), "single-row UPDATE by key, 16 clients");
+    b.record("pgbench_notify_tps_c16", round(n16, 0), "the same with a pg_notify trigger, 16 clients");
+}
+
+/// Bulk insert, then time until every request is COMPLETED.
+async fn throughput(b: &mut Bench, http: bool) -> f64 {
+    let n: i64 = if b.quick { 5_000 } else { 20_000 };
+    let url = b.fresh_db(if http { "throughput_http" } else { "throughput" }).await;
+    let fake = if http {
+        Some(
+            FakeLlm::start_with(FakeConfig {
+                default_text: maas::llm::offline::analysis_example(),
+                ..FakeConfig::default()
+            })
+            .await,
+        )
+    } else {
+        None
+    };
+    let mut opts = Opts::default().env("RUST_LOG", "warn");
+    if let Some(f) = &fake {
+        opts = opts
+            .env("MAAS_LLM_PROVIDER", "openai")
+            .env("OPENAI_BASE_URL", f.openai_base_url())
+            .env("OPENAI_API_KEY", "bench")
+            .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", 256)
+            .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", 256);
+    }
+    let mut d = start_daemon(&url, opts).await;
+    let c = connect(&url).await;
+    let writes_before = writes(&c).await;
+    c.execute(
+        "INSERT INTO pipeline_runs (user_id, user_query)
+         SELECT gen_random_uuid(), 'benchmark query number ' || g FROM generate_series(1, $1::int8) g",
+        &[&n],
+    )
+    .await
+    .unwrap();
+    let t0 = Instant::now();
+    let done = wait_count(
+        &c,
+        "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'",
+        n,
+        Duration::from_secs(600),
+    )
+    .await;
+    let elapsed = t0.elapsed().as_secs_f64();
+    assert!(done, "throughput run did not finish: {}", d.log_text());
+    let writes_after = writes(&c).await;
+    d.kill();
+    let per_request = (writes_after - writes_before) as f64 / n as f64;
+    let stage_execs = 3.0 * n as f64 / elapsed;
+    if http {
+        b.record(
+            "stage_exec_per_s_http",
+            round(stage_execs, 0),
+            &format!("{n} requests, fake provider over HTTP (analyzer and responder calls)"),
+        );
+    } else {
+        b.record("requests_per_s", round(n as f64 / elapsed, 0), &format!("{n} requests inserted in one statement"));
+        b.record("stage_exec_per_s", round(stage_execs, 0), "three stage executions per request");
+        b.record(
+            "writes_per_request",
+            round(per_request, 1),
+            "row inserts + updates per request (pg_stat_user_tables), insert included",
+        );
+    }
+    stage_execs
+}
+
+async fn writes(c: &Client) -> i64 {
+    c.query_one(
+        "SELECT coalesce(sum(n_tup_ins + n_tup_upd), 0)::int8 FROM pg_stat_user_tables
+         WHERE relname IN ('pipeline_runs', 'pipeline_steps', 'raw_logs')",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// One request at a time: insert commit → claim, insert commit → COMPLETED,
+/// both as seen by a LISTEN session.
+async fn latency(b: &mut Bench) {
+    let samples = if b.quick { 300 } else { 1000 };
+    let url = b.fresh_db("latency").await;
+    let mut d = start_daemon(&url, Opts::default().env("RUST_LOG", "warn")).await;
+    let (listener, mut conn) = url.parse::<tokio_postgres::Config>().unwrap().connect(NoTls).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
+    tokio::spawn(async move {
+        let mut s = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = s.next().await {
+            if let AsyncMessage::Notification(n) = m {
+                let _ = tx.send((Instant::now(), n.payload().to_owned()));
+            }
+        }
+    });
+    listener.batch_execute("LISTEN pipeline_events").await.unwrap();
+    let c = connect(&url).await;
+    let insert = c
+        .prepare("INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, 'latency probe') RETURNING id")
+        .await
+        .unwrap();
+    let (mut pickup, mut e2e) = (Vec::new(), Vec::new());
+    for i in 0..samples + 20 {
+        let id: Uuid = c.query_one(&insert, &[&Uuid::new_v4()]).await.unwrap().get(0);
+        let t0 = Instant::now();
+        let mut claimed = None;
+        loop {
+            let (at, payload) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("no notification within 10 s")
+                .unwrap();
+            let ev = maas::listener::parse_payload(&payload).unwrap();
+            if ev.id != id {
+                continue;
+            }
+            match ev.status.as_str() {
+                "ANALYZING" => claimed = Some(at),
+                "COMPLETED" => {
+                    if i >= 20 {
+                        // The first 20 warm up connections and caches.
+                        pickup.push(claimed.map_or(f64::NAN, |c| (c - t0).as_secs_f64() * 1000.0));
+                        e2e.push((at - t0).as_secs_f64() * 1000.0);
+                    }
+                    break;
+                }
+                _ => {}
+            }
+        }
+    }
+    d.kill();
+    pickup.sort_by(f64::total_cmp);
+    e2e.sort_by(f64::total_cmp);
+    b.record("pickup_p50_ms", round(percentile(&pickup, 0.5), 3), &format!("{samples} sequential requests"));
+    b.record("pickup_p99_ms", round(percentile(&pickup, 0.99), 3), "insert commit → claim committed");
+    b.record("e2e_p50_ms", round(percentile(&e2e, 0.5), 3), "insert commit → COMPLETED");
+    b.record("e2e_p99_ms", round(percentile(&e2e, 0.99), 3), "");
+}
+
+/// Requests against a provider that takes 1 s per call.
+async fn llm_bound(b: &mut Bench) {
+    let (n, conc) = if b.quick { (2_000i64, 500i64) } else { (10_000, 1_000) };
+    let url = b.fresh_db("llm_bound").await;
+    let fake = FakeLlm::start_with(FakeConfig {
+        default_text: maas::llm::offline::analysis_example(),
+        default_latency: Some(Duration::from_secs(1)),
+        ..FakeConfig::default()
+    })
+    .await;
+    let opts = Opts::default()
+        .env("RUST_LOG", "warn")
+        .env("MAAS_LLM_PROVIDER", "openai")
+        .env("OPENAI_BASE_URL", fake.openai_base_url())
+        .env("OPENAI_API_KEY", "bench")
+        .env("MAAS_CONCURRENCY__ANALYZE", conc)
+        .env("MAAS_CONCURRENCY__RESPOND", conc)
+        .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", conc)
+        .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", conc);
+    let mut d = start_daemon(&url, opts).await;
+    let c = connect(&url).await;
+    c.execute(
+        "INSERT INTO pipeline_runs (user_id, user_query)
+         SELECT gen_random_uuid(), 'slow provider ' || g FROM generate_series(1, $1::int8) g",
+        &[&n],
+    )
+    .await
+    .unwrap();
+    let t0 = Instant::now();
+    let pid = d.pid();
+    let done = wait_count(
+        &c,
+        "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'",
+        n,
+        Duration::from_secs(600),
+    )
+    .await;
+    let makespan = t0.elapsed().as_secs_f64();
+    assert!(done, "LLM-bound run did not finish: {}", d.log_text());
+    let rss = peak_rss_mb(pid.as_raw());
+    d.kill();
+    // Two sequential 1 s calls per request, `conc` at a time per stage,
+    // pipelined: ceil(n / conc) waves plus one for the last responder wave.
+    let ideal = ((n + conc - 1) / conc + 1) as f64;
+    b.record(
+        "llm_bound_makespan_ratio",
+        round(makespan / ideal, 3),
+        &format!("{n} requests, 1 s per call, concurrency {conc}: {makespan:.1} s vs ideal {ideal:.0} s"),
+    );
+    b.record("maasd_peak_rss_mb", round(rss, 1), "VmHWM of maasd during the LLM-bound run");
+}
+
+fn peak_rss_mb(pid: i32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// Requests in flight, SIGKILL, a second daemon: how long until all complete,
+/// and what was lost or written twice.
+async fn recovery(b: &mut Bench) {
+    let n: i64 = 1_000;
+    let url = b.fresh_db("recovery").await;
+    let fake = FakeLlm::start_with(FakeConfig {
+        default_text: maas::llm::offline::analysis_example(),
+        default_latency: Some(Duration::from_secs(2)),
+        ..FakeConfig::default()
+    })
+    .await;
+    let opts = || {
+        Opts {
+            lease_secs: 3,
+            sweep_secs: 1,
+            ..Opts::default()
+        }
+        .env("RUST_LOG", "warn")
+        .env("MAAS_LLM_PROVIDER", "openai")
+        .env("OPENAI_BASE_URL", fake.openai_base_url())
+        .env("OPENAI_API_KEY", "bench")
+        .env("MAAS_CONCURRENCY__ANALYZE", n)
+        .env("MAAS_CONCURRENCY__RESPOND", n)
+        .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", n)
+        .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", n)
+    };
+    let mut first = start_daemon(&url, opts()).await;
+    let c = connect(&url).await;
+    c.execute(
+        "INSERT INTO pipeline_runs (user_id, user_query)
+         SELECT gen_random_uuid(), 'crash ' || g FROM generate_series(1, $1::int8) g",
+        &[&n],
+    )
+    .await
+    .unwrap();
+    let in_flight = wait_count(
+        &c,
+        "SELECT count(*) FROM pipeline_runs WHERE status IN ('ANALYZING', 'RESPONDING')",
+        n,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(in_flight, "requests never all in flight");
+    first.signal(Signal::SIGKILL);
+    first.kill();
+    let t0 = Instant::now();
+    let mut second = start_daemon(&url, opts()).await;
+    wait_count(
+        &c,
+        "SELECT count(*) FROM pipeline_runs WHERE status IN ('COMPLETED', 'FAILED')",
+        n,
+        Duration::from_secs(300),
+    )
+    .await;
+    let secs = t0.elapsed().as_secs_f64();
+    second.kill();
+    let completed = count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
+    let duplicates = count(
+        &c,
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM pipeline_steps WHERE outcome = 'succeeded'
+                                       GROUP BY run_id, stage HAVING count(*) > 1) s)
+              + (SELECT count(*) FROM (SELECT 1 FROM raw_logs WHERE request_id IS NOT NULL
+                                       GROUP BY request_id, message_type HAVING count(*) > 1) l)",
+    )
+    .await;
+    b.record("recovery_s", round(secs, 2), &format!("{n} in flight, SIGKILL, second daemon (lease 3 s)"));
+    b.record("recovery_lost", n - completed, "requests not COMPLETED afterwards");
+    b.record("recovery_duplicates", duplicates, "stages succeeded twice + log rows written twice");
+}
+
+// ------------------------------------------------------------------- main
+
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let json = args.iter().any(|a| a == "--json");
+    let only: Option<String> = args.iter().find_map(|a| a.strip_prefix("--only=").map(str::to_owned));
+    raise_fd_limit();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("maas-bench-pg");
+        let spec = ClusterSpec {
+            dir,
+            port: None,
+            durable: true,
+            max_connections: 300,
+        };
+        let cluster = tokio::task::spawn_blocking(move || Cluster::ensure(&spec)).await.unwrap().unwrap();
+        let mut b = Bench {
+            cluster,
+            quick,
+            results: Vec::new(),
+        };
+        let started = Instant::now();
+        let want = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == name));
+        if want("pgbench") {
+            pgbench(&mut b).await;
+        }
+        if want("throughput") {
+            throughput(&mut b, false).await;
+            throughput(&mut b, true).await;
+        }
+        if want("latency") {
+            latency(&mut b).await;
+        }
+        if want("llm") {
+            llm_bound(&mut b).await;
+        }
+        if want("recovery") {
+            recovery(&mut b).await;
+        }
+        let values: HashMap<String, f64> =
+            b.results.iter().filter_map(|(k, v, _)| v.as_f64().map(|f| (k.clone(), f))).collect();
+        let num = |k: &str| values.get(k).copied();
+        if let (Some(ours), Some(limit)) = (num("stage_exec_per_s"), num("pgbench_notify_tps_c16")) {
+            b.record(
+                "stage_exec_per_notify_tps",
+                round(ours / limit, 2),
+                "stage executions per second ÷ pgbench TPS with a NOTIFY trigger",
+            );
+        }
+        if let (Some(ours), Some(limit)) = (num("stage_exec_per_s"), num("pgbench_tps_c16")) {
+            b.record(
+                "stage_exec_per_pgbench_tps",
+                round(ours / limit, 2),
+                "stage executions per second ÷ plain pgbench TPS",
+            );
+        }
+        let mut table = String::new();
+        let _ = writeln!(table, "{:<28} {:>12}  note", "metric", "value");
+        for (k, v, note) in &b.results {
+            let _ = writeln!(table, "{k:<28} {:>12}  {note}", v.to_string());
+        }
+        let _ = writeln!(table, "(mode: {}, {:.0} s)", if quick { "quick" } else { "full" }, started.elapsed().as_secs_f64());
+        print!("{table}");
+        if json {
+            let mut obj = serde_json::Map::new();
+            obj.insert("mode".into(), json!(if quick { "quick" } else { "full" }));
+            for (k, v, _) in &b.results {
+                obj.insert(k.clone(), v.clone());
+            }
+            println!("{}", Value::Object(obj));
+        }
+    });
+}
