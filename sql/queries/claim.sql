@@ -1,26 +1,31 @@
--- Claims up to $2 due rows of status $1 as leases held by $4 for $5 seconds,
--- moving them to the in-flight status $3. Rows locked by another claimer are
--- skipped, not waited for. Every claim counts an attempt and bumps the
--- fencing token. `due_for_ms` says how long each row had been waiting.
+-- Claims up to $1 due rows of status {ready} as leases held by $2 for $3
+-- seconds, moving them to the in-flight status {in_flight}. Rows locked by
+-- another claimer are skipped, not waited for. Every claim counts an attempt
+-- and bumps the fencing token. `due_for_ms` says how long each row waited.
+--
+-- {ready} and {in_flight} are replaced by literals, one statement per stage,
+-- so that the generic plan of the prepared statement can use the partial
+-- index on dispatchable statuses (with a parameter it cannot, and every
+-- execution would be planned anew).
 --
 -- It also returns the memory the stage needs, always the requesting user's
--- own (invariant 7): for the analyzer ($1 = 'NEW') the user's $6 most recent
--- LSM records; for the assembler ($1 = 'ANALYZED') the record the analysis
--- refers to, only if it belongs to the same user.
+-- own (invariant 7): for the analyzer ({ready} = 'NEW') the user's $4 most
+-- recent LSM records; for the assembler ({ready} = 'ANALYZED') the record the
+-- analysis refers to, only if it belongs to the same user.
 WITH picked AS (
     SELECT id, greatest(updated_at, run_after) AS due_since
     FROM pipeline_runs
-    WHERE status = $1 AND run_after <= now()
+    WHERE status = {ready} AND run_after <= now()
     ORDER BY run_after
-    LIMIT $2
+    LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 claimed AS (
     UPDATE pipeline_runs r
-    SET status           = $3,
+    SET status           = {in_flight},
         attempt          = r.attempt + 1,
-        lease_owner      = $4,
-        lease_expires_at = now() + make_interval(secs => $5),
+        lease_owner      = $2,
+        lease_expires_at = now() + make_interval(secs => $3),
         lease_token      = r.lease_token + 1,
         updated_at       = now()
     FROM picked
@@ -32,14 +37,14 @@ claimed AS (
 SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
        c.analysis_result, c.final_context_payload, c.debug, c.claimed_at, c.due_for_ms,
        CASE
-           WHEN $1 = 'NEW' THEN (
+           WHEN {ready} = 'NEW' THEN (
                SELECT jsonb_agg(to_jsonb(m) ORDER BY m.time_bucket_start DESC)
                FROM (SELECT l.id, l.time_bucket_start, l.time_bucket_end, l.tags, l.summary
                      FROM lsm_storage l
                      WHERE l.user_id = c.user_id
                      ORDER BY l.time_bucket_start DESC
-                     LIMIT $6) m)
-           WHEN $1 = 'ANALYZED' THEN (
+                     LIMIT $4) m)
+           WHEN {ready} = 'ANALYZED' THEN (
                SELECT jsonb_agg(to_jsonb(m))
                FROM (SELECT l.id, l.time_bucket_start, l.time_bucket_end, l.tags, l.summary
                      FROM lsm_storage l

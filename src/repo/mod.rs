@@ -15,6 +15,7 @@ use uuid::Uuid;
 use crate::db::Error;
 use crate::model::{MemoryRecord, Outcome, Prompts, StageKind, Status};
 
+/// The claim template; see [`claim_sql`].
 pub const CLAIM: &str = include_str!("../../sql/queries/claim.sql");
 pub const FINISH: &str = include_str!("../../sql/queries/finish.sql");
 pub const HEARTBEAT: &str = include_str!("../../sql/queries/heartbeat.sql");
@@ -25,9 +26,31 @@ pub const SHOW_RUN: &str = include_str!("../../sql/queries/show_run.sql");
 pub const SHOW_STEPS: &str = include_str!("../../sql/queries/show_steps.sql");
 pub const ACTIVE_PROMPTS: &str = include_str!("../../sql/queries/active_prompts.sql");
 
+/// The claim statement of one stage: the template with its statuses as
+/// literals (see `claim.sql`).
+pub fn claim_sql(stage: StageKind) -> &'static str {
+    static SQL: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::new(|| {
+        StageKind::ALL.map(|s| {
+            CLAIM
+                .replace("{ready}", &format!("'{}'", s.ready_status().as_str()))
+                .replace("{in_flight}", &format!("'{}'", s.in_flight_status().as_str()))
+        })
+    });
+    &SQL[stage.index()]
+}
+
 /// Every named query, for the test that prepares them all.
-pub const ALL: &[(&str, &str)] = &[
-    ("claim", CLAIM),
+pub fn all() -> Vec<(&'static str, &'static str)> {
+    let mut all = vec![
+        ("claim_analyze", claim_sql(StageKind::Analyze)),
+        ("claim_assemble", claim_sql(StageKind::Assemble)),
+        ("claim_respond", claim_sql(StageKind::Respond)),
+    ];
+    all.extend_from_slice(NAMED);
+    all
+}
+
+const NAMED: &[(&str, &str)] = &[
     ("finish", FINISH),
     ("heartbeat", HEARTBEAT),
     ("reclaim_expired", RECLAIM_EXPIRED),
@@ -69,15 +92,13 @@ pub async fn claim_next(
     lease: Duration,
     memory_records: usize,
 ) -> Result<Vec<Claimed>, Error> {
-    let stmt = client.prepare_cached(CLAIM).await?;
+    let stmt = client.prepare_cached(claim_sql(stage)).await?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let rows = client
         .query(
             &stmt,
             &[
-                &stage.ready_status().as_str(),
                 &limit,
-                &stage.in_flight_status().as_str(),
                 &owner,
                 &lease.as_secs_f64(),
                 &i64::try_from(memory_records).unwrap_or(i64::MAX),

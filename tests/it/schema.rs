@@ -158,7 +158,7 @@ async fn the_trigger_rings_on_insert_and_status_change_only() {
 async fn every_named_query_prepares_against_the_schema() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    for (name, sql) in repo::ALL {
+    for (name, sql) in repo::all() {
         if let Err(e) = c.prepare(sql).await {
             panic!("query {name} does not prepare: {e:?}");
         }
