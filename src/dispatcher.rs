@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::FutureExt;
-use tokio::sync::{Notify, Semaphore, broadcast, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -91,6 +91,8 @@ pub struct Engine {
     results_rx: Mutex<Option<mpsc::UnboundedReceiver<Finished>>>,
     /// Cancels running stages (end of the grace period).
     hard_stop: CancellationToken,
+    /// Set when shutdown starts: no more claims, chained ones included.
+    stopping: CancellationToken,
     tasks: TaskTracker,
     sweep_now: Notify,
     listening: AtomicBool,
@@ -124,6 +126,7 @@ impl Engine {
             results,
             results_rx: Mutex::new(Some(results_rx)),
             hard_stop: CancellationToken::new(),
+            stopping: CancellationToken::new(),
             tasks: TaskTracker::new(),
             sweep_now: Notify::new(),
             listening: AtomicBool::new(false),
@@ -186,6 +189,7 @@ impl Engine {
             .collect();
 
         shutdown.cancelled().await;
+        self.stopping.cancel();
         tracing::info!(
             grace_secs = self.cfg.grace_secs,
             "shutdown: no longer claiming; waiting for running stages"
@@ -560,14 +564,35 @@ impl Engine {
             .with_jitter()
             .without_max_times()
             .build();
-        let applied = loop {
+        // Chain: rows that finished a stage and have a free slot in their
+        // next stage here are claimed for it in the same transaction.
+        let (mut chains, mut permits) = self.chain_candidates(&batch);
+        // While rows may be chained, shutdown must wait for them to start.
+        let _tracking = (!chains.is_empty()).then(|| self.tasks.token());
+        let (applied, chained) = loop {
             let res = match self.pool.get().await {
-                Ok(client) => repo::finish_batch(&client, &self.worker, &batch).await,
+                Ok(client) if chains.is_empty() => repo::finish_batch(&client, &self.worker, &batch)
+                    .await
+                    .map(|a| (a, Vec::new())),
+                Ok(client) => {
+                    repo::finish_and_claim(
+                        &client,
+                        &self.worker,
+                        &batch,
+                        &chains,
+                        self.cfg.lease(),
+                        self.cfg.memory_records,
+                    )
+                    .await
+                }
                 Err(e) => Err(e.into()),
             };
             match res {
-                Ok(applied) => break applied,
+                Ok(done) => break done,
                 Err(e) if Instant::now() < deadline => {
+                    // Retry without chaining: the simplest statement first.
+                    chains.clear();
+                    permits = [None, None, None];
                     let delay = backoff.next().unwrap_or(Duration::from_secs(1));
                     tracing::warn!(results = batch.len(), error = %e, retry_in_ms = millis(delay),
                         "could not write stage results; retrying");
@@ -583,6 +608,7 @@ impl Engine {
                 }
             }
         };
+        self.start_chained(chained, &mut permits);
         let mut woken = [false; 3];
         for f in &batch {
             self.forget(f.id);
@@ -612,6 +638,73 @@ impl Engine {
                 self.wake(stage);
             }
         }
+    }
+
+    /// The rows of `batch` to claim for their next stage in the finishing
+    /// transaction, with the slots reserved for them.
+    fn chain_candidates(&self, batch: &[Finished]) -> (Vec<repo::Chain>, [Option<OwnedSemaphorePermit>; 3]) {
+        let mut permits: [Option<OwnedSemaphorePermit>; 3] = [None, None, None];
+        let mut chains = Vec::new();
+        if self.stopping.is_cancelled() || self.cached_prompts().is_none() {
+            return (chains, permits);
+        }
+        for next in [StageKind::Assemble, StageKind::Respond] {
+            let ids: Vec<Uuid> = batch
+                .iter()
+                .filter(|f| f.outcome == Outcome::Succeeded && f.stage.next() == Some(next))
+                .map(|f| f.id)
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            let sem = self.slot(next).sem.clone();
+            let n = ids.len().min(sem.available_permits());
+            if n == 0 {
+                continue;
+            }
+            let Ok(p) = sem.try_acquire_many_owned(u32::try_from(n).unwrap_or(u32::MAX)) else {
+                continue;
+            };
+            permits[next.index()] = Some(p);
+            chains.push(repo::Chain {
+                stage: next,
+                ids: ids.into_iter().take(n).collect(),
+            });
+        }
+        (chains, permits)
+    }
+
+    /// Runs the rows claimed by a chained claim.
+    fn start_chained(
+        self: &Arc<Self>,
+        chained: Vec<(StageKind, Vec<Claimed>)>,
+        permits: &mut [Option<OwnedSemaphorePermit>; 3],
+    ) {
+        let Some(prompts) = self.cached_prompts() else {
+            return;
+        };
+        for (stage, rows) in chained {
+            let Some(reserved) = permits[stage.index()].as_mut() else {
+                continue;
+            };
+            for row in rows {
+                let Some(permit) = reserved.split(1) else { break };
+                bump(&self.stats.claimed[stage.index()]);
+                let engine = self.clone();
+                let prompts = prompts.clone();
+                self.tasks.spawn(async move {
+                    engine.execute(stage, row, prompts).await;
+                    drop(permit);
+                });
+            }
+        }
+    }
+
+    fn cached_prompts(&self) -> Option<Arc<Prompts>> {
+        self.prompts
+            .lock()
+            .ok()
+            .and_then(|g| g.as_ref().map(|(_, p)| p.clone()))
     }
 
     fn wake_later(self: &Arc<Self>, stage: StageKind, delay: Duration) {

@@ -3,6 +3,9 @@
 -- another claimer are skipped, not waited for. Every claim counts an attempt
 -- and bumps the fencing token. `due_for_ms` says how long each row waited.
 --
+-- {filter} is empty for a dispatcher's claim; the completer's chained claim
+-- (in the transaction that records the previous stage) adds `AND id = ANY($5)`.
+--
 -- {ready} and {in_flight} are replaced by literals, one statement per stage,
 -- so that the generic plan of the prepared statement can use the partial
 -- index on dispatchable statuses (with a parameter it cannot, and every
@@ -15,7 +18,7 @@
 WITH picked AS (
     SELECT id, greatest(updated_at, run_after) AS due_since
     FROM pipeline_runs
-    WHERE status = {ready} AND run_after <= now()
+    WHERE status = {ready} AND run_after <= now() {filter}
     ORDER BY run_after
     LIMIT $1
     FOR UPDATE SKIP LOCKED

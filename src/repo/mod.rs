@@ -26,16 +26,25 @@ pub const SHOW_RUN: &str = include_str!("../../sql/queries/show_run.sql");
 pub const SHOW_STEPS: &str = include_str!("../../sql/queries/show_steps.sql");
 pub const ACTIVE_PROMPTS: &str = include_str!("../../sql/queries/active_prompts.sql");
 
+fn render_claim(stage: StageKind, filter: &str) -> String {
+    CLAIM
+        .replace("{ready}", &format!("'{}'", stage.ready_status().as_str()))
+        .replace("{in_flight}", &format!("'{}'", stage.in_flight_status().as_str()))
+        .replace("{filter}", filter)
+}
+
 /// The claim statement of one stage: the template with its statuses as
 /// literals (see `claim.sql`).
 pub fn claim_sql(stage: StageKind) -> &'static str {
-    static SQL: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::new(|| {
-        StageKind::ALL.map(|s| {
-            CLAIM
-                .replace("{ready}", &format!("'{}'", s.ready_status().as_str()))
-                .replace("{in_flight}", &format!("'{}'", s.in_flight_status().as_str()))
-        })
-    });
+    static SQL: std::sync::LazyLock<[String; 3]> =
+        std::sync::LazyLock::new(|| StageKind::ALL.map(|s| render_claim(s, "")));
+    &SQL[stage.index()]
+}
+
+/// The chained claim of one stage: only the given ids (`$5`).
+pub fn claim_ids_sql(stage: StageKind) -> &'static str {
+    static SQL: std::sync::LazyLock<[String; 3]> =
+        std::sync::LazyLock::new(|| StageKind::ALL.map(|s| render_claim(s, "AND id = ANY($5)")));
     &SQL[stage.index()]
 }
 
@@ -45,6 +54,8 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         ("claim_analyze", claim_sql(StageKind::Analyze)),
         ("claim_assemble", claim_sql(StageKind::Assemble)),
         ("claim_respond", claim_sql(StageKind::Respond)),
+        ("claim_ids_assemble", claim_ids_sql(StageKind::Assemble)),
+        ("claim_ids_respond", claim_ids_sql(StageKind::Respond)),
     ];
     all.extend_from_slice(NAMED);
     all
@@ -105,27 +116,26 @@ pub async fn claim_next(
             ],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let due_ms: f64 = r.get(10);
-            let memory: Option<Value> = r.get(11);
-            Claimed {
-                id: r.get(0),
-                user_id: r.get(1),
-                thread_id: r.get(2),
-                user_query: r.get(3),
-                attempt: r.get(4),
-                lease_token: r.get(5),
-                analysis: r.get(6),
-                context: r.get(7),
-                debug: r.get(8),
-                claimed_at: r.get(9),
-                due_for: Duration::try_from_secs_f64(due_ms.max(0.0) / 1000.0).unwrap_or_default(),
-                memory: memory.and_then(|m| serde_json::from_value(m).ok()).unwrap_or_default(),
-            }
-        })
-        .collect())
+    Ok(rows.iter().map(claimed_from_row).collect())
+}
+
+fn claimed_from_row(r: &tokio_postgres::Row) -> Claimed {
+    let due_ms: f64 = r.get(10);
+    let memory: Option<Value> = r.get(11);
+    Claimed {
+        id: r.get(0),
+        user_id: r.get(1),
+        thread_id: r.get(2),
+        user_query: r.get(3),
+        attempt: r.get(4),
+        lease_token: r.get(5),
+        analysis: r.get(6),
+        context: r.get(7),
+        debug: r.get(8),
+        claimed_at: r.get(9),
+        due_for: Duration::try_from_secs_f64(due_ms.max(0.0) / 1000.0).unwrap_or_default(),
+        memory: memory.and_then(|m| serde_json::from_value(m).ok()).unwrap_or_default(),
+    }
 }
 
 /// The result of one stage attempt, to be written by [`finish_batch`].
@@ -152,58 +162,148 @@ pub struct Finished {
     pub latency_ms: Option<i32>,
 }
 
+/// The columns of a batch of results, as the arrays `finish.sql` unnests.
+struct FinishArgs<'a> {
+    ids: Vec<Uuid>,
+    tokens: Vec<i64>,
+    stages: Vec<&'static str>,
+    in_flight: Vec<&'static str>,
+    new_status: Vec<&'static str>,
+    outcomes: Vec<&'static str>,
+    attempts: Vec<i32>,
+    started: Vec<DateTime<Utc>>,
+    analysis: Vec<Option<&'a Value>>,
+    context: Vec<Option<&'a str>>,
+    answer: Vec<Option<&'a str>>,
+    err_class: Vec<Option<&'a str>>,
+    err_msg: Vec<Option<&'a str>>,
+    delay: Vec<i64>,
+    model: Vec<Option<&'a str>>,
+    p_tok: Vec<Option<i32>>,
+    c_tok: Vec<Option<i32>>,
+    latency: Vec<Option<i32>>,
+    worker: &'a str,
+}
+
+impl<'a> FinishArgs<'a> {
+    fn new(worker: &'a str, batch: &'a [Finished]) -> Self {
+        FinishArgs {
+            ids: batch.iter().map(|f| f.id).collect(),
+            tokens: batch.iter().map(|f| f.lease_token).collect(),
+            stages: batch.iter().map(|f| f.stage.as_str()).collect(),
+            in_flight: batch.iter().map(|f| f.stage.in_flight_status().as_str()).collect(),
+            new_status: batch.iter().map(|f| f.new_status.as_str()).collect(),
+            outcomes: batch.iter().map(|f| f.outcome.as_str()).collect(),
+            attempts: batch.iter().map(|f| f.attempt).collect(),
+            started: batch.iter().map(|f| f.started_at).collect(),
+            analysis: batch.iter().map(|f| f.analysis.as_ref()).collect(),
+            context: batch.iter().map(|f| f.context.as_deref()).collect(),
+            answer: batch.iter().map(|f| f.answer.as_deref()).collect(),
+            err_class: batch.iter().map(|f| f.error_class.as_deref()).collect(),
+            err_msg: batch.iter().map(|f| f.error_message.as_deref()).collect(),
+            delay: batch
+                .iter()
+                .map(|f| i64::try_from(f.delay.as_millis()).unwrap_or(i64::MAX))
+                .collect(),
+            model: batch.iter().map(|f| f.model.as_deref()).collect(),
+            p_tok: batch.iter().map(|f| f.prompt_tokens).collect(),
+            c_tok: batch.iter().map(|f| f.completion_tokens).collect(),
+            latency: batch.iter().map(|f| f.latency_ms).collect(),
+            worker,
+        }
+    }
+
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 19] {
+        [
+            &self.ids,
+            &self.tokens,
+            &self.stages,
+            &self.in_flight,
+            &self.new_status,
+            &self.outcomes,
+            &self.attempts,
+            &self.started,
+            &self.analysis,
+            &self.context,
+            &self.answer,
+            &self.err_class,
+            &self.err_msg,
+            &self.delay,
+            &self.model,
+            &self.p_tok,
+            &self.c_tok,
+            &self.latency,
+            &self.worker,
+        ]
+    }
+}
+
 /// Writes a batch of results, fenced, in one statement. Returns the ids
 /// whose result was applied; the others had lost their lease.
 pub async fn finish_batch(client: &impl GenericClient, worker: &str, batch: &[Finished]) -> Result<Vec<Uuid>, Error> {
     let stmt = client.prepare_cached(FINISH).await?;
-    let ids: Vec<Uuid> = batch.iter().map(|f| f.id).collect();
-    let tokens: Vec<i64> = batch.iter().map(|f| f.lease_token).collect();
-    let stages: Vec<&str> = batch.iter().map(|f| f.stage.as_str()).collect();
-    let in_flight: Vec<&str> = batch.iter().map(|f| f.stage.in_flight_status().as_str()).collect();
-    let new_status: Vec<&str> = batch.iter().map(|f| f.new_status.as_str()).collect();
-    let outcomes: Vec<&str> = batch.iter().map(|f| f.outcome.as_str()).collect();
-    let attempts: Vec<i32> = batch.iter().map(|f| f.attempt).collect();
-    let started: Vec<DateTime<Utc>> = batch.iter().map(|f| f.started_at).collect();
-    let analysis: Vec<Option<&Value>> = batch.iter().map(|f| f.analysis.as_ref()).collect();
-    let context: Vec<Option<&str>> = batch.iter().map(|f| f.context.as_deref()).collect();
-    let answer: Vec<Option<&str>> = batch.iter().map(|f| f.answer.as_deref()).collect();
-    let err_class: Vec<Option<&str>> = batch.iter().map(|f| f.error_class.as_deref()).collect();
-    let err_msg: Vec<Option<&str>> = batch.iter().map(|f| f.error_message.as_deref()).collect();
-    let delay: Vec<i64> = batch
-        .iter()
-        .map(|f| i64::try_from(f.delay.as_millis()).unwrap_or(i64::MAX))
-        .collect();
-    let model: Vec<Option<&str>> = batch.iter().map(|f| f.model.as_deref()).collect();
-    let p_tok: Vec<Option<i32>> = batch.iter().map(|f| f.prompt_tokens).collect();
-    let c_tok: Vec<Option<i32>> = batch.iter().map(|f| f.completion_tokens).collect();
-    let latency: Vec<Option<i32>> = batch.iter().map(|f| f.latency_ms).collect();
-    let rows = client
-        .query(
-            &stmt,
-            &[
-                &ids,
-                &tokens,
-                &stages,
-                &in_flight,
-                &new_status,
-                &outcomes,
-                &attempts,
-                &started,
-                &analysis,
-                &context,
-                &answer,
-                &err_class,
-                &err_msg,
-                &delay,
-                &model,
-                &p_tok,
-                &c_tok,
-                &latency,
-                &worker,
-            ],
-        )
-        .await?;
+    let args = FinishArgs::new(worker, batch);
+    let rows = client.query(&stmt, &args.params()).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Rows to claim for a stage in the same transaction that records results.
+pub struct Chain {
+    pub stage: StageKind,
+    pub ids: Vec<Uuid>,
+}
+
+/// Records a batch of results and, in the same transaction, claims the
+/// given rows for their next stage (one commit instead of two, and no wait
+/// for a doorbell between stages). The statements are pipelined: one round
+/// trip. Both status changes still notify.
+pub async fn finish_and_claim(
+    client: &deadpool_postgres::Object,
+    worker: &str,
+    batch: &[Finished],
+    chains: &[Chain],
+    lease: Duration,
+    memory_records: usize,
+) -> Result<(Vec<Uuid>, Vec<(StageKind, Vec<Claimed>)>), Error> {
+    let finish = client.prepare_cached(FINISH).await?;
+    let mut claims = Vec::with_capacity(chains.len());
+    for c in chains {
+        claims.push(client.prepare_cached(claim_ids_sql(c.stage)).await?);
+    }
+    let args = FinishArgs::new(worker, batch);
+    let params = args.params();
+    let lease_secs = lease.as_secs_f64();
+    let memory = i64::try_from(memory_records).unwrap_or(i64::MAX);
+    let limits: Vec<i64> = chains
+        .iter()
+        .map(|c| i64::try_from(c.ids.len()).unwrap_or(i64::MAX))
+        .collect();
+    let claim_futures = chains.iter().zip(&claims).zip(&limits).map(|((c, stmt), limit)| {
+        let p: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [limit, &worker, &lease_secs, &memory, &c.ids];
+        async move { client.query(stmt, &p).await }
+    });
+    // Requests go out in the order the futures are first polled: BEGIN,
+    // the finish, the claims, COMMIT. If any statement fails, the
+    // transaction is aborted and COMMIT rolls it back: nothing is applied.
+    let (begin, done, claimed, commit) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.query(&finish, &params),
+        futures_util::future::join_all(claim_futures),
+        client.simple_query("COMMIT"),
+    );
+    begin?;
+    let done = done?;
+    let mut out = Vec::with_capacity(chains.len());
+    for (c, rows) in chains.iter().zip(claimed) {
+        out.push((c.stage, rows?.iter().map(claimed_from_row).collect()));
+    }
+    let committed = commit?
+        .iter()
+        .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::CommandComplete(_)));
+    if !committed {
+        return Err(Error::Setup("the finish transaction did not commit".into()));
+    }
+    Ok((done.iter().map(|r| r.get(0)).collect(), out))
 }
 
 /// Renews the given leases; returns the ids still held.
