@@ -15,6 +15,8 @@ use uuid::Uuid;
 use crate::db::Error;
 use crate::model::{Outcome, StageKind, Status};
 
+pub mod http;
+
 pub const CLAIM: &str = include_str!("../../sql/queries/claim.sql");
 pub const FINISH: &str = include_str!("../../sql/queries/finish.sql");
 pub const HEARTBEAT: &str = include_str!("../../sql/queries/heartbeat.sql");
@@ -34,6 +36,15 @@ pub const ALL: &[(&str, &str)] = &[
     ("ring_due", RING_DUE),
     ("show_run", SHOW_RUN),
     ("show_steps", SHOW_STEPS),
+    ("submit_request", http::SUBMIT_REQUEST),
+    ("submit_idempotent", http::SUBMIT_IDEMPOTENT),
+    ("find_idempotent", http::FIND_IDEMPOTENT),
+    ("expire_idempotency_keys", http::EXPIRE_IDEMPOTENCY_KEYS),
+    ("request_states", http::REQUEST_STATES),
+    ("user_states", http::USER_STATES),
+    ("count_backlog", http::COUNT_BACKLOG),
+    ("steps_since", http::STEPS_SINCE),
+    ("last_step_id", http::LAST_STEP_ID),
 ];
 
 /// A row claimed for one stage attempt.
