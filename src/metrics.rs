@@ -135,6 +135,14 @@ fn describe() {
     );
 }
 
+/// Makes the HTTP gauges visible (at zero) before any stream opens.
+pub fn register_http() {
+    gauge!("maas_http_waiting_long_polls").set(0.0);
+    for kind in ["websocket", "sse"] {
+        gauge!("maas_http_open_streams", "kind" => kind).set(0.0);
+    }
+}
+
 /// Copies the dispatcher's counters into their series.
 pub fn observe_engine(stats: &Stats, listening: bool) {
     let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);

@@ -432,3 +432,44 @@ async fn ws_session(mut socket: WebSocket, mut stream: Stream) {
         let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(frame)))).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_parse_with_units() {
+        assert_eq!(parse_wait("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_wait("30"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_wait("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_wait("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_wait("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_wait("0"), Some(Duration::ZERO));
+        for bad in ["", "soon", "-1s", "5h", "s", "NaNs", "1e400s"] {
+            assert_eq!(parse_wait(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_tells_requests_apart() {
+        let t = Uuid::new_v4();
+        let a = NewRequest {
+            user_id: Uuid::nil(),
+            thread_id: None,
+            query: "q",
+        };
+        let b = NewRequest {
+            thread_id: Some(t),
+            ..a.clone()
+        };
+        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&NewRequest {
+                query: "q2",
+                ..a.clone()
+            })
+        );
+    }
+}

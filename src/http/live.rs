@@ -338,15 +338,14 @@ pub async fn run_hub(
             _ = shutdown.cancelled() => break,
             r = events.recv() => r,
             _ = tick.tick() => {
-                // A (re)connected listener: notifications sent while it was
-                // away are gone, so everyone re-reads.
+                // A (re)connected listener: notifications sent before it
+                // listened are gone, so everyone re-reads (after the first
+                // connect too: a subscriber may have read the table before).
                 let now = engine.stats.listener_connects.load(Ordering::Relaxed);
                 if now != connects {
-                    if connects != 0 {
-                        hub.resync_all("listener reconnected");
-                        crate::metrics::live_resync("listener_reconnected");
-                    }
                     connects = now;
+                    hub.resync_all("listener reconnected");
+                    crate::metrics::live_resync("listener_reconnected");
                 }
                 continue;
             }

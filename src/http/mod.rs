@@ -242,6 +242,7 @@ pub fn start(
 ) -> Result<Server, HttpError> {
     let handle = crate::metrics::install()?;
     crate::metrics::register_llm_provider(&cfg.llm_provider);
+    crate::metrics::register_http();
     let hub = Hub::new();
     let helpers = TaskTracker::new();
     helpers.spawn(live::run_hub(

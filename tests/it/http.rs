@@ -118,8 +118,9 @@ type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<t
 
 /// The next JSON text message, or the close code when the socket closes.
 async fn ws_next(ws: &mut Ws) -> Result<Value, Option<u16>> {
+    let deadline = tokio::time::Instant::now() + GENEROUS;
     loop {
-        let msg = tokio::time::timeout(GENEROUS, ws.next())
+        let msg = tokio::time::timeout_at(deadline, ws.next())
             .await
             .expect("a WebSocket message within the deadline");
         match msg {
@@ -139,6 +140,7 @@ struct Sse {
 
 impl Sse {
     async fn next(&mut self) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + GENEROUS;
         loop {
             if let Some(end) = self.buf.find("\n\n") {
                 let event: String = self.buf.drain(..end + 2).collect();
@@ -152,7 +154,7 @@ impl Sse {
                 }
                 return Some(serde_json::from_str(&data.join("\n")).unwrap());
             }
-            let chunk = tokio::time::timeout(GENEROUS, self.resp.chunk())
+            let chunk = tokio::time::timeout_at(deadline, self.resp.chunk())
                 .await
                 .expect("an SSE chunk within the deadline")
                 .ok()??;
@@ -577,6 +579,28 @@ async fn http_idempotency_key_returns_the_first_request_durably_and_under_concur
         1
     );
 
+    // An expired key starts a new request; expired keys are deleted.
+    c.execute(
+        "UPDATE http_idempotency_keys SET created_at = now() - interval '2 days' WHERE key = 'key-2'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let renewed = post(&api, "key-2", &concurrent).await.unwrap();
+    assert!(renewed.headers().get("idempotent-replayed").is_none());
+    assert!(!ids.contains(&renewed.json::<Value>().await.unwrap()["request_id"].to_string()));
+    c.execute(
+        "UPDATE http_idempotency_keys SET created_at = now() - interval '2 days' WHERE key = 'key-2'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let deleted = c
+        .execute(maas::repo::http::EXPIRE_IDEMPOTENCY_KEYS, &[&86_400f64, &100i64])
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+
     // Durable: another daemon process still knows the key.
     api.d.kill();
     let api = Api::start(&db, Opts::default()).await;
@@ -930,4 +954,46 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
     );
     assert_eq!(body["checks"]["database"], "ok");
     assert_eq!(body["checks"]["listener"], "ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_subscribers_reread_the_table_after_the_listener_reconnects() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let held = insert_held(&c, user, 1).await[0];
+    let mut ws = api.ws(&format!("request_id={held}")).await.unwrap();
+    assert_eq!(ws_next(&mut ws).await.unwrap()["stage"], "NEW");
+    let poll = tokio::spawn(
+        api.http
+            .get(api.url(&format!("/api/query/{held}/status?wait=60s")))
+            .send(),
+    );
+    api.wait_metric("maas_http_waiting_long_polls", 1.0).await;
+    // A change no notification reports: only re-reading the table shows it.
+    c.batch_execute("DROP TRIGGER pipeline_runs_notify_update ON pipeline_runs")
+        .await
+        .unwrap();
+    c.execute(
+        "UPDATE pipeline_runs SET status = 'CANCELLED', error = 'by an operator' WHERE id = $1",
+        &[&held],
+    )
+    .await
+    .unwrap();
+    c.batch_execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND application_name = 'maasd-listener'",
+    )
+    .await
+    .unwrap();
+    let state = ws_next(&mut ws).await.unwrap();
+    assert_eq!(
+        state,
+        json!({"request_id": held, "status": "failed", "stage": "CANCELLED", "error": "cancelled: by an operator"})
+    );
+    assert_eq!(ws_next(&mut ws).await, Err(Some(1000)));
+    let polled: Value = poll.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(polled, state);
+    assert!(api.d.plain_log().contains("listener reconnected"));
 }
