@@ -6,9 +6,10 @@
 //! Raw keys carry their unit (`lease_secs`); the program uses `Duration`.
 //!
 //! Fixed names other tools rely on: `DATABASE_URL`, `MAAS_HTTP_ADDR`,
-//! `MAAS_LLM_PROVIDER`, `MAAS_LEASE_SECS`, `MAAS_SWEEP_SECS`.
+//! `MAAS_API_TOKENS`, `MAAS_LLM_PROVIDER`, `MAAS_LEASE_SECS`, `MAAS_SWEEP_SECS`.
 
 use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -26,8 +27,18 @@ pub struct Config {
     /// PostgreSQL connection string. Required (no default): `DATABASE_URL`.
     pub database_url: Secret,
     /// Address of the HTTP server. Default `127.0.0.1:8080`; port 0 picks a
-    /// free port. `MAAS_HTTP_ADDR`.
+    /// free port; `:PORT` means `127.0.0.1:PORT`. A host name is resolved at
+    /// start. `MAAS_HTTP_ADDR`.
     pub http_addr: String,
+    /// Bearer tokens accepted on every `/api` route. Default: none, and then
+    /// the server refuses to bind anything but a loopback address (anyone who
+    /// can reach it could submit queries and read answers). In the file a
+    /// list; in the environment a comma-separated string:
+    /// `MAAS_API_TOKENS=tok1,tok2`. Never logged.
+    #[serde(deserialize_with = "tokens")]
+    pub api_tokens: Vec<Secret>,
+    /// The HTTP server's limits.
+    pub http: HttpConfig,
     /// Provider for every LLM role the file does not set: `offline` (default),
     /// `openai`, `anthropic` or `gemini`. `MAAS_LLM_PROVIDER`.
     pub llm_provider: String,
@@ -133,11 +144,169 @@ impl Default for ListenerConfig {
     }
 }
 
+/// Limits of the HTTP server (`[http]` in the file, `MAAS_HTTP__*` in the
+/// environment).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HttpConfig {
+    /// Largest request body accepted; a larger one gets 413. Default 1048576
+    /// (a query may hold 100,000 characters of up to 4 bytes, plus JSON).
+    pub max_body_bytes: usize,
+    /// Longest time to produce a response (reading the body included);
+    /// past it the request gets 503. Streams (SSE, WebSocket) are not bound
+    /// by it once their headers are sent. Default 30.
+    pub request_timeout_secs: u64,
+    /// Cap of a long-poll's `?wait=`; a longer wait is shortened to this.
+    /// Default 60.
+    pub max_wait_secs: u64,
+    /// How long an `Idempotency-Key` keeps returning its first request.
+    /// Default 86400 (one day).
+    pub idempotency_ttl_secs: u64,
+    /// Interval of the metrics refresh: backlog counts and the step history
+    /// of this daemon (stage and end-to-end latencies). Default 5.
+    pub metrics_refresh_secs: u64,
+    /// Interval of WebSocket pings and SSE keep-alive comments. Default 15.
+    pub stream_keepalive_secs: u64,
+    /// A stream whose client does not take a message within this time is
+    /// closed. Default 10.
+    pub stream_send_timeout_secs: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_body_bytes: 1024 * 1024,
+            request_timeout_secs: 30,
+            max_wait_secs: 60,
+            idempotency_ttl_secs: 86_400,
+            metrics_refresh_secs: 5,
+            stream_keepalive_secs: 15,
+            stream_send_timeout_secs: 10,
+        }
+    }
+}
+
+impl HttpConfig {
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_secs)
+    }
+    pub fn max_wait(&self) -> Duration {
+        Duration::from_secs(self.max_wait_secs)
+    }
+    pub fn idempotency_ttl(&self) -> Duration {
+        Duration::from_secs(self.idempotency_ttl_secs)
+    }
+    pub fn metrics_refresh(&self) -> Duration {
+        Duration::from_secs(self.metrics_refresh_secs)
+    }
+    pub fn stream_keepalive(&self) -> Duration {
+        Duration::from_secs(self.stream_keepalive_secs)
+    }
+    pub fn stream_send_timeout(&self) -> Duration {
+        Duration::from_secs(self.stream_send_timeout_secs)
+    }
+}
+
+/// The address to bind, parsed from `http_addr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpAddr {
+    /// A literal IP address and port.
+    Socket(SocketAddr),
+    /// A host name, resolved at start.
+    Host(String, u16),
+}
+
+impl HttpAddr {
+    pub fn parse(s: &str) -> Result<HttpAddr, String> {
+        let s = s.trim();
+        if let Some(port) = s.strip_prefix(':') {
+            let port = port.parse::<u16>().map_err(|_| format!("{s:?}: not a port"))?;
+            return Ok(HttpAddr::Socket(SocketAddr::from(([127, 0, 0, 1], port))));
+        }
+        if let Ok(addr) = s.parse::<SocketAddr>() {
+            return Ok(HttpAddr::Socket(addr));
+        }
+        match s.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && !host.contains(':') => {
+                let port = port.parse::<u16>().map_err(|_| format!("{s:?}: not a port"))?;
+                Ok(HttpAddr::Host(host.to_owned(), port))
+            }
+            _ => Err(format!("{s:?}: expected HOST:PORT, IP:PORT, [IPv6]:PORT or :PORT")),
+        }
+    }
+}
+
+/// True for addresses only this machine can reach.
+pub fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    }
+}
+
+/// Why an address may not be bound without tokens, as said at start.
+pub fn exposed_without_tokens(addr: &str) -> String {
+    format!(
+        "{addr} is not a loopback address and no api_tokens are configured: anyone who can reach it \
+         could submit queries and read every answer. Set MAAS_API_TOKENS (or api_tokens in the file), \
+         or bind 127.0.0.1"
+    )
+}
+
+/// Accepts a list of tokens, or one string of comma-separated tokens (the
+/// form an environment variable takes). A numeric token is kept as written.
+fn tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Error> {
+    struct Visitor;
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = Vec<Secret>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of tokens or a comma-separated string")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(v.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(|t| Secret(t.to_owned()))
+                .collect())
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Ok(vec![Secret(v.to_string())])
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(vec![Secret(v.to_string())])
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(t) = seq.next_element::<String>()? {
+                let t = t.trim();
+                if !t.is_empty() {
+                    out.push(Secret(t.to_owned()));
+                }
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(Visitor)
+}
+
+/// The deterministic in-process pipeline: no key, no network.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OfflineConfig {
+    /// Simulated latency of each model call. Default 0.
+    pub latency_ms: u64,
+    /// Fault injection for tests and drills: a query containing this marker
+    /// fails every stage attempt with a retryable error. Default: none.
+    pub fail_when_query_contains: Option<String>,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
             database_url: Secret(String::new()),
             http_addr: "127.0.0.1:8080".into(),
+            api_tokens: Vec::new(),
+            http: HttpConfig::default(),
             llm_provider: "offline".into(),
             lease_secs: 30,
             sweep_secs: 5,
@@ -244,6 +413,28 @@ impl Config {
                 "pool_size",
                 "must be at least 4 (claims, completions, heartbeats and the sweep share it)",
             );
+        }
+        for (key, v) in [
+            (
+                "http.max_body_bytes",
+                u64::try_from(self.http.max_body_bytes).unwrap_or(u64::MAX),
+            ),
+            ("http.request_timeout_secs", self.http.request_timeout_secs),
+            ("http.max_wait_secs", self.http.max_wait_secs),
+            ("http.idempotency_ttl_secs", self.http.idempotency_ttl_secs),
+            ("http.metrics_refresh_secs", self.http.metrics_refresh_secs),
+            ("http.stream_keepalive_secs", self.http.stream_keepalive_secs),
+            ("http.stream_send_timeout_secs", self.http.stream_send_timeout_secs),
+        ] {
+            if v == 0 {
+                return invalid(key, "must be at least 1");
+            }
+        }
+        // Whether the address may be bound without tokens is the server's
+        // check (`http::bind`, after resolving names), so that maasctl does
+        // not refuse a configuration it shares with a daemon.
+        if let Err(problem) = HttpAddr::parse(&self.http_addr) {
+            return invalid("http_addr", &problem);
         }
         if self.listener.reconnect_min_ms == 0 || self.listener.reconnect_max_ms < self.listener.reconnect_min_ms {
             return invalid(
@@ -372,13 +563,65 @@ mod tests {
     }
 
     #[test]
+    fn api_tokens_from_a_list_or_a_comma_separated_string() {
+        let cfg = load(
+            Some("api_tokens = [\"a1\", \" b2 \"]\n"),
+            &[("DATABASE_URL", "postgres://u@h/db")],
+        )
+        .map_err(|e| e.to_string());
+        let shown: Vec<String> = cfg
+            .map(|c| c.api_tokens.iter().map(|t| t.expose().to_owned()).collect())
+            .unwrap_or_default();
+        assert_eq!(shown, ["a1", "b2"]);
+        let cfg = load(
+            None,
+            &[
+                ("DATABASE_URL", "postgres://u@h/db"),
+                ("MAAS_API_TOKENS", "tok1, tok2,,"),
+                ("MAAS_HTTP_ADDR", "0.0.0.0:0"),
+            ],
+        )
+        .map_err(|e| e.to_string());
+        let shown: Vec<String> = cfg
+            .map(|c| c.api_tokens.iter().map(|t| t.expose().to_owned()).collect())
+            .unwrap_or_default();
+        assert_eq!(shown, ["tok1", "tok2"]);
+    }
+
+    #[test]
+    fn http_addresses_parse_and_loopback_is_recognised() {
+        let err = load(
+            None,
+            &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_HTTP_ADDR", "nowhere")],
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(err.contains("http_addr"), "{err}");
+        // Whether an address may be bound without tokens is decided at bind.
+        for ok in ["127.0.0.1:0", ":0", "[::1]:8080", "localhost:8080", "0.0.0.0:8080"] {
+            let cfg = load(None, &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_HTTP_ADDR", ok)]);
+            assert!(cfg.is_ok(), "{ok}: {:?}", cfg.err().map(|e| e.to_string()));
+        }
+        assert_eq!(
+            HttpAddr::parse(":8081"),
+            Ok(HttpAddr::Socket(SocketAddr::from(([127, 0, 0, 1], 8081))))
+        );
+        assert!(HttpAddr::parse("nonsense").is_err());
+        assert!(is_loopback(
+            "::ffff:127.0.0.1".parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))
+        ));
+    }
+
+    #[test]
     fn secrets_are_redacted() {
         let cfg = Config {
             database_url: Secret("postgres://u:hunter2@h/db".into()),
+            api_tokens: vec![Secret("tok-hunter3".into())],
             ..Config::default()
         };
         let shown = format!("{cfg:?}");
-        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("hunter2") && !shown.contains("hunter3"), "{shown}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `maasd`: configuration → migrations → engine, until a signal.
+//! `maasd`: configuration → HTTP bind → migrations → engine and HTTP
+//! server, until a signal.
 
 use std::sync::Arc;
 
@@ -16,6 +17,8 @@ pub enum DaemonError {
     Db(#[from] db::Error),
     #[error("LLM configuration: {0}")]
     Llm(#[from] crate::llm::ConfigError),
+    #[error(transparent)]
+    Http(#[from] crate::http::HttpError),
 }
 
 /// A name for this process in leases and step history: host, pid and a
@@ -63,6 +66,9 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let cfg = Arc::new(cfg);
     let pipeline = pipeline(&cfg)?;
+    // Bind first: a taken port or a refused address stops us before we
+    // touch the database.
+    let bound = crate::http::bind(&cfg).await?;
     let report = migrate_at_start(&cfg).await?;
     if !report.applied.is_empty() || !report.triggers.is_empty() {
         tracing::info!(applied = ?report.applied, triggers = ?report.triggers, "schema updated");
@@ -72,7 +78,9 @@ pub async fn run(
     tracing::info!(worker = %worker, provider = %cfg.llm_provider, lease_secs = cfg.lease_secs,
         sweep_secs = cfg.sweep_secs, "maasd starting");
     let engine = Engine::new(pool, cfg.clone(), pipeline, worker);
+    let server = crate::http::start(bound, cfg.clone(), engine.clone(), shutdown.clone())?;
     ready(&engine);
     engine.run(shutdown).await;
+    server.stop(cfg.grace()).await;
     Ok(())
 }

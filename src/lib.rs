@@ -15,6 +15,9 @@
 //! - [`dispatcher`] — wake or sweep → claim → run stage → record.
 //! - [`llm`] — LLM providers (OpenAI-compatible, Anthropic, Gemini, offline).
 //! - [`stage`] — the stages, behind a trait that knows nothing of SQL.
+//! - [`http`] — the HTTP API: submit, status, long-poll, live push (SSE,
+//!   WebSocket), health, readiness, metrics, OpenAPI.
+//! - [`metrics`] — Prometheus series and the hooks that feed them.
 //! - [`daemon`] — wires the above into `maasd`.
 //! - [`cli`] — `maasctl`.
 
@@ -24,8 +27,10 @@ pub mod daemon;
 pub mod db;
 pub mod dispatcher;
 pub mod error;
+pub mod http;
 pub mod listener;
 pub mod llm;
+pub mod metrics;
 pub mod model;
 pub mod repo;
 pub mod shutdown;

@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_memory.sql",
         sql: include_str!("../../sql/0002_memory.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_http.sql",
+        sql: include_str!("../../sql/0003_http.sql"),
+    },
 ];
 
 pub const TRIGGERS: &[TriggerFile] = &[

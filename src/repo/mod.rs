@@ -16,6 +16,8 @@ use crate::db::Error;
 use crate::model::{MemoryRecord, Outcome, Prompts, StageKind, Status};
 
 /// The claim template; see [`claim_sql`].
+pub mod http;
+
 pub const CLAIM: &str = include_str!("../../sql/queries/claim.sql");
 pub const FINISH: &str = include_str!("../../sql/queries/finish.sql");
 pub const HEARTBEAT: &str = include_str!("../../sql/queries/heartbeat.sql");
@@ -70,6 +72,15 @@ const NAMED: &[(&str, &str)] = &[
     ("show_run", SHOW_RUN),
     ("show_steps", SHOW_STEPS),
     ("active_prompts", ACTIVE_PROMPTS),
+    ("submit_request", http::SUBMIT_REQUEST),
+    ("submit_idempotent", http::SUBMIT_IDEMPOTENT),
+    ("find_idempotent", http::FIND_IDEMPOTENT),
+    ("expire_idempotency_keys", http::EXPIRE_IDEMPOTENCY_KEYS),
+    ("request_states", http::REQUEST_STATES),
+    ("user_states", http::USER_STATES),
+    ("count_backlog", http::COUNT_BACKLOG),
+    ("steps_since", http::STEPS_SINCE),
+    ("last_step_id", http::LAST_STEP_ID),
 ];
 
 /// A row claimed for one stage attempt.

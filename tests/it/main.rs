@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
 mod cli;
+mod http;
 mod llm;
 mod orchestrator;
 mod schema;

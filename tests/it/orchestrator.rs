@@ -276,8 +276,10 @@ async fn junk_on_the_channel_leaves_the_daemon_healthy() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let mut d = Maasd::spawn(&db.url, Opts::default());
+    // The session shows up when it connects; its first query is LISTEN, so
+    // a non-empty `query` means notifications from now on reach it.
     wait_until(GENEROUS, "the daemon listens", || async {
-        count(&c, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'maasd-listener'").await == 1
+        count(&c, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'maasd-listener' AND query <> ''").await == 1
     })
     .await;
     let missing = Uuid::new_v4();

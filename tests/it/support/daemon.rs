@@ -113,6 +113,52 @@ impl Maasd {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The log without terminal colour codes.
+    pub fn plain_log(&self) -> String {
+        strip_ansi(&self.log_text())
+    }
+
+    /// The address the HTTP server bound, read from the daemon's log line
+    /// `http: listening addr=...` (waits for it, with a deadline).
+    pub async fn http_addr(&mut self, within: Duration) -> std::net::SocketAddr {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let log = self.plain_log();
+            if let Some(line) = log.lines().find(|l| l.contains("http: listening")) {
+                let addr = line
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("addr="))
+                    .unwrap_or_else(|| panic!("no addr= in {line:?}"));
+                return addr.parse().unwrap_or_else(|e| panic!("{addr:?}: {e}"));
+            }
+            assert!(self.is_running(), "maasd exited before listening:\n{log}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "maasd did not listen within {within:?}:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Removes ANSI escape sequences (the log's colours and italics).
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl Drop for Maasd {

@@ -1,0 +1,18 @@
+-- Inserts a request under an idempotency key ($4, scoped to user $1, with
+-- fingerprint $5), in one statement: the key row and the request exist
+-- together or not at all. A key that is still fresh (younger than $6
+-- seconds) is left alone and nothing is returned: the caller then reads the
+-- key's first request with find_idempotent (a new statement, so it sees the
+-- row a concurrent duplicate just committed; ON CONFLICT waited for it).
+-- An expired key is taken over by this request.
+WITH key AS (
+    INSERT INTO http_idempotency_keys AS k (user_id, key, request_id, fingerprint)
+    VALUES ($1, $4, gen_random_uuid(), $5)
+    ON CONFLICT (user_id, key) DO UPDATE
+        SET request_id = EXCLUDED.request_id, fingerprint = EXCLUDED.fingerprint, created_at = now()
+        WHERE k.created_at < now() - make_interval(secs => $6)
+    RETURNING request_id
+)
+INSERT INTO pipeline_runs (id, user_id, thread_id, user_query)
+SELECT request_id, $1, $2, $3 FROM key
+RETURNING id

@@ -1,0 +1,475 @@
+//! The `/api` routes: submit a query, read its status (long-poll), and
+//! follow it live over SSE or WebSocket.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::ApiError;
+use super::live::{Follower, RequestState, Target};
+use crate::metrics::StreamGauge;
+use crate::repo::http::{self as q, NewRequest};
+
+/// Longest query accepted, in characters (the `pipeline_runs_query_size`
+/// constraint).
+pub const MAX_QUERY_CHARS: usize = 100_000;
+/// Longest `Idempotency-Key`.
+pub const MAX_KEY_LEN: usize = 255;
+/// Queue of a long-poll or single-request stream; a request changes status
+/// about seven times.
+const REQUEST_QUEUE: usize = 16;
+/// Queue of a stream that follows a user.
+const USER_QUEUE: usize = 256;
+
+/// `POST /api/query`.
+pub async fn submit(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_json_content_type(&headers)?;
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the body is larger than {} bytes", app.cfg.http.max_body_bytes),
+            )
+        } else {
+            ApiError::bad_request("unreadable_body", e.body_text())
+        }
+    })?;
+    let key = idempotency_key(&headers)?;
+    let body: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(fields) = body else {
+        return Err(ApiError::bad_request(
+            "malformed_json",
+            "the body must be a JSON object",
+        ));
+    };
+    let user_id = uuid_field(&fields, "user_id")?.ok_or_else(|| missing("user_id"))?;
+    let thread_id = uuid_field(&fields, "thread_id")?;
+    let query = match fields.get("query") {
+        None | Some(Value::Null) => return Err(missing("query")),
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => return Err(ApiError::unprocessable("invalid_field", "query must be a string")),
+    };
+    if query.trim().is_empty() {
+        return Err(ApiError::unprocessable("empty_field", "query must not be empty"));
+    }
+    if query.chars().count() > MAX_QUERY_CHARS {
+        return Err(ApiError::unprocessable(
+            "field_too_long",
+            format!("query is longer than {MAX_QUERY_CHARS} characters"),
+        ));
+    }
+    let req = NewRequest {
+        user_id,
+        thread_id,
+        query,
+    };
+    let client = app.engine.pool().get().await?;
+    let (id, replayed) = match key {
+        None => (q::submit_request(&client, &req).await?, false),
+        Some(key) => {
+            let fp = fingerprint(&req);
+            let ttl = app.cfg.http.idempotency_ttl();
+            let mut found = None;
+            // A second round only if the key expired and was deleted between
+            // the two statements.
+            for _ in 0..3 {
+                if let Some(id) = q::submit_idempotent(&client, &req, key, &fp, ttl).await? {
+                    found = Some((id, false));
+                    break;
+                }
+                match q::find_idempotent(&client, user_id, key).await? {
+                    Some((id, first)) if first == fp => {
+                        found = Some((id, true));
+                        break;
+                    }
+                    Some(_) => {
+                        return Err(ApiError::unprocessable(
+                            "idempotency_key_reused",
+                            "this Idempotency-Key was used for a different request",
+                        ));
+                    }
+                    None => continue,
+                }
+            }
+            found.ok_or_else(|| ApiError::unavailable("idempotency_conflict", "try again"))?
+        }
+    };
+    if !replayed {
+        tracing::debug!(request.id = %id, "http: request submitted");
+    }
+    let mut resp = (
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "request_id": id, "status": "processing" })),
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/api/query/{id}/status")) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    if replayed {
+        resp.headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(resp)
+}
+
+fn missing(field: &str) -> ApiError {
+    ApiError::unprocessable("missing_field", format!("{field} is required"))
+}
+
+fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media = ct.split(';').next().unwrap_or("").trim();
+    if media.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "expected Content-Type: application/json, got {}",
+                if ct.is_empty() { "none" } else { ct }
+            ),
+        ))
+    }
+}
+
+fn uuid_field(fields: &serde_json::Map<String, Value>, name: &str) -> Result<Option<Uuid>, ApiError> {
+    match fields.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.trim().is_empty() => Err(ApiError::unprocessable(
+            "empty_field",
+            format!("{name} must not be empty"),
+        )),
+        Some(Value::String(s)) => s
+            .parse::<Uuid>()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request("invalid_id", format!("{name} is not a UUID"))),
+        Some(_) => Err(ApiError::bad_request(
+            "invalid_id",
+            format!("{name} must be a UUID string"),
+        )),
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let bad = || {
+        ApiError::bad_request(
+            "invalid_idempotency_key",
+            format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
+        )
+    };
+    let key = v.to_str().map_err(|_| bad())?.trim();
+    if key.is_empty() || key.len() > MAX_KEY_LEN || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad());
+    }
+    Ok(Some(key))
+}
+
+/// What tells a retry from a different request under the same key (the
+/// user is part of the key itself).
+fn fingerprint(req: &NewRequest<'_>) -> String {
+    let mut h = Sha256::new();
+    h.update(req.thread_id.map(|t| t.to_string()).unwrap_or_default());
+    h.update([0u8]);
+    h.update(req.query.as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
+    raw.parse::<Uuid>()
+        .map_err(|_| ApiError::bad_request("invalid_id", format!("{raw:?} is not a request id (a UUID)")))
+}
+
+/// Parses a wait: `30s`, `500ms`, `2m`, or plain seconds (`30`, `1.5`).
+pub fn parse_wait(raw: &str) -> Option<Duration> {
+    let s = raw.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num.trim().parse().ok()?;
+    if !n.is_finite() || n < 0.0 {
+        return None;
+    }
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(secs).ok()
+}
+
+/// `GET /api/query/{id}/status[?wait=30s]`.
+pub async fn status(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Json<RequestState>, ApiError> {
+    let id = parse_id(&id)?;
+    let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let wait = match params.get("wait") {
+        None => Duration::ZERO,
+        Some(w) => parse_wait(w)
+            .ok_or_else(|| {
+                ApiError::bad_request("invalid_wait", format!("wait={w:?}: expected e.g. 30s, 500ms or 2m"))
+            })?
+            .min(app.cfg.http.max_wait()),
+    };
+    // Subscribe before reading, so a change in between is not missed.
+    let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
+    let mut follower = Follower::new(app.engine.pool().clone(), sub);
+    let mut state = follower
+        .current()
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::not_found(format!("no request {id}")))?;
+    if state.is_terminal() || wait.is_zero() {
+        return Ok(Json(state));
+    }
+    let _waiting = StreamGauge::long_poll();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => break,
+            _ = app.shutdown.cancelled() => break,
+            next = follower.next() => match next {
+                None => break,
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(states)) => {
+                    if let Some(last) = states.into_iter().last() {
+                        state = last;
+                    }
+                    if state.is_terminal() {
+                        break;
+                    }
+                }
+            },
+        }
+    }
+    Ok(Json(state))
+}
+
+/// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per
+/// change, the current state first; ends after the terminal state.
+pub async fn events(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
+    let mut follower = Follower::new(app.engine.pool().clone(), sub);
+    let first = follower.current().await?;
+    if first.is_empty() {
+        return Err(ApiError::not_found(format!("no request {id}")));
+    }
+    let stream = Stream {
+        app: app.clone(),
+        follower,
+        queued: first.into(),
+        done: false,
+        _gauge: StreamGauge::stream("sse"),
+    };
+    let events = futures_util::stream::unfold(stream, |mut st| async move {
+        let state = st.next().await?;
+        let event = SseEvent::default()
+            .json_data(&state)
+            .unwrap_or_else(|_| SseEvent::default().comment("unserializable state"));
+        Some((Ok::<_, Infallible>(event), st))
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(app.cfg.http.stream_keepalive()))
+        .into_response())
+}
+
+/// One stream's progress: states to send, then changes until terminal (for
+/// a request) or shutdown.
+struct Stream {
+    app: AppState,
+    follower: Follower,
+    queued: std::collections::VecDeque<RequestState>,
+    done: bool,
+    _gauge: StreamGauge,
+}
+
+impl Stream {
+    /// The next state to send; `None` ends the stream.
+    async fn next(&mut self) -> Option<RequestState> {
+        loop {
+            if let Some(s) = self.queued.pop_front() {
+                if matches!(self.follower.target(), Target::Request(_)) && s.is_terminal() {
+                    self.done = true;
+                    self.queued.clear();
+                }
+                return Some(s);
+            }
+            if self.done {
+                return None;
+            }
+            tokio::select! {
+                _ = self.app.shutdown.cancelled() => return None,
+                next = self.follower.next() => match next {
+                    None => return None,
+                    Some(Ok(states)) => self.queued.extend(states),
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "live: stream could not re-read its state; ending it");
+                        return None;
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// `GET /api/ws?request_id=ID` or `?user_id=ID`: a WebSocket of JSON text
+/// messages, the current state(s) first, then every change. A request's
+/// socket closes (1000) after its terminal state; a user's stays open. Both
+/// close (1001) when the daemon stops.
+pub async fn ws(
+    State(app): State<AppState>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let target = match (params.get("request_id"), params.get("user_id")) {
+        (Some(r), None) => Target::Request(parse_id(r)?),
+        (None, Some(u)) => Target::User(
+            u.parse::<Uuid>()
+                .map_err(|_| ApiError::bad_request("invalid_id", format!("{u:?} is not a user id (a UUID)")))?,
+        ),
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                "give exactly one of request_id and user_id",
+            ));
+        }
+    };
+    let queue = match target {
+        Target::Request(_) => REQUEST_QUEUE,
+        Target::User(_) => USER_QUEUE,
+    };
+    let sub = app.hub.subscribe(target, queue);
+    let mut follower = Follower::new(app.engine.pool().clone(), sub);
+    let first = follower.current().await?;
+    if let Target::Request(id) = target
+        && first.is_empty()
+    {
+        return Err(ApiError::not_found(format!("no request {id}")));
+    }
+    let upgrade = upgrade.map_err(|e| {
+        ApiError::new(
+            StatusCode::UPGRADE_REQUIRED,
+            "websocket_required",
+            format!("this route speaks WebSocket: {}", e.body_text()),
+        )
+    })?;
+    let stream = Stream {
+        app: app.clone(),
+        follower,
+        queued: first.into(),
+        done: false,
+        _gauge: StreamGauge::stream("websocket"),
+    };
+    Ok(upgrade.on_upgrade(move |socket| ws_session(socket, stream)))
+}
+
+async fn ws_session(mut socket: WebSocket, mut stream: Stream) {
+    let send_timeout = stream.app.cfg.http.stream_send_timeout();
+    let mut ping = tokio::time::interval(stream.app.cfg.http.stream_keepalive());
+    ping.tick().await;
+    let close = loop {
+        let msg = tokio::select! {
+            next = stream.next() => match next {
+                Some(state) => match serde_json::to_string(&state) {
+                    Ok(text) => Message::Text(text.into()),
+                    Err(_) => continue,
+                },
+                None if stream.app.shutdown.is_cancelled() => break Some((close_code::AWAY, "server shutting down")),
+                None if stream.done => break Some((close_code::NORMAL, "request finished")),
+                None => break Some((close_code::AWAY, "subscription ended")),
+            },
+            incoming = socket.recv() => match incoming {
+                // Pings are answered by the protocol layer; text is ignored.
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
+                Some(Ok(_)) => continue,
+            },
+            _ = ping.tick() => Message::Ping(Bytes::new()),
+        };
+        match tokio::time::timeout(send_timeout, socket.send(msg)).await {
+            Ok(Ok(())) => {}
+            // A client that does not take its messages is dropped; the
+            // daemon never waits for it beyond the send timeout.
+            _ => break None,
+        }
+    };
+    if let Some((code, reason)) = close {
+        let frame = CloseFrame {
+            code,
+            reason: reason.into(),
+        };
+        let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(frame)))).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_parse_with_units() {
+        assert_eq!(parse_wait("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_wait("30"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_wait("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_wait("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_wait("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_wait("0"), Some(Duration::ZERO));
+        for bad in ["", "soon", "-1s", "5h", "s", "NaNs", "1e400s"] {
+            assert_eq!(parse_wait(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_tells_requests_apart() {
+        let t = Uuid::new_v4();
+        let a = NewRequest {
+            user_id: Uuid::nil(),
+            thread_id: None,
+            query: "q",
+        };
+        let b = NewRequest {
+            thread_id: Some(t),
+            ..a.clone()
+        };
+        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&NewRequest {
+                query: "q2",
+                ..a.clone()
+            })
+        );
+    }
+}

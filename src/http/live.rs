@@ -1,0 +1,588 @@
+//! Live push: one fan-out of the daemon's own LISTEN session to every HTTP
+//! subscriber (long-polls, WebSockets, SSE streams) of this process.
+//!
+//! - The [`Hub`] takes every notification from the engine's broadcast
+//!   (`Engine::subscribe`), so there is still one LISTEN session per process.
+//!   Subscribers register by request id or by user id; a notification
+//!   nobody subscribed to costs nothing (no lookup).
+//! - A notification carries only `{id, status, operation}`. For a terminal
+//!   status the hub reads the row (answer, error) — once per batch of
+//!   notifications, in one query, whoever is subscribed. For subscribers by
+//!   user it needs the user of every notification: it looks the request up
+//!   (same batched query) and caches `request → user` until the request is
+//!   terminal; the cache is bounded.
+//! - The hub never waits for a subscriber: each has a small bounded queue;
+//!   when it is full the subscriber is marked lagged and re-reads its state
+//!   from the database when it catches up. When the hub itself lags behind
+//!   the broadcast, or the listener reconnects (notifications may have been
+//!   lost meanwhile), every subscriber is told to re-read.
+//! - Intermediate statuses are pushed in the order of the notifications;
+//!   one that passed while a subscriber was re-reading may be skipped. The
+//!   terminal state is always delivered: it is read from the table.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::db::Pool;
+use crate::dispatcher::Engine;
+use crate::listener::Event;
+use crate::model::Status;
+use crate::repo::http::{RunState, request_states, user_states};
+
+/// Most requests a subscriber by user is shown on (re)subscribing.
+const USER_STATES_LIMIT: i64 = 100;
+/// Most `request → user` entries the hub caches.
+const USER_CACHE_LIMIT: usize = 100_000;
+/// Most notifications handled (and looked up) together.
+const BATCH: usize = 1024;
+
+/// A change of one request, as pushed to subscribers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub id: Uuid,
+    pub status: Status,
+    pub answer: Option<String>,
+    pub error: Option<String>,
+}
+
+impl From<RunState> for Change {
+    fn from(r: RunState) -> Change {
+        Change {
+            id: r.id,
+            status: r.status,
+            answer: r.answer,
+            error: r.error,
+        }
+    }
+}
+
+/// The JSON every endpoint shows of a request (seed 000, "Шаг 4"):
+/// `status` is `processing`, `completed` (with `answer`) or `failed` (with
+/// `error`); `stage` is the pipeline status (`NEW` … `COMPLETED`, `FAILED`,
+/// `CANCELLED`). A cancelled request shows as `failed` with stage
+/// `CANCELLED` and an error that says so.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestState {
+    pub request_id: Uuid,
+    pub status: &'static str,
+    pub stage: Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RequestState {
+    pub fn of(c: &Change) -> RequestState {
+        let (status, answer, error) = match c.status {
+            Status::Completed => ("completed", Some(c.answer.clone().unwrap_or_default()), None),
+            Status::Failed => (
+                "failed",
+                None,
+                Some(c.error.clone().unwrap_or_else(|| "the request failed".into())),
+            ),
+            Status::Cancelled => (
+                "failed",
+                None,
+                Some(match &c.error {
+                    Some(e) if !e.is_empty() => format!("cancelled: {e}"),
+                    _ => "cancelled".into(),
+                }),
+            ),
+            _ => ("processing", None, None),
+        };
+        RequestState {
+            request_id: c.id,
+            status,
+            stage: c.status,
+            answer,
+            error,
+        }
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        self.stage.is_terminal()
+    }
+}
+
+/// What a subscriber follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Request(Uuid),
+    User(Uuid),
+}
+
+/// A message to one subscriber.
+#[derive(Debug, Clone)]
+pub enum Push {
+    Change(Arc<Change>),
+    /// Notifications may have been missed: re-read from the database.
+    Resync,
+}
+
+struct Sink {
+    id: u64,
+    tx: mpsc::Sender<Push>,
+    lagged: Arc<AtomicBool>,
+}
+
+impl Sink {
+    /// Never waits: a full queue marks the subscriber lagged instead.
+    fn offer(&self, push: Push) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(push) {
+            self.lagged.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Subs {
+    by_request: HashMap<Uuid, Vec<Sink>>,
+    by_user: HashMap<Uuid, Vec<Sink>>,
+}
+
+/// The in-memory fan-out of notifications to HTTP subscribers.
+pub struct Hub {
+    subs: Mutex<Subs>,
+    next_id: AtomicU64,
+}
+
+/// One subscriber's registration; unregisters when dropped.
+pub struct Subscription {
+    hub: Arc<Hub>,
+    target: Target,
+    id: u64,
+    rx: mpsc::Receiver<Push>,
+    lagged: Arc<AtomicBool>,
+}
+
+impl Subscription {
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    /// The next push; `None` when the hub stopped. Cancel-safe.
+    pub async fn recv(&mut self) -> Option<Push> {
+        self.rx.recv().await
+    }
+
+    /// True (once) when pushes were dropped since the last call.
+    pub fn take_lagged(&self) -> bool {
+        self.lagged.swap(false, Ordering::Relaxed)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.hub.remove(self.target, self.id);
+    }
+}
+
+impl Hub {
+    pub fn new() -> Arc<Hub> {
+        Arc::new(Hub {
+            subs: Mutex::new(Subs::default()),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// Registers a subscriber with a queue of `capacity` pushes. Register
+    /// before reading the current state, so no change slips in between.
+    pub fn subscribe(self: &Arc<Self>, target: Target, capacity: usize) -> Subscription {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let lagged = Arc::new(AtomicBool::new(false));
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let sink = Sink {
+            id,
+            tx,
+            lagged: lagged.clone(),
+        };
+        if let Ok(mut subs) = self.subs.lock() {
+            match target {
+                Target::Request(r) => subs.by_request.entry(r).or_default().push(sink),
+                Target::User(u) => subs.by_user.entry(u).or_default().push(sink),
+            }
+        }
+        Subscription {
+            hub: self.clone(),
+            target,
+            id,
+            rx,
+            lagged,
+        }
+    }
+
+    fn remove(&self, target: Target, id: u64) {
+        let Ok(mut subs) = self.subs.lock() else { return };
+        let (map, key) = match target {
+            Target::Request(r) => (&mut subs.by_request, r),
+            Target::User(u) => (&mut subs.by_user, u),
+        };
+        if let Some(v) = map.get_mut(&key) {
+            v.retain(|s| s.id != id);
+            if v.is_empty() {
+                map.remove(&key);
+            }
+        }
+    }
+
+    /// Subscribers by request and by user.
+    pub fn counts(&self) -> (usize, usize) {
+        self.subs
+            .lock()
+            .map(|s| {
+                (
+                    s.by_request.values().map(Vec::len).sum(),
+                    s.by_user.values().map(Vec::len).sum(),
+                )
+            })
+            .unwrap_or((0, 0))
+    }
+
+    /// Tells every subscriber to re-read from the database.
+    pub fn resync_all(&self, reason: &'static str) {
+        let Ok(subs) = self.subs.lock() else { return };
+        let mut n = 0;
+        for sink in subs.by_request.values().chain(subs.by_user.values()).flatten() {
+            sink.offer(Push::Resync);
+            n += 1;
+        }
+        if n > 0 {
+            tracing::info!(subscribers = n, reason, "live: subscribers re-read their state");
+        }
+    }
+
+    /// Which ids of `events` need a row read: terminal ones someone follows,
+    /// and, when anyone follows a user, those whose user is not cached.
+    fn plan(&self, events: &[Event], users: &HashMap<Uuid, Uuid>) -> Vec<Uuid> {
+        let Ok(subs) = self.subs.lock() else {
+            return Vec::new();
+        };
+        let by_user = !subs.by_user.is_empty();
+        let mut ids: Vec<Uuid> = events
+            .iter()
+            .filter(|e| {
+                let user = users.get(&e.id);
+                let followed = subs.by_request.contains_key(&e.id)
+                    || (by_user && user.is_none_or(|u| subs.by_user.contains_key(u)));
+                (e.status.is_terminal() && followed) || (by_user && user.is_none())
+            })
+            .map(|e| e.id)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Delivers a batch of notifications; `rows` are the rows read for it.
+    fn deliver(&self, events: &[Event], rows: &HashMap<Uuid, RunState>, users: &mut HashMap<Uuid, Uuid>) {
+        for row in rows.values() {
+            users.insert(row.id, row.user_id);
+        }
+        let Ok(subs) = self.subs.lock() else { return };
+        for e in events {
+            let user = users.get(&e.id).copied();
+            let req_sinks = subs.by_request.get(&e.id);
+            let user_sinks = user.and_then(|u| subs.by_user.get(&u));
+            if req_sinks.is_some() || user_sinks.is_some() {
+                // Terminal states come from the table (answer, error);
+                // others from the notification, in its order.
+                let change = match rows.get(&e.id) {
+                    Some(row) if e.status.is_terminal() => Change::from(row.clone()),
+                    _ => Change {
+                        id: e.id,
+                        status: e.status,
+                        answer: None,
+                        error: None,
+                    },
+                };
+                let change = Arc::new(change);
+                for sink in req_sinks.into_iter().flatten().chain(user_sinks.into_iter().flatten()) {
+                    sink.offer(Push::Change(change.clone()));
+                }
+            }
+            if e.status.is_terminal() {
+                users.remove(&e.id);
+            }
+        }
+        if users.len() > USER_CACHE_LIMIT {
+            users.clear();
+        }
+    }
+}
+
+/// Runs the hub until `shutdown`: takes notifications from `events` (the
+/// engine's broadcast, subscribed before the engine started) and fans them
+/// out. Ends every subscription when it returns.
+pub async fn run_hub(
+    hub: Arc<Hub>,
+    engine: Arc<Engine>,
+    mut events: broadcast::Receiver<Event>,
+    shutdown: CancellationToken,
+) {
+    let pool = engine.pool().clone();
+    let mut users: HashMap<Uuid, Uuid> = HashMap::new();
+    let mut connects = engine.stats.listener_connects.load(Ordering::Relaxed);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let first = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = events.recv() => r,
+            _ = tick.tick() => {
+                // A (re)connected listener: notifications sent before it
+                // listened are gone, so everyone re-reads (after the first
+                // connect too: a subscriber may have read the table before).
+                let now = engine.stats.listener_connects.load(Ordering::Relaxed);
+                if now != connects {
+                    connects = now;
+                    hub.resync_all("listener reconnected");
+                    crate::metrics::live_resync("listener_reconnected");
+                }
+                continue;
+            }
+        };
+        let mut batch = Vec::new();
+        let mut lagged = false;
+        match first {
+            Ok(e) => batch.push(e),
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!(missed = n, "live: fell behind the notifications");
+                lagged = true;
+            }
+            Err(broadcast::error::RecvError::Closed) => break,
+        }
+        while batch.len() < BATCH {
+            match events.try_recv() {
+                Ok(e) => batch.push(e),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "live: fell behind the notifications");
+                    lagged = true;
+                }
+                Err(_) => break,
+            }
+        }
+        if lagged {
+            users.clear();
+            hub.resync_all("hub lagged");
+            crate::metrics::live_resync("hub_lagged");
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let ids = hub.plan(&batch, &users);
+        let mut rows = HashMap::new();
+        if !ids.is_empty() {
+            match read_states(&pool, &ids).await {
+                Ok(found) => rows.extend(found.into_iter().map(|r| (r.id, r))),
+                Err(e) => {
+                    // Subscribers re-read once the database answers again.
+                    tracing::warn!(error = %e, "live: could not read request states; subscribers will re-read");
+                    hub.resync_all("lookup failed");
+                    crate::metrics::live_resync("lookup_failed");
+                    continue;
+                }
+            }
+        }
+        hub.deliver(&batch, &rows, &mut users);
+    }
+    // Dropping the sinks ends every subscriber's queue.
+    if let Ok(mut subs) = hub.subs.lock() {
+        subs.by_request.clear();
+        subs.by_user.clear();
+    }
+}
+
+async fn read_states(pool: &Pool, ids: &[Uuid]) -> Result<Vec<RunState>, crate::db::Error> {
+    let client = pool.get().await?;
+    request_states(&client, ids).await
+}
+
+/// Follows one target for a stream: the current state first, then each
+/// change, skipping repeats; re-reads from the database when told to or
+/// when pushes were dropped.
+pub struct Follower {
+    pool: Pool,
+    sub: Subscription,
+    last: HashMap<Uuid, Status>,
+    /// For a user: re-reads show requests changed since then.
+    since: DateTime<Utc>,
+    /// A re-read was asked for and not yet done (cancel safety).
+    resync: bool,
+}
+
+impl Follower {
+    pub fn new(pool: Pool, sub: Subscription) -> Follower {
+        Follower {
+            pool,
+            sub,
+            last: HashMap::new(),
+            since: Utc::now(),
+            resync: false,
+        }
+    }
+
+    pub fn target(&self) -> Target {
+        self.sub.target()
+    }
+
+    /// Reads the current state: the request (none if it does not exist) or
+    /// the user's unfinished requests.
+    pub async fn current(&mut self) -> Result<Vec<RequestState>, crate::db::Error> {
+        let now = Utc::now();
+        let client = self.pool.get().await?;
+        let rows = match self.sub.target() {
+            Target::Request(id) => request_states(&client, &[id]).await?,
+            Target::User(u) => {
+                // Requests changed since the last read (a margin covers clock
+                // skew with the database); repeats are skipped below.
+                let since = if self.last.is_empty() && !self.resync {
+                    None
+                } else {
+                    Some(self.since - chrono::Duration::seconds(5))
+                };
+                let mut rows = user_states(&client, u, since, USER_STATES_LIMIT).await?;
+                rows.reverse(); // oldest first
+                rows
+            }
+        };
+        self.since = now;
+        self.resync = false;
+        Ok(rows
+            .into_iter()
+            .map(Change::from)
+            .filter_map(|c| self.fresh(&c))
+            .collect())
+    }
+
+    /// Remembers `c` and returns its state unless it repeats the last one
+    /// pushed for that request.
+    fn fresh(&mut self, c: &Change) -> Option<RequestState> {
+        if self.last.get(&c.id) == Some(&c.status) {
+            return None;
+        }
+        if self.last.len() > 10_000 {
+            self.last.clear();
+        }
+        self.last.insert(c.id, c.status);
+        Some(RequestState::of(c))
+    }
+
+    /// Waits for the next changes (never an empty list); `None` when the
+    /// hub stopped. Cancel-safe: a re-read interrupted is done next time.
+    pub async fn next(&mut self) -> Option<Result<Vec<RequestState>, crate::db::Error>> {
+        loop {
+            if self.resync || self.sub.take_lagged() {
+                self.resync = true;
+                crate::metrics::live_resync("subscriber");
+                match self.current().await {
+                    Ok(v) if v.is_empty() => {}
+                    other => return Some(other),
+                }
+            }
+            match self.sub.recv().await? {
+                Push::Change(c) => {
+                    if let Some(state) = self.fresh(&c) {
+                        return Some(Ok(vec![state]));
+                    }
+                }
+                Push::Resync => self.resync = true,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(id: Uuid, status: Status) -> Event {
+        Event {
+            id,
+            status,
+            operation: "UPDATE".into(),
+        }
+    }
+
+    #[test]
+    fn cancelled_shows_as_failed_with_its_stage() {
+        let id = Uuid::new_v4();
+        let s = RequestState::of(&Change {
+            id,
+            status: Status::Cancelled,
+            answer: None,
+            error: Some("by operator".into()),
+        });
+        assert_eq!(
+            (s.status, s.stage, s.error.as_deref()),
+            ("failed", Status::Cancelled, Some("cancelled: by operator"))
+        );
+        let s = RequestState::of(&Change {
+            id,
+            status: Status::Responding,
+            answer: None,
+            error: Some("an earlier retry".into()),
+        });
+        assert_eq!((s.status, s.error.as_deref()), ("processing", None));
+        let json = serde_json::to_value(&s).unwrap_or_default();
+        assert_eq!(json["stage"], "RESPONDING");
+        assert!(json.get("answer").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_full_subscriber_is_marked_lagged_and_never_blocks_the_hub() {
+        let hub = Hub::new();
+        let id = Uuid::new_v4();
+        let sub = hub.subscribe(Target::Request(id), 2);
+        let mut users = HashMap::new();
+        let events: Vec<Event> = (0..100).map(|_| ev(id, Status::Analyzing)).collect();
+        assert!(
+            hub.plan(&events, &users).is_empty(),
+            "no lookup for non-terminal events"
+        );
+        hub.deliver(&events, &HashMap::new(), &mut users);
+        assert!(sub.take_lagged());
+        assert!(!sub.take_lagged());
+        assert_eq!(hub.counts(), (1, 0));
+        drop(sub);
+        assert_eq!(hub.counts(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn terminal_events_carry_the_row_and_reach_user_subscribers() {
+        let hub = Hub::new();
+        let (id, user) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut by_user = hub.subscribe(Target::User(user), 8);
+        let mut by_req = hub.subscribe(Target::Request(id), 8);
+        let mut users = HashMap::new();
+        let events = [ev(id, Status::Analyzed), ev(id, Status::Completed)];
+        assert_eq!(hub.plan(&events, &users), vec![id], "user unknown: one lookup");
+        let row = RunState {
+            id,
+            user_id: user,
+            status: Status::Completed,
+            answer: Some("42".into()),
+            error: None,
+        };
+        hub.deliver(&events, &HashMap::from([(id, row)]), &mut users);
+        for sub in [&mut by_user, &mut by_req] {
+            let Some(Push::Change(a)) = sub.recv().await else {
+                panic!("first push")
+            };
+            assert_eq!(a.status, Status::Analyzed);
+            let Some(Push::Change(b)) = sub.recv().await else {
+                panic!("second push")
+            };
+            assert_eq!((b.status, b.answer.as_deref()), (Status::Completed, Some("42")));
+        }
+        assert!(users.is_empty(), "a terminal request leaves the cache");
+    }
+}

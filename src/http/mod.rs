@@ -1,0 +1,367 @@
+//! The HTTP server of `maasd` (axum on hyper): submit, status and long-poll,
+//! live push over SSE and WebSocket, health, readiness, metrics, OpenAPI.
+//!
+//! - Shares the engine's pool and its one LISTEN session: live push is the
+//!   engine's notification broadcast fanned out in memory ([`live`]).
+//! - Every response is produced within `http.request_timeout_secs` (a
+//!   long-poll gets its wait on top), else 503; bodies are capped at
+//!   `http.max_body_bytes` (413). Streams are bounded by their keep-alives
+//!   and send timeouts instead, and end on shutdown.
+//! - With `api_tokens` configured, every `/api` route needs
+//!   `Authorization: Bearer TOKEN`; without them the server refuses to bind
+//!   anything but a loopback address.
+//! - Shutdown: the server stops accepting when the daemon's token fires,
+//!   open streams and long-polls end at once, and [`Server::stop`] waits at
+//!   most the grace period for the rest.
+
+pub mod api;
+pub mod error;
+pub mod live;
+pub mod openapi;
+pub mod ops;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::handler::Handler;
+use axum::http::{HeaderMap, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, HttpAddr, exposed_without_tokens, is_loopback};
+use crate::dispatcher::Engine;
+use crate::metrics::MetricsError;
+use error::ApiError;
+use live::Hub;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("http_addr: cannot resolve {addr}: {source}")]
+    Resolve { addr: String, source: std::io::Error },
+    #[error("http_addr: {0}")]
+    Exposed(String),
+    #[error("http_addr: cannot bind {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+}
+
+/// Everything a handler needs.
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+pub struct Inner {
+    pub cfg: Arc<Config>,
+    pub engine: Arc<Engine>,
+    pub hub: Arc<Hub>,
+    pub metrics: PrometheusHandle,
+    pub shutdown: CancellationToken,
+    /// SHA-256 of each accepted token (compared in constant time).
+    tokens: Vec<[u8; 32]>,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+/// The routes, and the (method, path) of each, which the OpenAPI test
+/// compares with the document.
+pub struct Routes {
+    pub router: Router<AppState>,
+    pub list: Vec<(&'static str, &'static str)>,
+}
+
+impl Routes {
+    fn new() -> Routes {
+        Routes {
+            router: Router::new(),
+            list: Vec::new(),
+        }
+    }
+
+    fn get<H: Handler<T, AppState>, T: 'static>(mut self, path: &'static str, h: H) -> Routes {
+        self.router = self.router.route(path, axum::routing::get(h));
+        self.list.push(("GET", path));
+        self
+    }
+
+    fn post<H: Handler<T, AppState>, T: 'static>(mut self, path: &'static str, h: H) -> Routes {
+        self.router = self.router.route(path, axum::routing::post(h));
+        self.list.push(("POST", path));
+        self
+    }
+
+    fn merge(mut self, other: Routes) -> Routes {
+        self.router = self.router.merge(other.router);
+        self.list.extend(other.list);
+        self
+    }
+}
+
+/// Every route of the server.
+pub fn routes() -> Routes {
+    let api = Routes::new()
+        .post("/api/query", api::submit)
+        .get("/api/query/{id}/status", api::status)
+        .get("/api/query/{id}/events", api::events)
+        .get("/api/ws", api::ws);
+    let api = Routes {
+        router: api.router.route_layer(middleware::from_fn(auth)),
+        list: api.list,
+    };
+    Routes::new()
+        .get("/healthz", ops::healthz)
+        .get("/readyz", ops::readyz)
+        .get("/metrics", ops::metrics)
+        .get("/openapi.json", ops::openapi)
+        .merge(api)
+}
+
+/// The application with its middleware and state.
+pub fn app(state: AppState) -> Router {
+    routes()
+        .router
+        .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .layer(DefaultBodyLimit::max(state.cfg.http.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .layer(Extension(state.clone()))
+        .with_state(state)
+}
+
+/// Bearer authentication of the `/api` routes (when tokens are configured).
+async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    if app.tokens.is_empty() {
+        return next.run(req).await;
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    let Some(given) = given else {
+        return ApiError::unauthorized("missing Authorization: Bearer token").into_response();
+    };
+    let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+    // Compare every token in full, so timing tells nothing.
+    let ok = app.tokens.iter().fold(false, |acc, t| {
+        acc | (t.iter().zip(digest.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
+    });
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::unauthorized("wrong bearer token").into_response()
+    }
+}
+
+/// The request timeout and the per-route HTTP metrics.
+async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let mut limit = app.cfg.http.request_timeout();
+    if route == "/api/query/{id}/status" {
+        limit += app.cfg.http.max_wait();
+    }
+    let started = Instant::now();
+    let resp = match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => {
+            tracing::warn!(route, timeout_secs = limit.as_secs(), "http: request timed out");
+            ApiError::unavailable("timeout", format!("no response within {} s", limit.as_secs())).into_response()
+        }
+    };
+    crate::metrics::http_request(&route, resp.status().as_u16(), started.elapsed().as_secs_f64());
+    resp
+}
+
+/// A bound listener, before the engine exists.
+pub struct Bound {
+    listener: TcpListener,
+    pub addr: SocketAddr,
+}
+
+/// Resolves and binds `http_addr`. Without `api_tokens` every resolved
+/// address must be loopback; this is checked before binding.
+pub async fn bind(cfg: &Config) -> Result<Bound, HttpError> {
+    let addrs: Vec<SocketAddr> = match HttpAddr::parse(&cfg.http_addr) {
+        Ok(HttpAddr::Socket(a)) => vec![a],
+        Ok(HttpAddr::Host(host, port)) => tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .map_err(|source| HttpError::Resolve {
+                addr: cfg.http_addr.clone(),
+                source,
+            })?
+            .collect(),
+        Err(problem) => return Err(HttpError::Exposed(problem)),
+    };
+    if cfg.api_tokens.is_empty() && addrs.iter().any(|a| !is_loopback(a.ip())) {
+        return Err(HttpError::Exposed(exposed_without_tokens(&cfg.http_addr)));
+    }
+    let mut last = None;
+    for a in &addrs {
+        match TcpListener::bind(a).await {
+            Ok(listener) => {
+                let addr = listener.local_addr().unwrap_or(*a);
+                return Ok(Bound { listener, addr });
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(HttpError::Bind {
+        addr: cfg.http_addr.clone(),
+        source: last.unwrap_or_else(|| std::io::Error::other("the name resolved to no address")),
+    })
+}
+
+/// The running server and its helpers.
+pub struct Server {
+    server: JoinHandle<()>,
+    helpers: TaskTracker,
+}
+
+/// Starts serving on `bound`: the live hub, the metrics refresh and the
+/// server. Call before `Engine::run`, so the hub sees every notification.
+pub fn start(
+    bound: Bound,
+    cfg: Arc<Config>,
+    engine: Arc<Engine>,
+    shutdown: CancellationToken,
+) -> Result<Server, HttpError> {
+    let handle = crate::metrics::install()?;
+    crate::metrics::register_llm_provider(&cfg.llm_provider);
+    crate::metrics::register_http();
+    let hub = Hub::new();
+    let helpers = TaskTracker::new();
+    helpers.spawn(live::run_hub(
+        hub.clone(),
+        engine.clone(),
+        engine.subscribe(),
+        shutdown.clone(),
+    ));
+    helpers.spawn(housekeeping(
+        cfg.clone(),
+        engine.clone(),
+        handle.clone(),
+        shutdown.clone(),
+    ));
+    helpers.close();
+    let tokens = cfg
+        .api_tokens
+        .iter()
+        .map(|t| Sha256::digest(t.expose().as_bytes()).into())
+        .collect();
+    let state = AppState(Arc::new(Inner {
+        cfg: cfg.clone(),
+        engine,
+        hub,
+        metrics: handle,
+        shutdown: shutdown.clone(),
+        tokens,
+    }));
+    let router = app(state);
+    tracing::info!(addr = %bound.addr, auth = !cfg.api_tokens.is_empty(), "http: listening");
+    let server = tokio::spawn(async move {
+        let served = axum::serve(bound.listener, router)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "http: server failed");
+        }
+    });
+    Ok(Server { server, helpers })
+}
+
+impl Server {
+    /// Waits for the server to drain (it started on the shutdown token),
+    /// at most `grace`; then drops what is left.
+    pub async fn stop(self, grace: Duration) {
+        let Server { mut server, helpers } = self;
+        if tokio::time::timeout(grace, &mut server).await.is_err() {
+            tracing::warn!("http: connections still open after the grace period; closing them");
+            server.abort();
+        }
+        let _ = tokio::time::timeout(grace, helpers.wait()).await;
+        tracing::info!("http: stopped");
+    }
+}
+
+/// Every `http.metrics_refresh_secs`: backlog gauges, this daemon's new
+/// steps into the latency histograms, the exporter's upkeep; every minute,
+/// expired idempotency keys.
+async fn housekeeping(cfg: Arc<Config>, engine: Arc<Engine>, handle: PrometheusHandle, shutdown: CancellationToken) {
+    const STEPS_PER_READ: i64 = 5000;
+    let mut tick = tokio::time::interval(cfg.http.metrics_refresh());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_step: Option<i64> = None;
+    let mut last_expiry = Instant::now();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        handle.run_upkeep();
+        crate::metrics::observe_engine(&engine.stats, engine.is_listening());
+        let client = match engine.pool().get().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "metrics: no database connection; refresh skipped");
+                continue;
+            }
+        };
+        match crate::repo::http::count_backlog(&client).await {
+            Ok(rows) => crate::metrics::observe_backlog(&rows),
+            Err(e) => tracing::debug!(error = %e, "metrics: backlog query failed"),
+        }
+        // The step history of this daemon, from where it was at start.
+        let after = match last_step {
+            Some(id) => id,
+            None => match crate::repo::http::last_step_id(&client).await {
+                Ok(id) => {
+                    last_step = Some(id);
+                    continue;
+                }
+                Err(_) => continue,
+            },
+        };
+        let mut after = after;
+        for _ in 0..10 {
+            match crate::repo::http::steps_since(&client, after, engine.worker(), STEPS_PER_READ).await {
+                Ok(steps) => {
+                    for s in &steps {
+                        crate::metrics::observe_step(s);
+                        after = after.max(s.id);
+                    }
+                    if i64::try_from(steps.len()).unwrap_or(i64::MAX) < STEPS_PER_READ {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "metrics: step history query failed");
+                    break;
+                }
+            }
+        }
+        last_step = Some(after);
+        if last_expiry.elapsed() >= Duration::from_secs(60) {
+            last_expiry = Instant::now();
+            match crate::repo::http::expire_idempotency_keys(&client, cfg.http.idempotency_ttl(), 10_000).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(keys = n, "http: expired idempotency keys deleted"),
+                Err(e) => tracing::debug!(error = %e, "http: could not delete expired idempotency keys"),
+            }
+        }
+    }
+}

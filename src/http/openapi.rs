@@ -1,0 +1,230 @@
+//! The OpenAPI 3.1 document served at `/openapi.json`. A unit test checks
+//! that its paths and methods are exactly the routes the router registers
+//! (`super::routes`), and an integration test requests each of them from a
+//! running daemon.
+
+use serde_json::{Value, json};
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } }
+    })
+}
+
+fn id_param() -> Value {
+    json!({
+        "name": "id", "in": "path", "required": true,
+        "description": "The request id returned by POST /api/query.",
+        "schema": { "type": "string", "format": "uuid" }
+    })
+}
+
+/// The document.
+pub fn document() -> Value {
+    let secured = json!([{ "bearer": [] }]);
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "maas",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Submit queries to the maas LLM pipeline and follow them to their answer. \
+                Every /api route needs `Authorization: Bearer TOKEN` when the daemon has api_tokens."
+        },
+        "paths": {
+            "/api/query": {
+                "post": {
+                    "summary": "Submit a query",
+                    "security": secured,
+                    "parameters": [{
+                        "name": "Idempotency-Key", "in": "header", "required": false,
+                        "description": "Retrying with the same key (per user, for http.idempotency_ttl_secs) returns the first request instead of creating another; reusing it for a different request is 422.",
+                        "schema": { "type": "string", "minLength": 1, "maxLength": 255 }
+                    }],
+                    "requestBody": {
+                        "required": true,
+                        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Submit" } } }
+                    },
+                    "responses": {
+                        "202": {
+                            "description": "Accepted; follow it at the Location header. A replay carries `Idempotent-Replayed: true`.",
+                            "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Accepted" } } }
+                        },
+                        "400": error_response("Malformed JSON, a malformed id or Idempotency-Key"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "413": error_response("Body larger than http.max_body_bytes"),
+                        "415": error_response("Content-Type is not application/json"),
+                        "422": error_response("A missing, empty or too long field; an Idempotency-Key reused for a different request"),
+                        "503": error_response("Database unavailable or request timed out")
+                    }
+                }
+            },
+            "/api/query/{id}/status": {
+                "get": {
+                    "summary": "Read a request's status, optionally waiting for it to finish",
+                    "security": secured,
+                    "parameters": [id_param(), {
+                        "name": "wait", "in": "query", "required": false,
+                        "description": "Long-poll: return as soon as the request is terminal, or when this much time has passed (e.g. 30s, 500ms, 2m; capped at http.max_wait_secs).",
+                        "schema": { "type": "string", "examples": ["30s"] }
+                    }],
+                    "responses": {
+                        "200": {
+                            "description": "The request's state",
+                            "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RequestState" } } }
+                        },
+                        "400": error_response("Malformed id or wait"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("No such request")
+                    }
+                }
+            },
+            "/api/query/{id}/events": {
+                "get": {
+                    "summary": "Follow a request with Server-Sent Events",
+                    "description": "One `data:` line of RequestState JSON per change, the current state first; the stream ends after the terminal state or when the daemon stops.",
+                    "security": secured,
+                    "parameters": [id_param()],
+                    "responses": {
+                        "200": {
+                            "description": "An event stream",
+                            "content": { "text/event-stream": { "schema": { "$ref": "#/components/schemas/RequestState" } } }
+                        },
+                        "400": error_response("Malformed id"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("No such request")
+                    }
+                }
+            },
+            "/api/ws": {
+                "get": {
+                    "summary": "Follow a request or all of a user's requests over WebSocket",
+                    "description": "Text messages of RequestState JSON: the current state first (for a user: each unfinished request), then every change. A request's socket closes with 1000 after its terminal state; every socket closes with 1001 when the daemon stops.",
+                    "security": secured,
+                    "parameters": [
+                        { "name": "request_id", "in": "query", "required": false, "schema": { "type": "string", "format": "uuid" } },
+                        { "name": "user_id", "in": "query", "required": false, "schema": { "type": "string", "format": "uuid" } }
+                    ],
+                    "responses": {
+                        "101": { "description": "Switching to WebSocket" },
+                        "400": error_response("Not exactly one of request_id and user_id, or a malformed id"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("No such request"),
+                        "426": error_response("Not a WebSocket handshake")
+                    }
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Liveness: the process serves HTTP",
+                    "responses": { "200": { "description": "Alive", "content": { "application/json": { "schema": { "type": "object" } } } } }
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: database reachable, listener connected, migrations current",
+                    "responses": {
+                        "200": { "description": "Ready", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Ready" } } } },
+                        "503": { "description": "Not ready; `reason` says why", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Ready" } } } }
+                    }
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics (text format 0.0.4), prefixed maas_",
+                    "responses": { "200": { "description": "Metrics", "content": { "text/plain": { "schema": { "type": "string" } } } } }
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": { "200": { "description": "OpenAPI 3.1", "content": { "application/json": { "schema": { "type": "object" } } } } }
+                }
+            }
+        },
+        "components": {
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "schemas": {
+                "Submit": {
+                    "type": "object",
+                    "required": ["user_id", "query"],
+                    "properties": {
+                        "user_id": { "type": "string", "format": "uuid" },
+                        "query": { "type": "string", "minLength": 1, "maxLength": 100000 },
+                        "thread_id": { "type": ["string", "null"], "format": "uuid" }
+                    }
+                },
+                "Accepted": {
+                    "type": "object",
+                    "required": ["request_id", "status"],
+                    "properties": {
+                        "request_id": { "type": "string", "format": "uuid" },
+                        "status": { "const": "processing" }
+                    }
+                },
+                "RequestState": {
+                    "type": "object",
+                    "required": ["request_id", "status", "stage"],
+                    "description": "processing; completed with answer; failed with error. A cancelled request is failed with stage CANCELLED.",
+                    "properties": {
+                        "request_id": { "type": "string", "format": "uuid" },
+                        "status": { "enum": ["processing", "completed", "failed"] },
+                        "stage": { "enum": ["NEW", "ANALYZING", "ANALYZED", "ASSEMBLING", "READY", "RESPONDING", "COMPLETED", "FAILED", "CANCELLED"] },
+                        "answer": { "type": "string" },
+                        "error": { "type": "string" }
+                    }
+                },
+                "Ready": {
+                    "type": "object",
+                    "required": ["status", "checks"],
+                    "properties": {
+                        "status": { "enum": ["ready", "unavailable"] },
+                        "reason": { "type": "string" },
+                        "checks": { "type": "object" }
+                    }
+                },
+                "Error": {
+                    "type": "object",
+                    "required": ["error", "code"],
+                    "properties": { "error": { "type": "string" }, "code": { "type": "string" } }
+                }
+            }
+        }
+    })
+}
+
+/// (method, path) of every operation in the document, sorted.
+pub fn operations(doc: &Value) -> Vec<(String, String)> {
+    let mut ops: Vec<(String, String)> = doc["paths"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(m, _)| ["get", "post", "put", "patch", "delete"].contains(&m.as_str()))
+                .map(move |(m, _)| (m.to_uppercase(), path.clone()))
+        })
+        .collect();
+    ops.sort();
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_document_lists_exactly_the_routes_of_the_router() {
+        let doc = document();
+        let mut routes: Vec<(String, String)> = super::super::routes()
+            .list
+            .iter()
+            .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+            .collect();
+        routes.sort();
+        assert_eq!(operations(&doc), routes);
+        assert_eq!(doc["openapi"], "3.1.0");
+    }
+}

@@ -1,0 +1,281 @@
+//! Prometheus metrics of one `maasd` process, prefixed `maas_`.
+//!
+//! Built on the `metrics` facade: any module records a series with one macro
+//! call (or one of the typed hooks below) and no handle to pass around; the
+//! process-wide recorder ([`install`]) renders classic Prometheus text
+//! (format 0.0.4) on the HTTP server's `/metrics`.
+//!
+//! Where each series comes from:
+//! - **Engine counters** ([`observe_engine`], at every scrape): the
+//!   dispatcher's [`Stats`] atomics — claims, successes, retries, failures,
+//!   leases lost/reclaimed/released, sweep recoveries, notifications, junk
+//!   payloads, listener reconnects. These count what *this* process did, so
+//!   a sum over daemons is the cluster's total.
+//! - **Backlog** ([`observe_backlog`], every `http.metrics_refresh_secs`):
+//!   one cheap query over partial indexes, requests by non-terminal status and
+//!   the number of `FAILED` requests (database-wide: the same in every daemon).
+//! - **Latency histograms** ([`observe_step`], same refresh): read from the
+//!   step history this daemon wrote since the last refresh, so they need no
+//!   hook in the dispatcher; they lag by at most one refresh interval.
+//! - **LLM calls** ([`llm_call`]): a hook for the LLM layer, to be called once
+//!   per `Llm::chat` with its result. The stages do not call the LLM layer
+//!   yet, so until they do only the zero series of the configured provider
+//!   ([`register_llm_provider`]) appear.
+//! - **HTTP** ([`http_request`], [`StreamGauge`]): requests by route and code,
+//!   open streams, waiting long-polls.
+
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::dispatcher::Stats;
+use crate::llm::{ChatResponse, LlmError, ProviderKind, Role};
+use crate::model::{StageKind, Status};
+use crate::repo::http::StepTiming;
+
+/// Content type of [`PrometheusHandle::render`]'s output.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Buckets of every `_seconds` histogram: 5 ms to 5 min.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+static HANDLE: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
+
+#[derive(Debug, thiserror::Error)]
+#[error("metrics: {0}")]
+pub struct MetricsError(String);
+
+/// Installs the process-wide recorder (once; later calls return the same
+/// handle). Call `run_upkeep` on the handle periodically.
+pub fn install() -> Result<PrometheusHandle, MetricsError> {
+    let mut slot = HANDLE
+        .lock()
+        .map_err(|_| MetricsError("recorder lock poisoned".into()))?;
+    if let Some(h) = slot.as_ref() {
+        return Ok(h.clone());
+    }
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+        .map_err(|e| MetricsError(e.to_string()))?
+        .install_recorder()
+        .map_err(|e| MetricsError(e.to_string()))?;
+    describe();
+    *slot = Some(handle.clone());
+    Ok(handle)
+}
+
+fn describe() {
+    describe_gauge!(
+        "maas_backlog_requests",
+        "Requests not yet terminal, by status (database-wide)"
+    );
+    describe_gauge!("maas_failed_requests", "Requests in status FAILED (database-wide)");
+    describe_histogram!(
+        "maas_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "End to end: submitted to completed or failed, for requests this daemon finished"
+    );
+    describe_histogram!(
+        "maas_stage_duration_seconds",
+        metrics::Unit::Seconds,
+        "One stage attempt, by stage and outcome (this daemon)"
+    );
+    describe_counter!(
+        "maas_requests_completed_total",
+        "Requests this daemon completed (throughput: rate() of it)"
+    );
+    describe_counter!("maas_requests_failed_total", "Requests this daemon moved to FAILED");
+    describe_counter!("maas_stage_claims_total", "Stage attempts claimed, by stage");
+    describe_counter!("maas_stage_succeeded_total", "Stage attempts that succeeded, by stage");
+    describe_counter!(
+        "maas_stage_retries_total",
+        "Stage attempts that failed and were scheduled again"
+    );
+    describe_counter!("maas_leases_lost_total", "Results discarded because the lease was lost");
+    describe_counter!("maas_leases_reclaimed_total", "Expired leases the sweep took back");
+    describe_counter!("maas_leases_released_total", "Leases given back at shutdown");
+    describe_counter!(
+        "maas_sweep_recovered_total",
+        "Rows the sweep found due that no notification had delivered"
+    );
+    describe_counter!("maas_listener_notifications_total", "Valid notifications received");
+    describe_counter!("maas_listener_junk_total", "Notifications skipped as junk");
+    describe_counter!("maas_listener_reconnects_total", "Reconnects of the LISTEN session");
+    describe_gauge!("maas_listener_connected", "1 while the LISTEN session is up");
+    describe_counter!(
+        "maas_llm_calls_total",
+        "LLM calls by provider, role and outcome (ok or error class)"
+    );
+    describe_counter!(
+        "maas_llm_tokens_total",
+        "LLM tokens by provider, role and kind (prompt, completion)"
+    );
+    describe_counter!("maas_llm_rate_limited_total", "LLM calls refused by a rate limit");
+    describe_counter!("maas_llm_timeouts_total", "LLM calls that timed out");
+    describe_histogram!(
+        "maas_llm_call_duration_seconds",
+        metrics::Unit::Seconds,
+        "Latency of successful LLM calls"
+    );
+    describe_counter!("maas_http_requests_total", "HTTP requests by route and status code");
+    describe_histogram!(
+        "maas_http_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time to produce an HTTP response (streams: until their headers)"
+    );
+    describe_gauge!("maas_http_open_streams", "Open live streams by kind (websocket, sse)");
+    describe_gauge!("maas_http_waiting_long_polls", "Long-polls waiting for their request");
+    describe_counter!(
+        "maas_live_resyncs_total",
+        "Live subscribers re-read from the database (lag, listener reconnect)"
+    );
+}
+
+/// Makes the HTTP gauges visible (at zero) before any stream opens.
+pub fn register_http() {
+    gauge!("maas_http_waiting_long_polls").set(0.0);
+    for kind in ["websocket", "sse"] {
+        gauge!("maas_http_open_streams", "kind" => kind).set(0.0);
+    }
+}
+
+/// Copies the dispatcher's counters into their series.
+pub fn observe_engine(stats: &Stats, listening: bool) {
+    let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    for stage in StageKind::ALL {
+        let i = stage.index();
+        counter!("maas_stage_claims_total", "stage" => stage.as_str()).absolute(get(&stats.claimed[i]));
+        counter!("maas_stage_succeeded_total", "stage" => stage.as_str()).absolute(get(&stats.succeeded[i]));
+    }
+    counter!("maas_requests_completed_total").absolute(get(&stats.succeeded[StageKind::Respond.index()]));
+    counter!("maas_requests_failed_total").absolute(get(&stats.failed));
+    counter!("maas_stage_retries_total").absolute(get(&stats.retried));
+    counter!("maas_leases_lost_total").absolute(get(&stats.lease_lost));
+    counter!("maas_leases_reclaimed_total").absolute(get(&stats.reclaimed));
+    counter!("maas_leases_released_total").absolute(get(&stats.released));
+    counter!("maas_sweep_recovered_total").absolute(get(&stats.sweep_recovered));
+    counter!("maas_listener_notifications_total").absolute(get(&stats.notifications));
+    counter!("maas_listener_junk_total").absolute(get(&stats.junk_payloads));
+    counter!("maas_listener_reconnects_total").absolute(get(&stats.listener_reconnects));
+    gauge!("maas_listener_connected").set(if listening { 1.0 } else { 0.0 });
+}
+
+/// Sets the backlog gauges from `count_backlog` rows; statuses absent from
+/// the rows are zero.
+pub fn observe_backlog(rows: &[(String, i64)]) {
+    let count = |st: &str| rows.iter().filter(|(s, _)| s == st).map(|(_, n)| *n).sum::<i64>();
+    for st in Status::ALL {
+        if st.is_terminal() {
+            continue;
+        }
+        #[allow(
+            clippy::cast_precision_loss,
+            reason = "a gauge is a float; counts stay far below 2^52"
+        )]
+        gauge!("maas_backlog_requests", "status" => st.as_str()).set(count(st.as_str()) as f64);
+    }
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "a gauge is a float; counts stay far below 2^52"
+    )]
+    gauge!("maas_failed_requests").set(count(Status::Failed.as_str()) as f64);
+}
+
+/// Records one step of this daemon's history in the latency histograms.
+pub fn observe_step(step: &StepTiming) {
+    histogram!("maas_stage_duration_seconds", "stage" => step.stage.clone(), "outcome" => step.outcome.clone())
+        .record(step.stage_secs.max(0.0));
+    let outcome = match (step.stage.as_str(), step.outcome.as_str()) {
+        ("respond", "succeeded") => Some("completed"),
+        (_, "failed") => Some("failed"),
+        _ => None,
+    };
+    if let Some(outcome) = outcome {
+        histogram!("maas_request_duration_seconds", "outcome" => outcome).record(step.request_secs.max(0.0));
+    }
+}
+
+/// Makes the LLM series of `provider` visible (at zero) before any call.
+pub fn register_llm_provider(provider: &str) {
+    let provider = provider.to_owned();
+    for role in Role::ALL {
+        let r = role.as_str();
+        counter!("maas_llm_calls_total", "provider" => provider.clone(), "role" => r, "outcome" => "ok").increment(0);
+        for kind in ["prompt", "completion"] {
+            counter!("maas_llm_tokens_total", "provider" => provider.clone(), "role" => r, "kind" => kind).increment(0);
+        }
+        counter!("maas_llm_rate_limited_total", "provider" => provider.clone(), "role" => r).increment(0);
+        counter!("maas_llm_timeouts_total", "provider" => provider.clone(), "role" => r).increment(0);
+    }
+}
+
+/// The hook for the LLM layer: call it once per `Llm::chat` with the
+/// provider and role that served it and the call's result.
+pub fn llm_call(provider: ProviderKind, role: Role, result: Result<&ChatResponse, &LlmError>) {
+    let p = provider.as_str();
+    let r = role.as_str();
+    match result {
+        Ok(resp) => {
+            counter!("maas_llm_calls_total", "provider" => p, "role" => r, "outcome" => "ok").increment(1);
+            if let Some(t) = resp.prompt_tokens {
+                counter!("maas_llm_tokens_total", "provider" => p, "role" => r, "kind" => "prompt")
+                    .increment(u64::from(t));
+            }
+            if let Some(t) = resp.completion_tokens {
+                counter!("maas_llm_tokens_total", "provider" => p, "role" => r, "kind" => "completion")
+                    .increment(u64::from(t));
+            }
+            histogram!("maas_llm_call_duration_seconds", "provider" => p, "role" => r)
+                .record(resp.latency.as_secs_f64());
+        }
+        Err(e) => {
+            let class = e.class();
+            counter!("maas_llm_calls_total", "provider" => p, "role" => r, "outcome" => class).increment(1);
+            match class {
+                "rate_limited" => counter!("maas_llm_rate_limited_total", "provider" => p, "role" => r).increment(1),
+                "timeout" => counter!("maas_llm_timeouts_total", "provider" => p, "role" => r).increment(1),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// One HTTP request, by matched route and status code.
+pub fn http_request(route: &str, code: u16, secs: f64) {
+    counter!("maas_http_requests_total", "route" => route.to_owned(), "code" => code.to_string()).increment(1);
+    histogram!("maas_http_request_duration_seconds", "route" => route.to_owned()).record(secs);
+}
+
+/// A live stream or waiting long-poll, counted while this guard lives.
+pub struct StreamGauge(metrics::Gauge);
+
+impl StreamGauge {
+    /// An open stream of `kind` (`websocket`, `sse`).
+    pub fn stream(kind: &'static str) -> StreamGauge {
+        let g = gauge!("maas_http_open_streams", "kind" => kind);
+        g.increment(1.0);
+        StreamGauge(g)
+    }
+
+    /// A long-poll waiting for its request.
+    pub fn long_poll() -> StreamGauge {
+        let g = gauge!("maas_http_waiting_long_polls");
+        g.increment(1.0);
+        StreamGauge(g)
+    }
+}
+
+impl Drop for StreamGauge {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+/// A live subscriber re-read its state from the database.
+pub fn live_resync(reason: &'static str) {
+    counter!("maas_live_resyncs_total", "reason" => reason).increment(1);
+}

@@ -1,0 +1,165 @@
+//! The statements of the HTTP API and its metrics (`sql/queries/`).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use uuid::Uuid;
+
+use crate::db::Error;
+use crate::model::Status;
+
+pub const SUBMIT_REQUEST: &str = include_str!("../../sql/queries/submit_request.sql");
+pub const SUBMIT_IDEMPOTENT: &str = include_str!("../../sql/queries/submit_idempotent.sql");
+pub const FIND_IDEMPOTENT: &str = include_str!("../../sql/queries/find_idempotent.sql");
+pub const EXPIRE_IDEMPOTENCY_KEYS: &str = include_str!("../../sql/queries/expire_idempotency_keys.sql");
+pub const REQUEST_STATES: &str = include_str!("../../sql/queries/request_states.sql");
+pub const USER_STATES: &str = include_str!("../../sql/queries/user_states.sql");
+pub const COUNT_BACKLOG: &str = include_str!("../../sql/queries/count_backlog.sql");
+pub const STEPS_SINCE: &str = include_str!("../../sql/queries/steps_since.sql");
+pub const LAST_STEP_ID: &str = include_str!("../../sql/queries/last_step_id.sql");
+
+/// A new request as the API received it.
+#[derive(Debug, Clone)]
+pub struct NewRequest<'a> {
+    pub user_id: Uuid,
+    pub thread_id: Option<Uuid>,
+    pub query: &'a str,
+}
+
+/// Inserts a request; returns its id.
+pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -> Result<Uuid, Error> {
+    let stmt = client.prepare_cached(SUBMIT_REQUEST).await?;
+    let row = client
+        .query_one(&stmt, &[&req.user_id, &req.thread_id, &req.query])
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Inserts a request under an idempotency key. `None` when the key is
+/// already taken (and fresh): read its first request with [`find_idempotent`].
+pub async fn submit_idempotent(
+    client: &impl GenericClient,
+    req: &NewRequest<'_>,
+    key: &str,
+    fingerprint: &str,
+    ttl: Duration,
+) -> Result<Option<Uuid>, Error> {
+    let stmt = client.prepare_cached(SUBMIT_IDEMPOTENT).await?;
+    let row = client
+        .query_opt(
+            &stmt,
+            &[
+                &req.user_id,
+                &req.thread_id,
+                &req.query,
+                &key,
+                &fingerprint,
+                &ttl.as_secs_f64(),
+            ],
+        )
+        .await?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// The first request of a key and its fingerprint.
+pub async fn find_idempotent(
+    client: &impl GenericClient,
+    user_id: Uuid,
+    key: &str,
+) -> Result<Option<(Uuid, String)>, Error> {
+    let stmt = client.prepare_cached(FIND_IDEMPOTENT).await?;
+    let row = client.query_opt(&stmt, &[&user_id, &key]).await?;
+    Ok(row.map(|r| (r.get(0), r.get(1))))
+}
+
+/// Deletes up to `limit` expired idempotency keys; returns how many.
+pub async fn expire_idempotency_keys(client: &impl GenericClient, ttl: Duration, limit: i64) -> Result<u64, Error> {
+    let stmt = client.prepare_cached(EXPIRE_IDEMPOTENCY_KEYS).await?;
+    Ok(client.execute(&stmt, &[&ttl.as_secs_f64(), &limit]).await?)
+}
+
+/// What the API shows of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunState {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    pub status: Status,
+    pub answer: Option<String>,
+    pub error: Option<String>,
+}
+
+fn run_state(r: &tokio_postgres::Row) -> Option<RunState> {
+    let status: String = r.get(2);
+    Some(RunState {
+        id: r.get(0),
+        user_id: r.get(1),
+        status: status.parse().ok()?,
+        answer: r.get(3),
+        error: r.get(4),
+    })
+}
+
+/// The states of the given requests (absent ids are left out).
+pub async fn request_states(client: &impl GenericClient, ids: &[Uuid]) -> Result<Vec<RunState>, Error> {
+    let stmt = client.prepare_cached(REQUEST_STATES).await?;
+    let rows = client.query(&stmt, &[&ids]).await?;
+    Ok(rows.iter().filter_map(run_state).collect())
+}
+
+/// The requests of `user` that are not terminal, plus those changed since
+/// `since` when given; newest first, at most `limit`.
+pub async fn user_states(
+    client: &impl GenericClient,
+    user: Uuid,
+    since: Option<DateTime<Utc>>,
+    limit: i64,
+) -> Result<Vec<RunState>, Error> {
+    let stmt = client.prepare_cached(USER_STATES).await?;
+    let rows = client.query(&stmt, &[&user, &since, &limit]).await?;
+    Ok(rows.iter().filter_map(run_state).collect())
+}
+
+/// Requests by non-terminal status, plus `FAILED`.
+pub async fn count_backlog(client: &impl GenericClient) -> Result<Vec<(String, i64)>, Error> {
+    let stmt = client.prepare_cached(COUNT_BACKLOG).await?;
+    let rows = client.query(&stmt, &[]).await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// One step of the history, as the latency histograms need it.
+#[derive(Debug, Clone)]
+pub struct StepTiming {
+    pub id: i64,
+    pub stage: String,
+    pub outcome: String,
+    pub stage_secs: f64,
+    pub request_secs: f64,
+}
+
+/// Steps written by `worker` after step `after`, oldest first.
+pub async fn steps_since(
+    client: &impl GenericClient,
+    after: i64,
+    worker: &str,
+    limit: i64,
+) -> Result<Vec<StepTiming>, Error> {
+    let stmt = client.prepare_cached(STEPS_SINCE).await?;
+    let rows = client.query(&stmt, &[&after, &worker, &limit]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| StepTiming {
+            id: r.get(0),
+            stage: r.get(1),
+            outcome: r.get(2),
+            stage_secs: r.get(3),
+            request_secs: r.get(4),
+        })
+        .collect())
+}
+
+/// The id of the newest step (0 when there is none).
+pub async fn last_step_id(client: &impl GenericClient) -> Result<i64, Error> {
+    let stmt = client.prepare_cached(LAST_STEP_ID).await?;
+    Ok(client.query_one(&stmt, &[]).await?.get(0))
+}

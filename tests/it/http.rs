@@ -1,0 +1,999 @@
+//! The HTTP API of a real `maasd` process against a real database, with a
+//! real HTTP client (reqwest), WebSocket client (tokio-tungstenite) and a
+//! hand-read SSE stream.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use nix::sys::signal::Signal;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{self, Message};
+use uuid::Uuid;
+
+use crate::support::daemon::{Maasd, Opts};
+use crate::support::db::TestDb;
+use crate::support::{count, wait_until};
+
+const GENEROUS: Duration = Duration::from_secs(60);
+
+/// A running daemon and a client for it.
+struct Api {
+    d: Maasd,
+    addr: SocketAddr,
+    http: reqwest::Client,
+    token: Option<String>,
+}
+
+impl Api {
+    async fn start(db: &TestDb, opts: Opts) -> Api {
+        let mut d = Maasd::spawn(&db.url, opts);
+        let mut addr = d.http_addr(GENEROUS).await;
+        if addr.ip().is_unspecified() {
+            addr.set_ip([127, 0, 0, 1].into());
+        }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap();
+        let api = Api {
+            d,
+            addr,
+            http,
+            token: None,
+        };
+        wait_until(GENEROUS, "the daemon is ready", || async {
+            api.get("/readyz").await.status() == StatusCode::OK
+        })
+        .await;
+        api
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn authed(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => rb.bearer_auth(t),
+            None => rb,
+        }
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        self.authed(self.http.get(self.url(path))).send().await.unwrap()
+    }
+
+    async fn submit(&self, body: &Value) -> reqwest::Response {
+        self.authed(self.http.post(self.url("/api/query")).json(body))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn submit_ok(&self, user: Uuid, query: &str) -> Uuid {
+        let resp = self.submit(&json!({ "user_id": user, "query": query })).await;
+        assert_eq!(resp.status(), StatusCode::ACCEPTED);
+        let body: Value = resp.json().await.unwrap();
+        body["request_id"].as_str().unwrap().parse().unwrap()
+    }
+
+    async fn status(&self, id: Uuid, wait: &str) -> (StatusCode, Value) {
+        let resp = self.get(&format!("/api/query/{id}/status?wait={wait}")).await;
+        let code = resp.status();
+        (code, resp.json().await.unwrap())
+    }
+
+    async fn metrics(&self) -> String {
+        let resp = self.get("/metrics").await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.text().await.unwrap()
+    }
+
+    /// Waits until the metrics show `series` at `value`.
+    async fn wait_metric(&self, series: &str, value: f64) {
+        wait_until(GENEROUS, &format!("{series} = {value}"), || async {
+            metric(&self.metrics().await, series) == Some(value)
+        })
+        .await;
+    }
+
+    async fn ws(&self, query: &str) -> Result<Ws, tungstenite::Error> {
+        let mut req = format!("ws://{}/api/ws?{query}", self.addr)
+            .into_client_request()
+            .unwrap();
+        if let Some(t) = &self.token {
+            req.headers_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        let (ws, _) = tokio_tungstenite::connect_async(req).await?;
+        Ok(ws)
+    }
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The next JSON text message, or the close code when the socket closes.
+async fn ws_next(ws: &mut Ws) -> Result<Value, Option<u16>> {
+    let deadline = tokio::time::Instant::now() + GENEROUS;
+    loop {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .expect("a WebSocket message within the deadline");
+        match msg {
+            Some(Ok(Message::Text(t))) => return Ok(serde_json::from_str(t.as_str()).unwrap()),
+            Some(Ok(Message::Close(frame))) => return Err(frame.map(|f| u16::from(f.code))),
+            Some(Ok(_)) => continue,
+            Some(Err(_)) | None => return Err(None),
+        }
+    }
+}
+
+/// Reads an SSE response: each `data:` payload as JSON, until the stream ends.
+struct Sse {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl Sse {
+    async fn next(&mut self) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + GENEROUS;
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let event: String = self.buf.drain(..end + 2).collect();
+                let data: Vec<&str> = event
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(str::trim_start)
+                    .collect();
+                if data.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                return Some(serde_json::from_str(&data.join("\n")).unwrap());
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.resp.chunk())
+                .await
+                .expect("an SSE chunk within the deadline")
+                .ok()??;
+            self.buf.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+}
+
+/// The value of one series (`name{labels}` exactly as rendered, or a bare
+/// name) in Prometheus text.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.rsplit_once(' ').filter(|(s, _)| *s == series))
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+/// Inserts a request that no stage will claim until [`release`] (it is not
+/// due for an hour), so tests can subscribe to it first.
+async fn insert_held(c: &tokio_postgres::Client, user: Uuid, n: i64) -> Vec<Uuid> {
+    c.query(
+        "INSERT INTO pipeline_runs (user_id, user_query, run_after)
+         SELECT $1, 'held #' || g, now() + interval '1 hour' FROM generate_series(1, $2::int8) g RETURNING id",
+        &[&user, &n],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// Makes held requests due and rings the doorbell.
+async fn release(c: &tokio_postgres::Client) {
+    c.batch_execute(
+        "UPDATE pipeline_runs SET run_after = now() WHERE status = 'NEW';
+         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_submit_then_poll_to_completed() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    assert_eq!(
+        api.get("/healthz").await.json::<Value>().await.unwrap()["status"],
+        "alive"
+    );
+    let ready: Value = api.get("/readyz").await.json().await.unwrap();
+    assert_eq!(ready["status"], "ready", "{ready}");
+
+    let (user, thread) = (Uuid::new_v4(), Uuid::new_v4());
+    let resp = api
+        .submit(&json!({ "user_id": user, "thread_id": thread, "query": "what did we decide?" }))
+        .await;
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let location = resp.headers()["location"].to_str().unwrap().to_owned();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["status"], "processing");
+    let id: Uuid = body["request_id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(location, format!("/api/query/{id}/status"));
+    let row = c
+        .query_one(
+            "SELECT user_id, thread_id, user_query FROM pipeline_runs WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, Uuid>(0),
+            row.get::<_, Option<Uuid>>(1),
+            row.get::<_, String>(2)
+        ),
+        (user, Some(thread), "what did we decide?".to_owned())
+    );
+
+    let (code, state) = api.status(id, "30s").await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(state["status"], "completed", "{state}");
+    assert_eq!(state["stage"], "COMPLETED");
+    assert_eq!(state["request_id"], id.to_string());
+    assert!(state["answer"].as_str().unwrap().starts_with("[offline]"), "{state}");
+    assert!(state.get("error").is_none());
+    // Without a wait: the same, at once.
+    let again: Value = api.get(&format!("/api/query/{id}/status")).await.json().await.unwrap();
+    assert_eq!(again, state);
+
+    // A failed request shows its error; a cancelled one shows as failed.
+    let failed: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query, status, error) VALUES ($1, 'x', 'FAILED', 'respond failed (timeout)') RETURNING id",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let (_, state) = api.status(failed, "0s").await;
+    assert_eq!(
+        (
+            state["status"].as_str(),
+            state["stage"].as_str(),
+            state["error"].as_str()
+        ),
+        (Some("failed"), Some("FAILED"), Some("respond failed (timeout)"))
+    );
+    let cancelled: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query, status) VALUES ($1, 'x', 'CANCELLED') RETURNING id",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let (_, state) = api.status(cancelled, "10s").await;
+    assert_eq!(
+        (
+            state["status"].as_str(),
+            state["stage"].as_str(),
+            state["error"].as_str()
+        ),
+        (Some("failed"), Some("CANCELLED"), Some("cancelled"))
+    );
+
+    let unknown = api.get(&format!("/api/query/{}/status", Uuid::new_v4())).await;
+    assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+    assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "not_found");
+    let malformed = api.get("/api/query/not-a-uuid/status").await;
+    assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(malformed.json::<Value>().await.unwrap()["code"], "invalid_id");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_bad_requests_get_clear_codes() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_HTTP__MAX_BODY_BYTES", 200_000)
+            .env("MAAS_HTTP__MAX_WAIT_SECS", 1),
+    )
+    .await;
+    let user = Uuid::new_v4().to_string();
+    let post = |body: String, ct: Option<&'static str>| {
+        let mut rb = api.http.post(api.url("/api/query")).body(body);
+        if let Some(ct) = ct {
+            rb = rb.header("content-type", ct);
+        }
+        async move {
+            let resp = rb.send().await.unwrap();
+            let code = resp.status();
+            let body: Value = resp.json().await.unwrap();
+            if code.is_success() {
+                return (code, body["status"].as_str().unwrap().to_owned());
+            }
+            assert!(body["error"].is_string(), "{body}");
+            (code, body["code"].as_str().unwrap().to_owned())
+        }
+    };
+    let json_ct = Some("application/json");
+    let cases: Vec<(String, Option<&'static str>, StatusCode, &str)> = vec![
+        (
+            r#"{"user_id": "#.into(),
+            json_ct,
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        ("[1, 2]".into(), json_ct, StatusCode::BAD_REQUEST, "malformed_json"),
+        (
+            json!({"user_id": "nope", "query": "q"}).to_string(),
+            json_ct,
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            json!({"user_id": 42, "query": "q"}).to_string(),
+            json_ct,
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            json!({"user_id": user, "thread_id": "x", "query": "q"}).to_string(),
+            json_ct,
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            json!({"query": "q"}).to_string(),
+            json_ct,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "missing_field",
+        ),
+        (
+            json!({"user_id": "", "query": "q"}).to_string(),
+            json_ct,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "empty_field",
+        ),
+        (
+            json!({"user_id": user}).to_string(),
+            json_ct,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "missing_field",
+        ),
+        (
+            json!({"user_id": user, "query": null}).to_string(),
+            json_ct,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "missing_field",
+        ),
+        (
+            json!({"user_id": user, "query": ""}).to_string(),
+            json_ct,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "empty_field",
+        ),
+        (
+            json!({"user_id": user, "query": "  \n "}).to_string(),
+            json_ct,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "empty_field",
+        ),
+        (
+            json!({"user_id": user, "query": 5}).to_string(),
+            json_ct,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_field",
+        ),
+        (
+            json!({"user_id": user, "query": "x".repeat(100_001)}).to_string(),
+            json_ct,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "field_too_long",
+        ),
+        (
+            json!({"user_id": user, "query": "x".repeat(300_000)}).to_string(),
+            json_ct,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+        ),
+        (
+            json!({"user_id": user, "query": "q"}).to_string(),
+            Some("text/plain"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            json!({"user_id": user, "query": "q"}).to_string(),
+            None,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+    ];
+    for (body, ct, want, code) in cases {
+        let shown: String = body.chars().take(60).collect();
+        assert_eq!(post(body, ct).await, (want, code.to_owned()), "{shown} ({ct:?})");
+    }
+    // With a charset the content type is still JSON.
+    let ok = post(
+        json!({"user_id": user, "query": "q"}).to_string(),
+        Some("application/json; charset=utf-8"),
+    )
+    .await;
+    assert_eq!(ok.0, StatusCode::ACCEPTED);
+    let bad_key = api
+        .http
+        .post(api.url("/api/query"))
+        .header("idempotency-key", "k".repeat(300))
+        .json(&json!({"user_id": user, "query": "q"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_key.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM pipeline_runs").await,
+        1,
+        "only the good request was stored"
+    );
+
+    // Status: a malformed wait, and a wait past the cap (1 s here).
+    let held = insert_held(&c, Uuid::new_v4(), 1).await[0];
+    let resp = api.get(&format!("/api/query/{held}/status?wait=soon")).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "invalid_wait");
+    let started = Instant::now();
+    let (code, state) = api.status(held, "30s").await;
+    let took = started.elapsed();
+    assert_eq!((code, state["status"].as_str()), (StatusCode::OK, Some("processing")));
+    assert_eq!(state["stage"], "NEW");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+    let nowhere = api.get("/api/nowhere").await;
+    assert_eq!(nowhere.status(), StatusCode::NOT_FOUND);
+    assert_eq!(nowhere.json::<Value>().await.unwrap()["code"], "no_route");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_bearer_tokens_guard_every_api_route() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // With tokens, a public address is allowed.
+    let mut api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_API_TOKENS", "tok-a,tok-b")
+            .env("MAAS_HTTP_ADDR", "0.0.0.0:0"),
+    )
+    .await;
+    assert!(api.d.plain_log().contains("auth=true"));
+    let held = insert_held(&c, Uuid::new_v4(), 1).await[0];
+    let body = json!({"user_id": Uuid::new_v4(), "query": "q"});
+    for token in [None, Some("wrong"), Some("tok-a,tok-b")] {
+        api.token = token.map(str::to_owned);
+        let resp = api.submit(&body).await;
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{token:?}");
+        assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+        for path in [
+            format!("/api/query/{held}/status"),
+            format!("/api/query/{held}/events"),
+            format!("/api/ws?request_id={held}"),
+        ] {
+            assert_eq!(
+                api.get(&path).await.status(),
+                StatusCode::UNAUTHORIZED,
+                "{path} {token:?}"
+            );
+        }
+        match api.ws(&format!("request_id={held}")).await {
+            Err(tungstenite::Error::Http(resp)) => assert_eq!(resp.status(), 401),
+            other => panic!("expected 401, got {:?}", other.map(|_| ())),
+        }
+    }
+    for token in ["tok-a", "tok-b"] {
+        api.token = Some(token.into());
+        assert_eq!(api.submit(&body).await.status(), StatusCode::ACCEPTED);
+        assert_eq!(
+            api.get(&format!("/api/query/{held}/status")).await.status(),
+            StatusCode::OK
+        );
+        let mut ws = api.ws(&format!("request_id={held}")).await.unwrap();
+        assert_eq!(ws_next(&mut ws).await.unwrap()["stage"], "NEW");
+    }
+    // Operator routes need no token.
+    api.token = None;
+    for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+        assert_eq!(api.get(path).await.status(), StatusCode::OK, "{path}");
+    }
+    assert!(!api.d.log_text().contains("tok-a"), "tokens never appear in the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_without_tokens_a_public_address_is_refused_at_start() {
+    let db = TestDb::new().await;
+    for addr in ["0.0.0.0:0", "[::]:0"] {
+        let mut d = Maasd::spawn(&db.url, Opts::default().env("MAAS_HTTP_ADDR", addr));
+        assert_eq!(d.wait_exit(GENEROUS).await, Some(1), "{}", d.log_text());
+        let log = d.plain_log();
+        assert!(
+            log.contains("http_addr") && log.contains("not a loopback address") && log.contains("MAAS_API_TOKENS"),
+            "{log}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_idempotency_key_returns_the_first_request_durably_and_under_concurrency() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut api = Api::start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let body = json!({"user_id": user, "query": "book the trip"});
+    let post = |api: &Api, key: &str, body: &Value| {
+        api.http
+            .post(api.url("/api/query"))
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+    };
+    let first = post(&api, "key-1", &body).await.unwrap();
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let id = first.json::<Value>().await.unwrap()["request_id"].clone();
+    let retry = post(&api, "key-1", &body).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::ACCEPTED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.json::<Value>().await.unwrap()["request_id"], id);
+    // The same key for a different request is refused.
+    let other = post(&api, "key-1", &json!({"user_id": user, "query": "something else"}))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.json::<Value>().await.unwrap()["code"], "idempotency_key_reused");
+    // Keys belong to a user.
+    let stranger = post(
+        &api,
+        "key-1",
+        &json!({"user_id": Uuid::new_v4(), "query": "book the trip"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stranger.status(), StatusCode::ACCEPTED);
+    assert_ne!(stranger.json::<Value>().await.unwrap()["request_id"], id);
+
+    // Fifty concurrent duplicates: one request.
+    let concurrent = json!({"user_id": user, "query": "at once"});
+    let answers = futures_util::future::join_all((0..50).map(|_| post(&api, "key-2", &concurrent))).await;
+    let mut ids = HashSet::new();
+    for resp in answers {
+        let resp = resp.unwrap();
+        assert_eq!(resp.status(), StatusCode::ACCEPTED);
+        ids.insert(resp.json::<Value>().await.unwrap()["request_id"].to_string());
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM pipeline_runs WHERE user_query = 'at once'").await,
+        1
+    );
+
+    // An expired key starts a new request; expired keys are deleted.
+    c.execute(
+        "UPDATE http_idempotency_keys SET created_at = now() - interval '2 days' WHERE key = 'key-2'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let renewed = post(&api, "key-2", &concurrent).await.unwrap();
+    assert!(renewed.headers().get("idempotent-replayed").is_none());
+    assert!(!ids.contains(&renewed.json::<Value>().await.unwrap()["request_id"].to_string()));
+    c.execute(
+        "UPDATE http_idempotency_keys SET created_at = now() - interval '2 days' WHERE key = 'key-2'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let deleted = c
+        .execute(maas::repo::http::EXPIRE_IDEMPOTENCY_KEYS, &[&86_400f64, &100i64])
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+
+    // Durable: another daemon process still knows the key.
+    api.d.kill();
+    let api = Api::start(&db, Opts::default()).await;
+    let after = post(&api, "key-1", &body).await.unwrap();
+    assert_eq!(after.headers()["idempotent-replayed"], "true");
+    assert_eq!(after.json::<Value>().await.unwrap()["request_id"], id);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM pipeline_runs WHERE user_query = 'book the trip'"
+        )
+        .await,
+        2,
+        "one per user"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_websocket_and_sse_follow_a_request_to_completed() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let held = insert_held(&c, user, 1).await[0];
+
+    let mut by_request = api.ws(&format!("request_id={held}")).await.unwrap();
+    let mut by_user = api.ws(&format!("user_id={user}")).await.unwrap();
+    let resp = api.get(&format!("/api/query/{held}/events")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let mut sse = Sse {
+        resp,
+        buf: String::new(),
+    };
+    // The current state first.
+    for first in [
+        ws_next(&mut by_request).await.unwrap(),
+        ws_next(&mut by_user).await.unwrap(),
+        sse.next().await.unwrap(),
+    ] {
+        assert_eq!(
+            first,
+            json!({"request_id": held, "status": "processing", "stage": "NEW"})
+        );
+    }
+    release(&c).await;
+    // Then every change, ending with the answer; the request's streams end.
+    let mut seen = Vec::new();
+    let last = loop {
+        let s = ws_next(&mut by_request).await.unwrap();
+        seen.push(s["stage"].as_str().unwrap().to_owned());
+        if s["status"] != "processing" {
+            break s;
+        }
+    };
+    assert_eq!(last["status"], "completed", "{seen:?}");
+    assert!(last["answer"].as_str().unwrap().starts_with("[offline]"));
+    assert_eq!(
+        ws_next(&mut by_request).await,
+        Err(Some(1000)),
+        "closed normally after the answer"
+    );
+    let sse_last = loop {
+        let s = sse.next().await.unwrap();
+        if s["status"] != "processing" {
+            break s;
+        }
+    };
+    assert_eq!(sse_last, last);
+    assert!(sse.next().await.is_none(), "the SSE stream ends after the answer");
+    let user_last = loop {
+        let s = ws_next(&mut by_user).await.unwrap();
+        if s["status"] != "processing" {
+            break s;
+        }
+    };
+    assert_eq!(user_last, last);
+
+    // The user's socket stays open and shows the user's next request.
+    let next = api.submit_ok(user, "and now?").await;
+    let done = loop {
+        let s = ws_next(&mut by_user).await.unwrap();
+        assert_eq!(s["request_id"], next.to_string(), "{s}");
+        if s["status"] != "processing" {
+            break s;
+        }
+    };
+    assert_eq!(done["status"], "completed");
+    // Nobody else's requests.
+    api.submit_ok(Uuid::new_v4(), "someone else").await;
+    let mine = api.submit_ok(user, "mine again").await;
+    let s = ws_next(&mut by_user).await.unwrap();
+    assert_eq!(s["request_id"], mine.to_string(), "{s}");
+
+    // Bad subscriptions.
+    for (query, code) in [
+        (format!("request_id={held}&user_id={user}"), 400),
+        (String::new(), 400),
+        ("request_id=nope".to_owned(), 400),
+        (format!("request_id={}", Uuid::new_v4()), 404),
+    ] {
+        match api.ws(&query).await {
+            Err(tungstenite::Error::Http(resp)) => assert_eq!(resp.status(), code, "{query}"),
+            other => panic!("{query}: expected {code}, got {:?}", other.map(|_| ())),
+        }
+    }
+    let plain = api.get(&format!("/api/ws?request_id={held}")).await;
+    assert_eq!(plain.status(), StatusCode::UPGRADE_REQUIRED);
+    assert_eq!(
+        api.get(&format!("/api/query/{}/events", Uuid::new_v4())).await.status(),
+        404
+    );
+    assert_eq!(api.get("/api/query/nope/events").await.status(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_a_thousand_long_polls_are_held_while_their_requests_complete() {
+    const N: usize = 1000;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let ids = insert_held(&c, Uuid::new_v4(), i64::try_from(N).unwrap()).await;
+    let started = Instant::now();
+    let polls: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let rb = api.http.get(api.url(&format!("/api/query/{id}/status?wait=60s")));
+            tokio::spawn(async move {
+                let resp = rb.send().await.unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                resp.json::<Value>().await.unwrap()
+            })
+        })
+        .collect();
+    // Every poll is waiting before any request can finish.
+    api.wait_metric("maas_http_waiting_long_polls", 1000.0).await;
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'NEW'").await,
+        1000
+    );
+    release(&c).await;
+    for (poll, id) in polls.into_iter().zip(&ids) {
+        let state = poll.await.unwrap();
+        assert_eq!(state["request_id"], id.to_string());
+        assert_eq!(state["status"], "completed", "{state}");
+        assert!(state["answer"].as_str().unwrap().starts_with("[offline]"));
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(55),
+        "the polls returned on completion, not at their deadline: {took:?}"
+    );
+    api.wait_metric("maas_http_waiting_long_polls", 0.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_streams_and_long_polls_end_cleanly_on_shutdown() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut api = Api::start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let held = insert_held(&c, user, 1).await[0];
+    let mut ws = api.ws(&format!("request_id={held}")).await.unwrap();
+    let mut user_ws = api.ws(&format!("user_id={user}")).await.unwrap();
+    assert_eq!(ws_next(&mut ws).await.unwrap()["stage"], "NEW");
+    assert_eq!(ws_next(&mut user_ws).await.unwrap()["stage"], "NEW");
+    let mut sse = Sse {
+        resp: api.get(&format!("/api/query/{held}/events")).await,
+        buf: String::new(),
+    };
+    assert_eq!(sse.next().await.unwrap()["stage"], "NEW");
+    let poll = tokio::spawn(
+        api.http
+            .get(api.url(&format!("/api/query/{held}/status?wait=60s")))
+            .send(),
+    );
+    api.wait_metric("maas_http_waiting_long_polls", 1.0).await;
+    api.wait_metric("maas_http_open_streams{kind=\"websocket\"}", 2.0).await;
+    let started = Instant::now();
+    api.d.signal(Signal::SIGTERM);
+    assert_eq!(ws_next(&mut ws).await, Err(Some(1001)), "going away");
+    assert_eq!(ws_next(&mut user_ws).await, Err(Some(1001)), "going away");
+    assert!(sse.next().await.is_none(), "the SSE stream ends");
+    let polled: Value = poll.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(polled["status"], "processing");
+    assert_eq!(
+        api.d.wait_exit(Duration::from_secs(30)).await,
+        Some(0),
+        "{}",
+        api.d.log_text()
+    );
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    assert!(api.d.plain_log().contains("http: stopped"));
+}
+
+/// Checks Prometheus text format 0.0.4 line by line: comments are HELP or
+/// TYPE with a valid name and type; samples are `name{labels} value` with a
+/// valid name, well-formed labels and a float value; a family's TYPE comes
+/// before its samples and only once.
+fn check_prometheus_text(text: &str) -> Vec<String> {
+    fn valid_name(n: &str) -> bool {
+        let mut chars = n.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+    let mut typed = HashSet::new();
+    let mut names = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(valid_name(name), "{line}");
+            assert!(
+                ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                "{line}"
+            );
+            assert!(typed.insert(name.to_owned()), "TYPE twice: {line}");
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            assert!(valid_name(rest.split(' ').next().unwrap()), "{line}");
+            continue;
+        }
+        assert!(!line.starts_with('#'), "unknown comment: {line}");
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        assert!(
+            value.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&value),
+            "{line}"
+        );
+        let (name, labels) = match series.split_once('{') {
+            Some((n, l)) => (n, Some(l.strip_suffix('}').unwrap_or_else(|| panic!("{line}")))),
+            None => (series, None),
+        };
+        assert!(valid_name(name), "{line}");
+        for pair in labels
+            .into_iter()
+            .flat_map(|l| l.split("\","))
+            .filter(|p| !p.is_empty())
+        {
+            let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("{line}"));
+            assert!(valid_name(k) && v.starts_with('"'), "{line}");
+        }
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains(*f)))
+            .unwrap_or(name);
+        assert!(typed.contains(family), "sample before its TYPE: {line}");
+        names.push(series.to_owned());
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_readiness_metrics_and_openapi_match_the_server() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default().env("MAAS_HTTP__METRICS_REFRESH_SECS", 1)).await;
+    let user = Uuid::new_v4();
+    for i in 0..5 {
+        let id = api.submit_ok(user, &format!("metrics {i}")).await;
+        assert_eq!(api.status(id, "30s").await.1["status"], "completed");
+    }
+    insert_held(&c, user, 2).await;
+    c.batch_execute(
+        "INSERT INTO pipeline_runs (user_id, user_query, status) VALUES (gen_random_uuid(), 'x', 'FAILED')",
+    )
+    .await
+    .unwrap();
+    wait_until(GENEROUS, "the latency histograms show the five requests", || async {
+        metric(
+            &api.metrics().await,
+            "maas_request_duration_seconds_count{outcome=\"completed\"}",
+        ) == Some(5.0)
+    })
+    .await;
+    api.wait_metric("maas_backlog_requests{status=\"NEW\"}", 2.0).await;
+    let resp = api.get("/metrics").await;
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
+    let text = resp.text().await.unwrap();
+    let series = check_prometheus_text(&text);
+    assert!(
+        series.iter().all(|s| s.starts_with("maas_")),
+        "every series is prefixed"
+    );
+    for want in [
+        "maas_backlog_requests{status=\"ANALYZING\"}",
+        "maas_failed_requests",
+        "maas_requests_completed_total",
+        "maas_requests_failed_total",
+        "maas_stage_claims_total{stage=\"analyze\"}",
+        "maas_sweep_recovered_total",
+        "maas_listener_reconnects_total",
+        "maas_listener_connected",
+        "maas_llm_calls_total{provider=\"offline\",role=\"responder\",outcome=\"ok\"}",
+        "maas_llm_tokens_total{provider=\"offline\",role=\"analyzer\",kind=\"prompt\"}",
+        "maas_llm_rate_limited_total{provider=\"offline\",role=\"responder\"}",
+        "maas_llm_timeouts_total{provider=\"offline\",role=\"responder\"}",
+        "maas_stage_duration_seconds_bucket{stage=\"respond\",outcome=\"succeeded\",le=\"+Inf\"}",
+        "maas_http_requests_total{route=\"/api/query\",code=\"202\"}",
+    ] {
+        assert!(series.iter().any(|s| s == want), "{want} missing from:\n{text}");
+    }
+    assert_eq!(metric(&text, "maas_requests_completed_total"), Some(5.0));
+    assert_eq!(metric(&text, "maas_failed_requests"), Some(1.0));
+    assert_eq!(metric(&text, "maas_listener_connected"), Some(1.0));
+
+    // Every documented operation is served (a param route may say its
+    // request is unknown, but never that the route is), and nothing else.
+    let doc: Value = api.get("/openapi.json").await.json().await.unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let mut ops = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            ops += 1;
+            let url = api.url(&path.replace("{id}", &Uuid::new_v4().to_string()));
+            let resp = match method.as_str() {
+                "get" => api.http.get(url).send().await.unwrap(),
+                "post" => api.http.post(url).json(&json!({})).send().await.unwrap(),
+                other => panic!("undocumented method {other}"),
+            };
+            assert_ne!(resp.status(), StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            let body = resp.text().await.unwrap();
+            assert!(!body.contains("no_route"), "{method} {path}: {body}");
+        }
+    }
+    assert_eq!(ops, 8);
+
+    // Readiness names what is wrong.
+    c.batch_execute("DROP TRIGGER pipeline_runs_log_user_query ON pipeline_runs")
+        .await
+        .unwrap();
+    let resp = api.get("/readyz").await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["status"], "unavailable");
+    let reason = body["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("missing triggers: pipeline_runs_log_user_query"),
+        "{body}"
+    );
+    assert_eq!(body["checks"]["database"], "ok");
+    assert_eq!(body["checks"]["listener"], "ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_subscribers_reread_the_table_after_the_listener_reconnects() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let held = insert_held(&c, user, 1).await[0];
+    let mut ws = api.ws(&format!("request_id={held}")).await.unwrap();
+    assert_eq!(ws_next(&mut ws).await.unwrap()["stage"], "NEW");
+    let poll = tokio::spawn(
+        api.http
+            .get(api.url(&format!("/api/query/{held}/status?wait=60s")))
+            .send(),
+    );
+    api.wait_metric("maas_http_waiting_long_polls", 1.0).await;
+    // A change no notification reports: only re-reading the table shows it.
+    c.batch_execute("DROP TRIGGER pipeline_runs_notify_update ON pipeline_runs")
+        .await
+        .unwrap();
+    c.execute(
+        "UPDATE pipeline_runs SET status = 'CANCELLED', error = 'by an operator' WHERE id = $1",
+        &[&held],
+    )
+    .await
+    .unwrap();
+    c.batch_execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND application_name = 'maasd-listener'",
+    )
+    .await
+    .unwrap();
+    let state = ws_next(&mut ws).await.unwrap();
+    assert_eq!(
+        state,
+        json!({"request_id": held, "status": "failed", "stage": "CANCELLED", "error": "cancelled: by an operator"})
+    );
+    assert_eq!(ws_next(&mut ws).await, Err(Some(1000)));
+    let polled: Value = poll.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(polled, state);
+    assert!(api.d.plain_log().contains("listener reconnected"));
+}
