@@ -2,10 +2,14 @@
 -- moving them to the in-flight status $3. Rows locked by another claimer are
 -- skipped, not waited for. Every claim counts an attempt and bumps the
 -- fencing token. `due_for_ms` says how long each row had been waiting.
+-- Debug runs resting for `maasctl requests continue` (`held`) are skipped;
+-- while `maasctl pause` is in force nothing is claimed (one-row table, read
+-- once per statement as a one-time filter).
 WITH picked AS (
     SELECT id, greatest(updated_at, run_after) AS due_since
     FROM pipeline_runs
-    WHERE status = $1 AND run_after <= now()
+    WHERE status = $1 AND run_after <= now() AND NOT held
+      AND NOT EXISTS (SELECT 1 FROM maas_control WHERE paused)
     ORDER BY run_after
     LIMIT $2
     FOR UPDATE SKIP LOCKED

@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_memory.sql",
         sql: include_str!("../../sql/0002_memory.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_ops.sql",
+        sql: include_str!("../../sql/0003_ops.sql"),
+    },
 ];
 
 pub const TRIGGERS: &[TriggerFile] = &[
@@ -57,6 +62,11 @@ pub const TRIGGERS: &[TriggerFile] = &[
         name: "0002_log_user_query.sql",
         sql: include_str!("../../triggers/0002_log_user_query.sql"),
         creates: &["pipeline_runs_log_user_query"],
+    },
+    TriggerFile {
+        name: "0003_callback_outbox.sql",
+        sql: include_str!("../../triggers/0003_callback_outbox.sql"),
+        creates: &["pipeline_runs_enqueue_callback"],
     },
 ];
 
