@@ -15,11 +15,14 @@
 //! - [`dispatcher`] — wake or sweep → claim → run stage → record.
 //! - [`llm`] — LLM providers (OpenAI-compatible, Anthropic, Gemini, offline).
 //! - [`stage`] — the stages, behind a trait that knows nothing of SQL.
+//! - [`control`] — operator actions: cancel, retry, continue (debug mode),
+//!   pause/resume; shared by `maasctl` and the HTTP server.
 //! - [`daemon`] — wires the above into `maasd`.
 //! - [`cli`] — `maasctl`.
 
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod db;
 pub mod dispatcher;
