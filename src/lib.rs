@@ -17,9 +17,12 @@
 //! - [`stage`] — the stages, behind a trait that knows nothing of SQL.
 //! - [`control`] — operator actions: cancel, retry, continue (debug mode),
 //!   pause/resume; shared by `maasctl` and the HTTP server.
+//! - [`callbacks`] — signed callback deliveries from a durable outbox.
+//! - [`retention`] — deleting old finished runs in batches.
 //! - [`daemon`] — wires the above into `maasd`.
 //! - [`cli`] — `maasctl`.
 
+pub mod callbacks;
 pub mod cli;
 pub mod config;
 pub mod control;
@@ -31,6 +34,7 @@ pub mod listener;
 pub mod llm;
 pub mod model;
 pub mod repo;
+pub mod retention;
 pub mod shutdown;
 pub mod stage;
 pub mod telemetry;
