@@ -19,6 +19,7 @@
 //!   pause/resume; shared by `maasctl` and the HTTP server.
 //! - [`callbacks`] — signed callback deliveries from a durable outbox.
 //! - [`retention`] — deleting old finished runs in batches.
+//! - [`systemd`] — `Type=notify` readiness and the watchdog.
 //! - [`daemon`] — wires the above into `maasd`.
 //! - [`cli`] — `maasctl`.
 
@@ -37,4 +38,5 @@ pub mod repo;
 pub mod retention;
 pub mod shutdown;
 pub mod stage;
+pub mod systemd;
 pub mod telemetry;
