@@ -335,12 +335,10 @@ mod tests {
             panic!("hmac key");
         };
         mac.update(b"42.what do ya want for nothing?");
-        let hex: String = mac
-            .finalize()
-            .into_bytes()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        assert_eq!(sign(b"Jefe", 42, b"what do ya want for nothing?"), format!("sha256={hex}"));
+        let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            sign(b"Jefe", 42, b"what do ya want for nothing?"),
+            format!("sha256={hex}")
+        );
     }
 }

@@ -505,7 +505,10 @@ mod tests {
         assert_eq!(cfg.callbacks.poll_secs, 1);
         assert_eq!(cfg.callbacks.max_attempts, 12);
         assert_eq!(cfg.retention.keep(), None, "0 keeps everything");
-        assert_eq!(RetentionConfig::default().keep(), Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(
+            RetentionConfig::default().keep(),
+            Some(Duration::from_secs(30 * 86_400))
+        );
         let err = load(
             None,
             &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_RETENTION__BATCH", "0")],

@@ -45,9 +45,13 @@ impl From<tokio_postgres::Error> for Error {
 pub enum CancelOutcome {
     /// Cancelled; `was` is the status it had (an `-ING` status means a stage
     /// was running: its result will be discarded).
-    Cancelled { was: Status },
+    Cancelled {
+        was: Status,
+    },
     /// Already `COMPLETED`, `FAILED` or `CANCELLED`: nothing changed.
-    AlreadyFinished { status: Status },
+    AlreadyFinished {
+        status: Status,
+    },
     NotFound,
 }
 
@@ -61,7 +65,9 @@ pub async fn cancel(
     Ok(match ops::cancel_run(client, id, actor, reason).await? {
         None => CancelOutcome::NotFound,
         Some((status, true)) => CancelOutcome::Cancelled { was: status.parse()? },
-        Some((status, false)) => CancelOutcome::AlreadyFinished { status: status.parse()? },
+        Some((status, false)) => CancelOutcome::AlreadyFinished {
+            status: status.parse()?,
+        },
     })
 }
 
@@ -70,10 +76,16 @@ pub async fn cancel(
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum ContinueOutcome {
     /// Released: `next` will be claimed from `status`.
-    Released { status: Status, next: StageKind },
+    Released {
+        status: Status,
+        next: StageKind,
+    },
     /// Not resting: not a debug run, or not (yet) in `ANALYZED`/`READY`, or
     /// already released.
-    NotHeld { status: Status, debug: bool },
+    NotHeld {
+        status: Status,
+        debug: bool,
+    },
     NotFound,
 }
 
@@ -101,9 +113,14 @@ pub async fn continue_run(
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum RetryOutcome {
     /// Back in `status`; `stage` runs again with fresh attempts.
-    Retried { status: Status, stage: String },
+    Retried {
+        status: Status,
+        stage: String,
+    },
     /// Only `FAILED` runs are retried.
-    NotFailed { status: Status },
+    NotFailed {
+        status: Status,
+    },
     NotFound,
 }
 
@@ -123,7 +140,9 @@ pub async fn retry(
     }
     Ok(match ops::run_status(client, id).await? {
         None => RetryOutcome::NotFound,
-        Some(status) => RetryOutcome::NotFailed { status: status.parse()? },
+        Some(status) => RetryOutcome::NotFailed {
+            status: status.parse()?,
+        },
     })
 }
 

@@ -44,8 +44,12 @@ pub async fn run(pool: Pool, cfg: Arc<Config>, shutdown: CancellationToken) {
         }
         match pass(&pool, keep, cfg.retention.batch, &shutdown).await {
             Ok(r) if r.runs > 0 || r.actions > 0 => {
-                tracing::info!(runs = r.runs, actions = r.actions, keep_days = cfg.retention.keep_days,
-                    "retention: deleted finished runs past their age");
+                tracing::info!(
+                    runs = r.runs,
+                    actions = r.actions,
+                    keep_days = cfg.retention.keep_days,
+                    "retention: deleted finished runs past their age"
+                );
             }
             Ok(_) => tracing::trace!("retention: nothing to delete"),
             Err(e) => tracing::warn!(error = %e, "retention pass failed; trying again next interval"),

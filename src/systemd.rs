@@ -58,8 +58,11 @@ async fn supervise(engine: Arc<Engine>, cfg: Arc<Config>, shutdown: Cancellation
     if let Some(wd) = watchdog
         && wd <= bound
     {
-        tracing::warn!(watchdog_ms = wd.as_millis(), liveness_bound_ms = bound.as_millis(),
-            "systemd: WatchdogSec is shorter than the listener's liveness bound; raise WatchdogSec");
+        tracing::warn!(
+            watchdog_ms = wd.as_millis(),
+            liveness_bound_ms = bound.as_millis(),
+            "systemd: WatchdogSec is shorter than the listener's liveness bound; raise WatchdogSec"
+        );
     }
     // The watchdog runs from process start; feed it while waiting for LISTEN
     // too (migrations are done; the first connect may take a moment).
@@ -80,9 +83,15 @@ async fn supervise(engine: Arc<Engine>, cfg: Arc<Config>, shutdown: Cancellation
     }
     notify(&[
         NotifyState::Ready,
-        NotifyState::Status(&format!("listening on {}; worker {}", crate::listener::CHANNEL, engine.worker())),
+        NotifyState::Status(&format!(
+            "listening on {}; worker {}",
+            crate::listener::CHANNEL,
+            engine.worker()
+        )),
     ]);
     tracing::info!("systemd: READY=1 sent (migrated and listening)");
+    // Ping on every tick while alive: more often than needed is harmless,
+    // and STATUS follows the LISTEN session within a few seconds.
     let mut tick = tokio::time::interval(ping.min(Duration::from_secs(5)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut listening = true;
@@ -102,18 +111,19 @@ async fn supervise(engine: Arc<Engine>, cfg: Arc<Config>, shutdown: Cancellation
             };
             notify(&[NotifyState::Status(&status)]);
         }
-        if watchdog.is_none() || last_ping.elapsed() < ping {
+        if watchdog.is_none() {
             continue;
         }
         let silence = engine.listener_silence();
         if silence <= bound {
             notify(&[NotifyState::Watchdog]);
-            last_ping = tokio::time::Instant::now();
             starved = false;
         } else if !starved {
             starved = true;
-            tracing::error!(silent_ms = silence.as_millis(),
-                "systemd: the listener loop shows no progress; no longer feeding the watchdog");
+            tracing::error!(
+                silent_ms = silence.as_millis(),
+                "systemd: the listener loop shows no progress; no longer feeding the watchdog"
+            );
         }
     }
 }

@@ -244,7 +244,9 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
                     format!(
                         "{} pending{}",
                         c.pending,
-                        c.oldest_pending_secs.map(|s| format!(", oldest {}", age(s))).unwrap_or_default()
+                        c.oldest_pending_secs
+                            .map(|s| format!(", oldest {}", age(s)))
+                            .unwrap_or_default()
                     ),
                 );
             }
@@ -346,7 +348,11 @@ async fn provider_checks(cfg: &Config, file: Option<&Path>, r: &mut Report) {
         let s = llm.settings(role);
         let name = format!("llm.{role}");
         let Some(endpoint) = &s.endpoint else {
-            r.add(name, Level::Ok, format!("{} (model {}, no network)", s.provider, s.model));
+            r.add(
+                name,
+                Level::Ok,
+                format!("{} (model {}, no network)", s.provider, s.model),
+            );
             continue;
         };
         let shown = redact_url(&endpoint.base_url);
@@ -354,11 +360,19 @@ async fn provider_checks(cfg: &Config, file: Option<&Path>, r: &mut Report) {
             .iter()
             .find(|(p, b, _, _)| *p == s.provider && *b == endpoint.base_url)
         {
-            r.add(name, *level, format!("{} {shown} (model {}): {detail}", s.provider, s.model));
+            r.add(
+                name,
+                *level,
+                format!("{} {shown} (model {}): {detail}", s.provider, s.model),
+            );
             continue;
         }
         let (level, detail) = probe(&http, s.provider, &endpoint.base_url, endpoint.api_key.expose()).await;
-        r.add(&name, level, format!("{} {shown} (model {}): {detail}", s.provider, s.model));
+        r.add(
+            &name,
+            level,
+            format!("{} {shown} (model {}): {detail}", s.provider, s.model),
+        );
         probed.push((s.provider, endpoint.base_url.clone(), level, detail));
     }
 }
@@ -385,9 +399,15 @@ async fn probe(http: &reqwest::Client, provider: ProviderKind, base: &str, key: 
             if status.is_success() {
                 (Level::Ok, format!("reachable, key accepted ({ms} ms)"))
             } else if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
-                (Level::Fail, format!("reachable but the key was rejected (HTTP {status})"))
+                (
+                    Level::Fail,
+                    format!("reachable but the key was rejected (HTTP {status})"),
+                )
             } else {
-                (Level::Ok, format!("reachable (HTTP {status} for the model list, {ms} ms)"))
+                (
+                    Level::Ok,
+                    format!("reachable (HTTP {status} for the model list, {ms} ms)"),
+                )
             }
         }
         Err(e) => {
@@ -436,7 +456,10 @@ mod tests {
 
     #[test]
     fn urls_lose_their_credentials() {
-        assert_eq!(redact_url("https://u:p@api.example.com/v1"), "https://api.example.com/v1");
+        assert_eq!(
+            redact_url("https://u:p@api.example.com/v1"),
+            "https://api.example.com/v1"
+        );
         assert_eq!(redact_url("http://127.0.0.1:9/v1/"), "http://127.0.0.1:9/v1");
         assert_eq!(redact_url("nonsense"), "(invalid URL)");
     }

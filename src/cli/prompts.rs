@@ -48,7 +48,11 @@ pub enum PromptsCommand {
 /// Accepts the stored names case-insensitively, plus `responder`.
 pub fn parse_role(text: &str) -> Result<&'static str, CliError> {
     let t = text.trim().to_ascii_lowercase().replace(['_', '-'], "");
-    let t = if t == "responder" { "finalresponder".to_owned() } else { t };
+    let t = if t == "responder" {
+        "finalresponder".to_owned()
+    } else {
+        t
+    };
     ROLES
         .into_iter()
         .find(|r| r.to_ascii_lowercase() == t)
@@ -64,7 +68,10 @@ pub async fn run(cfg: &Config, cmd: PromptsCommand, actor: &str, json: bool) -> 
                 println!("{}", serde_json::to_string(&rows).map_err(std::io::Error::other)?);
                 return Ok(Outcome::Ok);
             }
-            println!("{:<15} {:>7} {:>8} {:>7} {:>8}  active since", "role", "active", "versions", "latest", "chars");
+            println!(
+                "{:<15} {:>7} {:>8} {:>7} {:>8}  active since",
+                "role", "active", "versions", "latest", "chars"
+            );
             for r in &rows {
                 println!(
                     "{:<15} {:>7} {:>8} {:>7} {:>8}  {}",
@@ -121,12 +128,16 @@ pub async fn run(cfg: &Config, cmd: PromptsCommand, actor: &str, json: bool) -> 
                     .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", file.display())))?
             };
             if text.trim().is_empty() {
-                return Err(CliError::Usage(format!("{} is empty; a prompt needs text", file.display())));
+                return Err(CliError::Usage(format!(
+                    "{} is empty; a prompt needs text",
+                    file.display()
+                )));
             }
             let mut client = connect(cfg).await?;
             let tx = client.transaction().await.map_err(crate::db::Error::from)?;
             let (was, new) = ops::prompts_set(&tx, role, &text).await?;
-            let detail = serde_json::json!({"role": role, "version": new, "previous": was, "chars": text.chars().count()});
+            let detail =
+                serde_json::json!({"role": role, "version": new, "previous": was, "chars": text.chars().count()});
             ops::record_action(&tx, "prompt_set", actor, reason.as_deref(), &detail).await?;
             tx.commit().await.map_err(crate::db::Error::from)?;
             if json {

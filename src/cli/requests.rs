@@ -104,7 +104,11 @@ async fn list(
     json: bool,
 ) -> Result<Outcome, CliError> {
     let mut statuses = Vec::new();
-    for s in status.iter().map(|s| s.trim().to_ascii_uppercase()).filter(|s| !s.is_empty()) {
+    for s in status
+        .iter()
+        .map(|s| s.trim().to_ascii_uppercase())
+        .filter(|s| !s.is_empty())
+    {
         let st: Status = s.parse().map_err(|_| {
             CliError::Usage(format!(
                 "unknown status {s:?} (one of {})",
@@ -276,7 +280,10 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
                 a.actor,
                 a.from_status.as_deref().unwrap_or("-"),
                 a.to_status.as_deref().unwrap_or("-"),
-                a.reason.as_deref().map(|r| format!("  ({})", one_line(r, 120))).unwrap_or_default()
+                a.reason
+                    .as_deref()
+                    .map(|r| format!("  ({})", one_line(r, 120)))
+                    .unwrap_or_default()
             );
         }
     }
@@ -290,9 +297,16 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
                     c.delivered_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
                     c.last_status.unwrap_or_default()
                 ),
-                ("pending", Some(e)) => format!("next attempt {}; last: {}", c.next_attempt_at.to_rfc3339(), one_line(e, 100)),
+                ("pending", Some(e)) => format!(
+                    "next attempt {}; last: {}",
+                    c.next_attempt_at.to_rfc3339(),
+                    one_line(e, 100)
+                ),
                 ("pending", None) => format!("next attempt {}", c.next_attempt_at.to_rfc3339()),
-                (_, e) => format!("dead; last: {}", e.as_deref().map(|e| one_line(e, 100)).unwrap_or_default()),
+                (_, e) => format!(
+                    "dead; last: {}",
+                    e.as_deref().map(|e| one_line(e, 100)).unwrap_or_default()
+                ),
             };
             println!("  #{:<6} {:<18} attempts {:<3} {}", c.id, c.event, c.attempts, detail);
         }

@@ -24,9 +24,10 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
     } else {
         None
     };
-    let oldest_due = backlog.iter().filter_map(|b| b.oldest_due_secs).fold(None, |m: Option<f64>, v| {
-        Some(m.map_or(v, |m| m.max(v)))
-    });
+    let oldest_due = backlog
+        .iter()
+        .filter_map(|b| b.oldest_due_secs)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
     if json {
         println!(
             "{}",
@@ -73,7 +74,10 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
         }
     );
     println!();
-    println!("{:<11} {:>9} {:>9} {:>6} {:>12}", "backlog", "requests", "due now", "held", "oldest due");
+    println!(
+        "{:<11} {:>9} {:>9} {:>6} {:>12}",
+        "backlog", "requests", "due now", "held", "oldest due"
+    );
     if backlog.is_empty() {
         println!("(nothing unfinished)");
     }
@@ -91,13 +95,18 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
     println!(
         "finished in the last {}: {completed} completed, {failed} failed, {cancelled} cancelled; failure rate {}",
         age(window.as_secs_f64()),
-        failure_rate.map(|r| format!("{:.1} %", r * 100.0)).unwrap_or_else(|| "-".into())
+        failure_rate
+            .map(|r| format!("{:.1} %", r * 100.0))
+            .unwrap_or_else(|| "-".into())
     );
     println!();
     if leases.is_empty() {
         println!("leases    none in flight");
     } else {
-        println!("{:<40} {:>9} {:>8} {:>16}", "leases by daemon", "in flight", "expired", "next expiry in");
+        println!(
+            "{:<40} {:>9} {:>8} {:>16}",
+            "leases by daemon", "in flight", "expired", "next expiry in"
+        );
         for l in &leases {
             println!(
                 "{:<40} {:>9} {:>8} {:>16}",

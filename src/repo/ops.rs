@@ -460,11 +460,7 @@ pub async fn prompts_show(
 
 /// Adds `text` as the next version of `role`'s prompt and activates it, in
 /// the caller's transaction. Returns (previously active version, new version).
-pub async fn prompts_set(
-    client: &impl GenericClient,
-    role: &str,
-    text: &str,
-) -> Result<(Option<i32>, i32), Error> {
+pub async fn prompts_set(client: &impl GenericClient, role: &str, text: &str) -> Result<(Option<i32>, i32), Error> {
     let lock = client.prepare_cached(PROMPTS_LOCK).await?;
     client.execute(&lock, &[&role]).await?;
     let off = client.prepare_cached(PROMPTS_DEACTIVATE).await?;

@@ -3,6 +3,7 @@
 
 mod cli;
 mod llm;
+mod ops;
 mod orchestrator;
 mod schema;
 mod support;
