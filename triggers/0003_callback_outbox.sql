@@ -18,7 +18,7 @@ BEGIN
                 'answer', NEW.final_answer,
                 'error', NEW.error,
                 'created_at', NEW.created_at,
-                'finished_at', NEW.updated_at));
+                'finished_at', now()));
     RETURN NULL;
 END
 $$;

@@ -1,7 +1,9 @@
 -- Sends FAILED runs back to the ready status of the stage that failed, with
 -- the attempts reset, on behalf of $3 for reason $4; each retry is recorded
 -- in operator_actions with the error it clears. $1: the ids, or NULL for
--- every FAILED run; at most $2 rows per call (callers loop).
+-- every FAILED run; at most $2 rows per call (callers loop). A row locked
+-- by a concurrent change is waited for and re-checked, so two operators
+-- retrying at once retry it once.
 -- The stage comes from the step history: the stage of the last step, or
 -- the one after it when that step succeeded (a run failed by hand); with no
 -- history, the first stage whose output is missing.
@@ -19,7 +21,7 @@ WITH target AS (
     WHERE r.status = 'FAILED' AND ($1::uuid[] IS NULL OR r.id = ANY($1::uuid[]))
     ORDER BY r.updated_at
     LIMIT $2
-    FOR UPDATE OF r SKIP LOCKED
+    FOR UPDATE OF r
 ),
 moved AS (
     UPDATE pipeline_runs r
