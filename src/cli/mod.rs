@@ -219,9 +219,19 @@ pub(crate) fn age(secs: f64) -> String {
     } else if s < 3600.0 {
         format!("{:.0}m", (s / 60.0).floor())
     } else if s < 86400.0 {
-        format!("{:.0}h{:.0}m", (s / 3600.0).floor(), ((s % 3600.0) / 60.0).floor())
+        let (h, m) = ((s / 3600.0).floor(), ((s % 3600.0) / 60.0).floor());
+        if m == 0.0 {
+            format!("{h:.0}h")
+        } else {
+            format!("{h:.0}h{m:.0}m")
+        }
     } else {
-        format!("{:.0}d{:.0}h", (s / 86400.0).floor(), ((s % 86400.0) / 3600.0).floor())
+        let (d, h) = ((s / 86400.0).floor(), ((s % 86400.0) / 3600.0).floor());
+        if h == 0.0 {
+            format!("{d:.0}d")
+        } else {
+            format!("{d:.0}d{h:.0}h")
+        }
     }
 }
 
@@ -319,5 +329,7 @@ mod tests {
         assert_eq!(age(125.0), "2m");
         assert_eq!(age(3.0 * 3600.0 + 12.0 * 60.0), "3h12m");
         assert_eq!(age(2.0 * 86400.0 + 4.0 * 3600.0), "2d4h");
+        assert_eq!(age(3600.0), "1h");
+        assert_eq!(age(86400.0), "1d");
     }
 }
