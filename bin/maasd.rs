@@ -31,11 +31,11 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> anyhow::Result<()> {
     let cfg = maas::config::Config::load(args.config.as_deref())?;
     let shutdown = maas::shutdown::on_signals()?;
-    let for_systemd = (std::sync::Arc::new(cfg.clone()), shutdown.clone());
+    let (sd_cfg, sd_shutdown) = (std::sync::Arc::new(cfg.clone()), shutdown.clone());
     maas::daemon::run(cfg, shutdown, move |engine| {
         tracing::info!(worker = engine.worker(), "maasd ready");
         // READY=1 once listening, then the watchdog (a no-op outside systemd).
-        maas::systemd::spawn(engine.clone(), for_systemd.0, for_systemd.1);
+        maas::systemd::spawn(engine.clone(), sd_cfg, sd_shutdown);
     })
     .await?;
     Ok(())

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use tokio::sync::{Semaphore, broadcast};
+use tokio::sync::{Notify, Semaphore, broadcast};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -137,6 +137,9 @@ impl Worker {
 
     async fn run(self: Arc<Self>, events: broadcast::Receiver<Event>, shutdown: CancellationToken) {
         let slots = Arc::new(Semaphore::new(self.cb().concurrency));
+        // Rung when a delivery ends, so a worker that filled every slot
+        // claims again at once instead of at the next poll.
+        let freed = Arc::new(Notify::new());
         let tasks = TaskTracker::new();
         let mut events = Some(events);
         let poll = Duration::from_secs(self.cb().poll_secs);
@@ -164,9 +167,11 @@ impl Worker {
                                 break; // cannot happen: we claimed at most `free`
                             };
                             let me = self.clone();
+                            let freed = freed.clone();
                             tasks.spawn(async move {
                                 me.deliver(d).await;
                                 drop(permit);
+                                freed.notify_one();
                             });
                         }
                         if n < free {
@@ -179,13 +184,16 @@ impl Worker {
                     }
                 }
             }
-            // Wait for a terminal transition, the poll tick or shutdown.
+            // Wait for a terminal transition, a freed slot (if all were
+            // taken), the poll tick or shutdown.
+            let saturated = slots.available_permits() == 0;
             let tick = tokio::time::sleep(poll);
             tokio::pin!(tick);
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => break 'outer,
                     _ = &mut tick => break,
+                    _ = freed.notified(), if saturated => break,
                     ev = async { match events.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
                         match ev {
                             Ok(ev) if !ev.status.is_terminal() => continue,

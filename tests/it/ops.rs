@@ -746,14 +746,22 @@ struct Receiver {
     got: Arc<Mutex<Vec<Received>>>,
     /// Answer 500 to this many requests first.
     fail_first: Arc<Mutex<usize>>,
+    /// Take this long to answer.
+    slow: Duration,
 }
 
 async fn callback_receiver(fail_first: usize) -> (String, Receiver) {
+    slow_callback_receiver(fail_first, Duration::ZERO).await
+}
+
+async fn slow_callback_receiver(fail_first: usize, slow: Duration) -> (String, Receiver) {
     let state = Receiver {
         got: Arc::default(),
         fail_first: Arc::new(Mutex::new(fail_first)),
+        slow,
     };
     async fn hook(State(s): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+        tokio::time::sleep(s.slow).await;
         let headers = headers
             .iter()
             .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
@@ -940,6 +948,37 @@ async fn two_daemons_deliver_each_callback_once_and_give_up_on_dead_receivers() 
     let (code, out, _) = maasctl_env(&db.url, &["doctor"], &[("MAAS_CALLBACKS__SECRET", SECRET)]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("warn  callbacks") && out.contains("1 dead"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_every_slot_busy_claims_again_when_one_frees() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Each delivery takes 300 ms, longer than the runs take to complete, so
+    // most deliveries are due after the last terminal transition woke the
+    // worker: with one slot and a poll far away, only freed slots drive them.
+    let (hook, rx) = slow_callback_receiver(0, Duration::from_millis(300)).await;
+    let _d = Maasd::spawn(
+        &db.url,
+        fast()
+            .env("MAAS_CALLBACKS__SECRET", SECRET)
+            .env("MAAS_CALLBACKS__POLL_SECS", 600)
+            .env("MAAS_CALLBACKS__CONCURRENCY", 1),
+    );
+    wait_listening(&c, 1).await;
+    c.execute(
+        "INSERT INTO pipeline_runs (user_id, user_query, callback_url)
+         SELECT gen_random_uuid(), 'one by one ' || g, $1 FROM generate_series(1, 10) g",
+        &[&hook],
+    )
+    .await
+    .unwrap();
+    crate::support::wait_all_terminal(&c, GENEROUS).await;
+    wait_until(Duration::from_secs(20), "ten deliveries, one at a time", || async {
+        count(&c, "SELECT count(*) FROM callback_outbox WHERE state = 'delivered'").await == 10
+    })
+    .await;
+    assert_eq!(rx.got.lock().unwrap().len(), 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
