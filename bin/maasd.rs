@@ -44,8 +44,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     raise_fd_limit();
     let cfg = maas::config::Config::load(args.config.as_deref())?;
     let shutdown = maas::shutdown::on_signals()?;
-    maas::daemon::run(cfg, shutdown, |engine| {
+    let (sd_cfg, sd_shutdown) = (std::sync::Arc::new(cfg.clone()), shutdown.clone());
+    maas::daemon::run(cfg, shutdown, move |engine| {
         tracing::info!(worker = engine.worker(), "maasd ready");
+        // READY=1 once listening, then the watchdog (a no-op outside systemd).
+        maas::systemd::spawn(engine.clone(), sd_cfg, sd_shutdown);
     })
     .await?;
     Ok(())

@@ -84,6 +84,10 @@ pub struct Config {
     /// The LLM roles and providers (`[llm]`, see `llm::LlmConfig`).
     #[serde(skip_serializing)]
     pub llm: LlmConfig,
+    /// Callback deliveries to a run's `callback_url`.
+    pub callbacks: CallbacksConfig,
+    /// Deleting finished runs after a while.
+    pub retention: RetentionConfig,
 }
 
 /// Per-stage concurrency limits. A notification that finds no free slot is
@@ -289,15 +293,95 @@ fn tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Erro
     d.deserialize_any(Visitor)
 }
 
-/// The deterministic in-process pipeline: no key, no network.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// Callbacks: when a run with a `callback_url` becomes `COMPLETED`, `FAILED`
+/// or `CANCELLED`, a trigger queues a delivery in `callback_outbox` (same
+/// transaction); a worker in every `maasd` POSTs it, signed, with retries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
-pub struct OfflineConfig {
-    /// Simulated latency of each model call. Default 0.
-    pub latency_ms: u64,
-    /// Fault injection for tests and drills: a query containing this marker
-    /// fails every stage attempt with a retryable error. Default: none.
-    pub fail_when_query_contains: Option<String>,
+pub struct CallbacksConfig {
+    /// HMAC-SHA256 key of the `X-Maas-Signature` header. Default: none —
+    /// then nothing is delivered (deliveries wait in the outbox, and
+    /// `maasctl doctor` says so): callbacks are never sent unsigned.
+    /// `MAAS_CALLBACKS__SECRET`.
+    pub secret: Secret,
+    /// Longest one delivery (connect, send, response) may take. Default 10.
+    pub timeout_secs: u64,
+    /// Attempts before a delivery is given up as `dead`. Default 12.
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt with jitter. Default 1000.
+    pub retry_base_ms: u64,
+    /// Upper bound of a retry delay. Default 3600.
+    pub retry_max_secs: u64,
+    /// How often the worker looks for due deliveries when nothing wakes it
+    /// (a terminal transition seen on the LISTEN session wakes it at once).
+    /// Default 5.
+    pub poll_secs: u64,
+    /// Most deliveries claimed at once. Default 32.
+    pub batch: usize,
+    /// Most deliveries in flight at once per daemon. Default 16.
+    pub concurrency: usize,
+}
+
+impl Default for CallbacksConfig {
+    fn default() -> Self {
+        CallbacksConfig {
+            secret: Secret(String::new()),
+            timeout_secs: 10,
+            max_attempts: 12,
+            retry_base_ms: 1000,
+            retry_max_secs: 3600,
+            poll_secs: 5,
+            batch: 32,
+            concurrency: 16,
+        }
+    }
+}
+
+impl CallbacksConfig {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_secs)
+    }
+
+    /// Delay before retrying after failed attempt `attempt` (1-based), with
+    /// jitter in [½, 1].
+    pub fn retry_delay(&self, attempt: u32) -> Duration {
+        let base = Duration::from_millis(self.retry_base_ms);
+        let cap = Duration::from_secs(self.retry_max_secs);
+        let exp = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+        exp.min(cap).mul_f64(rand::random_range(0.5..=1.0))
+    }
+}
+
+/// Retention: every `maasd` deletes terminal runs (with their steps,
+/// callbacks and operator actions) that finished more than `keep_days` ago,
+/// in batches, every `interval_secs`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RetentionConfig {
+    /// Age after which a finished run is deleted. 0 keeps everything.
+    /// Default 30. `MAAS_RETENTION__KEEP_DAYS`.
+    pub keep_days: u64,
+    /// How often the daemon deletes. Default 300.
+    pub interval_secs: u64,
+    /// Runs deleted per statement (one short transaction each). Default 500.
+    pub batch: usize,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            keep_days: 30,
+            interval_secs: 300,
+            batch: 500,
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The age limit, or `None` when retention is off.
+    pub fn keep(&self) -> Option<Duration> {
+        (self.keep_days > 0).then(|| Duration::from_secs(self.keep_days.saturating_mul(86_400)))
+    }
 }
 
 impl Default for Config {
@@ -324,6 +408,8 @@ impl Default for Config {
             context_max_tokens: 16000,
             prompt_cache_secs: 5,
             llm: LlmConfig::default(),
+            callbacks: CallbacksConfig::default(),
+            retention: RetentionConfig::default(),
         }
     }
 }
@@ -390,6 +476,11 @@ impl Config {
             ("stage_timeout_secs", self.stage_timeout_secs),
             ("listener.health_secs", self.listener.health_secs),
             ("listener.health_timeout_secs", self.listener.health_timeout_secs),
+            ("callbacks.timeout_secs", self.callbacks.timeout_secs),
+            ("callbacks.max_attempts", u64::from(self.callbacks.max_attempts)),
+            ("callbacks.retry_base_ms", self.callbacks.retry_base_ms),
+            ("callbacks.poll_secs", self.callbacks.poll_secs),
+            ("retention.interval_secs", self.retention.interval_secs),
         ] {
             if v == 0 {
                 return invalid(key, "must be at least 1");
@@ -403,6 +494,9 @@ impl Config {
             ("concurrency.assemble", self.concurrency.assemble),
             ("concurrency.respond", self.concurrency.respond),
             ("context_max_tokens", self.context_max_tokens),
+            ("callbacks.batch", self.callbacks.batch),
+            ("callbacks.concurrency", self.callbacks.concurrency),
+            ("retention.batch", self.retention.batch),
         ] {
             if v == 0 {
                 return invalid(key, "must be at least 1");
@@ -618,10 +712,48 @@ mod tests {
         let cfg = Config {
             database_url: Secret("postgres://u:hunter2@h/db".into()),
             api_tokens: vec![Secret("tok-hunter3".into())],
+            callbacks: CallbacksConfig {
+                secret: Secret("callback-key-42".into()),
+                ..CallbacksConfig::default()
+            },
             ..Config::default()
         };
         let shown = format!("{cfg:?}");
         assert!(!shown.contains("hunter2") && !shown.contains("hunter3"), "{shown}");
+        assert!(!shown.contains("callback-key-42"), "{shown}");
+    }
+
+    #[test]
+    fn ops_settings_load_from_the_environment_and_are_validated() {
+        let cfg = load(
+            None,
+            &[
+                ("DATABASE_URL", "postgres://u@h/db"),
+                ("MAAS_CALLBACKS__SECRET", "s3"),
+                ("MAAS_CALLBACKS__POLL_SECS", "1"),
+                ("MAAS_RETENTION__KEEP_DAYS", "0"),
+            ],
+        );
+        let cfg = match cfg {
+            Ok(c) => c,
+            Err(e) => panic!("load failed: {e}"),
+        };
+        assert_eq!(cfg.callbacks.secret.expose(), "s3");
+        assert_eq!(cfg.callbacks.poll_secs, 1);
+        assert_eq!(cfg.callbacks.max_attempts, 12);
+        assert_eq!(cfg.retention.keep(), None, "0 keeps everything");
+        assert_eq!(
+            RetentionConfig::default().keep(),
+            Some(Duration::from_secs(30 * 86_400))
+        );
+        let err = load(
+            None,
+            &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_RETENTION__BATCH", "0")],
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(err.contains("retention.batch"), "{err}");
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! `maasd`: configuration → HTTP bind → migrations → engine and HTTP
-//! server, until a signal.
+//! server, until a signal. Beside the engine run the callback delivery worker
+//! ([`crate::callbacks`]) and the retention pass ([`crate::retention`]); both
+//! stop with the engine.
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::db::{self, migrate};
@@ -24,9 +27,13 @@ pub enum DaemonError {
 /// A name for this process in leases and step history: host, pid and a
 /// random suffix, so a restarted process never reuses an old identity.
 pub fn worker_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+    // gethostname(2), not /proc/sys: systemd's ProcSubset=pid hides the latter.
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
         .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "host".into());
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
     let suffix: u32 = rand::random();
     format!("{host}:{}:{:08x}", std::process::id(), suffix)
 }
@@ -77,10 +84,20 @@ pub async fn run(
     let worker = worker_id();
     tracing::info!(worker = %worker, provider = %cfg.llm_provider, lease_secs = cfg.lease_secs,
         sweep_secs = cfg.sweep_secs, "maasd starting");
-    let engine = Engine::new(pool, cfg.clone(), pipeline, worker);
+    let engine = Engine::new(pool.clone(), cfg.clone(), pipeline, worker);
     let server = crate::http::start(bound, cfg.clone(), engine.clone(), shutdown.clone())?;
+    let workers = TaskTracker::new();
+    workers.spawn(crate::callbacks::run(
+        pool.clone(),
+        cfg.clone(),
+        engine.subscribe(),
+        shutdown.clone(),
+    ));
+    workers.spawn(crate::retention::run(pool, cfg.clone(), shutdown.clone()));
+    workers.close();
     ready(&engine);
     engine.run(shutdown).await;
     server.stop(cfg.grace()).await;
+    workers.wait().await;
     Ok(())
 }

@@ -97,6 +97,10 @@ pub struct Engine {
     sweep_now: Notify,
     listening: AtomicBool,
     prompts: Mutex<Option<(Instant, Arc<Prompts>)>>,
+    /// The listener loop's last sign of life, in ms since `born`: the
+    /// liveness check behind the systemd watchdog.
+    born: Instant,
+    alive_ms: AtomicU64,
     events: broadcast::Sender<Event>,
     pub stats: Stats,
 }
@@ -131,6 +135,8 @@ impl Engine {
             sweep_now: Notify::new(),
             listening: AtomicBool::new(false),
             prompts: Mutex::new(None),
+            born: Instant::now(),
+            alive_ms: AtomicU64::new(0),
             events,
             stats: Stats::default(),
         })
@@ -152,6 +158,18 @@ impl Engine {
     /// True while the LISTEN session is up.
     pub fn is_listening(&self) -> bool {
         self.listening.load(Ordering::Relaxed)
+    }
+
+    /// How long since the listener loop last showed progress (a health
+    /// query answered, a LISTEN set up, a reconnect attempted).
+    pub fn listener_silence(&self) -> Duration {
+        let last = Duration::from_millis(self.alive_ms.load(Ordering::Relaxed));
+        self.born.elapsed().saturating_sub(last)
+    }
+
+    fn mark_alive(&self) {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.alive_ms.store(now, Ordering::Relaxed);
     }
 
     fn slot(&self, stage: StageKind) -> &StageSlot {
@@ -828,6 +846,7 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 
 impl ListenerHandler for Engine {
     fn connected(&self, reconnect: bool) {
+        self.mark_alive();
         self.listening.store(true, Ordering::Relaxed);
         bump(&self.stats.listener_connects);
         if reconnect {
@@ -835,6 +854,10 @@ impl ListenerHandler for Engine {
         }
         // LISTEN is in place: now look.
         self.sweep_now.notify_one();
+    }
+
+    fn alive(&self) {
+        self.mark_alive();
     }
 
     fn disconnected(&self, reason: &str) {

@@ -18,11 +18,18 @@
 //! - [`http`] — the HTTP API: submit, status, long-poll, live push (SSE,
 //!   WebSocket), health, readiness, metrics, OpenAPI.
 //! - [`metrics`] — Prometheus series and the hooks that feed them.
+//! - [`control`] — operator actions: cancel, retry, continue (debug mode),
+//!   pause/resume; shared by `maasctl` and the HTTP server.
+//! - [`callbacks`] — signed callback deliveries from a durable outbox.
+//! - [`retention`] — deleting old finished runs in batches.
+//! - [`systemd`] — `Type=notify` readiness and the watchdog.
 //! - [`daemon`] — wires the above into `maasd`.
 //! - [`cli`] — `maasctl`.
 
+pub mod callbacks;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod db;
 pub mod dispatcher;
@@ -33,6 +40,8 @@ pub mod llm;
 pub mod metrics;
 pub mod model;
 pub mod repo;
+pub mod retention;
 pub mod shutdown;
 pub mod stage;
+pub mod systemd;
 pub mod telemetry;

@@ -80,6 +80,9 @@ pub trait ListenerHandler: Send + Sync + 'static {
     fn disconnected(&self, reason: &str);
     fn event(&self, event: Event);
     fn junk(&self, payload: &str, error: &PayloadError);
+    /// The loop made progress: a health query succeeded, or a (re)connect
+    /// is being attempted. Feeds liveness checks (the systemd watchdog).
+    fn alive(&self) {}
 }
 
 /// Runs until `shutdown`: connect, LISTEN, report, forward; reconnect on
@@ -96,6 +99,7 @@ pub async fn run(cfg: Arc<Config>, handler: Arc<dyn ListenerHandler>, shutdown: 
         if shutdown.is_cancelled() {
             return;
         }
+        handler.alive();
         let reason = match session(&cfg, handler.as_ref(), &shutdown, connected_before, &mut || {
             backoff = backoff_builder.build();
         })
@@ -202,7 +206,7 @@ async fn session(
             },
             _ = health.tick() => {
                 match tokio::time::timeout(health_timeout(cfg), client.simple_query("SELECT 1")).await {
-                    Ok(Ok(_)) => {}
+                    Ok(Ok(_)) => handler.alive(),
                     Ok(Err(e)) => return Err(ended(format!("health query: {e}"))),
                     Err(_) => return Err(ended("health query timed out (backend frozen or network stalled)".into())),
                 }

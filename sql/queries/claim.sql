@@ -11,6 +11,10 @@
 -- index on dispatchable statuses (with a parameter it cannot, and every
 -- execution would be planned anew).
 --
+-- Debug runs resting for `maasctl requests continue` (`held`) are skipped;
+-- while `maasctl pause` is in force nothing is claimed (one-row table, read
+-- once per statement as a one-time filter).
+--
 -- It also returns the memory the stage needs, always the requesting user's
 -- own (invariant 7): for the analyzer ({ready} = 'NEW') the user's $4 most
 -- recent LSM records; for the assembler ({ready} = 'ANALYZED') the record the
@@ -18,7 +22,8 @@
 WITH picked AS (
     SELECT id, greatest(updated_at, run_after) AS due_since
     FROM pipeline_runs
-    WHERE status = {ready} AND run_after <= now() {filter}
+    WHERE status = {ready} AND run_after <= now() AND NOT held {filter}
+      AND NOT EXISTS (SELECT 1 FROM maas_control WHERE paused)
     ORDER BY run_after
     LIMIT $1
     FOR UPDATE SKIP LOCKED

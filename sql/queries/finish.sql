@@ -31,6 +31,9 @@ done AS (
                                     WHEN 'deferred' THEN greatest(r.attempt - 1, 0)
                                     ELSE r.attempt END,
         run_after             = now() + i.delay_ms * interval '1 millisecond',
+        -- Debug mode: a debug run rests after each successful stage that
+        -- leads to a dispatchable status, until an operator continues it.
+        held                  = r.debug AND i.outcome = 'succeeded' AND i.new_status IN ('ANALYZED', 'READY'),
         lease_owner           = NULL,
         lease_expires_at      = NULL,
         updated_at            = now()

@@ -5,6 +5,6 @@ SELECT pg_notify('pipeline_events',
 FROM (
     SELECT DISTINCT ON (status) id, status
     FROM pipeline_runs
-    WHERE status IN ('NEW', 'ANALYZED', 'READY') AND run_after <= now()
+    WHERE status IN ('NEW', 'ANALYZED', 'READY') AND run_after <= now() AND NOT held
     ORDER BY status, run_after
 ) oldest

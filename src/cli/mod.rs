@@ -2,10 +2,19 @@
 //! default, `--json` for scripts.
 //!
 //! Exit codes: 0 success; 1 the command ran but found a problem (unknown
-//! request, schema not current); 2 usage or runtime error.
+//! request, schema not current, a request not in a state the verb applies
+//! to, a failed `doctor` check); 2 usage or runtime error (bad arguments,
+//! database unreachable).
+//!
+//! Actions are recorded in `operator_actions` under `--operator` (default
+//! `$MAAS_OPERATOR`, else the login name).
 
+mod control;
 mod devdb;
+mod doctor;
+mod prompts;
 mod requests;
+mod stats;
 mod sweep;
 
 use std::path::PathBuf;
@@ -24,6 +33,9 @@ pub struct Cli {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Who is acting, for the audit trail (default: $MAAS_OPERATOR, else the login name).
+    #[arg(long, global = true)]
+    pub operator: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -43,10 +55,36 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Inspect requests.
+    /// Find, inspect, retry, cancel and step through requests.
     Requests {
         #[command(subcommand)]
         command: requests::RequestsCommand,
+    },
+    /// Backlog by status, oldest waiting age, failure rate, leases by daemon.
+    Stats {
+        /// Window for the failure rate (e.g. 15m, 1h, 1d).
+        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        window: std::time::Duration,
+    },
+    /// Check health: database, schema, triggers, a NOTIFY round trip,
+    /// daemons, callbacks, LLM providers. Exit 1 if any check fails.
+    Doctor,
+    /// The system prompts of each role (versioned; one active per role).
+    Prompts {
+        #[command(subcommand)]
+        command: prompts::PromptsCommand,
+    },
+    /// Stop claiming in every daemon (running stages finish).
+    Pause {
+        /// Why, for the audit trail and `stats`.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume claiming in every daemon.
+    Resume {
+        /// Why, for the audit trail.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// A private PostgreSQL cluster for development, tests and benchmarks.
     #[command(name = "dev-db")]
@@ -76,6 +114,15 @@ pub enum CliError {
     Io(#[from] std::io::Error),
 }
 
+impl From<crate::control::Error> for CliError {
+    fn from(e: crate::control::Error) -> Self {
+        match e {
+            crate::control::Error::Db(e) => CliError::Db(e),
+            other => CliError::Usage(other.to_string()),
+        }
+    }
+}
+
 impl From<tokio_postgres::Error> for CliError {
     fn from(e: tokio_postgres::Error) -> Self {
         CliError::Db(e.into())
@@ -95,9 +142,102 @@ pub async fn run(cli: Cli) -> Result<Outcome, CliError> {
         }
         Command::Requests { command } => {
             let cfg = Config::load(cli.config.as_deref())?;
-            requests::run(&cfg, command, cli.json).await
+            requests::run(&cfg, command, &actor(cli.operator), cli.json).await
+        }
+        Command::Stats { window } => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            stats::run(&cfg, window, cli.json).await
+        }
+        Command::Doctor => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            doctor::run(&cfg, cli.config.as_deref(), cli.json).await
+        }
+        Command::Prompts { command } => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            prompts::run(&cfg, command, &actor(cli.operator), cli.json).await
+        }
+        Command::Pause { reason } => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            control::pause(&cfg, &actor(cli.operator), reason.as_deref(), cli.json).await
+        }
+        Command::Resume { reason } => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            control::resume(&cfg, &actor(cli.operator), reason.as_deref(), cli.json).await
         }
     }
+}
+
+fn actor(flag: Option<String>) -> String {
+    flag.map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(crate::control::default_actor)
+}
+
+/// Parses `90s`, `15m`, `2h`, `3d` (or a plain number of seconds).
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (e.g. 90s, 15m, 2h, 3d)"))?;
+    let mult = match unit.trim() {
+        "" | "s" | "sec" | "secs" => 1.0,
+        "m" | "min" | "mins" => 60.0,
+        "h" | "hour" | "hours" => 3600.0,
+        "d" | "day" | "days" => 86400.0,
+        other => return Err(format!("unknown unit {other:?} in {text:?} (use s, m, h or d)")),
+    };
+    std::time::Duration::try_from_secs_f64(n * mult).map_err(|_| format!("{text:?} is out of range"))
+}
+
+/// Parses a request id argument.
+pub(crate) fn parse_id(id: &str) -> Result<uuid::Uuid, CliError> {
+    id.trim()
+        .parse()
+        .map_err(|_| CliError::Usage(format!("{id:?} is not a request id (expected a uuid)")))
+}
+
+/// Flattens a string to one line of at most `max` characters.
+pub(crate) fn one_line(s: &str, max: usize) -> String {
+    let flat: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if flat.chars().count() > max {
+        format!("{}…", flat.chars().take(max).collect::<String>())
+    } else {
+        flat
+    }
+}
+
+/// A short human age: `42s`, `7m`, `3h12m`, `2d4h`.
+pub(crate) fn age(secs: f64) -> String {
+    if !secs.is_finite() || secs < 0.0 {
+        return "-".into();
+    }
+    let s = secs.round();
+    if s < 60.0 {
+        format!("{s:.0}s")
+    } else if s < 3600.0 {
+        format!("{:.0}m", (s / 60.0).floor())
+    } else if s < 86400.0 {
+        let (h, m) = ((s / 3600.0).floor(), ((s % 3600.0) / 60.0).floor());
+        if m == 0.0 {
+            format!("{h:.0}h")
+        } else {
+            format!("{h:.0}h{m:.0}m")
+        }
+    } else {
+        let (d, h) = ((s / 86400.0).floor(), ((s % 86400.0) / 3600.0).floor());
+        if h == 0.0 {
+            format!("{d:.0}d")
+        } else {
+            format!("{d:.0}d{h:.0}h")
+        }
+    }
+}
+
+/// Seconds from `t` until now.
+pub(crate) fn since(t: chrono::DateTime<chrono::Utc>) -> f64 {
+    (chrono::Utc::now() - t).num_milliseconds() as f64 / 1000.0
 }
 
 /// A connection for one-shot commands (from a pool of one, so the named
@@ -164,4 +304,32 @@ async fn migrate(cfg: &Config, check: bool, json: bool) -> Result<Outcome, CliEr
         println!("schema version {}", report.current_version);
     }
     Ok(Outcome::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        let d = |s| parse_duration(s).ok().map(|d| d.as_secs());
+        assert_eq!(d("90"), Some(90));
+        assert_eq!(d("90s"), Some(90));
+        assert_eq!(d("15m"), Some(900));
+        assert_eq!(d("2h"), Some(7200));
+        assert_eq!(d("3d"), Some(259_200));
+        assert_eq!(d(" 1.5h "), Some(5400));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5w").is_err());
+    }
+
+    #[test]
+    fn ages_are_short() {
+        assert_eq!(age(5.2), "5s");
+        assert_eq!(age(125.0), "2m");
+        assert_eq!(age(3.0 * 3600.0 + 12.0 * 60.0), "3h12m");
+        assert_eq!(age(2.0 * 86400.0 + 4.0 * 3600.0), "2d4h");
+        assert_eq!(age(3600.0), "1h");
+        assert_eq!(age(86400.0), "1d");
+    }
 }

@@ -1,32 +1,189 @@
-//! `maasctl requests ...`: inspect requests and their step history.
+//! `maasctl requests ...`: find requests, see why they failed, retry,
+//! cancel, and step debug runs through their stages.
 
 use clap::Subcommand;
 use uuid::Uuid;
 
-use super::{CliError, Outcome, connect};
+use super::{CliError, Outcome, age, connect, one_line, parse_duration, parse_id, since};
 use crate::config::Config;
-use crate::repo;
+use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
+use crate::model::Status;
+use crate::repo::{self, ops};
+
+/// Runs retried per statement by `retry --all-failed`.
+const RETRY_BATCH: usize = 500;
 
 #[derive(Subcommand, Debug)]
 pub enum RequestsCommand {
-    /// Show one request and its step history.
+    /// List requests, most recently changed first.
+    List {
+        /// Only these statuses (repeat or comma-separate: --status FAILED,CANCELLED).
+        #[arg(long, value_delimiter = ',')]
+        status: Vec<String>,
+        /// Only this user's requests (uuid).
+        #[arg(long)]
+        user: Option<String>,
+        /// Only requests unchanged for longer than this (90s, 15m, 2h, 3d):
+        /// stuck ones, or old failures.
+        #[arg(long, value_parser = parse_duration)]
+        older_than: Option<std::time::Duration>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Show one request: the run, its step history, its errors, operator
+    /// actions and callback deliveries.
     Show {
         /// The request id (uuid).
         id: String,
     },
+    /// Send FAILED requests back to the ready status of the stage that
+    /// failed, with fresh attempts.
+    Retry {
+        /// Request ids (uuid).
+        #[arg(required_unless_present = "all_failed", conflicts_with = "all_failed")]
+        ids: Vec<String>,
+        /// Every FAILED request.
+        #[arg(long)]
+        all_failed: bool,
+        /// Why (recorded with the retry).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Cancel requests that have not finished; a running stage's result is
+    /// discarded.
+    Cancel {
+        /// Request ids (uuid).
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// Why (recorded, and shown as the request's error).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Debug mode: release a debug request resting in ANALYZED or READY to
+    /// its next stage.
+    Continue {
+        /// Request ids (uuid).
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// Why (optional; recorded).
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
-pub async fn run(cfg: &Config, cmd: RequestsCommand, json: bool) -> Result<Outcome, CliError> {
+pub async fn run(cfg: &Config, cmd: RequestsCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
     match cmd {
+        RequestsCommand::List {
+            status,
+            user,
+            older_than,
+            limit,
+        } => list(cfg, status, user, older_than, limit, json).await,
         RequestsCommand::Show { id } => show(cfg, &id, json).await,
+        RequestsCommand::Retry {
+            ids,
+            all_failed,
+            reason,
+        } => retry(cfg, &ids, all_failed, actor, &reason, json).await,
+        RequestsCommand::Cancel { ids, reason } => cancel(cfg, &ids, actor, &reason, json).await,
+        RequestsCommand::Continue { ids, reason } => continue_(cfg, &ids, actor, reason.as_deref(), json).await,
     }
 }
 
+fn parse_ids(ids: &[String]) -> Result<Vec<Uuid>, CliError> {
+    ids.iter().map(|s| parse_id(s)).collect()
+}
+
+async fn list(
+    cfg: &Config,
+    status: Vec<String>,
+    user: Option<String>,
+    older_than: Option<std::time::Duration>,
+    limit: usize,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let mut statuses = Vec::new();
+    for s in status
+        .iter()
+        .map(|s| s.trim().to_ascii_uppercase())
+        .filter(|s| !s.is_empty())
+    {
+        let st: Status = s.parse().map_err(|_| {
+            CliError::Usage(format!(
+                "unknown status {s:?} (one of {})",
+                Status::ALL.map(Status::as_str).join(", ")
+            ))
+        })?;
+        statuses.push(st.as_str().to_owned());
+    }
+    let user_id = match user {
+        Some(u) => Some(
+            u.trim()
+                .parse::<Uuid>()
+                .map_err(|_| CliError::Usage(format!("{u:?} is not a user id (expected a uuid)")))?,
+        ),
+        None => None,
+    };
+    let filter = ops::ListFilter {
+        statuses: (!statuses.is_empty()).then_some(statuses),
+        user_id,
+        older_than,
+        limit,
+    };
+    let client = connect(cfg).await?;
+    let rows = ops::list_runs(&client, &filter).await?;
+    if json {
+        println!("{}", serde_json::to_string(&rows).map_err(std::io::Error::other)?);
+        return Ok(Outcome::Ok);
+    }
+    if rows.is_empty() {
+        println!("no requests match");
+        return Ok(Outcome::Ok);
+    }
+    println!(
+        "{:<36}  {:<10} {:>3} {:>7} {:>7}  {:<5} error / query",
+        "id", "status", "try", "age", "changed", "flags"
+    );
+    for r in &rows {
+        let mut flags = String::new();
+        if r.debug {
+            flags.push('d');
+        }
+        if r.held {
+            flags.push('H');
+        }
+        if r.has_callback {
+            flags.push('c');
+        }
+        if r.lease_owner.is_some() {
+            flags.push('L');
+        }
+        let text = match &r.error {
+            Some(e) => one_line(e, 90),
+            None => format!("\"{}\"", one_line(&r.query, 60)),
+        };
+        println!(
+            "{:<36}  {:<10} {:>3} {:>7} {:>7}  {:<5} {}",
+            r.id,
+            r.status,
+            r.attempt,
+            age(since(r.created_at)),
+            age(since(r.updated_at)),
+            if flags.is_empty() { "-".into() } else { flags },
+            text
+        );
+    }
+    println!(
+        "({} shown{}; flags: d debug, H held for `requests continue`, c callback, L leased)",
+        rows.len(),
+        if rows.len() == limit { ", more with --limit" } else { "" }
+    );
+    Ok(Outcome::Ok)
+}
+
 async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
-    let id: Uuid = id
-        .trim()
-        .parse()
-        .map_err(|_| CliError::Usage(format!("{id:?} is not a request id (expected a uuid)")))?;
+    let id = parse_id(id)?;
     let client = connect(cfg).await?;
     let Some(run) = repo::show_run(&client, id).await? else {
         if json {
@@ -37,8 +194,13 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
         return Ok(Outcome::Finding);
     };
     let steps = repo::show_steps(&client, id).await?;
+    let actions = ops::show_actions(&client, id).await?;
+    let callbacks = ops::show_callbacks(&client, id).await?;
     if json {
-        println!("{}", serde_json::json!({"request": run, "steps": steps}));
+        println!(
+            "{}",
+            serde_json::json!({"request": run, "steps": steps, "actions": actions, "callbacks": callbacks})
+        );
         return Ok(Outcome::Ok);
     }
     println!("request   {}", run.id);
@@ -57,7 +219,17 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
         println!("waiting   until {} (backoff)", run.run_after.to_rfc3339());
     }
     if run.debug {
-        println!("debug     yes");
+        if run.held {
+            println!(
+                "debug     yes; HELD in {}: `maasctl requests continue {}` releases the next stage",
+                run.status, run.id
+            );
+        } else {
+            println!("debug     yes (rests in ANALYZED and READY until continued)");
+        }
+    }
+    if let Some(url) = &run.callback_url {
+        println!("callback  {url}");
     }
     println!("query     {}", one_line(&run.user_query, 200));
     if let Some(a) = &run.analysis_result {
@@ -97,14 +269,168 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
     if steps.is_empty() {
         println!("(no finished stage attempts yet)");
     }
+    if !actions.is_empty() {
+        println!();
+        println!("operator actions:");
+        for a in &actions {
+            println!(
+                "  {}  {:<8} by {:<12} {} -> {}{}",
+                a.at.format("%Y-%m-%d %H:%M:%S"),
+                a.action,
+                a.actor,
+                a.from_status.as_deref().unwrap_or("-"),
+                a.to_status.as_deref().unwrap_or("-"),
+                a.reason
+                    .as_deref()
+                    .map(|r| format!("  ({})", one_line(r, 120)))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if !callbacks.is_empty() {
+        println!();
+        println!("callbacks:");
+        for c in &callbacks {
+            let detail = match (c.state.as_str(), &c.last_error) {
+                ("delivered", _) => format!(
+                    "delivered {} (HTTP {})",
+                    c.delivered_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                    c.last_status.unwrap_or_default()
+                ),
+                ("pending", Some(e)) => format!(
+                    "next attempt {}; last: {}",
+                    c.next_attempt_at.to_rfc3339(),
+                    one_line(e, 100)
+                ),
+                ("pending", None) => format!("next attempt {}", c.next_attempt_at.to_rfc3339()),
+                (_, e) => format!(
+                    "dead; last: {}",
+                    e.as_deref().map(|e| one_line(e, 100)).unwrap_or_default()
+                ),
+            };
+            println!("  #{:<6} {:<18} attempts {:<3} {}", c.id, c.event, c.attempts, detail);
+        }
+    }
     Ok(Outcome::Ok)
 }
 
-fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-    if flat.chars().count() > max {
-        format!("{}…", flat.chars().take(max).collect::<String>())
+async fn retry(
+    cfg: &Config,
+    ids: &[String],
+    all_failed: bool,
+    actor: &str,
+    reason: &str,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let ids = parse_ids(ids)?;
+    let client = connect(cfg).await?;
+    let mut retried: Vec<serde_json::Value> = Vec::new();
+    let mut skipped: Vec<serde_json::Value> = Vec::new();
+    if all_failed {
+        for r in control::retry_all_failed(&client, actor, Some(reason), RETRY_BATCH).await? {
+            retried.push(serde_json::json!({"id": r.id, "status": r.status, "stage": r.stage, "error": r.error}));
+        }
     } else {
-        flat
+        for id in ids {
+            match control::retry(&client, id, actor, Some(reason)).await? {
+                RetryOutcome::Retried { status, stage } => {
+                    retried.push(serde_json::json!({"id": id, "status": status, "stage": stage}));
+                }
+                other => skipped.push(serde_json::json!({"id": id, "result": other})),
+            }
+        }
     }
+    if json {
+        println!("{}", serde_json::json!({"retried": retried, "skipped": skipped}));
+    } else {
+        for r in &retried {
+            println!(
+                "retried {}: {} stage again from {}",
+                r["id"].as_str().unwrap_or_default(),
+                r["stage"].as_str().unwrap_or_default(),
+                r["status"].as_str().unwrap_or_default()
+            );
+        }
+        for s in &skipped {
+            let id = s["id"].as_str().unwrap_or_default();
+            match s["result"]["outcome"].as_str() {
+                Some("not_found") => eprintln!("no request {id}"),
+                _ => eprintln!(
+                    "not retried {id}: it is {}, only FAILED requests are retried",
+                    s["result"]["status"].as_str().unwrap_or("?")
+                ),
+            }
+        }
+        if all_failed && retried.is_empty() {
+            println!("no FAILED requests");
+        }
+    }
+    Ok(if skipped.is_empty() {
+        Outcome::Ok
+    } else {
+        Outcome::Finding
+    })
+}
+
+async fn cancel(cfg: &Config, ids: &[String], actor: &str, reason: &str, json: bool) -> Result<Outcome, CliError> {
+    let ids = parse_ids(ids)?;
+    let client = connect(cfg).await?;
+    let mut results = Vec::new();
+    let mut finding = false;
+    for id in ids {
+        let outcome = control::cancel(&client, id, actor, Some(reason)).await?;
+        if !json {
+            match outcome {
+                CancelOutcome::Cancelled { was } if was.in_flight_stage().is_some() => println!(
+                    "cancelled {id} (was {was}: its running stage loses its lease; a late result is discarded)"
+                ),
+                CancelOutcome::Cancelled { was } => println!("cancelled {id} (was {was})"),
+                CancelOutcome::AlreadyFinished { status } => eprintln!("not cancelled {id}: already {status}"),
+                CancelOutcome::NotFound => eprintln!("no request {id}"),
+            }
+        }
+        finding |= !matches!(outcome, CancelOutcome::Cancelled { .. });
+        results.push(serde_json::json!({"id": id, "result": outcome}));
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(results));
+    }
+    Ok(if finding { Outcome::Finding } else { Outcome::Ok })
+}
+
+async fn continue_(
+    cfg: &Config,
+    ids: &[String],
+    actor: &str,
+    reason: Option<&str>,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let ids = parse_ids(ids)?;
+    let client = connect(cfg).await?;
+    let mut results = Vec::new();
+    let mut finding = false;
+    for id in ids {
+        let outcome = control::continue_run(&client, id, actor, reason).await?;
+        if !json {
+            match outcome {
+                ContinueOutcome::Released { status, next } => {
+                    println!("continued {id}: the {next} stage will pick it up from {status}");
+                }
+                ContinueOutcome::NotHeld { status, debug: false } => {
+                    eprintln!("not held {id}: it is {status} and not in debug mode")
+                }
+                ContinueOutcome::NotHeld { status, debug: true } => eprintln!(
+                    "not held {id}: it is {status}; a debug request rests only in ANALYZED and READY \
+                     after a stage succeeds"
+                ),
+                ContinueOutcome::NotFound => eprintln!("no request {id}"),
+            }
+        }
+        finding |= !matches!(outcome, ContinueOutcome::Released { .. });
+        results.push(serde_json::json!({"id": id, "result": outcome}));
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(results));
+    }
+    Ok(if finding { Outcome::Finding } else { Outcome::Ok })
 }

@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_http.sql",
         sql: include_str!("../../sql/0003_http.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_ops.sql",
+        sql: include_str!("../../sql/0004_ops.sql"),
+    },
 ];
 
 pub const TRIGGERS: &[TriggerFile] = &[
@@ -62,6 +67,11 @@ pub const TRIGGERS: &[TriggerFile] = &[
         name: "0002_log_user_query.sql",
         sql: include_str!("../../triggers/0002_log_user_query.sql"),
         creates: &["pipeline_runs_log_user_query"],
+    },
+    TriggerFile {
+        name: "0003_callback_outbox.sql",
+        sql: include_str!("../../triggers/0003_callback_outbox.sql"),
+        creates: &["pipeline_runs_enqueue_callback"],
     },
 ];
 

@@ -18,6 +18,8 @@ use crate::model::{MemoryRecord, Outcome, Prompts, StageKind, Status};
 /// The claim template; see [`claim_sql`].
 pub mod http;
 
+pub mod ops;
+
 pub const CLAIM: &str = include_str!("../../sql/queries/claim.sql");
 pub const FINISH: &str = include_str!("../../sql/queries/finish.sql");
 pub const HEARTBEAT: &str = include_str!("../../sql/queries/heartbeat.sql");
@@ -49,6 +51,12 @@ pub fn claim_ids_sql(stage: StageKind) -> &'static str {
         std::sync::LazyLock::new(|| StageKind::ALL.map(|s| render_claim(s, "AND id = ANY($5)")));
     &SQL[stage.index()]
 }
+pub use ops::{
+    CALLBACKS_CLAIM, CALLBACKS_DELIVERED, CALLBACKS_FAILED, CANCEL_RUN, CONTINUE_RUN, CONTROL_GET, CONTROL_SET,
+    FAILED_IDS, LIST_RUNS, PROMPTS_ACTIVATE, PROMPTS_DEACTIVATE, PROMPTS_INSERT, PROMPTS_LIST, PROMPTS_LOCK,
+    PROMPTS_SHOW, RECORD_ACTION, RETENTION_ACTIONS, RETENTION_RUNS, RETRY_FAILED, RUN_STATUS, SHOW_ACTIONS,
+    SHOW_CALLBACKS, STATS_BACKLOG, STATS_CALLBACKS, STATS_DAEMONS, STATS_FINISHED, STATS_LEASES,
+};
 
 /// Every named query, for the test that prepares them all.
 pub fn all() -> Vec<(&'static str, &'static str)> {
@@ -81,6 +89,33 @@ const NAMED: &[(&str, &str)] = &[
     ("count_backlog", http::COUNT_BACKLOG),
     ("steps_since", http::STEPS_SINCE),
     ("last_step_id", http::LAST_STEP_ID),
+    ("cancel_run", CANCEL_RUN),
+    ("continue_run", CONTINUE_RUN),
+    ("retry_failed", RETRY_FAILED),
+    ("failed_ids", FAILED_IDS),
+    ("run_status", RUN_STATUS),
+    ("control_get", CONTROL_GET),
+    ("control_set", CONTROL_SET),
+    ("list_runs", LIST_RUNS),
+    ("show_actions", SHOW_ACTIONS),
+    ("show_callbacks", SHOW_CALLBACKS),
+    ("stats_backlog", STATS_BACKLOG),
+    ("stats_finished", STATS_FINISHED),
+    ("stats_leases", STATS_LEASES),
+    ("stats_callbacks", STATS_CALLBACKS),
+    ("stats_daemons", STATS_DAEMONS),
+    ("prompts_list", PROMPTS_LIST),
+    ("prompts_show", PROMPTS_SHOW),
+    ("prompts_lock", PROMPTS_LOCK),
+    ("prompts_deactivate", PROMPTS_DEACTIVATE),
+    ("prompts_insert", PROMPTS_INSERT),
+    ("prompts_activate", PROMPTS_ACTIVATE),
+    ("record_action", RECORD_ACTION),
+    ("retention_runs", RETENTION_RUNS),
+    ("retention_actions", RETENTION_ACTIONS),
+    ("callbacks_claim", CALLBACKS_CLAIM),
+    ("callbacks_delivered", CALLBACKS_DELIVERED),
+    ("callbacks_failed", CALLBACKS_FAILED),
 ];
 
 /// A row claimed for one stage attempt.
@@ -392,6 +427,9 @@ pub struct RunView {
     pub lease_token: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Debug mode: resting until an operator continues it.
+    pub held: bool,
+    pub callback_url: Option<String>,
 }
 
 /// One row of the step history.
@@ -431,6 +469,8 @@ pub async fn show_run(client: &impl GenericClient, id: Uuid) -> Result<Option<Ru
         lease_token: r.get(14),
         created_at: r.get(15),
         updated_at: r.get(16),
+        held: r.get(17),
+        callback_url: r.get(18),
     }))
 }
 

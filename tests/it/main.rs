@@ -4,6 +4,7 @@
 mod cli;
 mod http;
 mod llm;
+mod ops;
 mod orchestrator;
 mod schema;
 mod stages;

@@ -1,0 +1,9 @@
+-- Records a failed attempt $2 of delivery $1 (HTTP status $3, error $4):
+-- retried after $5 seconds, or dead when $6 is true. Fenced on the attempt,
+-- so a worker whose lease ran out and was overtaken changes nothing.
+UPDATE callback_outbox
+SET state = CASE WHEN $6::bool THEN 'dead' ELSE 'pending' END,
+    next_attempt_at = now() + make_interval(secs => $5::float8),
+    last_status = $3,
+    last_error = $4
+WHERE id = $1 AND attempts = $2 AND state = 'pending'

@@ -1,0 +1,352 @@
+//! Callback deliveries (seed 001's user notification), from the durable
+//! outbox `callback_outbox`.
+//!
+//! - **Nothing is lost.** A trigger queues the delivery in the same
+//!   transaction as the run's terminal transition (`COMPLETED`, `FAILED`,
+//!   `CANCELLED`), whoever makes it. The outbox row lives until it is
+//!   delivered or given up (`dead`), across restarts of any daemon.
+//! - **Several daemons.** Each daemon runs one worker. A worker claims due
+//!   rows with `FOR UPDATE SKIP LOCKED` and pushes their `next_attempt_at`
+//!   past the delivery timeout as a lease, so no two workers deliver the same
+//!   row at once, and a delivery whose daemon died is retried after the lease.
+//! - **At least once.** A receiver may see a delivery twice (a crash between
+//!   its `2xx` and our record of it); `X-Maas-Delivery` is the outbox id, the
+//!   key to deduplicate on.
+//! - **Retries** with exponential backoff and jitter, stored in the row
+//!   (`next_attempt_at`), up to `callbacks.max_attempts`, then `dead`.
+//! - **Signed.** `X-Maas-Signature: sha256=<hex HMAC-SHA256(secret,
+//!   "{X-Maas-Timestamp}.{body}")>`; see [`sign`] and [`verify`]. Without a
+//!   secret nothing is sent: deliveries wait in the outbox.
+//! - Redirects are not followed; only a `2xx` counts as delivered.
+//! - The worker wakes when the LISTEN session reports a terminal status, and
+//!   polls every `callbacks.poll_secs` otherwise (retries, missed wakes).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tokio::sync::{Notify, Semaphore, broadcast};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{CallbacksConfig, Config};
+use crate::db::Pool;
+use crate::listener::Event;
+use crate::repo::ops::{self, Delivery};
+
+/// `sha256=` and the hex HMAC-SHA256 of `"{timestamp}.{body}"`.
+pub const SIGNATURE_HEADER: &str = "x-maas-signature";
+/// Unix seconds when the attempt was signed; part of the signed text, so a
+/// receiver can refuse old replays.
+pub const TIMESTAMP_HEADER: &str = "x-maas-timestamp";
+/// The outbox id: the same for every attempt of one delivery.
+pub const DELIVERY_HEADER: &str = "x-maas-delivery";
+/// `request.completed`, `request.failed` or `request.cancelled`.
+pub const EVENT_HEADER: &str = "x-maas-event";
+
+/// Woken by events, the worker claims at most this often.
+const MIN_PASS_INTERVAL: Duration = Duration::from_millis(100);
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The signature header value for `body` sent at `timestamp`.
+pub fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
+    // HMAC takes keys of any length; new_from_slice cannot fail for it.
+    let Ok(mut mac) = HmacSha256::new_from_slice(secret) else {
+        return String::new();
+    };
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let digest = mac.finalize().into_bytes();
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256=");
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Checks a signature header in constant time (for receivers and tests).
+pub fn verify(secret: &[u8], timestamp: i64, body: &[u8], header: &str) -> bool {
+    let Some(hex) = header.strip_prefix("sha256=") else {
+        return false;
+    };
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return false;
+    }
+    let bytes: Vec<u8> = (0..32)
+        .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    let Ok(mut mac) = HmacSha256::new_from_slice(secret) else {
+        return false;
+    };
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    mac.verify_slice(&bytes).is_ok()
+}
+
+/// Runs the delivery worker until `shutdown`; `events` wakes it.
+pub async fn run(pool: Pool, cfg: Arc<Config>, events: broadcast::Receiver<Event>, shutdown: CancellationToken) {
+    let cb = &cfg.callbacks;
+    if cb.secret.expose().is_empty() {
+        tracing::info!(
+            "callbacks: callbacks.secret is not set; deliveries wait in callback_outbox until it is \
+             (maasctl doctor reports them)"
+        );
+        return;
+    }
+    let http = match reqwest::Client::builder()
+        .user_agent(concat!("maas/", env!("CARGO_PKG_VERSION"), " (callbacks)"))
+        .timeout(cb.timeout())
+        .connect_timeout(cb.timeout())
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "callbacks: cannot build the HTTP client; no deliveries from this daemon");
+            return;
+        }
+    };
+    let worker = Arc::new(Worker {
+        pool,
+        cfg: cfg.clone(),
+        http,
+    });
+    worker.run(events, shutdown).await;
+}
+
+struct Worker {
+    pool: Pool,
+    cfg: Arc<Config>,
+    http: reqwest::Client,
+}
+
+impl Worker {
+    fn cb(&self) -> &CallbacksConfig {
+        &self.cfg.callbacks
+    }
+
+    /// The lease of a claimed delivery: the longest it can take, plus slack.
+    fn lease(&self) -> Duration {
+        self.cb().timeout().saturating_mul(2) + Duration::from_secs(5)
+    }
+
+    async fn run(self: Arc<Self>, events: broadcast::Receiver<Event>, shutdown: CancellationToken) {
+        let slots = Arc::new(Semaphore::new(self.cb().concurrency));
+        // Rung when a delivery ends, so a worker that filled every slot
+        // claims again at once instead of at the next poll.
+        let freed = Arc::new(Notify::new());
+        let tasks = TaskTracker::new();
+        let mut events = Some(events);
+        let poll = Duration::from_secs(self.cb().poll_secs);
+        let mut last_pass;
+        'outer: loop {
+            // Claim as many due deliveries as there are free slots.
+            loop {
+                if shutdown.is_cancelled() {
+                    break 'outer;
+                }
+                last_pass = Instant::now();
+                let free = slots.available_permits().min(self.cb().batch);
+                if free == 0 {
+                    break;
+                }
+                let claimed = match self.pool.get().await {
+                    Ok(client) => ops::callbacks_claim(&client, free, self.lease()).await,
+                    Err(e) => Err(e.into()),
+                };
+                match claimed {
+                    Ok(due) => {
+                        let n = due.len();
+                        for d in due {
+                            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                                break; // cannot happen: we claimed at most `free`
+                            };
+                            let me = self.clone();
+                            let freed = freed.clone();
+                            tasks.spawn(async move {
+                                me.deliver(d).await;
+                                drop(permit);
+                                freed.notify_one();
+                            });
+                        }
+                        if n < free {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "callbacks: claim failed; retrying at the next poll");
+                        break;
+                    }
+                }
+            }
+            // Wait for a terminal transition, a freed slot (if all were
+            // taken), the poll tick or shutdown.
+            let saturated = slots.available_permits() == 0;
+            let tick = tokio::time::sleep(poll);
+            tokio::pin!(tick);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 'outer,
+                    _ = &mut tick => break,
+                    _ = freed.notified(), if saturated => break,
+                    ev = async { match events.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                        match ev {
+                            Ok(ev) if !ev.status.is_terminal() => continue,
+                            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                                // Coalesce bursts of completions into one pass.
+                                let since = last_pass.elapsed();
+                                if since < MIN_PASS_INTERVAL {
+                                    tokio::select! {
+                                        _ = shutdown.cancelled() => break 'outer,
+                                        _ = tokio::time::sleep(MIN_PASS_INTERVAL - since) => {}
+                                    }
+                                }
+                                break;
+                            }
+                            Err(broadcast::error::RecvError::Closed) => {
+                                events = None;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Deliveries in flight end within their timeout; a delivery cut
+        // short is retried after its lease.
+        tasks.close();
+        let bound = self.cb().timeout() + Duration::from_secs(1);
+        if tokio::time::timeout(bound, tasks.wait()).await.is_err() {
+            tracing::warn!("callbacks: deliveries still running at shutdown; they will be retried");
+        }
+    }
+
+    async fn deliver(&self, d: Delivery) {
+        let ts = chrono::Utc::now().timestamp();
+        let signature = sign(self.cb().secret.expose().as_bytes(), ts, d.body.as_bytes());
+        let started = Instant::now();
+        let sent = self
+            .http
+            .post(&d.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(EVENT_HEADER, &d.event)
+            .header(DELIVERY_HEADER, d.id.to_string())
+            .header(TIMESTAMP_HEADER, ts.to_string())
+            .header(SIGNATURE_HEADER, signature)
+            .body(d.body.clone())
+            .send()
+            .await;
+        let host = reqwest::Url::parse(&d.url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_default();
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (status, error) = match sent {
+            Ok(resp) if resp.status().is_success() => {
+                let status = i32::from(resp.status().as_u16());
+                tracing::debug!(delivery = d.id, request.id = %d.run_id, %host, status, ms, "callback delivered");
+                self.record(|c| async move { ops::callbacks_delivered(&c, d.id, status).await })
+                    .await;
+                return;
+            }
+            Ok(resp) => (
+                Some(i32::from(resp.status().as_u16())),
+                format!("HTTP {}", resp.status()),
+            ),
+            // Without the URL: it may carry a token in its query string.
+            Err(e) => (None, describe(&e.without_url())),
+        };
+        let attempts = u32::try_from(d.attempt).unwrap_or(u32::MAX);
+        let dead = attempts >= self.cb().max_attempts;
+        let retry_in = self.cb().retry_delay(attempts);
+        if dead {
+            tracing::warn!(delivery = d.id, request.id = %d.run_id, %host, attempt = attempts, error = %error,
+                "callback failed; attempts exhausted, delivery is dead");
+        } else {
+            tracing::warn!(delivery = d.id, request.id = %d.run_id, %host, attempt = attempts, error = %error,
+                retry_in_ms = u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX), "callback failed; will retry");
+        }
+        let d = &d;
+        let error = &error;
+        self.record(|c| async move { ops::callbacks_failed(&c, d, status, error, retry_in, dead).await })
+            .await;
+    }
+
+    /// Writes an attempt's outcome, retrying briefly; if the database stays
+    /// away, the lease runs out and the delivery is attempted again.
+    async fn record<F, Fut>(&self, write: F)
+    where
+        F: Fn(deadpool_postgres::Object) -> Fut,
+        Fut: std::future::Future<Output = Result<(), crate::db::Error>>,
+    {
+        for delay_ms in [0u64, 200, 1000, 3000] {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            let res = match self.pool.get().await {
+                Ok(c) => write(c).await,
+                Err(e) => Err(e.into()),
+            };
+            match res {
+                Ok(()) => return,
+                Err(e) => tracing::warn!(error = %e, "callbacks: could not record a delivery outcome"),
+            }
+        }
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connect"
+    } else if e.is_redirect() {
+        "redirect"
+    } else {
+        "request"
+    };
+    let mut msg = format!("{kind}: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_verify_and_bind_the_timestamp_and_body() {
+        let sig = sign(b"k", 1_700_000_000, b"{\"a\":1}");
+        assert!(sig.starts_with("sha256=") && sig.len() == 71, "{sig}");
+        assert!(verify(b"k", 1_700_000_000, b"{\"a\":1}", &sig));
+        assert!(!verify(b"other", 1_700_000_000, b"{\"a\":1}", &sig));
+        assert!(!verify(b"k", 1_700_000_001, b"{\"a\":1}", &sig));
+        assert!(!verify(b"k", 1_700_000_000, b"{\"a\":2}", &sig));
+        assert!(!verify(b"k", 1_700_000_000, b"{\"a\":1}", "sha256=zz"));
+    }
+
+    #[test]
+    fn the_signed_text_is_timestamp_dot_body() {
+        // RFC 4231 test case 2 (key "Jefe"), with the data split as "{ts}.{body}"
+        // would be impossible; instead compare with HMAC over the joined text.
+        let Ok(mut mac) = HmacSha256::new_from_slice(b"Jefe") else {
+            panic!("hmac key");
+        };
+        mac.update(b"42.what do ya want for nothing?");
+        let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            sign(b"Jefe", 42, b"what do ya want for nothing?"),
+            format!("sha256={hex}")
+        );
+    }
+}

@@ -1,0 +1,466 @@
+//! `maasctl doctor`: one line per check, `ok`, `warn` or `FAIL`; exit 1 if
+//! any check fails. The checks, in order:
+//!
+//! - database: reachable, and its version;
+//! - schema: every migration applied, none changed;
+//! - triggers: every trigger installed (the doorbell, the query log, callbacks);
+//! - notify: a real NOTIFY round trip between two sessions, and the
+//!   notification queue's fill level;
+//! - daemons: how many `maasd` LISTEN sessions are connected (warn at none);
+//! - claiming: warn while paused;
+//! - leases: warn about expired leases nobody took back;
+//! - callbacks: fail when deliveries wait and no secret is configured, warn
+//!   about dead ones;
+//! - llm.<role>: the provider of each role is reachable (an authenticated
+//!   request listing models); keys are never printed.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use futures_util::StreamExt;
+use serde::Serialize;
+use tokio_postgres::AsyncMessage;
+
+use super::{CliError, Outcome, age, connect};
+use crate::config::Config;
+use crate::db;
+use crate::llm::{Llm, LlmConfig, ProviderKind, Role};
+use crate::repo::ops;
+
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
+const PROVIDER_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Level {
+    Ok,
+    Warn,
+    Fail,
+}
+
+#[derive(Debug, Serialize)]
+struct Check {
+    name: String,
+    level: Level,
+    detail: String,
+}
+
+struct Report(Vec<Check>);
+
+impl Report {
+    fn add(&mut self, name: impl Into<String>, level: Level, detail: impl Into<String>) {
+        self.0.push(Check {
+            name: name.into(),
+            level,
+            detail: detail.into(),
+        });
+    }
+}
+
+pub async fn run(cfg: &Config, file: Option<&Path>, json: bool) -> Result<Outcome, CliError> {
+    let mut r = Report(Vec::new());
+    database_checks(cfg, &mut r).await;
+    provider_checks(cfg, file, &mut r).await;
+    let failed = r.0.iter().filter(|c| c.level == Level::Fail).count();
+    if json {
+        println!("{}", serde_json::json!({"ok": failed == 0, "checks": r.0}));
+    } else {
+        for c in &r.0 {
+            let tag = match c.level {
+                Level::Ok => "ok  ",
+                Level::Warn => "warn",
+                Level::Fail => "FAIL",
+            };
+            println!("{tag}  {:<18} {}", c.name, c.detail);
+        }
+        if failed > 0 {
+            println!("{failed} check(s) failed");
+        }
+    }
+    Ok(if failed == 0 { Outcome::Ok } else { Outcome::Finding })
+}
+
+async fn database_checks(cfg: &Config, r: &mut Report) {
+    let started = Instant::now();
+    let client = match connect(cfg).await {
+        Ok(c) => c,
+        Err(e) => {
+            r.add("database", Level::Fail, format!("unreachable: {}", chain(&e)));
+            return;
+        }
+    };
+    match client.query_one("SELECT current_setting('server_version')", &[]).await {
+        Ok(row) => r.add(
+            "database",
+            Level::Ok,
+            format!(
+                "reachable: PostgreSQL {} ({} ms)",
+                row.get::<_, String>(0),
+                started.elapsed().as_millis()
+            ),
+        ),
+        Err(e) => {
+            r.add("database", Level::Fail, format!("query failed: {e}"));
+            return;
+        }
+    }
+
+    let mut schema_ok = false;
+    match db::migrate::state(&client).await {
+        Ok(s) => {
+            if s.current_version == s.latest_version {
+                schema_ok = true;
+                r.add("schema", Level::Ok, format!("version {} (current)", s.current_version));
+            } else {
+                r.add(
+                    "schema",
+                    Level::Fail,
+                    format!(
+                        "version {} of {}: run `maasctl migrate` (maasd also migrates at start)",
+                        s.current_version, s.latest_version
+                    ),
+                );
+            }
+            if s.missing_triggers.is_empty() {
+                r.add("triggers", Level::Ok, "installed");
+            } else {
+                r.add(
+                    "triggers",
+                    Level::Fail,
+                    format!(
+                        "missing: {} — run `maasctl migrate` to reinstall",
+                        s.missing_triggers.join(", ")
+                    ),
+                );
+            }
+        }
+        Err(e) => r.add("schema", Level::Fail, e.to_string()),
+    }
+
+    match notify_round_trip(cfg, &client).await {
+        Ok(took) => r.add("notify", Level::Ok, format!("round trip in {} ms", took.as_millis())),
+        Err(e) => r.add("notify", Level::Fail, e),
+    }
+    match client.query_one("SELECT pg_notification_queue_usage()", &[]).await {
+        Ok(row) => {
+            let usage: f64 = row.get(0);
+            let level = if usage >= 0.5 {
+                Level::Fail
+            } else if usage >= 0.1 {
+                Level::Warn
+            } else {
+                Level::Ok
+            };
+            r.add(
+                "notify queue",
+                level,
+                format!(
+                    "{:.1} % full{}",
+                    usage * 100.0,
+                    if level == Level::Ok {
+                        ""
+                    } else {
+                        " — a listening session is not consuming (a stuck LISTEN connection or long transaction)"
+                    }
+                ),
+            );
+        }
+        Err(e) => r.add("notify queue", Level::Warn, format!("cannot read: {e}")),
+    }
+
+    if !schema_ok {
+        return; // the rest reads tables of the current schema
+    }
+    match ops::stats_daemons(&client).await {
+        Ok(d) if d.is_empty() => r.add(
+            "daemons",
+            Level::Warn,
+            "no maasd is listening on this database: nothing will be processed",
+        ),
+        Ok(d) => r.add("daemons", Level::Ok, format!("{} maasd listening", d.len())),
+        Err(e) => r.add("daemons", Level::Warn, format!("cannot read pg_stat_activity: {e}")),
+    }
+    match ops::control_get(&client).await {
+        Ok(c) if c.paused => r.add(
+            "claiming",
+            Level::Warn,
+            format!(
+                "PAUSED {} ago by {}{} — `maasctl resume`",
+                c.changed_at.map(|t| age(super::since(t))).unwrap_or_default(),
+                c.changed_by.as_deref().unwrap_or("?"),
+                c.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
+            ),
+        ),
+        Ok(_) => r.add("claiming", Level::Ok, "active"),
+        Err(e) => r.add("claiming", Level::Fail, e.to_string()),
+    }
+    match ops::stats_leases(&client).await {
+        Ok(leases) => {
+            let expired: i64 = leases.iter().map(|l| l.expired).sum();
+            let held: i64 = leases.iter().map(|l| l.held).sum();
+            if expired > 0 {
+                r.add(
+                    "leases",
+                    Level::Warn,
+                    format!(
+                        "{expired} of {held} in-flight lease(s) expired and not yet taken back \
+                         (a daemon died; a running maasd's sweep or `maasctl sweep` recovers them)"
+                    ),
+                );
+            } else {
+                r.add("leases", Level::Ok, format!("{held} in flight, none expired"));
+            }
+        }
+        Err(e) => r.add("leases", Level::Warn, e.to_string()),
+    }
+    match ops::stats_callbacks(&client).await {
+        Ok(c) => {
+            let no_secret = cfg.callbacks.secret.expose().is_empty();
+            if c.pending > 0 && no_secret {
+                r.add(
+                    "callbacks",
+                    Level::Fail,
+                    format!(
+                        "{} delivery(ies) waiting but callbacks.secret is not set (MAAS_CALLBACKS__SECRET): \
+                         nothing is sent unsigned",
+                        c.pending
+                    ),
+                );
+            } else if c.dead > 0 {
+                r.add(
+                    "callbacks",
+                    Level::Warn,
+                    format!(
+                        "{} dead (attempts exhausted), {} pending; see `maasctl requests show ID`",
+                        c.dead, c.pending
+                    ),
+                );
+            } else {
+                r.add(
+                    "callbacks",
+                    Level::Ok,
+                    format!(
+                        "{} pending{}",
+                        c.pending,
+                        c.oldest_pending_secs
+                            .map(|s| format!(", oldest {}", age(s)))
+                            .unwrap_or_default()
+                    ),
+                );
+            }
+        }
+        Err(e) => r.add("callbacks", Level::Warn, e.to_string()),
+    }
+}
+
+/// LISTEN on a private channel in a dedicated session, NOTIFY from the
+/// pooled one, and wait for delivery: the same path the daemons' doorbell
+/// takes (and fails the same way behind a transaction-mode PgBouncer).
+async fn notify_round_trip(cfg: &Config, sender: &deadpool_postgres::Object) -> Result<Duration, String> {
+    let pg = db::pg_config(cfg.database_url.expose(), "maasctl-doctor").map_err(|e| e.to_string())?;
+    let (client, mut conn) = pg
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("cannot open a LISTEN session: {e}"))?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(msg)) = messages.next().await {
+            if let AsyncMessage::Notification(n) = msg
+                && tx.send((n.channel().to_owned(), n.payload().to_owned())).is_err()
+            {
+                return;
+            }
+        }
+    });
+    let channel = format!("maas_doctor_{}", uuid::Uuid::new_v4().simple());
+    let token = uuid::Uuid::new_v4().to_string();
+    let result = async {
+        client
+            .batch_execute(&format!("LISTEN {channel}"))
+            .await
+            .map_err(|e| format!("LISTEN failed: {e}"))?;
+        let started = Instant::now();
+        sender
+            .execute("SELECT pg_notify($1, $2)", &[&channel, &token])
+            .await
+            .map_err(|e| format!("NOTIFY failed: {e}"))?;
+        let deadline = tokio::time::Instant::now() + NOTIFY_TIMEOUT;
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some((c, p))) if c == channel && p == token => return Ok(started.elapsed()),
+                Ok(Some(_)) => continue,
+                Ok(None) => return Err("the LISTEN session closed before the notification arrived".to_owned()),
+                Err(_) => {
+                    return Err(format!(
+                        "no notification within {} s (is the URL going through a transaction-mode \
+                         PgBouncer? LISTEN needs a direct connection)",
+                        NOTIFY_TIMEOUT.as_secs()
+                    ));
+                }
+            }
+        }
+    }
+    .await;
+    drop(client);
+    driver.abort();
+    result
+}
+
+/// The `[llm]` section, read the way the daemon's configuration is (file,
+/// then `MAAS_LLM__*` variables).
+fn llm_section(file: Option<&Path>) -> Result<LlmConfig, String> {
+    let mut fig = Figment::new();
+    if let Some(path) = file {
+        fig = fig.merge(Toml::file(path));
+    }
+    fig.focus("llm")
+        .merge(Env::prefixed("MAAS_LLM__").split("__"))
+        .extract::<LlmConfig>()
+        .map_err(|e| e.to_string())
+}
+
+async fn provider_checks(cfg: &Config, file: Option<&Path>, r: &mut Report) {
+    let llm = match llm_section(file).and_then(|c| Llm::from_config(&c, &cfg.llm_provider).map_err(|e| e.to_string())) {
+        Ok(l) => l,
+        Err(e) => {
+            r.add("llm", Level::Fail, format!("configuration: {e}"));
+            return;
+        }
+    };
+    let http = match reqwest::Client::builder()
+        .timeout(PROVIDER_TIMEOUT)
+        .connect_timeout(PROVIDER_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
+        Ok(h) => h,
+        Err(e) => {
+            r.add("llm", Level::Fail, format!("cannot build an HTTP client: {e}"));
+            return;
+        }
+    };
+    // One probe per provider endpoint, however many roles share it.
+    let mut probed: Vec<(ProviderKind, String, Level, String)> = Vec::new();
+    for role in Role::ALL {
+        let s = llm.settings(role);
+        let name = format!("llm.{role}");
+        let Some(endpoint) = &s.endpoint else {
+            r.add(
+                name,
+                Level::Ok,
+                format!("{} (model {}, no network)", s.provider, s.model),
+            );
+            continue;
+        };
+        let shown = redact_url(&endpoint.base_url);
+        if let Some((_, _, level, detail)) = probed
+            .iter()
+            .find(|(p, b, _, _)| *p == s.provider && *b == endpoint.base_url)
+        {
+            r.add(
+                name,
+                *level,
+                format!("{} {shown} (model {}): {detail}", s.provider, s.model),
+            );
+            continue;
+        }
+        let (level, detail) = probe(&http, s.provider, &endpoint.base_url, endpoint.api_key.expose()).await;
+        r.add(
+            &name,
+            level,
+            format!("{} {shown} (model {}): {detail}", s.provider, s.model),
+        );
+        probed.push((s.provider, endpoint.base_url.clone(), level, detail));
+    }
+}
+
+/// An authenticated GET of the provider's model list: reachable and the key
+/// accepted is `ok`; a rejected key or no answer is `FAIL`; any other HTTP
+/// answer means the endpoint is there (some compatible servers have no
+/// model list), so `ok` with the status.
+async fn probe(http: &reqwest::Client, provider: ProviderKind, base: &str, key: &str) -> (Level, String) {
+    let req = match provider {
+        ProviderKind::OpenAi => http.get(format!("{base}/models")).bearer_auth(key),
+        ProviderKind::Anthropic => http
+            .get(format!("{base}/v1/models"))
+            .header("x-api-key", key)
+            .header("anthropic-version", "2023-06-01"),
+        ProviderKind::Gemini => http.get(format!("{base}/v1beta/models")).header("x-goog-api-key", key),
+        ProviderKind::Offline => return (Level::Ok, "no network".into()),
+    };
+    let started = Instant::now();
+    match req.send().await {
+        Ok(resp) => {
+            let status = resp.status();
+            let ms = started.elapsed().as_millis();
+            if status.is_success() {
+                (Level::Ok, format!("reachable, key accepted ({ms} ms)"))
+            } else if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
+                (
+                    Level::Fail,
+                    format!("reachable but the key was rejected (HTTP {status})"),
+                )
+            } else {
+                (
+                    Level::Ok,
+                    format!("reachable (HTTP {status} for the model list, {ms} ms)"),
+                )
+            }
+        }
+        Err(e) => {
+            let e = e.without_url();
+            let kind = if e.is_timeout() {
+                format!("no answer within {} s", PROVIDER_TIMEOUT.as_secs())
+            } else {
+                format!("unreachable: {}", chain(&e))
+            };
+            // Error text never holds the key (it travels in a header), but
+            // scrub it anyway in case a server echoes it.
+            (Level::Fail, kind.replace(key, "[REDACTED]"))
+        }
+    }
+}
+
+/// The URL without user or password.
+fn redact_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.to_string().trim_end_matches('/').to_owned()
+        }
+        Err(_) => "(invalid URL)".into(),
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_credentials() {
+        assert_eq!(
+            redact_url("https://u:p@api.example.com/v1"),
+            "https://api.example.com/v1"
+        );
+        assert_eq!(redact_url("http://127.0.0.1:9/v1/"), "http://127.0.0.1:9/v1");
+        assert_eq!(redact_url("nonsense"), "(invalid URL)");
+    }
+}

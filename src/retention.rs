@@ -1,0 +1,83 @@
+//! Retention (seed 003): terminal runs that finished more than
+//! `retention.keep_days` ago are deleted with their step history, callback
+//! deliveries and operator actions (`ON DELETE CASCADE`), in batches of
+//! `retention.batch`, every `retention.interval_secs`, by every daemon.
+//!
+//! Each batch is one short statement with `FOR UPDATE SKIP LOCKED`, so
+//! daemons running it at once split the work instead of waiting, and no
+//! long transaction holds back vacuum. Unfinished runs are never touched;
+//! `raw_logs` and `lsm_storage` are the users' memory, not history, and stay.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::db::{self, Pool};
+use crate::repo::ops;
+
+/// Pause between batches, so a large backlog is deleted without hogging I/O.
+const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
+
+/// What one pass deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Removed {
+    pub runs: i64,
+    pub actions: i64,
+}
+
+/// Runs retention passes until `shutdown`.
+pub async fn run(pool: Pool, cfg: Arc<Config>, shutdown: CancellationToken) {
+    let Some(keep) = cfg.retention.keep() else {
+        tracing::info!("retention: off (retention.keep_days = 0); finished runs are kept");
+        return;
+    };
+    let interval = Duration::from_secs(cfg.retention.interval_secs);
+    // The first pass comes after a random part of the interval, so daemons
+    // started together do not delete in lockstep.
+    let mut wait = interval.mul_f64(rand::random_range(0.1..=1.0));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        match pass(&pool, keep, cfg.retention.batch, &shutdown).await {
+            Ok(r) if r.runs > 0 || r.actions > 0 => {
+                tracing::info!(
+                    runs = r.runs,
+                    actions = r.actions,
+                    keep_days = cfg.retention.keep_days,
+                    "retention: deleted finished runs past their age"
+                );
+            }
+            Ok(_) => tracing::trace!("retention: nothing to delete"),
+            Err(e) => tracing::warn!(error = %e, "retention pass failed; trying again next interval"),
+        }
+        wait = interval.mul_f64(rand::random_range(0.9..=1.1));
+    }
+}
+
+/// One pass: deletes batches until none is full (or `stop` fires).
+pub async fn pass(pool: &Pool, keep: Duration, batch: usize, stop: &CancellationToken) -> Result<Removed, db::Error> {
+    let client = pool.get().await?;
+    let mut removed = Removed::default();
+    let full = i64::try_from(batch).unwrap_or(i64::MAX);
+    loop {
+        let n = ops::retention_runs(&client, keep, batch).await?;
+        removed.runs += n;
+        if n < full || stop.is_cancelled() {
+            break;
+        }
+        tokio::time::sleep(BETWEEN_BATCHES).await;
+    }
+    loop {
+        let n = ops::retention_actions(&client, keep, batch).await?;
+        removed.actions += n;
+        if n < full || stop.is_cancelled() {
+            break;
+        }
+        tokio::time::sleep(BETWEEN_BATCHES).await;
+    }
+    Ok(removed)
+}

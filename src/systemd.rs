@@ -1,0 +1,143 @@
+//! systemd integration for `Type=notify` units (`systemd/maasd.service`).
+//!
+//! - `READY=1` only once migrations are applied and the LISTEN session is in
+//!   place ([`Engine::is_listening`]): the unit is not "started" before
+//!   `maasd` can hear a notification.
+//! - The watchdog (`WatchdogSec=`) is fed from a liveness check, not from a
+//!   timer: `WATCHDOG=1` is sent only while the listener loop shows progress
+//!   ([`Engine::listener_silence`]) — each health query on the LISTEN session
+//!   that succeeds, and each reconnect attempt while the database is away.
+//!   A hung runtime, a wedged listener task or a health query stuck past its
+//!   timeout stop the pings, and systemd restarts the daemon. A database
+//!   outage does not: the daemon is doing the right thing (reconnecting), and
+//!   restarting it would not help; `maasctl doctor` and `STATUS=` say so.
+//! - `STATUS=` tells `systemctl status` what the daemon is doing;
+//!   `STOPPING=1` is sent when the graceful stop begins.
+//!
+//! Without `NOTIFY_SOCKET` (not under systemd) all of this is a no-op.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::dispatcher::Engine;
+
+/// The longest the listener loop may legitimately go without a sign of life:
+/// between two health queries (interval plus timeout), or one reconnect
+/// attempt (connect timeout, LISTEN under the health timeout, then the
+/// capped backoff), plus slack. `WatchdogSec=` must be longer than this.
+pub fn liveness_bound(cfg: &Config) -> Duration {
+    let healthy = Duration::from_secs(cfg.listener.health_secs + cfg.listener.health_timeout_secs);
+    let reconnecting = Duration::from_secs(5 + cfg.listener.health_timeout_secs)
+        + Duration::from_millis(cfg.listener.reconnect_max_ms);
+    healthy.max(reconnecting) + Duration::from_secs(5)
+}
+
+/// Spawns the notifier: READY when listening, then the watchdog and STATUS
+/// updates until `shutdown`, then STOPPING (and the watchdog keeps being fed
+/// while the graceful stop runs; `TimeoutStopSec=` bounds it).
+pub fn spawn(engine: Arc<Engine>, cfg: Arc<Config>, shutdown: CancellationToken) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    tokio::spawn(supervise(engine, cfg, shutdown));
+}
+
+fn notify(state: &[NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        tracing::warn!(error = %e, "systemd: notify failed");
+    }
+}
+
+async fn supervise(engine: Arc<Engine>, cfg: Arc<Config>, shutdown: CancellationToken) {
+    let watchdog = sd_notify::watchdog_enabled();
+    let bound = liveness_bound(&cfg);
+    if let Some(wd) = watchdog
+        && wd <= bound
+    {
+        tracing::warn!(
+            watchdog_ms = wd.as_millis(),
+            liveness_bound_ms = bound.as_millis(),
+            "systemd: WatchdogSec is shorter than the listener's liveness bound; raise WatchdogSec"
+        );
+    }
+    // The watchdog runs from process start; feed it while waiting for LISTEN
+    // too (migrations are done; the first connect may take a moment).
+    let ping = watchdog.map_or(Duration::from_secs(3600), |wd| (wd / 2).max(Duration::from_millis(100)));
+    let mut last_ping = tokio::time::Instant::now();
+    loop {
+        if engine.is_listening() {
+            break;
+        }
+        if watchdog.is_some() && last_ping.elapsed() >= ping && engine.listener_silence() <= bound {
+            notify(&[NotifyState::Watchdog]);
+            last_ping = tokio::time::Instant::now();
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return stopping(watchdog, ping).await,
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    notify(&[
+        NotifyState::Ready,
+        NotifyState::Status(&format!(
+            "listening on {}; worker {}",
+            crate::listener::CHANNEL,
+            engine.worker()
+        )),
+    ]);
+    tracing::info!("systemd: READY=1 sent (migrated and listening)");
+    // Ping on every tick while alive: more often than needed is harmless,
+    // and STATUS follows the LISTEN session within a few seconds.
+    let mut tick = tokio::time::interval(ping.min(Duration::from_secs(5)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut listening = true;
+    let mut starved = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return stopping(watchdog, ping).await,
+            _ = tick.tick() => {}
+        }
+        let now_listening = engine.is_listening();
+        if now_listening != listening {
+            listening = now_listening;
+            let status = if listening {
+                format!("listening on {}; worker {}", crate::listener::CHANNEL, engine.worker())
+            } else {
+                "LISTEN session lost; reconnecting (the sweep keeps due rows moving)".to_owned()
+            };
+            notify(&[NotifyState::Status(&status)]);
+        }
+        if watchdog.is_none() {
+            continue;
+        }
+        let silence = engine.listener_silence();
+        if silence <= bound {
+            notify(&[NotifyState::Watchdog]);
+            starved = false;
+        } else if !starved {
+            starved = true;
+            tracing::error!(
+                silent_ms = silence.as_millis(),
+                "systemd: the listener loop shows no progress; no longer feeding the watchdog"
+            );
+        }
+    }
+}
+
+async fn stopping(watchdog: Option<Duration>, ping: Duration) {
+    notify(&[
+        NotifyState::Stopping,
+        NotifyState::Status("stopping: no longer claiming; finishing running stages"),
+    ]);
+    if watchdog.is_none() {
+        return;
+    }
+    loop {
+        tokio::time::sleep(ping).await;
+        notify(&[NotifyState::Watchdog]);
+    }
+}
