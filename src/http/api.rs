@@ -275,6 +275,42 @@ pub async fn status(
     Ok(Json(state))
 }
 
+/// `POST /api/query/{id}/continue`: releases the next stage of a debug run
+/// resting in `ANALYZED` or `READY` (seed 002's step-by-step mode). 200 with
+/// `{request_id, status, next_stage}` when released; 409 when the run is not
+/// resting; 404 for an unknown id.
+pub async fn continue_run(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    use crate::control::ContinueOutcome;
+    let id = parse_id(&id)?;
+    let client = app
+        .engine
+        .pool()
+        .get()
+        .await
+        .map_err(|e| ApiError::unavailable("database", format!("database unavailable: {e}")))?;
+    let outcome = crate::control::continue_run(&client, id, "http", None)
+        .await
+        .map_err(|e| ApiError::unavailable("database", format!("database error: {e}")))?;
+    match outcome {
+        ContinueOutcome::Released { status, next } => Ok(Json(serde_json::json!({
+            "request_id": id,
+            "status": status.as_str(),
+            "next_stage": next.as_str(),
+        }))
+        .into_response()),
+        ContinueOutcome::NotHeld { status, debug } => Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "not_held",
+            if debug {
+                format!("request {id} is {status}, not resting between stages")
+            } else {
+                format!("request {id} is not a debug run (status {status})")
+            },
+        )),
+        ContinueOutcome::NotFound => Err(ApiError::not_found(format!("no request {id}"))),
+    }
+}
+
 /// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per
 /// change, the current state first; ends after the terminal state.
 pub async fn events(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {

@@ -115,6 +115,7 @@ pub fn routes() -> Routes {
     let api = Routes::new()
         .post("/api/query", api::submit)
         .get("/api/query/{id}/status", api::status)
+        .post("/api/query/{id}/continue", api::continue_run)
         .get("/api/query/{id}/events", api::events)
         .get("/api/ws", api::ws);
     let api = Routes {

@@ -79,6 +79,30 @@ pub fn document() -> Value {
                     }
                 }
             },
+            "/api/query/{id}/continue": {
+                "post": {
+                    "summary": "Release the next stage of a debug run resting in ANALYZED or READY",
+                    "security": secured,
+                    "parameters": [id_param()],
+                    "responses": {
+                        "200": {
+                            "description": "Released: the next stage will claim the run",
+                            "content": { "application/json": { "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "request_id": { "type": "string", "format": "uuid" },
+                                    "status": { "type": "string" },
+                                    "next_stage": { "type": "string", "enum": ["analyze", "assemble", "respond"] }
+                                }
+                            } } }
+                        },
+                        "400": error_response("Malformed id"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("No such request"),
+                        "409": error_response("The run is not resting between stages")
+                    }
+                }
+            },
             "/api/query/{id}/events": {
                 "get": {
                     "summary": "Follow a request with Server-Sent Events",

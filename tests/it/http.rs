@@ -937,7 +937,7 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
             assert!(!body.contains("no_route"), "{method} {path}: {body}");
         }
     }
-    assert_eq!(ops, 8);
+    assert_eq!(ops, 9);
 
     // Readiness names what is wrong.
     c.batch_execute("DROP TRIGGER pipeline_runs_log_user_query ON pipeline_runs")
@@ -996,4 +996,72 @@ async fn http_subscribers_reread_the_table_after_the_listener_reconnects() {
     let polled: Value = poll.await.unwrap().unwrap().json().await.unwrap();
     assert_eq!(polled, state);
     assert!(api.d.plain_log().contains("listener reconnected"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_continue_steps_a_debug_run_through_its_stages() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let id: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'step by step', true) RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let status = |want: &'static str| {
+        let c = &c;
+        async move {
+            let st: String = c
+                .query_one("SELECT status FROM pipeline_runs WHERE id = $1", &[&id])
+                .await
+                .unwrap()
+                .get(0);
+            st == want
+        }
+    };
+    wait_until(GENEROUS, "the debug run rests in ANALYZED", || status("ANALYZED")).await;
+    let resp = api
+        .authed(api.http.post(api.url(&format!("/api/query/{id}/continue"))))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (body["status"].as_str(), body["next_stage"].as_str()),
+        (Some("ANALYZED"), Some("assemble"))
+    );
+    wait_until(GENEROUS, "then in READY", || status("READY")).await;
+    // Not resting twice in a row: the second call before it rests again is a conflict.
+    let resp = api
+        .authed(api.http.post(api.url(&format!("/api/query/{id}/continue"))))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "released from READY");
+    wait_until(GENEROUS, "completed", || status("COMPLETED")).await;
+    let resp = api
+        .authed(api.http.post(api.url(&format!("/api/query/{id}/continue"))))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CONFLICT);
+    let resp = api
+        .authed(
+            api.http
+                .post(api.url(&format!("/api/query/{}/continue", Uuid::new_v4()))),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let resp = api
+        .authed(api.http.post(api.url("/api/query/nope/continue")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
 }
