@@ -152,6 +152,12 @@ impl Llm {
     /// (see [`limit`](super::limit)), one for the HTTP exchange. Never
     /// retries: the error's [`LlmError::disposition`] says what to do.
     pub async fn chat(&self, role: Role, req: ChatRequest) -> Result<ChatResponse, LlmError> {
+        let result = self.call(role, req).await;
+        crate::metrics::llm_call(self.roles[role.index()].settings.provider, role, result.as_ref());
+        result
+    }
+
+    async fn call(&self, role: Role, req: ChatRequest) -> Result<ChatResponse, LlmError> {
         let client = &self.roles[role.index()];
         let settings = &client.settings;
         let provider = settings.provider.as_str();

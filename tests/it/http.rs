@@ -915,6 +915,16 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
         assert!(series.iter().any(|s| s == want), "{want} missing from:\n{text}");
     }
     assert_eq!(metric(&text, "maas_requests_completed_total"), Some(5.0));
+    // The LLM layer feeds its series: one responder call per completed request.
+    assert!(
+        metric(
+            &text,
+            "maas_llm_calls_total{provider=\"offline\",role=\"responder\",outcome=\"ok\"}"
+        )
+        .unwrap_or(0.0)
+            >= 5.0,
+        "{text}"
+    );
     assert_eq!(metric(&text, "maas_failed_requests"), Some(1.0));
     assert_eq!(metric(&text, "maas_listener_connected"), Some(1.0));
 
