@@ -73,10 +73,16 @@ struct StageSlot {
     rung: AtomicBool,
 }
 
+/// A row this process holds: running, or finished and waiting to be
+/// written. Its stage slot is held until the result is written, so the
+/// per-stage concurrency bounds all outstanding work, unwritten results
+/// included (without that, a fast stage could run ahead of the writer).
 struct InFlight {
     token: i64,
     cancel: CancellationToken,
     finished: bool,
+    stage: StageKind,
+    _slot: OwnedSemaphorePermit,
 }
 
 /// The orchestrator core of one `maasd` process.
@@ -242,7 +248,9 @@ impl Engine {
             .with_jitter()
             .without_max_times();
         let mut backoff = backoff_builder.build();
-        // Start with a pass: rows may be waiting from before we started.
+        // Start with a pass: rows may be waiting from before we started, and
+        // what it finds no notification delivered (a catch-up, like a sweep).
+        slot.swept.store(true, Ordering::Relaxed);
         slot.wake.notify_one();
         loop {
             tokio::select! {
@@ -299,10 +307,7 @@ impl Engine {
                             }
                             let engine = self.clone();
                             let prompts = prompts.clone();
-                            self.tasks.spawn(async move {
-                                engine.execute(stage, row, prompts).await;
-                                drop(permit);
-                            });
+                            self.tasks.spawn(engine.execute(stage, row, prompts, permit));
                         }
                         drop(permits);
                         if n < free {
@@ -325,7 +330,13 @@ impl Engine {
 
     /// Runs one claimed row through its stage and hands the result to the
     /// completer.
-    async fn execute(self: Arc<Self>, stage: StageKind, mut row: Claimed, prompts: Arc<Prompts>) {
+    async fn execute(
+        self: Arc<Self>,
+        stage: StageKind,
+        mut row: Claimed,
+        prompts: Arc<Prompts>,
+        slot: OwnedSemaphorePermit,
+    ) {
         let cancel = self.hard_stop.child_token();
         if let Ok(mut map) = self.inflight.lock() {
             map.insert(
@@ -334,6 +345,8 @@ impl Engine {
                     token: row.lease_token,
                     cancel: cancel.clone(),
                     finished: false,
+                    stage,
+                    _slot: slot,
                 },
             );
         }
@@ -365,7 +378,6 @@ impl Engine {
             None => {
                 // The heartbeat found the lease lost; someone else owns the row.
                 self.forget(row.id);
-                self.wake(stage);
                 return;
             }
             Some(Err(_)) => Attempt::Failed(StageError::retry(
@@ -385,8 +397,8 @@ impl Engine {
         }
         if self.results.send(finished).is_err() {
             tracing::error!("completer is gone; the lease will expire and the sweep will retry");
+            self.forget(row.id);
         }
-        self.wake(stage);
     }
 
     fn record(&self, stage: StageKind, row: &Claimed, attempt: Attempt, latency: Duration) -> Finished {
@@ -534,9 +546,13 @@ impl Engine {
         }
     }
 
+    /// Drops a row this process held, freeing its stage slot.
     fn forget(&self, id: Uuid) {
-        if let Ok(mut map) = self.inflight.lock() {
-            map.remove(&id);
+        let gone = self.inflight.lock().ok().and_then(|mut map| map.remove(&id));
+        if let Some(f) = gone {
+            let stage = f.stage;
+            drop(f);
+            self.wake(stage);
         }
     }
 
@@ -574,7 +590,10 @@ impl Engine {
     /// Writes one batch, retrying while the database is unreachable, for at
     /// most one lease period: past that the leases have expired, and the
     /// sweep (here or elsewhere) will retry the stages.
-    async fn flush(self: Arc<Self>, batch: Vec<Finished>) {
+    async fn flush(self: Arc<Self>, mut batch: Vec<Finished>) {
+        // Every multi-row writer locks rows in ascending id order, so two of
+        // them (flushes, heartbeats) never deadlock.
+        batch.sort_unstable_by_key(|f| f.id);
         let deadline = Instant::now() + self.cfg.lease();
         let mut backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(50))
@@ -626,7 +645,6 @@ impl Engine {
                 }
             }
         };
-        self.start_chained(chained, &mut permits);
         let mut woken = [false; 3];
         for f in &batch {
             self.forget(f.id);
@@ -651,6 +669,9 @@ impl Engine {
                 Outcome::Released | Outcome::LeaseExpired => {}
             }
         }
+        // After the forget loop above: a chained row has the same id as the
+        // result it follows, and its entry must not be the one forgotten.
+        self.start_chained(chained, &mut permits);
         for stage in StageKind::ALL {
             if woken[stage.index()] {
                 self.wake(stage);
@@ -710,10 +731,7 @@ impl Engine {
                 bump(&self.stats.claimed[stage.index()]);
                 let engine = self.clone();
                 let prompts = prompts.clone();
-                self.tasks.spawn(async move {
-                    engine.execute(stage, row, prompts).await;
-                    drop(permit);
-                });
+                self.tasks.spawn(engine.execute(stage, row, prompts, permit));
             }
         }
     }
@@ -745,10 +763,11 @@ impl Engine {
                 _ = done.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let held: Vec<(Uuid, i64)> = match self.inflight.lock() {
+            let mut held: Vec<(Uuid, i64)> = match self.inflight.lock() {
                 Ok(map) => map.iter().map(|(id, f)| (*id, f.token)).collect(),
                 Err(_) => continue,
             };
+            held.sort_unstable();
             if held.is_empty() {
                 continue;
             }
