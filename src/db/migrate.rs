@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_memory.sql",
         sql: include_str!("../../sql/0002_memory.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_archivist.sql",
+        sql: include_str!("../../sql/0003_archivist.sql"),
+    },
 ];
 
 pub const TRIGGERS: &[TriggerFile] = &[
@@ -57,6 +62,11 @@ pub const TRIGGERS: &[TriggerFile] = &[
         name: "0002_log_user_query.sql",
         sql: include_str!("../../triggers/0002_log_user_query.sql"),
         creates: &["pipeline_runs_log_user_query"],
+    },
+    TriggerFile {
+        name: "0003_track_raw_logs.sql",
+        sql: include_str!("../../triggers/0003_track_raw_logs.sql"),
+        creates: &["raw_logs_track"],
     },
 ];
 

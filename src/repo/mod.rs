@@ -15,6 +15,8 @@ use uuid::Uuid;
 use crate::db::Error;
 use crate::model::{MemoryRecord, Outcome, Prompts, StageKind, Status};
 
+pub mod archive;
+
 /// The claim template; see [`claim_sql`].
 pub const CLAIM: &str = include_str!("../../sql/queries/claim.sql");
 pub const FINISH: &str = include_str!("../../sql/queries/finish.sql");
@@ -59,6 +61,17 @@ const NAMED: &[(&str, &str)] = &[
     ("show_run", SHOW_RUN),
     ("show_steps", SHOW_STEPS),
     ("active_prompts", ACTIVE_PROMPTS),
+    ("archive_candidates", archive::CANDIDATES),
+    ("archive_claim", archive::CLAIM),
+    ("archive_extend", archive::EXTEND),
+    ("archive_release", archive::RELEASE),
+    ("archive_pending", archive::PENDING),
+    ("archive_commit", archive::COMMIT),
+    ("archive_fail", archive::FAIL),
+    ("archive_mark", archive::MARK),
+    ("archive_run_start", archive::RUN_START),
+    ("archive_run_finish", archive::RUN_FINISH),
+    ("archive_tick", archive::TICK),
 ];
 
 /// A row claimed for one stage attempt.
