@@ -5,7 +5,11 @@
 //! `cargo bench --bench maas -- [--quick] [--json]`; `bin/bench` provisions
 //! nothing else: the cluster is made here (durable: fsync and
 //! synchronous_commit on) under the target directory.
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark harness fails loudly")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark harness fails loudly"
+)]
 #![allow(
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
@@ -58,7 +62,12 @@ impl Bench {
 }
 
 async fn connect(url: &str) -> Client {
-    let (c, conn) = url.parse::<tokio_postgres::Config>().unwrap().connect(NoTls).await.unwrap();
+    let (c, conn) = url
+        .parse::<tokio_postgres::Config>()
+        .unwrap()
+        .connect(NoTls)
+        .await
+        .unwrap();
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -130,7 +139,15 @@ async fn pgbench(b: &mut Bench) {
     let secs = if b.quick { "5" } else { "15" };
     let run = |clients: &str| -> f64 {
         let out = Command::new(b.cluster.binary("pgbench"))
-            .args(["-n", "-h", "127.0.0.1", "-p", &b.cluster.port.to_string(), "-U", "postgres"])
+            .args([
+                "-n",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &b.cluster.port.to_string(),
+                "-U",
+                "postgres",
+            ])
             .args(["-c", clients, "-j", if clients == "1" { "1" } else { "2" }, "-T", secs])
             .arg("-f")
             .arg(&script)
@@ -157,7 +174,11 @@ async fn pgbench(b: &mut Bench) {
     let _ = std::fs::remove_file(&script);
     b.record("pgbench_tps_c1", round(c1, 0), "single-row UPDATE by key, 1 client");
     b.record("pgbench_tps_c16", round(c16, 0), "single-row UPDATE by key, 16 clients");
-    b.record("pgbench_notify_tps_c16", round(n16, 0), "the same with a pg_notify trigger, 16 clients");
+    b.record(
+        "pgbench_notify_tps_c16",
+        round(n16, 0),
+        "the same with a pg_notify trigger, 16 clients",
+    );
 }
 
 /// Bulk insert, then time until every request is COMPLETED.
@@ -215,8 +236,16 @@ async fn throughput(b: &mut Bench, http: bool) -> f64 {
             &format!("{n} requests, fake provider over HTTP (analyzer and responder calls)"),
         );
     } else {
-        b.record("requests_per_s", round(n as f64 / elapsed, 0), &format!("{n} requests inserted in one statement"));
-        b.record("stage_exec_per_s", round(stage_execs, 0), "three stage executions per request");
+        b.record(
+            "requests_per_s",
+            round(n as f64 / elapsed, 0),
+            &format!("{n} requests inserted in one statement"),
+        );
+        b.record(
+            "stage_exec_per_s",
+            round(stage_execs, 0),
+            "three stage executions per request",
+        );
         b.record(
             "writes_per_request",
             round(per_request, 1),
@@ -243,7 +272,12 @@ async fn latency(b: &mut Bench) {
     let samples = if b.quick { 300 } else { 1000 };
     let url = b.fresh_db("latency").await;
     let mut d = start_daemon(&url, Opts::default().env("RUST_LOG", "warn")).await;
-    let (listener, mut conn) = url.parse::<tokio_postgres::Config>().unwrap().connect(NoTls).await.unwrap();
+    let (listener, mut conn) = url
+        .parse::<tokio_postgres::Config>()
+        .unwrap()
+        .connect(NoTls)
+        .await
+        .unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
     tokio::spawn(async move {
         let mut s = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
@@ -290,9 +324,21 @@ async fn latency(b: &mut Bench) {
     d.kill();
     pickup.sort_by(f64::total_cmp);
     e2e.sort_by(f64::total_cmp);
-    b.record("pickup_p50_ms", round(percentile(&pickup, 0.5), 3), &format!("{samples} sequential requests"));
-    b.record("pickup_p99_ms", round(percentile(&pickup, 0.99), 3), "insert commit → claim committed");
-    b.record("e2e_p50_ms", round(percentile(&e2e, 0.5), 3), "insert commit → COMPLETED");
+    b.record(
+        "pickup_p50_ms",
+        round(percentile(&pickup, 0.5), 3),
+        &format!("{samples} sequential requests"),
+    );
+    b.record(
+        "pickup_p99_ms",
+        round(percentile(&pickup, 0.99), 3),
+        "insert commit → claim committed",
+    );
+    b.record(
+        "e2e_p50_ms",
+        round(percentile(&e2e, 0.5), 3),
+        "insert commit → COMPLETED",
+    );
     b.record("e2e_p99_ms", round(percentile(&e2e, 0.99), 3), "");
 }
 
@@ -345,7 +391,11 @@ async fn llm_bound(b: &mut Bench) {
         round(makespan / ideal, 3),
         &format!("{n} requests, 1 s per call, concurrency {conc}: {makespan:.1} s vs ideal {ideal:.0} s"),
     );
-    b.record("maasd_peak_rss_mb", round(rss, 1), "VmHWM of maasd during the LLM-bound run");
+    b.record(
+        "maasd_peak_rss_mb",
+        round(rss, 1),
+        "VmHWM of maasd during the LLM-bound run",
+    );
 }
 
 fn peak_rss_mb(pid: i32) -> f64 {
@@ -423,9 +473,17 @@ async fn recovery(b: &mut Bench) {
                                        GROUP BY request_id, message_type HAVING count(*) > 1) l)",
     )
     .await;
-    b.record("recovery_s", round(secs, 2), &format!("{n} in flight, SIGKILL, second daemon (lease 3 s)"));
+    b.record(
+        "recovery_s",
+        round(secs, 2),
+        &format!("{n} in flight, SIGKILL, second daemon (lease 3 s)"),
+    );
     b.record("recovery_lost", n - completed, "requests not COMPLETED afterwards");
-    b.record("recovery_duplicates", duplicates, "stages succeeded twice + log rows written twice");
+    b.record(
+        "recovery_duplicates",
+        duplicates,
+        "stages succeeded twice + log rows written twice",
+    );
 }
 
 // ------------------------------------------------------------------- main
@@ -443,7 +501,10 @@ fn main() {
     let json = args.iter().any(|a| a == "--json");
     let only: Option<String> = args.iter().find_map(|a| a.strip_prefix("--only=").map(str::to_owned));
     raise_fd_limit();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("maas-bench-pg");
         let spec = ClusterSpec {
@@ -452,7 +513,10 @@ fn main() {
             durable: true,
             max_connections: 300,
         };
-        let cluster = tokio::task::spawn_blocking(move || Cluster::ensure(&spec)).await.unwrap().unwrap();
+        let cluster = tokio::task::spawn_blocking(move || Cluster::ensure(&spec))
+            .await
+            .unwrap()
+            .unwrap();
         let mut b = Bench {
             cluster,
             quick,
@@ -476,8 +540,11 @@ fn main() {
         if want("recovery") {
             recovery(&mut b).await;
         }
-        let values: HashMap<String, f64> =
-            b.results.iter().filter_map(|(k, v, _)| v.as_f64().map(|f| (k.clone(), f))).collect();
+        let values: HashMap<String, f64> = b
+            .results
+            .iter()
+            .filter_map(|(k, v, _)| v.as_f64().map(|f| (k.clone(), f)))
+            .collect();
         let num = |k: &str| values.get(k).copied();
         if let (Some(ours), Some(limit)) = (num("stage_exec_per_s"), num("pgbench_notify_tps_c16")) {
             b.record(
@@ -498,7 +565,12 @@ fn main() {
         for (k, v, note) in &b.results {
             let _ = writeln!(table, "{k:<28} {:>12}  {note}", v.to_string());
         }
-        let _ = writeln!(table, "(mode: {}, {:.0} s)", if quick { "quick" } else { "full" }, started.elapsed().as_secs_f64());
+        let _ = writeln!(
+            table,
+            "(mode: {}, {:.0} s)",
+            if quick { "quick" } else { "full" },
+            started.elapsed().as_secs_f64()
+        );
         print!("{table}");
         if json {
             let mut obj = serde_json::Map::new();

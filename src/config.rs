@@ -16,6 +16,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::archivist::ArchivistConfig;
 use crate::llm::LlmConfig;
 use crate::model::StageKind;
 
@@ -73,6 +74,9 @@ pub struct Config {
     /// The LLM roles and providers (`[llm]`, see `llm::LlmConfig`).
     #[serde(skip_serializing)]
     pub llm: LlmConfig,
+    /// The archivist's schedule, thresholds and budgets (`[archivist]`, see
+    /// `archivist::ArchivistConfig`).
+    pub archivist: ArchivistConfig,
 }
 
 /// Per-stage concurrency limits. A notification that finds no free slot is
@@ -155,6 +159,7 @@ impl Default for Config {
             context_max_tokens: 16000,
             prompt_cache_secs: 5,
             llm: LlmConfig::default(),
+            archivist: ArchivistConfig::default(),
         }
     }
 }
@@ -250,6 +255,9 @@ impl Config {
                 "listener.reconnect_max_ms",
                 "must be at least listener.reconnect_min_ms, which must be at least 1",
             );
+        }
+        if let Some((key, problem)) = self.archivist.problem() {
+            return invalid(key, &problem);
         }
         Ok(())
     }

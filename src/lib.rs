@@ -15,9 +15,12 @@
 //! - [`dispatcher`] — wake or sweep → claim → run stage → record.
 //! - [`llm`] — LLM providers (OpenAI-compatible, Anthropic, Gemini, offline).
 //! - [`stage`] — the stages, behind a trait that knows nothing of SQL.
+//! - [`archivist`] — long-term memory from raw logs, on a schedule and on
+//!   demand, exactly once.
 //! - [`daemon`] — wires the above into `maasd`.
 //! - [`cli`] — `maasctl`.
 
+pub mod archivist;
 pub mod cli;
 pub mod config;
 pub mod daemon;

@@ -4,6 +4,7 @@
 //! Exit codes: 0 success; 1 the command ran but found a problem (unknown
 //! request, schema not current); 2 usage or runtime error.
 
+mod archivist;
 mod devdb;
 mod requests;
 mod sweep;
@@ -48,6 +49,12 @@ pub enum Command {
         #[command(subcommand)]
         command: requests::RequestsCommand,
     },
+    /// Long-term memory: archive raw logs into LSM records, show a user's
+    /// archive state and memory version.
+    Archivist {
+        #[command(subcommand)]
+        command: archivist::ArchivistCommand,
+    },
     /// A private PostgreSQL cluster for development, tests and benchmarks.
     #[command(name = "dev-db")]
     DevDb {
@@ -70,6 +77,10 @@ pub enum CliError {
     Db(#[from] db::Error),
     #[error(transparent)]
     DevDb(#[from] db::devdb::DevDbError),
+    #[error(transparent)]
+    Archivist(#[from] crate::archivist::ArchivistError),
+    #[error("LLM configuration: {0}")]
+    Llm(#[from] crate::llm::ConfigError),
     #[error("{0}")]
     Usage(String),
     #[error("output: {0}")]
@@ -96,6 +107,10 @@ pub async fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Requests { command } => {
             let cfg = Config::load(cli.config.as_deref())?;
             requests::run(&cfg, command, cli.json).await
+        }
+        Command::Archivist { command } => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            archivist::run(&cfg, command, cli.json).await
         }
     }
 }

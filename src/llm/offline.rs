@@ -678,4 +678,3 @@ mod tests {
         assert!(plain.contains("No earlier conversations"));
     }
 }
-
