@@ -593,6 +593,7 @@ impl Archivist {
         };
         drop(client);
         let mut report = UserReport::new(user, UserOutcome::Nothing);
+        report.memory_version = Some(claim.memory_version);
         let mut from = claim.archived_seq;
         let through = claim.logged_seq;
         let result: Result<(), BatchError> = async {
@@ -649,10 +650,18 @@ impl Archivist {
         };
         match result {
             Ok(()) => {
-                let _ = repo::archive::release_user(&client, user, &self.worker).await;
+                logged(
+                    repo::archive::release_user(&client, user, &self.worker).await,
+                    user,
+                    "release the lease",
+                );
             }
             Err(BatchError::Cancelled) => {
-                let _ = repo::archive::release_user(&client, user, &self.worker).await;
+                logged(
+                    repo::archive::release_user(&client, user, &self.worker).await,
+                    user,
+                    "release the lease",
+                );
                 report.outcome = UserOutcome::Cancelled;
             }
             Err(BatchError::LeaseLost) => {
@@ -660,7 +669,11 @@ impl Archivist {
                 report.outcome = UserOutcome::Raced;
             }
             Err(BatchError::Db(e)) => {
-                let _ = repo::archive::release_user(&client, user, &self.worker).await;
+                logged(
+                    repo::archive::release_user(&client, user, &self.worker).await,
+                    user,
+                    "release the lease",
+                );
                 tracing::warn!(user = %user, error = %e, "archiving a user failed");
                 report.outcome = UserOutcome::Failed;
                 report.error_class = Some("database".into());
@@ -675,7 +688,11 @@ impl Archivist {
                 };
                 tracing::warn!(user = %user, error.class = %e.class, error = %e.message,
                     retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "archiving a user failed");
-                let _ = repo::archive::fail_user(&client, user, &self.worker, &e.to_string(), delay, counts).await;
+                logged(
+                    repo::archive::fail_user(&client, user, &self.worker, &e.to_string(), delay, counts).await,
+                    user,
+                    "record the failure",
+                );
                 report.outcome = UserOutcome::Failed;
                 report.error_class = Some(e.class.to_string());
                 report.error = Some(e.message);
@@ -755,6 +772,13 @@ impl Archivist {
             }
         }
         Ok(records)
+    }
+}
+
+/// Logs a failed bookkeeping write; the lease runs out by itself.
+fn logged<T>(r: Result<T, db::Error>, user: Uuid, what: &str) {
+    if let Err(e) = r {
+        tracing::warn!(user = %user, error = %e, "archivist could not {what}");
     }
 }
 

@@ -7,4 +7,4 @@ SET lease_owner = $2,
     lease_expires_at = now() + make_interval(secs => $3)
 WHERE user_id = $1
   AND (lease_expires_at IS NULL OR lease_expires_at < now() OR lease_owner = $2)
-RETURNING archived_seq, logged_seq, failures
+RETURNING archived_seq, logged_seq, failures, memory_version

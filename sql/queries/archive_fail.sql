@@ -2,9 +2,9 @@
 -- before $4 milliseconds from now; $5 says whether it counts as a failure
 -- (a local throttle does not). Gives up the lease.
 UPDATE archive_marks
-SET failures         = failures + CASE WHEN $5 THEN 1 ELSE 0 END,
-    retry_after      = now() + $4 * interval '1 millisecond',
-    last_error       = $3,
+SET failures         = failures + CASE WHEN $5::bool THEN 1 ELSE 0 END,
+    retry_after      = now() + $4::int8 * interval '1 millisecond',
+    last_error       = $3::text,
     lease_owner      = NULL,
     lease_expires_at = NULL
 WHERE user_id = $1 AND lease_owner = $2

@@ -93,6 +93,7 @@ pub struct Claim {
     pub logged_seq: i64,
     /// Failed attempts since the last success (for the backoff).
     pub failures: i32,
+    pub memory_version: i64,
 }
 
 /// Leases `user` to `owner`; `None` when another runner holds a live lease
@@ -111,6 +112,7 @@ pub async fn claim_user(
             archived_seq: r.get(0),
             logged_seq: r.get(1),
             failures: r.get(2),
+            memory_version: r.get(3),
         }))
 }
 
