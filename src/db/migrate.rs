@@ -212,7 +212,7 @@ async fn present_triggers(client: &impl tokio_postgres::GenericClient) -> Result
     Ok(client
         .query(
             "SELECT t.tgname::text FROM pg_trigger t
-             WHERE t.tgrelid = to_regclass('pipeline_runs') AND NOT t.tgisinternal",
+             WHERE t.tgrelid IN (to_regclass('pipeline_runs'), to_regclass('raw_logs')) AND NOT t.tgisinternal",
             &[],
         )
         .await?
