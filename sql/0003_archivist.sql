@@ -67,6 +67,8 @@ CREATE TABLE archive_runs (
     trigger        text        NOT NULL,
     worker         text        NOT NULL,
     only_user      uuid,
+    -- The cron tick a scheduled run belongs to (unique: one run per tick).
+    tick           timestamptz,
     started_at     timestamptz NOT NULL DEFAULT now(),
     finished_at    timestamptz,
     -- Users selected, users archived, logs covered, records written,
@@ -82,6 +84,7 @@ CREATE TABLE archive_runs (
     CONSTRAINT archive_runs_trigger_valid CHECK (trigger IN ('cron', 'manual'))
 );
 CREATE INDEX archive_runs_started_idx ON archive_runs (started_at DESC);
+CREATE UNIQUE INDEX archive_runs_tick_idx ON archive_runs (tick) WHERE tick IS NOT NULL;
 
 -- The cron tick of the cluster: advanced only forward, so one tick runs on
 -- one daemon however many there are.

@@ -149,15 +149,21 @@ impl ArchivistConfig {
     }
 }
 
-/// Checks a 6-field cron expression (seconds first).
-pub fn cron_schedule(expr: &str) -> Result<(), String> {
+/// Parses a 6-field cron expression (seconds first), as tokio-cron-scheduler
+/// does.
+pub fn cron_schedule(expr: &str) -> Result<croner::Cron, String> {
     let fields = expr.split_whitespace().count();
     if fields != 6 {
         return Err(format!(
             "{expr:?} has {fields} fields; expected 6 (sec min hour day-of-month month day-of-week), in UTC"
         ));
     }
-    Ok(())
+    croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Required)
+        .dom_and_dow(true)
+        .build()
+        .parse(expr)
+        .map_err(|e| format!("{expr:?} is not a cron expression: {e}"))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +172,8 @@ pub enum ArchivistError {
     Db(#[from] db::Error),
     #[error("no active Archivist prompt in system_prompts")]
     NoPrompt,
+    #[error("archivist schedule: {0}")]
+    Schedule(String),
 }
 
 impl From<tokio_postgres::Error> for ArchivistError {
@@ -207,6 +215,8 @@ pub struct RunOptions {
     /// Select and plan (users, logs, chunks) without calling a model or
     /// writing anything.
     pub dry_run: bool,
+    /// The cron tick a scheduled run belongs to.
+    pub tick: Option<DateTime<Utc>>,
 }
 
 /// What happened to one user.
@@ -462,7 +472,7 @@ impl Archivist {
         let run_id = if opts.dry_run {
             None
         } else {
-            Some(repo::archive::start_run(&client, opts.trigger.as_str(), &self.worker, opts.user).await?)
+            Some(repo::archive::start_run(&client, opts.trigger.as_str(), &self.worker, opts.user, opts.tick).await?)
         };
         tracing::info!(run = run_id, trigger = opts.trigger.as_str(), user = ?opts.user, dry_run = opts.dry_run,
             "archive run starting");
@@ -779,6 +789,110 @@ impl Archivist {
 fn logged<T>(r: Result<T, db::Error>, user: Uuid, what: &str) {
     if let Err(e) = r {
         tracing::warn!(user = %user, error = %e, "archivist could not {what}");
+    }
+}
+
+/// The row of `archive_schedule` the daemons share.
+pub const SCHEDULE_NAME: &str = "archivist";
+
+/// Runs the archivist on `cfg.archivist.schedule` (UTC) until `shutdown`,
+/// then waits for a run in progress to stop (it stops between batches and
+/// abandons an open batch, whose lease runs out).
+///
+/// - Overlap: a tick that fires while this process's previous run is still
+///   going is skipped; across daemons, a run holds a session-level advisory
+///   lock, so a tick that finds another daemon's run going is skipped too.
+/// - Once per tick cluster-wide: the tick is claimed by moving
+///   `archive_schedule.last_tick` forward, which succeeds for one daemon.
+/// - Catch-up: at start, a tick that every daemon missed (all were down) is
+///   run once; a fresh install has missed none.
+pub async fn run_scheduled(archivist: Arc<Archivist>, shutdown: CancellationToken) -> Result<(), ArchivistError> {
+    use tokio_cron_scheduler::{Job, JobScheduler};
+    let expr = archivist.acfg().schedule.clone();
+    let cron = Arc::new(cron_schedule(&expr).map_err(ArchivistError::Schedule)?);
+    let busy = Arc::new(tokio::sync::Mutex::new(()));
+    let sched_err = |e: tokio_cron_scheduler::JobSchedulerError| ArchivistError::Schedule(e.to_string());
+
+    // Catch up on a tick missed while every daemon was down.
+    if let Ok(prev) = cron.find_previous_occurrence(&Utc::now(), true) {
+        let fresh = match archivist.pool.get().await {
+            Ok(client) => repo::archive::init_schedule(&client, SCHEDULE_NAME, prev).await,
+            Err(e) => Err(e.into()),
+        };
+        match fresh {
+            Ok(true) => {}
+            Ok(false) => {
+                let _guard = busy.lock().await;
+                archivist.tick(prev, &shutdown).await;
+            }
+            Err(e) => tracing::warn!(error = %e, "archivist catch-up skipped"),
+        }
+    }
+
+    let mut scheduler = JobScheduler::new().await.map_err(sched_err)?;
+    let job = {
+        let (archivist, busy, cron, shutdown) = (archivist.clone(), busy.clone(), cron.clone(), shutdown.clone());
+        Job::new_async(expr.as_str(), move |_id, _lock| {
+            let (archivist, busy, cron, shutdown) = (archivist.clone(), busy.clone(), cron.clone(), shutdown.clone());
+            Box::pin(async move {
+                let Ok(_guard) = busy.try_lock() else {
+                    tracing::info!("archivist tick skipped: the previous run is still going");
+                    return;
+                };
+                // The tick this firing belongs to (it may fire a little late).
+                let Ok(tick) = cron.find_previous_occurrence(&Utc::now(), true) else {
+                    return;
+                };
+                archivist.tick(tick, &shutdown).await;
+            })
+        })
+        .map_err(sched_err)?
+    };
+    scheduler.add(job).await.map_err(sched_err)?;
+    scheduler.start().await.map_err(sched_err)?;
+    tracing::info!(schedule = %expr, "archivist scheduled (UTC)");
+    shutdown.cancelled().await;
+    if let Err(e) = scheduler.shutdown().await {
+        tracing::warn!(error = %e, "archivist scheduler did not stop cleanly");
+    }
+    // A run in progress sees the cancellation; wait for it.
+    let _guard = busy.lock().await;
+    Ok(())
+}
+
+impl Archivist {
+    /// One scheduled tick: the cluster-wide run lock, the tick claim, the run.
+    async fn tick(&self, tick: DateTime<Utc>, shutdown: &CancellationToken) {
+        let result = async {
+            let lock = self.pool.get().await?;
+            if !repo::archive::try_lock_runs(&lock).await? {
+                tracing::info!(%tick, "archivist tick skipped: another daemon's run is still going");
+                return Ok(());
+            }
+            let claimed = repo::archive::claim_tick(&lock, SCHEDULE_NAME, tick).await;
+            let run = match claimed {
+                Ok(true) => {
+                    let opts = RunOptions {
+                        trigger: Trigger::Cron,
+                        user: None,
+                        dry_run: false,
+                        tick: Some(tick),
+                    };
+                    self.run(opts, &Quiet, shutdown).await.map(drop)
+                }
+                Ok(false) => {
+                    tracing::debug!(%tick, "archivist tick already run by another daemon");
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+            };
+            repo::archive::unlock_runs(&lock).await?;
+            run
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(%tick, error = %e, "scheduled archive run failed");
+        }
     }
 }
 

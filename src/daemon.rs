@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::archivist::{self, Archivist};
 use crate::config::Config;
 use crate::db::{self, migrate};
 use crate::dispatcher::Engine;
@@ -71,8 +72,25 @@ pub async fn run(
     let worker = worker_id();
     tracing::info!(worker = %worker, provider = %cfg.llm_provider, lease_secs = cfg.lease_secs,
         sweep_secs = cfg.sweep_secs, "maasd starting");
+    let archivist = if cfg.archivist.enabled {
+        let llm = Arc::new(Llm::from_config(&cfg.llm, &cfg.llm_provider)?);
+        let archivist = Arc::new(Archivist::new(pool.clone(), llm, cfg.clone(), worker.clone()));
+        Some(tokio::spawn(archivist::run_scheduled(
+            archivist,
+            shutdown.child_token(),
+        )))
+    } else {
+        None
+    };
     let engine = Engine::new(pool, cfg.clone(), pipeline, worker);
     ready(&engine);
     engine.run(shutdown).await;
+    if let Some(task) = archivist {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "archivist schedule stopped"),
+            Err(e) => tracing::error!(error = %e, "archivist schedule panicked"),
+        }
+    }
     Ok(())
 }

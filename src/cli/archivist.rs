@@ -117,6 +117,7 @@ async fn run_once(cfg: &Config, user: Option<Uuid>, dry_run: bool, json: bool) -
         trigger: Trigger::Manual,
         user,
         dry_run,
+        tick: None,
     };
     let report = if json {
         archivist.run(opts, &Silent, &cancel).await?

@@ -27,6 +27,7 @@ pub const MARK: &str = include_str!("../../sql/queries/archive_mark.sql");
 pub const RUN_START: &str = include_str!("../../sql/queries/archive_run_start.sql");
 pub const RUN_FINISH: &str = include_str!("../../sql/queries/archive_run_finish.sql");
 pub const TICK: &str = include_str!("../../sql/queries/archive_tick.sql");
+pub const SCHEDULE_INIT: &str = include_str!("../../sql/queries/archive_schedule_init.sql");
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
@@ -279,9 +280,13 @@ pub async fn start_run(
     trigger: &str,
     worker: &str,
     only_user: Option<Uuid>,
+    tick: Option<DateTime<Utc>>,
 ) -> Result<i64, Error> {
     let stmt = client.prepare_cached(RUN_START).await?;
-    Ok(client.query_one(&stmt, &[&trigger, &worker, &only_user]).await?.get(0))
+    Ok(client
+        .query_one(&stmt, &[&trigger, &worker, &only_user, &tick])
+        .await?
+        .get(0))
 }
 
 /// The totals of a run.
@@ -320,3 +325,31 @@ pub async fn claim_tick(client: &impl GenericClient, schedule: &str, tick: DateT
     let stmt = client.prepare_cached(TICK).await?;
     Ok(client.query_opt(&stmt, &[&schedule, &tick]).await?.is_some())
 }
+
+/// Records `tick` as the schedule's last tick if the schedule has no row
+/// yet; true when it did (a fresh install has missed no tick).
+pub async fn init_schedule(client: &impl GenericClient, schedule: &str, tick: DateTime<Utc>) -> Result<bool, Error> {
+    let stmt = client.prepare_cached(SCHEDULE_INIT).await?;
+    Ok(client.query_opt(&stmt, &[&schedule, &tick]).await?.is_some())
+}
+
+/// Takes the cluster-wide archive-run lock for this session (released by
+/// [`unlock_runs`] or when the session ends, e.g. the daemon dies); false
+/// when another session holds it. Needs a direct or session-pooled
+/// connection, not PgBouncer in transaction mode.
+pub async fn try_lock_runs(client: &impl GenericClient) -> Result<bool, Error> {
+    Ok(client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&RUN_LOCK_KEY])
+        .await?
+        .get(0))
+}
+
+pub async fn unlock_runs(client: &impl GenericClient) -> Result<(), Error> {
+    client
+        .execute("SELECT pg_advisory_unlock($1)", &[&RUN_LOCK_KEY])
+        .await?;
+    Ok(())
+}
+
+/// Advisory lock key of scheduled archive runs ("arch" in ASCII).
+const RUN_LOCK_KEY: i64 = 0x6172_6368;

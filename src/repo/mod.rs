@@ -72,6 +72,7 @@ const NAMED: &[(&str, &str)] = &[
     ("archive_run_start", archive::RUN_START),
     ("archive_run_finish", archive::RUN_FINISH),
     ("archive_tick", archive::TICK),
+    ("archive_schedule_init", archive::SCHEDULE_INIT),
 ];
 
 /// A row claimed for one stage attempt.

@@ -643,3 +643,57 @@ async fn a_later_request_sees_its_own_users_new_memory_and_nobody_elses() {
     );
     assert!(!analyzer.contains("walrus"), "and nobody else's: {analyzer}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schedule_archives_unattended_once_per_tick_across_daemons() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let opts = || {
+        Opts::default()
+            .env("MAAS_ARCHIVIST__SCHEDULE", "* * * * * *")
+            .env("MAAS_ARCHIVIST__MIN_PENDING", "1")
+            .env("MAAS_ARCHIVIST__COOLDOWN_SECS", "0")
+            .env("MAAS_ARCHIVIST__BATCH_LOGS", "2")
+            .env("MAAS_LLM__OFFLINE__LATENCY_MS", "30")
+    };
+    let _a = Maasd::spawn(&db.url, opts());
+    let _b = Maasd::spawn(&db.url, opts());
+    let users: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
+    for round in 0..3 {
+        for u in &users {
+            logs(&c, *u, Some(Uuid::from_u128(round + 1)), 3, 1.0).await;
+        }
+        wait_until(WAIT, "the schedule archives every log", || async {
+            count(&c, "SELECT count(*) FROM archive_marks WHERE archived_seq < logged_seq").await == 0
+        })
+        .await;
+    }
+    assert_exactly_once(&c, true).await;
+    let runs = count(
+        &c,
+        "SELECT count(*) FROM archive_runs WHERE trigger = 'cron' AND logs > 0",
+    )
+    .await;
+    assert!(runs >= 1);
+    // One run per tick, and never two at once across both daemons.
+    let per_tick = count(
+        &c,
+        "SELECT count(*) FROM (SELECT tick FROM archive_runs WHERE trigger = 'cron' GROUP BY tick HAVING count(*) > 1) d",
+    )
+    .await;
+    assert_eq!(per_tick, 0);
+    let overlapping = count(
+        &c,
+        "SELECT count(*) FROM archive_runs a JOIN archive_runs b ON a.id < b.id
+         WHERE a.trigger = 'cron' AND b.trigger = 'cron'
+           AND tstzrange(a.started_at, coalesce(a.finished_at, 'infinity')) && tstzrange(b.started_at, coalesce(b.finished_at, 'infinity'))",
+    )
+    .await;
+    assert_eq!(overlapping, 0, "two scheduled runs overlapped");
+    let workers = count(
+        &c,
+        "SELECT count(DISTINCT worker) FROM archive_runs WHERE trigger = 'cron'",
+    )
+    .await;
+    assert!(workers >= 1);
+}
