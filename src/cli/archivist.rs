@@ -3,11 +3,13 @@
 //!
 //! `run` without `--user` archives every user the thresholds select, as the
 //! schedule in `maasd` does; with `--user` it archives that user regardless
-//! of thresholds and cooldown. Progress is one plain line per user (and a
-//! final summary); `--json` prints the run report instead. Exit 1 when a
-//! user failed.
+//! of thresholds and cooldown. On a terminal, progress is a bar (users done,
+//! logs and records so far; failures printed above it); otherwise one plain
+//! line per user. Either way a final summary line follows; `--json` prints
+//! the run report instead. Exit 1 when a user failed.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use clap::Subcommand;
@@ -72,6 +74,45 @@ impl Progress for Lines {
 struct Silent;
 impl Progress for Silent {}
 
+/// A progress bar on stderr, for a terminal.
+struct Bar {
+    bar: indicatif::ProgressBar,
+    logs: AtomicI64,
+    records: AtomicI64,
+}
+
+impl Bar {
+    fn new() -> Bar {
+        let bar = indicatif::ProgressBar::new(0);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{spinner} archiving [{bar:30}] {pos}/{len} users, {msg} ({elapsed})",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        Bar {
+            bar,
+            logs: AtomicI64::new(0),
+            records: AtomicI64::new(0),
+        }
+    }
+}
+
+impl Progress for Bar {
+    fn add_users(&self, n: usize) {
+        self.bar.inc_length(u64::try_from(n).unwrap_or(u64::MAX));
+    }
+
+    fn user_done(&self, r: &UserReport) {
+        let logs = self.logs.fetch_add(r.logs, Ordering::Relaxed) + r.logs;
+        let records = self.records.fetch_add(r.records, Ordering::Relaxed) + r.records;
+        if matches!(r.outcome, UserOutcome::Failed | UserOutcome::Raced | UserOutcome::Busy) {
+            self.bar.println(describe(r));
+        }
+        self.bar.set_message(format!("{logs} logs, {records} records"));
+        self.bar.inc(1);
+    }
+}
+
 fn describe(r: &UserReport) -> String {
     let version = r
         .memory_version
@@ -121,6 +162,11 @@ async fn run_once(cfg: &Config, user: Option<Uuid>, dry_run: bool, json: bool) -
     };
     let report = if json {
         archivist.run(opts, &Silent, &cancel).await?
+    } else if std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
+        let bar = Bar::new();
+        let report = archivist.run(opts, &bar, &cancel).await;
+        bar.bar.finish_and_clear();
+        report?
     } else {
         let lines = Lines {
             out: Mutex::new(std::io::stdout()),
