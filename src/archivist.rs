@@ -474,6 +474,8 @@ impl Archivist {
         } else {
             Some(repo::archive::start_run(&client, opts.trigger.as_str(), &self.worker, opts.user, opts.tick).await?)
         };
+        // Users take connections of their own; hold none across them.
+        drop(client);
         tracing::info!(run = run_id, trigger = opts.trigger.as_str(), user = ?opts.user, dry_run = opts.dry_run,
             "archive run starting");
         let mut users: Vec<UserReport> = Vec::new();
@@ -496,8 +498,10 @@ impl Archivist {
             let mut seen: HashSet<Uuid> = HashSet::new();
             let thresholds = self.acfg().thresholds();
             while !cancel.is_cancelled() {
+                let client = self.pool.get().await?;
                 let page: Vec<Candidate> =
                     repo::archive::select_candidates(&client, &thresholds, self.acfg().page_users).await?;
+                drop(client);
                 let fresh: Vec<Uuid> = page.iter().map(|c| c.user_id).filter(|u| seen.insert(*u)).collect();
                 if fresh.is_empty() {
                     break;
@@ -541,6 +545,7 @@ impl Archivist {
                 failures: i32::try_from(report.failures).unwrap_or(i32::MAX),
                 errors: Value::Array(errors),
             };
+            let client = self.pool.get().await?;
             repo::archive::finish_run(&client, id, &totals).await?;
         }
         tracing::info!(

@@ -73,8 +73,15 @@ pub async fn run(
     tracing::info!(worker = %worker, provider = %cfg.llm_provider, lease_secs = cfg.lease_secs,
         sweep_secs = cfg.sweep_secs, "maasd starting");
     let archivist = if cfg.archivist.enabled {
+        // A pool of its own, so archiving never takes connections from the
+        // stages: one per concurrent user, the run's own, the schedule lock.
+        let sized = Config {
+            pool_size: cfg.archivist.concurrency + 2,
+            ..(*cfg).clone()
+        };
+        let pool = db::connect_pool(&sized, "maasd-archivist")?;
         let llm = Arc::new(Llm::from_config(&cfg.llm, &cfg.llm_provider)?);
-        let archivist = Arc::new(Archivist::new(pool.clone(), llm, cfg.clone(), worker.clone()));
+        let archivist = Arc::new(Archivist::new(pool, llm, cfg.clone(), worker.clone()));
         Some(tokio::spawn(archivist::run_scheduled(
             archivist,
             shutdown.child_token(),
