@@ -380,6 +380,35 @@ mod tests {
     }
 
     #[test]
+    fn the_archivist_section_loads_and_is_validated() {
+        let cfg = load(
+            Some("[archivist]\nmin_pending = 5\nschedule = \"0 */10 * * * *\"\n"),
+            &[
+                ("DATABASE_URL", "postgres://u@h/db"),
+                ("MAAS_ARCHIVIST__COOLDOWN_SECS", "60"),
+            ],
+        );
+        let cfg = match cfg {
+            Ok(c) => c,
+            Err(e) => panic!("load failed: {e}"),
+        };
+        assert_eq!(cfg.archivist.min_pending, 5);
+        assert_eq!(cfg.archivist.cooldown_secs, 60);
+        assert_eq!(cfg.archivist.schedule, "0 */10 * * * *");
+        assert_eq!(cfg.archivist.max_pending_age_secs, 86_400, "default");
+        for bad in ["0 */6 * * *", "0 0 */6 * * * *", "every six hours x y z"] {
+            let err = load(
+                None,
+                &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_ARCHIVIST__SCHEDULE", bad)],
+            )
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+            assert!(err.contains("archivist.schedule"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn secrets_are_redacted() {
         let cfg = Config {
             database_url: Secret("postgres://u:hunter2@h/db".into()),
