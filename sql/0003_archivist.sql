@@ -13,6 +13,8 @@
 -- archived" is a sound high-water mark (seed 004's HWM).
 
 ALTER TABLE raw_logs ADD COLUMN user_seq bigint;
+-- Existing logs are numbered per user in id order (all pending: nothing was
+-- archived with marks before). On a large table this rewrites every row once.
 UPDATE raw_logs r
 SET user_seq = s.seq
 FROM (SELECT id, row_number() OVER (PARTITION BY user_id ORDER BY id) AS seq FROM raw_logs) s
