@@ -488,6 +488,163 @@ async fn recovery(b: &mut Bench) {
 
 // ------------------------------------------------------------------- main
 
+/// The archivist at scale: raw logs over many users (1,000,000 over 10,000;
+/// `--quick`: 100,000 over 1,000), each insert through the novelty trigger;
+/// then candidate selection time (and its plan) and logs archived per second
+/// with the instant offline provider, for a fixed time budget.
+async fn archivist(b: &mut Bench) {
+    use maas::archivist::{Archivist, Quiet, RunOptions, Trigger};
+    use maas::repo::archive::{CANDIDATES, select_candidates};
+    let (logs, users): (i64, i64) = if b.quick { (100_000, 1_000) } else { (1_000_000, 10_000) };
+    let url = b.fresh_db("archivist").await;
+    let mut c = connect(&url).await;
+    maas::db::migrate::migrate(&mut c, false).await.unwrap();
+    // A third of the users were last active 40 days ago (outside A); the
+    // rest within the last day. Inserted in slices so each transaction stays
+    // reasonable; each row pays the trigger's UPSERT.
+    let started = Instant::now();
+    let slice = 50_000i64;
+    let mut from = 1i64;
+    while from <= logs {
+        let to = (from + slice - 1).min(logs);
+        c.execute(
+            "INSERT INTO raw_logs (user_id, thread_id, message_type, content, created_at)
+             SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
+                    ('00000000-0000-4000-9000-' || lpad(to_hex(g % ($3 * 4)), 12, '0'))::uuid,
+                    CASE WHEN g % 2 = 0 THEN 'user_query' ELSE 'assistant_response' END,
+                    'message ' || g || ' about gardening, travel plans and the weekly budget',
+                    now() - CASE WHEN g % $3 % 3 = 0 THEN interval '40 days'
+                                 ELSE make_interval(secs => (g % 86400)::float8) END
+             FROM generate_series($1::int8, $2::int8) g",
+            &[&from, &to, &users],
+        )
+        .await
+        .unwrap();
+        from = to + 1;
+    }
+    let insert_s = started.elapsed().as_secs_f64();
+    // The same rows into a copy of raw_logs without the trigger (same
+    // indexes and defaults, user_seq given): the trigger's cost on inserts.
+    c.batch_execute("CREATE TABLE bench_plain_logs (LIKE raw_logs INCLUDING ALL)")
+        .await
+        .unwrap();
+    let plain_started = Instant::now();
+    let mut from = 1i64;
+    while from <= logs {
+        let to = (from + slice - 1).min(logs);
+        c.execute(
+            "INSERT INTO bench_plain_logs (user_id, thread_id, message_type, content, created_at, user_seq)
+             SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
+                    ('00000000-0000-4000-9000-' || lpad(to_hex(g % ($3 * 4)), 12, '0'))::uuid,
+                    CASE WHEN g % 2 = 0 THEN 'user_query' ELSE 'assistant_response' END,
+                    'message ' || g || ' about gardening, travel plans and the weekly budget',
+                    now(), g
+             FROM generate_series($1::int8, $2::int8) g",
+            &[&from, &to, &users],
+        )
+        .await
+        .unwrap();
+        from = to + 1;
+    }
+    let plain_s = plain_started.elapsed().as_secs_f64();
+    c.batch_execute("DROP TABLE bench_plain_logs").await.unwrap();
+    b.record(
+        "archive_log_insert_plain_per_s",
+        round(logs as f64 / plain_s, 0),
+        "the same INSERTs into a copy of raw_logs without the trigger",
+    );
+    for table in ["raw_logs", "archive_marks"] {
+        c.batch_execute(&format!("VACUUM ANALYZE {table}")).await.unwrap();
+    }
+    b.record(
+        "archive_log_insert_per_s",
+        round(logs as f64 / insert_s, 0),
+        "raw_logs INSERT rate through the novelty trigger (one UPSERT per log)",
+    );
+
+    let cfg = maas::config::Config {
+        database_url: maas::config::Secret(url.clone()),
+        pool_size: 8,
+        ..Default::default()
+    };
+    let thresholds = cfg.archivist.thresholds();
+    let pool = maas::db::connect_pool(&cfg, "bench-archivist").unwrap();
+    let client = pool.get().await.unwrap();
+    let mut times = Vec::new();
+    let mut selected = 0;
+    for _ in 0..20 {
+        let t = Instant::now();
+        selected = select_candidates(&client, &thresholds, cfg.archivist.page_users)
+            .await
+            .unwrap()
+            .len();
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    b.record(
+        "archive_select_ms",
+        round(percentile(&times, 0.5), 2),
+        &format!("candidate selection, median of 20 ({selected} of {users} users selected, page limit)"),
+    );
+    let explain = CANDIDATES
+        .replace("$1", &cfg.archivist.min_pending.to_string())
+        .replace("$2", &cfg.archivist.max_pending_age_secs.to_string())
+        .replace("$3", &cfg.archivist.active_within_secs.to_string())
+        .replace("$4", &cfg.archivist.cooldown_secs.to_string())
+        .replace("$5", &cfg.archivist.page_users.to_string());
+    let plan: Vec<String> = c
+        .query(&format!("EXPLAIN (ANALYZE, COSTS OFF) {explain}"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let scan = plan
+        .iter()
+        .find(|l| l.contains("Scan"))
+        .map(|l| l.trim().to_owned())
+        .unwrap_or_default();
+    b.record(
+        "archive_select_plan",
+        scan,
+        "the selection's scan: archive_marks only, never raw_logs",
+    );
+    drop(client);
+
+    let llm = std::sync::Arc::new(maas::llm::Llm::from_config(&cfg.llm, "offline").unwrap());
+    let archivist = Archivist::new(pool, llm, std::sync::Arc::new(cfg.clone()), "bench".into());
+    let budget = Duration::from_secs(if b.quick { 20 } else { 60 });
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let stopper = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(budget).await;
+        stopper.cancel();
+    });
+    let t = Instant::now();
+    let opts = RunOptions {
+        trigger: Trigger::Manual,
+        user: None,
+        dry_run: false,
+        tick: None,
+    };
+    let report = archivist.run(opts, &Quiet, &cancel).await.unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    let dup = count(
+        &c,
+        "SELECT count(*) FROM (SELECT u.lid FROM lsm_storage l, unnest(l.raw_log_ids) u(lid) GROUP BY u.lid HAVING count(*) > 1) d",
+    )
+    .await;
+    assert_eq!(dup, 0, "a log archived twice");
+    b.record(
+        "archive_logs_per_s",
+        round(report.logs as f64 / secs, 0),
+        &format!(
+            "logs archived per second, offline provider ({} logs, {} records, {} users in {:.0} s)",
+            report.logs, report.records, report.users_archived, secs
+        ),
+    );
+}
+
 fn raise_fd_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
@@ -539,6 +696,9 @@ fn main() {
         }
         if want("recovery") {
             recovery(&mut b).await;
+        }
+        if want("archivist") {
+            archivist(&mut b).await;
         }
         let values: HashMap<String, f64> = b
             .results

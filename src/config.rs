@@ -17,6 +17,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::archivist::ArchivistConfig;
 use crate::llm::LlmConfig;
 use crate::model::StageKind;
 
@@ -88,6 +89,9 @@ pub struct Config {
     pub callbacks: CallbacksConfig,
     /// Deleting finished runs after a while.
     pub retention: RetentionConfig,
+    /// The archivist's schedule, thresholds and budgets (`[archivist]`, see
+    /// `archivist::ArchivistConfig`).
+    pub archivist: ArchivistConfig,
 }
 
 /// Per-stage concurrency limits. A notification that finds no free slot is
@@ -410,6 +414,7 @@ impl Default for Config {
             llm: LlmConfig::default(),
             callbacks: CallbacksConfig::default(),
             retention: RetentionConfig::default(),
+            archivist: ArchivistConfig::default(),
         }
     }
 }
@@ -535,6 +540,9 @@ impl Config {
                 "listener.reconnect_max_ms",
                 "must be at least listener.reconnect_min_ms, which must be at least 1",
             );
+        }
+        if let Some((key, problem)) = self.archivist.problem() {
+            return invalid(key, &problem);
         }
         Ok(())
     }
@@ -705,6 +713,35 @@ mod tests {
         assert!(is_loopback(
             "::ffff:127.0.0.1".parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))
         ));
+    }
+
+    #[test]
+    fn the_archivist_section_loads_and_is_validated() {
+        let cfg = load(
+            Some("[archivist]\nmin_pending = 5\nschedule = \"0 */10 * * * *\"\n"),
+            &[
+                ("DATABASE_URL", "postgres://u@h/db"),
+                ("MAAS_ARCHIVIST__COOLDOWN_SECS", "60"),
+            ],
+        );
+        let cfg = match cfg {
+            Ok(c) => c,
+            Err(e) => panic!("load failed: {e}"),
+        };
+        assert_eq!(cfg.archivist.min_pending, 5);
+        assert_eq!(cfg.archivist.cooldown_secs, 60);
+        assert_eq!(cfg.archivist.schedule, "0 */10 * * * *");
+        assert_eq!(cfg.archivist.max_pending_age_secs, 86_400, "default");
+        for bad in ["0 */6 * * *", "0 0 */6 * * * *", "every six hours x y z"] {
+            let err = load(
+                None,
+                &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_ARCHIVIST__SCHEDULE", bad)],
+            )
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+            assert!(err.contains("archivist.schedule"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::archivist::{self, Archivist};
 use crate::config::Config;
 use crate::db::{self, migrate};
 use crate::dispatcher::Engine;
@@ -84,6 +85,23 @@ pub async fn run(
     let worker = worker_id();
     tracing::info!(worker = %worker, provider = %cfg.llm_provider, lease_secs = cfg.lease_secs,
         sweep_secs = cfg.sweep_secs, "maasd starting");
+    let archivist = if cfg.archivist.enabled {
+        // A pool of its own, so archiving never takes connections from the
+        // stages: one per concurrent user, the run's own, the schedule lock.
+        let sized = Config {
+            pool_size: cfg.archivist.concurrency + 2,
+            ..(*cfg).clone()
+        };
+        let pool = db::connect_pool(&sized, "maasd-archivist")?;
+        let llm = Arc::new(Llm::from_config(&cfg.llm, &cfg.llm_provider)?);
+        let archivist = Arc::new(Archivist::new(pool, llm, cfg.clone(), worker.clone()));
+        Some(tokio::spawn(archivist::run_scheduled(
+            archivist,
+            shutdown.child_token(),
+        )))
+    } else {
+        None
+    };
     let engine = Engine::new(pool.clone(), cfg.clone(), pipeline, worker);
     let server = crate::http::start(bound, cfg.clone(), engine.clone(), shutdown.clone())?;
     let workers = TaskTracker::new();
@@ -99,5 +117,12 @@ pub async fn run(
     engine.run(shutdown).await;
     server.stop(cfg.grace()).await;
     workers.wait().await;
+    if let Some(task) = archivist {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "archivist schedule stopped"),
+            Err(e) => tracing::error!(error = %e, "archivist schedule panicked"),
+        }
+    }
     Ok(())
 }

@@ -23,9 +23,12 @@
 //! - [`callbacks`] — signed callback deliveries from a durable outbox.
 //! - [`retention`] — deleting old finished runs in batches.
 //! - [`systemd`] — `Type=notify` readiness and the watchdog.
+//! - [`archivist`] — long-term memory from raw logs, on a schedule and on
+//!   demand, exactly once.
 //! - [`daemon`] — wires the above into `maasd`.
 //! - [`cli`] — `maasctl`.
 
+pub mod archivist;
 pub mod callbacks;
 pub mod cli;
 pub mod config;

@@ -55,6 +55,9 @@ logged AS (
     SELECT d.user_id, d.id, d.thread_id, 'assistant_response', i.answer
     FROM input i JOIN done d ON d.id = i.id
     WHERE i.stage = 'respond' AND i.outcome = 'succeeded' AND i.answer IS NOT NULL
+    -- Each log locks its user's archive_marks row (triggers/0003); taking
+    -- them in user order keeps two daemons' batches from deadlocking.
+    ORDER BY d.user_id
     ON CONFLICT DO NOTHING
 )
 SELECT id FROM done

@@ -9,6 +9,7 @@
 //! Actions are recorded in `operator_actions` under `--operator` (default
 //! `$MAAS_OPERATOR`, else the login name).
 
+mod archivist;
 mod control;
 mod devdb;
 mod doctor;
@@ -86,6 +87,12 @@ pub enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Long-term memory: archive raw logs into LSM records, show a user's
+    /// archive state and memory version.
+    Archivist {
+        #[command(subcommand)]
+        command: archivist::ArchivistCommand,
+    },
     /// A private PostgreSQL cluster for development, tests and benchmarks.
     #[command(name = "dev-db")]
     DevDb {
@@ -108,6 +115,10 @@ pub enum CliError {
     Db(#[from] db::Error),
     #[error(transparent)]
     DevDb(#[from] db::devdb::DevDbError),
+    #[error(transparent)]
+    Archivist(#[from] crate::archivist::ArchivistError),
+    #[error("LLM configuration: {0}")]
+    Llm(#[from] crate::llm::ConfigError),
     #[error("{0}")]
     Usage(String),
     #[error("output: {0}")]
@@ -163,6 +174,10 @@ pub async fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Resume { reason } => {
             let cfg = Config::load(cli.config.as_deref())?;
             control::resume(&cfg, &actor(cli.operator), reason.as_deref(), cli.json).await
+        }
+        Command::Archivist { command } => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            archivist::run(&cfg, command, cli.json).await
         }
     }
 }

@@ -55,6 +55,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0004_ops.sql",
         sql: include_str!("../../sql/0004_ops.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_archivist.sql",
+        sql: include_str!("../../sql/0005_archivist.sql"),
+    },
 ];
 
 pub const TRIGGERS: &[TriggerFile] = &[
@@ -72,6 +77,11 @@ pub const TRIGGERS: &[TriggerFile] = &[
         name: "0003_callback_outbox.sql",
         sql: include_str!("../../triggers/0003_callback_outbox.sql"),
         creates: &["pipeline_runs_enqueue_callback"],
+    },
+    TriggerFile {
+        name: "0004_track_raw_logs.sql",
+        sql: include_str!("../../triggers/0004_track_raw_logs.sql"),
+        creates: &["raw_logs_track"],
     },
 ];
 
@@ -217,7 +227,7 @@ async fn present_triggers(client: &impl tokio_postgres::GenericClient) -> Result
     Ok(client
         .query(
             "SELECT t.tgname::text FROM pg_trigger t
-             WHERE t.tgrelid = to_regclass('pipeline_runs') AND NOT t.tgisinternal",
+             WHERE t.tgrelid IN (to_regclass('pipeline_runs'), to_regclass('raw_logs')) AND NOT t.tgisinternal",
             &[],
         )
         .await?

@@ -15,6 +15,8 @@ use uuid::Uuid;
 use crate::db::Error;
 use crate::model::{MemoryRecord, Outcome, Prompts, StageKind, Status};
 
+pub mod archive;
+
 /// The claim template; see [`claim_sql`].
 pub mod http;
 
@@ -116,6 +118,18 @@ const NAMED: &[(&str, &str)] = &[
     ("callbacks_claim", CALLBACKS_CLAIM),
     ("callbacks_delivered", CALLBACKS_DELIVERED),
     ("callbacks_failed", CALLBACKS_FAILED),
+    ("archive_candidates", archive::CANDIDATES),
+    ("archive_claim", archive::CLAIM),
+    ("archive_extend", archive::EXTEND),
+    ("archive_release", archive::RELEASE),
+    ("archive_pending", archive::PENDING),
+    ("archive_commit", archive::COMMIT),
+    ("archive_fail", archive::FAIL),
+    ("archive_mark", archive::MARK),
+    ("archive_run_start", archive::RUN_START),
+    ("archive_run_finish", archive::RUN_FINISH),
+    ("archive_tick", archive::TICK),
+    ("archive_schedule_init", archive::SCHEDULE_INIT),
 ];
 
 /// A row claimed for one stage attempt.

@@ -117,7 +117,7 @@ pub fn parse_analysis(text: &str) -> Result<Value, String> {
 }
 
 /// The inside of a fenced code block (```json … ```), else the text itself.
-fn strip_fence(text: &str) -> &str {
+pub(crate) fn strip_fence(text: &str) -> &str {
     let Some(rest) = text.strip_prefix("```") else {
         return text;
     };

@@ -1,0 +1,11 @@
+-- Closes the record of archive run $1 with its totals.
+UPDATE archive_runs
+SET finished_at    = now(),
+    users          = $2,
+    users_archived = $3,
+    logs           = $4,
+    records        = $5,
+    failures       = $6,
+    errors         = $7,
+    duration_ms    = (extract(epoch FROM now() - started_at) * 1000)::bigint
+WHERE id = $1
