@@ -34,6 +34,7 @@
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
     clippy::cast_precision_loss,
+    clippy::cast_possible_wrap,
     reason = "statistics over small counts"
 )]
 
