@@ -541,7 +541,9 @@ impl Injector {
         tokio::time::sleep(warmup.saturating_sub(started.elapsed())).await;
         let mut order = Fault::ALL.to_vec();
         order.shuffle(&mut rand::rng());
-        let slot = (total.saturating_sub(warmup + Duration::from_secs(3))) / 6;
+        // One slot per kind, at most 12 s: a long run goes on to random
+        // faults every few seconds instead of spreading six over its length.
+        let slot = ((total.saturating_sub(warmup + Duration::from_secs(3))) / 6).min(Duration::from_secs(12));
         for (k, fault) in order.into_iter().enumerate() {
             let slot_start = warmup + slot * u32::try_from(k).unwrap();
             let slack = (slot.saturating_sub(fault.estimate())).as_millis() as u64;
