@@ -451,8 +451,9 @@ fn type_is(detail: &Value, suffix: &str) -> bool {
 fn retry_after_from_headers(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(ms) = header("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
-        if ms.is_finite() && ms >= 0.0 {
-            return Some(Duration::from_secs_f64(ms / 1000.0));
+        // try_from: a finite but huge value (1e300) would make from_secs_f64 panic.
+        if let Ok(d) = Duration::try_from_secs_f64(ms / 1000.0) {
+            return Some(d);
         }
     }
     header("retry-after").and_then(|v| parse_retry_after(v, now))
@@ -478,7 +479,8 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
         return Some(Duration::from_secs(secs));
     }
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        // NaN, negative, infinite or beyond Duration::MAX: not a usable delay.
+        return Duration::try_from_secs_f64(secs).ok();
     }
     let at = DateTime::parse_from_rfc2822(value)
         .map(|d| d.with_timezone(&Utc))
@@ -499,7 +501,8 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 /// `"0.000001s"` (Gemini's `RetryInfo.retryDelay`).
 pub fn parse_proto_duration(value: &str) -> Option<Duration> {
     let secs: f64 = value.trim().strip_suffix('s')?.parse().ok()?;
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+    // NaN, negative, infinite or beyond Duration::MAX ("1e300s"): none.
+    Duration::try_from_secs_f64(secs).ok()
 }
 
 #[cfg(test)]

@@ -50,6 +50,67 @@ pub use config::{
 pub use error::{LlmDisposition, LlmError, parse_proto_duration, parse_retry_after};
 pub use limit::{DEFAULT_COOLING, MAX_COOLING};
 
+/// The providers' response parsers and the HTTP error classifier, reachable
+/// from outside the crate so that property tests (`tests/it/props.rs`) can
+/// feed them arbitrary bytes: none of them may panic on any input.
+pub mod parse {
+    use std::time::SystemTime;
+
+    use reqwest::header::HeaderMap;
+
+    use super::{ApiKey, LlmError, ProviderKind};
+
+    /// What a parser made of a successful (2xx) body.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Parsed {
+        /// The completion text.
+        pub text: String,
+        /// The model the provider says answered.
+        pub model: Option<String>,
+        /// Reported input tokens.
+        pub prompt_tokens: Option<u32>,
+        /// Reported output tokens.
+        pub completion_tokens: Option<u32>,
+    }
+
+    fn parsed(c: super::client::Completion) -> Parsed {
+        Parsed {
+            text: c.text,
+            model: c.model,
+            prompt_tokens: c.prompt_tokens,
+            completion_tokens: c.completion_tokens,
+        }
+    }
+
+    /// Parses an OpenAI-compatible chat completion body.
+    pub fn openai(body: &[u8]) -> Result<Parsed, String> {
+        super::openai::parse(body).map(parsed)
+    }
+
+    /// Parses an Anthropic Messages body.
+    pub fn anthropic(body: &[u8]) -> Result<Parsed, String> {
+        super::anthropic::parse(body).map(parsed)
+    }
+
+    /// Parses a Gemini `generateContent` body.
+    pub fn gemini(body: &[u8]) -> Result<Parsed, String> {
+        super::gemini::parse(body).map(parsed)
+    }
+
+    /// Classifies a non-success HTTP answer (status, headers, body) the way
+    /// the client does.
+    pub fn classify_status(
+        provider: ProviderKind,
+        status: u16,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: SystemTime,
+        key: Option<&ApiKey>,
+    ) -> LlmError {
+        super::error::classify_status(provider, status, headers, body, now, key)
+    }
+}
+
 /// The API a role talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProviderKind {

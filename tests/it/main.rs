@@ -7,6 +7,7 @@ mod http;
 mod llm;
 mod ops;
 mod orchestrator;
+mod props;
 mod schema;
 mod stages;
 mod support;

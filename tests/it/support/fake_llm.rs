@@ -21,6 +21,13 @@
 //! requests arrived. [`FakeLlm::wait_for_requests`] waits on a condition with
 //! a deadline instead of sleeping.
 //!
+//! For chaos runs, [`FakeLlm::set_faults`] makes the default reply fail at
+//! random with configured rates ([`FaultRates`]: 429 with `Retry-After`, 500,
+//! a delay beyond the client timeout, a body that is not JSON), and
+//! [`FakeLlm::go_down`] / [`FakeLlm::come_back`] make the provider
+//! unreachable for a while (the listener is closed, idle connections are shut,
+//! new ones are refused; the same port is bound again afterwards).
+//!
 //! The module depends only on axum, tokio and serde_json, so a benchmark or
 //! chaos binary can include it with `#[path = …] mod fake_llm;`.
 
@@ -29,6 +36,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -40,7 +48,7 @@ use axum::response::Response;
 use axum::routing::post;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -392,11 +400,61 @@ impl Default for FakeConfig {
     }
 }
 
+/// Random faults in place of the default reply (scripted replies are never
+/// replaced). Each rate is a probability per request; they are tried in the
+/// order of the fields and the rest of the time the default reply is sent.
+#[derive(Debug, Clone, Default)]
+pub struct FaultRates {
+    /// A 429 in the route's shape with `Retry-After: 1`.
+    pub rate_limited: f64,
+    /// A 500.
+    pub server_error: f64,
+    /// The default reply, but only after [`FaultRates::timeout_delay`]
+    /// (set it beyond the client's timeout).
+    pub timeout: f64,
+    /// A 200 whose body is not JSON.
+    pub invalid_json: f64,
+    /// The hold of a `timeout` fault.
+    pub timeout_delay: Duration,
+}
+
+/// What the fake answered, by kind (see [`FakeLlm::tally`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Successful completions (scripted or default, delayed or not).
+    pub completions: u64,
+    /// Random 429s.
+    pub rate_limited: u64,
+    /// Random 500s.
+    pub server_error: u64,
+    /// Random holds beyond the client timeout.
+    pub timeout: u64,
+    /// Random bodies that are not JSON.
+    pub invalid_json: u64,
+}
+
 struct Shared {
     scripts: Mutex<HashMap<Api, VecDeque<Reply>>>,
     default: Mutex<(String, Option<Duration>)>,
     requests: Mutex<Vec<Recorded>>,
     count: watch::Sender<usize>,
+    faults: Mutex<FaultRates>,
+    tally: Mutex<Tally>,
+    seed: AtomicU64,
+}
+
+/// splitmix64 over a shared counter: a uniform number in [0, 1) without a
+/// dependency on a random crate.
+fn uniform(seed: &AtomicU64) -> f64 {
+    let mut z = seed
+        .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    #[allow(clippy::cast_precision_loss, reason = "53 random bits make a uniform f64")]
+    let unit = (z >> 11) as f64 / (1u64 << 53) as f64;
+    unit
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -408,6 +466,9 @@ pub struct FakeLlm {
     addr: SocketAddr,
     shared: Arc<Shared>,
     task: JoinHandle<()>,
+    app: Router,
+    /// Closes the listener (graceful shutdown of the server); `None` while down.
+    stop: Option<oneshot::Sender<()>>,
 }
 
 impl Drop for FakeLlm {
@@ -429,6 +490,9 @@ impl FakeLlm {
             default: Mutex::new((config.default_text, config.default_latency)),
             requests: Mutex::new(Vec::new()),
             count: watch::Sender::new(0),
+            faults: Mutex::new(FaultRates::default()),
+            tally: Mutex::new(Tally::default()),
+            seed: AtomicU64::new(u64::from(std::process::id()) << 32),
         });
         let app = Router::new()
             .route(
@@ -465,11 +529,58 @@ impl FakeLlm {
             .with_state(Arc::clone(&shared));
         let listener = TcpListener::bind(config.bind).await.expect("fake LLM: bind");
         let addr = listener.local_addr().expect("fake LLM: local address");
-        let task = tokio::spawn(async move {
-            // Ends when the task is aborted (FakeLlm dropped).
-            let _ = axum::serve(listener, app).await;
-        });
-        FakeLlm { addr, shared, task }
+        let (stop, task) = serve(listener, app.clone());
+        FakeLlm {
+            addr,
+            shared,
+            task,
+            app,
+            stop: Some(stop),
+        }
+    }
+
+    /// Makes the provider unreachable: the listener is closed (new
+    /// connections are refused) and idle keep-alive connections are shut;
+    /// requests already being answered still finish.
+    pub async fn go_down(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+            // The server drops its listener as soon as it sees the signal.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Listens again on the same port after [`FakeLlm::go_down`].
+    pub async fn come_back(&mut self) {
+        if self.stop.is_some() {
+            return;
+        }
+        let listener = loop {
+            match TcpListener::bind(self.addr).await {
+                Ok(l) => break l,
+                // The old listener may take a moment to go.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        let (stop, task) = serve(listener, self.app.clone());
+        self.task.abort();
+        self.task = task;
+        self.stop = Some(stop);
+    }
+
+    /// True while the provider listens.
+    pub fn is_up(&self) -> bool {
+        self.stop.is_some()
+    }
+
+    /// Replaces the random fault rates of the default reply.
+    pub fn set_faults(&self, faults: FaultRates) {
+        *lock(&self.shared.faults) = faults;
+    }
+
+    /// What the fake has answered so far, by kind.
+    pub fn tally(&self) -> Tally {
+        lock(&self.shared.tally).clone()
     }
 
     /// The listening address.
@@ -573,10 +684,11 @@ async fn handle(
     let mut reply = scripted.unwrap_or_else(|| {
         let (text, latency) = lock(&shared.default).clone();
         let reply = Reply::text(text);
-        match latency {
+        let reply = match latency {
             Some(delay) => reply.after(delay),
             None => reply,
-        }
+        };
+        random_fault(&shared, api, reply)
     });
     loop {
         match reply {
@@ -589,6 +701,7 @@ async fn handle(
                 prompt_tokens,
                 completion_tokens,
             } => {
+                lock(&shared.tally).completions += 1;
                 let body = completion_body(api, &model, &text, prompt_tokens, completion_tokens);
                 return respond(
                     200,
@@ -599,6 +712,46 @@ async fn handle(
             Reply::Http { status, headers, body } => return respond(status, &headers, body),
         }
     }
+}
+
+/// The default reply, or with the configured probabilities a fault instead.
+fn random_fault(shared: &Shared, api: Api, default: Reply) -> Reply {
+    let faults = lock(&shared.faults).clone();
+    let mut roll = uniform(&shared.seed);
+    let mut hit = |rate: f64| {
+        roll -= rate;
+        roll < 0.0
+    };
+    let mut tally = lock(&shared.tally);
+    if hit(faults.rate_limited) {
+        tally.rate_limited += 1;
+        Reply::rate_limited(api, Some("1"))
+    } else if hit(faults.server_error) {
+        tally.server_error += 1;
+        Reply::server_error()
+    } else if hit(faults.timeout) {
+        tally.timeout += 1;
+        default.after(faults.timeout_delay)
+    } else if hit(faults.invalid_json) {
+        tally.invalid_json += 1;
+        Reply::invalid_json()
+    } else {
+        default
+    }
+}
+
+/// Serves `app` on `listener` until the returned sender fires or is dropped.
+fn serve(listener: TcpListener, app: Router) -> (oneshot::Sender<()>, JoinHandle<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        // Ends when told to (go_down), or when the task is aborted (FakeLlm dropped).
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    (stop, task)
 }
 
 fn completion_body(api: Api, model: &str, text: &str, prompt: u32, completion: u32) -> Value {

@@ -1,0 +1,1042 @@
+//! The chaos suite behind `bin/chaos`: three real `maasd` processes, a fake
+//! LLM provider over HTTP that fails at random, a steady load of SQL inserts
+//! and HTTP submissions, and process, database and network faults injected at
+//! random moments. At the end the database (and the fake's own tally) must
+//! show that nothing was lost, nothing was done twice and nothing is stuck.
+//!
+//! `cargo bench --bench chaos -- [--seconds N] [--json] [--rate R] [--drain-secs D]`
+//!
+//! - PostgreSQL: a private durable cluster under the target directory (its own,
+//!   not the benchmark's), `max_connections` 60 so that the connection limit
+//!   can be filled; a fresh database each run; stopped at the end.
+//! - Daemons: lease 3 s, sweep 1 s, LLM timeouts 2 s, pool 8.
+//! - Provider: the default reply is a valid analysis (the same fake answers
+//!   the analyzer and the responder); 3 % of calls get a 429 with
+//!   `Retry-After: 1`, 3 % a 500, 2 % a hold beyond the client timeout and
+//!   2 % a body that is not JSON.
+//! - Load: `R` requests per second (default 20), half as plain
+//!   `INSERT INTO pipeline_runs` statements (what psql sends) on the loader's
+//!   own connections, half as `POST /api/query` to a random daemon with an
+//!   `Idempotency-Key`, retried on another daemon when no answer came back.
+//!   A request counts as submitted once its INSERT's commit or its 202 was
+//!   acknowledged; every query text is unique.
+//! - Faults, each at least once, in random order at random moments, then
+//!   more at random until the time is up: SIGKILL of a daemon and a restart;
+//!   SIGSTOP for longer than the lease, then SIGCONT; `pg_terminate_backend`
+//!   of every maasd connection; an immediate PostgreSQL restart; every free
+//!   connection slot taken by idle connections for a while; the provider
+//!   unreachable for a while.
+//! - Then: load stops, the run waits (deadline) until no request is in
+//!   flight, and checks the invariants. Exit status 0 only when `lost`,
+//!   `duplicates` and `stuck` are 0 and every other check holds.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a chaos harness fails loudly")]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_wrap,
+    reason = "statistics over small counts"
+)]
+
+#[path = "../tests/it/support/daemon.rs"]
+#[allow(dead_code, reason = "shared with the tests, which use more of it")]
+mod daemon;
+#[path = "../tests/it/support/fake_llm.rs"]
+mod fake_llm;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use daemon::{Maasd, Opts};
+use fake_llm::{FakeConfig, FakeLlm, FaultRates};
+use maas::db::devdb::{Cluster, ClusterSpec, ensure_database};
+use nix::sys::signal::Signal;
+use rand::Rng;
+use rand::seq::SliceRandom;
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+use tokio_postgres::{Client, NoTls};
+use uuid::Uuid;
+
+const DAEMONS: usize = 3;
+const LEASE_SECS: u64 = 3;
+const SWEEP_SECS: u64 = 1;
+const LLM_TIMEOUT_SECS: u64 = 2;
+const POOL_SIZE: u32 = 8;
+const MAX_CONNECTIONS: u32 = 60;
+/// A fault's window, for the latency "during faults", lasts this long past
+/// the fault's end: the time the system takes to notice and recover.
+const RECOVERY: Duration = Duration::from_secs(2 * LEASE_SECS);
+const USERS: usize = 50;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    Kill,
+    Stop,
+    Terminate,
+    PgRestart,
+    FillConnections,
+    ProviderDown,
+}
+
+impl Fault {
+    const ALL: [Fault; 6] = [
+        Fault::Kill,
+        Fault::Stop,
+        Fault::Terminate,
+        Fault::PgRestart,
+        Fault::FillConnections,
+        Fault::ProviderDown,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "sigkill_restart",
+            Fault::Stop => "sigstop_past_lease",
+            Fault::Terminate => "terminate_backends",
+            Fault::PgRestart => "postgres_restart",
+            Fault::FillConnections => "connections_exhausted",
+            Fault::ProviderDown => "provider_unreachable",
+        }
+    }
+
+    /// About how long the fault takes, for planning.
+    fn estimate(self) -> Duration {
+        match self {
+            Fault::Kill => Duration::from_secs(3),
+            Fault::Stop => Duration::from_secs(LEASE_SECS + 2),
+            Fault::Terminate => Duration::from_secs(1),
+            Fault::PgRestart => Duration::from_secs(3),
+            Fault::FillConnections | Fault::ProviderDown => Duration::from_secs(5),
+        }
+    }
+}
+
+struct Injected {
+    fault: Fault,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    note: String,
+}
+
+/// State the load tasks and the injector share.
+struct Shared {
+    /// Request ids acknowledged to a client (INSERT committed, or 202).
+    acked: Mutex<Vec<Uuid>>,
+    /// The HTTP address of each daemon slot, `None` while it is down.
+    http: Mutex<Vec<Option<SocketAddr>>>,
+    sql_acked: AtomicU64,
+    sql_errors: AtomicU64,
+    http_acked: AtomicU64,
+    http_retries: AtomicU64,
+    http_given_up: AtomicU64,
+    seq: AtomicU64,
+    users: Vec<Uuid>,
+}
+
+impl Shared {
+    fn ack(&self, id: Uuid) {
+        self.acked.lock().unwrap().push(id);
+    }
+
+    fn user(&self) -> Uuid {
+        self.users[rand::rng().random_range(0..self.users.len())]
+    }
+
+    fn next(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+struct Args {
+    seconds: u64,
+    json: bool,
+    rate: f64,
+    drain_secs: u64,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        seconds: 120,
+        json: false,
+        rate: 20.0,
+        drain_secs: 120,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let (key, inline) = match argv[i].split_once('=') {
+            Some((k, v)) => (k.to_owned(), Some(v.to_owned())),
+            None => (argv[i].clone(), None),
+        };
+        let mut value = || {
+            inline.clone().unwrap_or_else(|| {
+                i += 1;
+                argv.get(i).cloned().unwrap_or_else(|| panic!("{key} needs a value"))
+            })
+        };
+        match key.as_str() {
+            "--json" => args.json = true,
+            "--seconds" => args.seconds = value().parse().expect("--seconds N"),
+            "--rate" => args.rate = value().parse().expect("--rate R (requests per second)"),
+            "--drain-secs" => args.drain_secs = value().parse().expect("--drain-secs N"),
+            // `cargo bench` passes --bench to harness-less targets.
+            "--bench" => {}
+            other => {
+                panic!("unknown argument {other:?}; usage: chaos [--seconds N] [--json] [--rate R] [--drain-secs N]")
+            }
+        }
+        i += 1;
+    }
+    assert!(args.seconds >= 30, "--seconds must be at least 30 to fit every fault");
+    assert!(args.rate > 0.0, "--rate must be positive");
+    args
+}
+
+// ------------------------------------------------------------ connections
+
+async fn try_connect(url: &str) -> Result<Client, tokio_postgres::Error> {
+    let mut cfg: tokio_postgres::Config = url.parse().unwrap();
+    cfg.application_name("chaos").connect_timeout(Duration::from_secs(3));
+    let (c, conn) = cfg.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(c)
+}
+
+/// Connects, retrying until `within` runs out.
+async fn connect(url: &str, within: Duration) -> Client {
+    let deadline = Instant::now() + within;
+    loop {
+        match try_connect(url).await {
+            Ok(c) => return c,
+            Err(e) if Instant::now() > deadline => panic!("cannot connect to {url}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+// ---------------------------------------------------------------- daemons
+
+struct Daemons {
+    url: String,
+    provider_url: String,
+    slots: Vec<Maasd>,
+    /// Daemons found dead that nobody killed.
+    unexpected_exits: Vec<String>,
+}
+
+impl Daemons {
+    fn opts(&self) -> Opts {
+        Opts {
+            lease_secs: LEASE_SECS,
+            sweep_secs: SWEEP_SECS,
+            ..Opts::default()
+        }
+        .env("RUST_LOG", "warn,maas::http=info")
+        .env("MAAS_LLM_PROVIDER", "openai")
+        .env("OPENAI_BASE_URL", &self.provider_url)
+        .env("OPENAI_API_KEY", "chaos")
+        .env("MAAS_LLM__ANALYZER__TIMEOUT_SECS", LLM_TIMEOUT_SECS)
+        .env("MAAS_LLM__RESPONDER__TIMEOUT_SECS", LLM_TIMEOUT_SECS)
+        // Three tries of a stage span about 1 + 2 s of backoff.
+        .env("MAAS_RETRY_BASE_MS", 1000)
+        .env("MAAS_POOL_SIZE", POOL_SIZE)
+    }
+
+    /// Starts a daemon and waits until its HTTP server listens.
+    async fn start(&self) -> Result<(Maasd, SocketAddr), String> {
+        let mut d = Maasd::spawn(&self.url, self.opts());
+        match wait_http_addr(&mut d, Duration::from_secs(60)).await {
+            Some(addr) => Ok((d, addr)),
+            None => Err(tail(&d.plain_log(), 20)),
+        }
+    }
+
+    /// Restarts slot `i` (after a kill or an exit), retrying a few times.
+    async fn restart(&mut self, i: usize, shared: &Shared) -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..3 {
+            match self.start().await {
+                Ok((d, addr)) => {
+                    self.slots[i] = d;
+                    shared.http.lock().unwrap()[i] = Some(addr);
+                    return Ok(());
+                }
+                Err(log) => last = log,
+            }
+        }
+        Err(last)
+    }
+
+    /// Restarts any daemon that died on its own, and says so.
+    async fn check_alive(&mut self, shared: &Shared) {
+        for i in 0..self.slots.len() {
+            if !self.slots[i].is_running() {
+                let log = tail(&self.slots[i].plain_log(), 20);
+                self.unexpected_exits.push(format!("daemon {i} exited:\n{log}"));
+                shared.http.lock().unwrap()[i] = None;
+                if let Err(e) = self.restart(i, shared).await {
+                    self.unexpected_exits
+                        .push(format!("daemon {i} does not start again:\n{e}"));
+                }
+            }
+        }
+    }
+}
+
+/// The address from the daemon's `http: listening addr=...` line, or `None`
+/// if it exits or does not listen within `within`.
+async fn wait_http_addr(d: &mut Maasd, within: Duration) -> Option<SocketAddr> {
+    let deadline = Instant::now() + within;
+    loop {
+        let log = d.plain_log();
+        if let Some(addr) = log
+            .lines()
+            .filter(|l| l.contains("http: listening"))
+            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
+            .and_then(|a| a.parse().ok())
+        {
+            return Some(addr);
+        }
+        if !d.is_running() || Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+// ------------------------------------------------------------------- load
+
+/// Plain INSERTs on one connection of its own, reconnecting when it breaks.
+/// An INSERT whose commit was not acknowledged is not counted (and not
+/// repeated: a psql user would not know whether it happened either).
+async fn sql_loader(url: String, shared: Arc<Shared>, per_sec: f64, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_sec));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client: Option<Client> = None;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tick.tick() => {}
+        }
+        if client.as_ref().is_none_or(Client::is_closed) {
+            client = tokio::time::timeout(Duration::from_secs(5), try_connect(&url))
+                .await
+                .ok()
+                .and_then(Result::ok);
+            if client.is_none() {
+                shared.sql_errors.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        }
+        let Some(c) = client.as_ref() else { continue };
+        let query = format!("chaos sql query {}", shared.next());
+        let user = shared.user();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user, &query];
+        let insert = c.query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, $2) RETURNING id",
+            &params,
+        );
+        match tokio::time::timeout(Duration::from_secs(10), insert).await {
+            Ok(Ok(row)) => {
+                shared.ack(row.get(0));
+                shared.sql_acked.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                shared.sql_errors.fetch_add(1, Ordering::Relaxed);
+                client = None;
+            }
+        }
+    }
+}
+
+/// `POST /api/query` at a steady rate, each submission in its own task so a
+/// frozen daemon does not slow the others.
+async fn http_loader(shared: Arc<Shared>, per_sec: f64, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_sec));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tasks = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tick.tick() => {}
+        }
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(submit(http.clone(), Arc::clone(&shared)));
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// One submission: up to 5 tries on random daemons with the same
+/// `Idempotency-Key`, until one answers 202.
+async fn submit(http: reqwest::Client, shared: Arc<Shared>) {
+    let n = shared.next();
+    let key = format!("chaos-{n}");
+    let body = json!({"user_id": shared.user(), "query": format!("chaos http query {n}")});
+    for attempt in 0..5 {
+        if attempt > 0 {
+            shared.http_retries.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let addr = {
+            let up: Vec<SocketAddr> = shared.http.lock().unwrap().iter().flatten().copied().collect();
+            if up.is_empty() {
+                continue;
+            }
+            up[rand::rng().random_range(0..up.len())]
+        };
+        let resp = http
+            .post(format!("http://{addr}/api/query"))
+            .header("idempotency-key", &key)
+            .json(&body)
+            .send()
+            .await;
+        let Ok(resp) = resp else { continue };
+        if resp.status().as_u16() != 202 {
+            continue;
+        }
+        let Ok(v) = resp.json::<Value>().await else { continue };
+        if let Some(id) = v["request_id"].as_str().and_then(|s| s.parse().ok()) {
+            shared.ack(id);
+            shared.http_acked.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+    shared.http_given_up.fetch_add(1, Ordering::Relaxed);
+}
+
+// ----------------------------------------------------------------- faults
+
+struct Injector {
+    cluster: Cluster,
+    url: String,
+    daemons: Daemons,
+    fake: FakeLlm,
+    shared: Arc<Shared>,
+    log: Vec<Injected>,
+    started: Instant,
+}
+
+impl Injector {
+    async fn inject(&mut self, fault: Fault) {
+        self.daemons.check_alive(&self.shared).await;
+        let start = Utc::now();
+        let at = self.started.elapsed().as_secs_f64();
+        let note = match fault {
+            Fault::Kill => {
+                let i = rand::rng().random_range(0..DAEMONS);
+                self.shared.http.lock().unwrap()[i] = None;
+                let pid = self.daemons.slots[i].pid();
+                self.daemons.slots[i].kill();
+                tokio::time::sleep(Duration::from_millis(rand::rng().random_range(200..2000))).await;
+                match self.daemons.restart(i, &self.shared).await {
+                    Ok(()) => format!("daemon {i} (pid {pid}) killed and restarted"),
+                    Err(log) => {
+                        self.daemons
+                            .unexpected_exits
+                            .push(format!("daemon {i} does not start again after SIGKILL:\n{log}"));
+                        format!("daemon {i} killed; restart FAILED")
+                    }
+                }
+            }
+            Fault::Stop => {
+                let i = rand::rng().random_range(0..DAEMONS);
+                let hold = Duration::from_millis(LEASE_SECS * 1000 + rand::rng().random_range(1000..3000));
+                self.daemons.slots[i].signal(Signal::SIGSTOP);
+                tokio::time::sleep(hold).await;
+                self.daemons.slots[i].signal(Signal::SIGCONT);
+                format!("daemon {i} stopped for {:.1} s", hold.as_secs_f64())
+            }
+            Fault::Terminate => match try_connect(&self.url).await {
+                Ok(c) => {
+                    let n: i64 = c
+                        .query_one(
+                            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+                             WHERE application_name LIKE 'maasd%' AND pid <> pg_backend_pid()",
+                            &[],
+                        )
+                        .await
+                        .map_or(-1, |r| r.get(0));
+                    format!("{n} maasd backends terminated")
+                }
+                Err(e) => format!("could not connect to terminate: {e}"),
+            },
+            Fault::PgRestart => {
+                let cluster = self.cluster.clone();
+                let t0 = Instant::now();
+                let res = tokio::task::spawn_blocking(move || cluster.restart(true))
+                    .await
+                    .unwrap();
+                match res {
+                    Ok(()) => format!("immediate restart, down {:.1} s", t0.elapsed().as_secs_f64()),
+                    Err(e) => panic!("PostgreSQL did not restart: {e}"),
+                }
+            }
+            Fault::FillConnections => {
+                let mut held = Vec::new();
+                let mut refused = None;
+                for _ in 0..MAX_CONNECTIONS * 2 {
+                    match try_connect(&self.url).await {
+                        Ok(c) => held.push(c),
+                        Err(e) => {
+                            refused = Some(
+                                e.as_db_error()
+                                    .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+                            );
+                            break;
+                        }
+                    }
+                }
+                let hold = Duration::from_millis(rand::rng().random_range(3000..6000));
+                tokio::time::sleep(hold).await;
+                let n = held.len();
+                drop(held);
+                format!(
+                    "{n} idle connections held {:.1} s; the next was refused: {}",
+                    hold.as_secs_f64(),
+                    refused.as_deref().unwrap_or("(never refused!)")
+                )
+            }
+            Fault::ProviderDown => {
+                let hold = Duration::from_millis(rand::rng().random_range(2000..5000));
+                self.fake.go_down().await;
+                tokio::time::sleep(hold).await;
+                self.fake.come_back().await;
+                format!("provider unreachable for {:.1} s", hold.as_secs_f64())
+            }
+        };
+        let end = Utc::now();
+        eprintln!("chaos: {at:>6.1} s  {:<22} {note}", fault.name());
+        self.log.push(Injected {
+            fault,
+            start,
+            end,
+            note,
+        });
+    }
+
+    /// Every kind once in random order, spread over the run, then random
+    /// kinds at random gaps while there is time.
+    async fn run(&mut self, seconds: u64) {
+        let started = self.started;
+        let total = Duration::from_secs(seconds);
+        let warmup = Duration::from_secs(3);
+        tokio::time::sleep(warmup.saturating_sub(started.elapsed())).await;
+        let mut order = Fault::ALL.to_vec();
+        order.shuffle(&mut rand::rng());
+        // One slot per kind, at most 12 s: a long run goes on to random
+        // faults every few seconds instead of spreading six over its length.
+        let slot = ((total.saturating_sub(warmup + Duration::from_secs(3))) / 6).min(Duration::from_secs(12));
+        for (k, fault) in order.into_iter().enumerate() {
+            let slot_start = warmup + slot * u32::try_from(k).unwrap();
+            let slack = (slot.saturating_sub(fault.estimate())).as_millis() as u64;
+            let at = slot_start + Duration::from_millis(rand::rng().random_range(0..=slack));
+            tokio::time::sleep(at.saturating_sub(started.elapsed())).await;
+            self.inject(fault).await;
+        }
+        loop {
+            let gap = Duration::from_millis(rand::rng().random_range(1000..6000));
+            let fault = Fault::ALL[rand::rng().random_range(0..Fault::ALL.len())];
+            if started.elapsed() + gap + fault.estimate() + Duration::from_secs(2) > total {
+                break;
+            }
+            tokio::time::sleep(gap).await;
+            self.inject(fault).await;
+        }
+    }
+}
+
+// ----------------------------------------------------------------- checks
+
+#[derive(Default)]
+struct Verdict {
+    requests: i64,
+    acked: i64,
+    completed: i64,
+    failed: i64,
+    cancelled: i64,
+    lost: i64,
+    duplicates: i64,
+    stuck: i64,
+    failed_without_reason: i64,
+    inconsistent: i64,
+    llm_steps_succeeded: i64,
+    e2e_ms: Vec<f64>,
+    e2e_ms_faults: Vec<f64>,
+    failed_reasons: Vec<(String, i64)>,
+    details: Vec<String>,
+}
+
+async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
+    let mut v = Verdict {
+        acked: acked.len() as i64,
+        ..Verdict::default()
+    };
+    v.requests = count(c, "SELECT count(*) FROM pipeline_runs").await;
+    v.completed = count(c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
+    v.failed = count(c, "SELECT count(*) FROM pipeline_runs WHERE status = 'FAILED'").await;
+    v.cancelled = count(c, "SELECT count(*) FROM pipeline_runs WHERE status = 'CANCELLED'").await;
+    v.stuck = count(
+        c,
+        "SELECT count(*) FROM pipeline_runs WHERE status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')",
+    )
+    .await;
+    v.lost = c
+        .query_one(
+            "SELECT count(*) FROM unnest($1::uuid[]) AS a(id)
+             WHERE NOT EXISTS (SELECT 1 FROM pipeline_runs r WHERE r.id = a.id)",
+            &[&acked],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // An id acknowledged twice would be one request acknowledged to two
+    // submissions (an idempotency key that answered for another query).
+    let mut ids = acked.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    let acked_twice = acked.len() as i64 - ids.len() as i64;
+    let dup_checks = [
+        (
+            "stage succeeded twice",
+            "SELECT count(*) FROM (SELECT 1 FROM pipeline_steps WHERE outcome = 'succeeded'
+                                  GROUP BY run_id, stage HAVING count(*) > 1) s",
+        ),
+        (
+            "raw log written twice",
+            "SELECT count(*) FROM (SELECT 1 FROM raw_logs WHERE request_id IS NOT NULL
+                                  GROUP BY request_id, message_type HAVING count(*) > 1) l",
+        ),
+        (
+            "raw log archived twice",
+            "SELECT count(*) FROM (SELECT 1 FROM lsm_storage, unnest(raw_log_ids) AS x(id)
+                                  GROUP BY x.id HAVING count(*) > 1) a",
+        ),
+        (
+            "submission made two requests",
+            "SELECT count(*) FROM (SELECT 1 FROM pipeline_runs GROUP BY user_query HAVING count(*) > 1) q",
+        ),
+    ];
+    v.duplicates = acked_twice;
+    if acked_twice > 0 {
+        v.details.push(format!("{acked_twice} request ids acknowledged twice"));
+    }
+    for (what, sql) in dup_checks {
+        let n = count(c, sql).await;
+        if n > 0 {
+            v.details.push(format!("{n} × {what}"));
+        }
+        v.duplicates += n;
+    }
+    v.failed_without_reason = count(
+        c,
+        "SELECT count(*) FROM pipeline_runs WHERE status = 'FAILED' AND coalesce(btrim(error), '') = ''",
+    )
+    .await;
+    let consistency = [
+        (
+            "COMPLETED without an answer",
+            "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED' AND final_answer IS NULL",
+        ),
+        (
+            "COMPLETED without its logged answer",
+            "SELECT count(*) FROM pipeline_runs r WHERE status = 'COMPLETED' AND NOT EXISTS (
+                 SELECT 1 FROM raw_logs l WHERE l.request_id = r.id AND l.message_type = 'assistant_response'
+                   AND l.content = r.final_answer AND l.user_id = r.user_id)",
+        ),
+        (
+            "answer logged for a request that is not COMPLETED",
+            "SELECT count(*) FROM raw_logs l JOIN pipeline_runs r ON r.id = l.request_id
+             WHERE l.message_type = 'assistant_response' AND r.status <> 'COMPLETED'",
+        ),
+        (
+            "request without its logged query",
+            "SELECT count(*) FROM pipeline_runs r WHERE NOT EXISTS (
+                 SELECT 1 FROM raw_logs l WHERE l.request_id = r.id AND l.message_type = 'user_query')",
+        ),
+        (
+            "COMPLETED without a succeeded step per stage",
+            "SELECT count(*) FROM pipeline_runs r WHERE status = 'COMPLETED' AND (
+                 SELECT count(DISTINCT stage) FROM pipeline_steps s
+                 WHERE s.run_id = r.id AND s.outcome = 'succeeded') <> 3",
+        ),
+    ];
+    for (what, sql) in consistency {
+        let n = count(c, sql).await;
+        if n > 0 {
+            v.details.push(format!("{n} × {what}"));
+        }
+        v.inconsistent += n;
+    }
+    v.llm_steps_succeeded = count(
+        c,
+        "SELECT count(*) FROM pipeline_steps WHERE outcome = 'succeeded' AND stage IN ('analyze', 'respond')",
+    )
+    .await;
+    for row in c
+        .query(
+            "SELECT left(coalesce(error, '(none)'), 90), count(*) FROM pipeline_runs
+             WHERE status = 'FAILED' GROUP BY 1 ORDER BY 2 DESC LIMIT 8",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        v.failed_reasons.push((row.get(0), row.get(1)));
+    }
+    let windows: Vec<(DateTime<Utc>, DateTime<Utc>)> = faults
+        .iter()
+        .map(|f| (f.start, f.end + chrono::Duration::from_std(RECOVERY).unwrap()))
+        .collect();
+    for row in c
+        .query(
+            "SELECT created_at, extract(epoch FROM updated_at - created_at)::float8 * 1000
+             FROM pipeline_runs WHERE status = 'COMPLETED'",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        let created: DateTime<Utc> = row.get(0);
+        let ms: f64 = row.get(1);
+        v.e2e_ms.push(ms);
+        if windows.iter().any(|(s, e)| created >= *s && created <= *e) {
+            v.e2e_ms_faults.push(ms);
+        }
+    }
+    v.e2e_ms.sort_by(f64::total_cmp);
+    v.e2e_ms_faults.sort_by(f64::total_cmp);
+    v
+}
+
+fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    Some(sorted[idx.min(sorted.len() - 1)].round())
+}
+
+// ------------------------------------------------------------------- main
+
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs bench
+    // targets without it, and a test run must not start a chaos run.
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("chaos: not run under `cargo bench` (use bin/chaos); nothing to do");
+        return;
+    }
+    let args = parse_args();
+    raise_fd_limit();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let passed = rt.block_on(run(args));
+    rt.shutdown_timeout(Duration::from_secs(5));
+    std::process::exit(i32::from(!passed));
+}
+
+#[allow(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
+async fn run(args: Args) -> bool {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("maas-chaos-pg");
+    let spec = ClusterSpec {
+        dir,
+        port: None,
+        durable: true,
+        max_connections: MAX_CONNECTIONS,
+    };
+    let cluster = tokio::task::spawn_blocking(move || Cluster::ensure(&spec))
+        .await
+        .unwrap()
+        .unwrap();
+    let admin_url = cluster.url("postgres");
+    let admin = connect(&admin_url, Duration::from_secs(30)).await;
+    admin
+        .batch_execute("DROP DATABASE IF EXISTS chaos WITH (FORCE)")
+        .await
+        .unwrap();
+    drop(admin);
+    ensure_database(&admin_url, "chaos").await.unwrap();
+    let url = cluster.url("chaos");
+
+    let fake = FakeLlm::start_with(FakeConfig {
+        default_text: maas::llm::offline::analysis_example(),
+        ..FakeConfig::default()
+    })
+    .await;
+    let rates = FaultRates {
+        rate_limited: 0.03,
+        server_error: 0.03,
+        timeout: 0.02,
+        invalid_json: 0.02,
+        timeout_delay: Duration::from_secs(LLM_TIMEOUT_SECS + 2),
+    };
+    fake.set_faults(rates.clone());
+
+    let shared = Arc::new(Shared {
+        acked: Mutex::new(Vec::new()),
+        http: Mutex::new(vec![None; DAEMONS]),
+        sql_acked: AtomicU64::new(0),
+        sql_errors: AtomicU64::new(0),
+        http_acked: AtomicU64::new(0),
+        http_retries: AtomicU64::new(0),
+        http_given_up: AtomicU64::new(0),
+        seq: AtomicU64::new(0),
+        users: (0..USERS).map(|_| Uuid::new_v4()).collect(),
+    });
+    let mut daemons = Daemons {
+        url: url.clone(),
+        provider_url: fake.openai_base_url(),
+        slots: Vec::new(),
+        unexpected_exits: Vec::new(),
+    };
+    // The first one migrates alone; then the others.
+    let (first, addr) = daemons
+        .start()
+        .await
+        .unwrap_or_else(|log| panic!("maasd did not start:\n{log}"));
+    daemons.slots.push(first);
+    shared.http.lock().unwrap()[0] = Some(addr);
+    for i in 1..DAEMONS {
+        let (d, addr) = daemons
+            .start()
+            .await
+            .unwrap_or_else(|log| panic!("maasd did not start:\n{log}"));
+        daemons.slots.push(d);
+        shared.http.lock().unwrap()[i] = Some(addr);
+    }
+
+    eprintln!(
+        "chaos: {} s, {} requests/s, {DAEMONS} daemons (lease {LEASE_SECS} s, sweep {SWEEP_SECS} s), PostgreSQL on port {}",
+        args.seconds, args.rate, cluster.port
+    );
+    let started = Instant::now();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut load = JoinSet::new();
+    let sql_loaders = 3;
+    for _ in 0..sql_loaders {
+        load.spawn(sql_loader(
+            url.clone(),
+            Arc::clone(&shared),
+            args.rate / 2.0 / f64::from(sql_loaders),
+            stop_rx.clone(),
+        ));
+    }
+    load.spawn(http_loader(Arc::clone(&shared), args.rate / 2.0, stop_rx.clone()));
+
+    let mut injector = Injector {
+        cluster: cluster.clone(),
+        url: url.clone(),
+        daemons,
+        fake,
+        shared: Arc::clone(&shared),
+        log: Vec::new(),
+        started,
+    };
+    injector.run(args.seconds).await;
+    tokio::time::sleep(Duration::from_secs(args.seconds).saturating_sub(started.elapsed())).await;
+    let load_secs = started.elapsed().as_secs_f64();
+    let _ = stop_tx.send(true);
+    while load.join_next().await.is_some() {}
+
+    // Quiescence: every request terminal, within the deadline.
+    injector.daemons.check_alive(&shared).await;
+    let checker = connect(&url, Duration::from_secs(30)).await;
+    let t_drain = Instant::now();
+    let mut in_flight = -1;
+    while t_drain.elapsed() < Duration::from_secs(args.drain_secs) {
+        in_flight = count(
+            &checker,
+            "SELECT count(*) FROM pipeline_runs WHERE status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')",
+        )
+        .await;
+        if in_flight == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let drain_secs = t_drain.elapsed().as_secs_f64();
+    if in_flight != 0 {
+        eprintln!("chaos: {in_flight} requests still in flight after {drain_secs:.0} s");
+    }
+    injector.daemons.check_alive(&shared).await;
+    let acked = shared.acked.lock().unwrap().clone();
+    let v = check(&checker, &acked, &injector.log).await;
+    let tally = injector.fake.tally();
+    let mut problems = v.details.clone();
+    problems.extend(injector.daemons.unexpected_exits.iter().cloned());
+    if v.llm_steps_succeeded > i64::try_from(tally.completions).unwrap() {
+        problems.push(format!(
+            "{} analyze/respond steps succeeded but the provider sent only {} completions",
+            v.llm_steps_succeeded, tally.completions
+        ));
+    }
+    if v.failed_without_reason > 0 {
+        problems.push(format!("{} FAILED runs without a reason", v.failed_without_reason));
+    }
+    let mut faults: BTreeMap<&str, u64> = Fault::ALL.iter().map(|f| (f.name(), 0)).collect();
+    for f in &injector.log {
+        *faults.entry(f.fault.name()).or_default() += 1;
+    }
+    let missing: Vec<&str> = faults.iter().filter(|(_, n)| **n == 0).map(|(k, _)| *k).collect();
+    if !missing.is_empty() {
+        problems.push(format!("fault kinds never injected: {}", missing.join(", ")));
+    }
+    let passed = v.lost == 0
+        && v.duplicates == 0
+        && v.stuck == 0
+        && v.failed_without_reason == 0
+        && v.inconsistent == 0
+        && problems.is_empty();
+
+    // Stop everything this run started.
+    for d in &mut injector.daemons.slots {
+        d.signal(Signal::SIGCONT);
+        d.kill();
+    }
+    drop(checker);
+    let stop_cluster = cluster.clone();
+    let _ = tokio::task::spawn_blocking(move || stop_cluster.stop(false)).await;
+
+    let p99_faults = percentile(&v.e2e_ms_faults, 0.99);
+    let mut t = String::new();
+    let _ = writeln!(t, "{:<34} {:>10}", "check", "value");
+    let mut row = |k: &str, val: String| {
+        let _ = writeln!(t, "{k:<34} {val:>10}");
+    };
+    row("requests in the database", v.requests.to_string());
+    row("  acknowledged to a client", v.acked.to_string());
+    row(
+        "    by INSERT / by HTTP 202",
+        format!(
+            "{} / {}",
+            shared.sql_acked.load(Ordering::Relaxed),
+            shared.http_acked.load(Ordering::Relaxed)
+        ),
+    );
+    row("  COMPLETED", v.completed.to_string());
+    row("  FAILED (each with a reason)", v.failed.to_string());
+    row("  CANCELLED", v.cancelled.to_string());
+    row("lost", v.lost.to_string());
+    row("duplicates", v.duplicates.to_string());
+    row("stuck", v.stuck.to_string());
+    row("inconsistent", v.inconsistent.to_string());
+    row("FAILED without a reason", v.failed_without_reason.to_string());
+    row(
+        "e2e ms p50 / p99 (all)",
+        format!(
+            "{} / {}",
+            percentile(&v.e2e_ms, 0.5).unwrap_or(f64::NAN),
+            percentile(&v.e2e_ms, 0.99).unwrap_or(f64::NAN)
+        ),
+    );
+    row(
+        "e2e ms p99 during faults",
+        format!("{} (n={})", p99_faults.unwrap_or(f64::NAN), v.e2e_ms_faults.len()),
+    );
+    row(
+        "SQL insert errors (not acked)",
+        shared.sql_errors.load(Ordering::Relaxed).to_string(),
+    );
+    row(
+        "HTTP retries / given up",
+        format!(
+            "{} / {}",
+            shared.http_retries.load(Ordering::Relaxed),
+            shared.http_given_up.load(Ordering::Relaxed)
+        ),
+    );
+    row(
+        "provider: ok/429/500/timeout/junk",
+        format!(
+            "{}/{}/{}/{}/{}",
+            tally.completions, tally.rate_limited, tally.server_error, tally.timeout, tally.invalid_json
+        ),
+    );
+    row(
+        "load seconds / drain seconds",
+        format!("{load_secs:.0} / {drain_secs:.1}"),
+    );
+    for (k, n) in &faults {
+        row(&format!("fault {k}"), n.to_string());
+    }
+    print!("{t}");
+    println!("faults injected (start, kind, what happened):");
+    for f in &injector.log {
+        println!(
+            "  {}  {:<22} {} ({:.1} s)",
+            f.start.format("%H:%M:%S%.3f"),
+            f.fault.name(),
+            f.note,
+            (f.end - f.start).as_seconds_f64()
+        );
+    }
+    if !v.failed_reasons.is_empty() {
+        println!("FAILED reasons:");
+        for (reason, n) in &v.failed_reasons {
+            println!("  {n:>5}  {reason}");
+        }
+    }
+    for p in &problems {
+        println!("PROBLEM: {p}");
+    }
+    println!("{}", if passed { "chaos: PASS" } else { "chaos: FAIL" });
+    if args.json {
+        let out = json!({
+            "seconds": args.seconds,
+            "requests": v.requests,
+            "acknowledged": v.acked,
+            "completed": v.completed,
+            "failed": v.failed,
+            "cancelled": v.cancelled,
+            "lost": v.lost,
+            "duplicates": v.duplicates,
+            "stuck": v.stuck,
+            "inconsistent": v.inconsistent,
+            "failed_without_reason": v.failed_without_reason,
+            "faults": faults,
+            "provider": {
+                "completions": tally.completions,
+                "rate_limited": tally.rate_limited,
+                "server_error": tally.server_error,
+                "timeout": tally.timeout,
+                "invalid_json": tally.invalid_json,
+            },
+            "p50_e2e_ms": percentile(&v.e2e_ms, 0.5),
+            "p99_e2e_ms": percentile(&v.e2e_ms, 0.99),
+            "p99_e2e_ms_during_faults": p99_faults,
+            "passed": passed,
+        });
+        println!("{out}");
+    }
+    passed
+}
