@@ -311,6 +311,24 @@ pub async fn continue_run(State(app): State<AppState>, Path(id): Path<String>) -
     }
 }
 
+/// `GET /api/users/{id}/memory`: the user's memory version (bumped with
+/// every new LSM record), so clients can drop caches built on older memory.
+pub async fn memory(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let user: Uuid = id
+        .parse()
+        .map_err(|_| ApiError::bad_request("invalid_id", format!("{id:?} is not a user id (a UUID)")))?;
+    let client = app
+        .engine
+        .pool()
+        .get()
+        .await
+        .map_err(|e| ApiError::unavailable("database", format!("database unavailable: {e}")))?;
+    let version = crate::repo::archive::memory_version(&client, user)
+        .await
+        .map_err(|e| ApiError::unavailable("database", format!("database error: {e}")))?;
+    Ok(Json(serde_json::json!({ "user_id": user, "memory_version": version })).into_response())
+}
+
 /// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per
 /// change, the current state first; ends after the terminal state.
 pub async fn events(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {

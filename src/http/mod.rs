@@ -116,6 +116,7 @@ pub fn routes() -> Routes {
         .post("/api/query", api::submit)
         .get("/api/query/{id}/status", api::status)
         .post("/api/query/{id}/continue", api::continue_run)
+        .get("/api/users/{id}/memory", api::memory)
         .get("/api/query/{id}/events", api::events)
         .get("/api/ws", api::ws);
     let api = Routes {

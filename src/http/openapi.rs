@@ -103,6 +103,27 @@ pub fn document() -> Value {
                     }
                 }
             },
+            "/api/users/{id}/memory": {
+                "get": {
+                    "summary": "A user's memory version, bumped with every new long-term memory record",
+                    "security": secured,
+                    "parameters": [{ "name": "id", "in": "path", "required": true, "description": "The user id", "schema": { "type": "string", "format": "uuid" } }],
+                    "responses": {
+                        "200": {
+                            "description": "The memory version (0 before any record)",
+                            "content": { "application/json": { "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "user_id": { "type": "string", "format": "uuid" },
+                                    "memory_version": { "type": "integer" }
+                                }
+                            } } }
+                        },
+                        "400": error_response("Malformed id"),
+                        "401": error_response("Missing or wrong bearer token")
+                    }
+                }
+            },
             "/api/query/{id}/events": {
                 "get": {
                     "summary": "Follow a request with Server-Sent Events",

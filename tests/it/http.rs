@@ -947,7 +947,7 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
             assert!(!body.contains("no_route"), "{method} {path}: {body}");
         }
     }
-    assert_eq!(ops, 9);
+    assert_eq!(ops, 10);
 
     // Readiness names what is wrong.
     c.batch_execute("DROP TRIGGER pipeline_runs_log_user_query ON pipeline_runs")
@@ -1074,4 +1074,45 @@ async fn http_continue_steps_a_debug_run_through_its_stages() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_memory_version_follows_new_lsm_records() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let version = |v: Value| v["memory_version"].as_i64();
+    let got: Value = api
+        .get(&format!("/api/users/{user}/memory"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(version(got), Some(0));
+    c.execute(
+        "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, 'remember this')",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maasctl"))
+        .args(["archivist", "run", "--user", &user.to_string()])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: Value = api
+        .get(&format!("/api/users/{user}/memory"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(version(got), Some(1));
+    assert_eq!(
+        api.get("/api/users/nope/memory").await.status(),
+        StatusCode::BAD_REQUEST
+    );
 }
