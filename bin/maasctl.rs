@@ -16,17 +16,7 @@ async fn main() -> ExitCode {
         Ok(Outcome::Finding) => ExitCode::from(1),
         Err(maas::cli::CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
-            let mut msg = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                let s_text = s.to_string();
-                if !msg.contains(&s_text) {
-                    msg.push_str(": ");
-                    msg.push_str(&s_text);
-                }
-                source = s.source();
-            }
-            eprintln!("maasctl: {msg}");
+            eprintln!("maasctl: {}", maas::error::chain(&e));
             ExitCode::from(2)
         }
     }

@@ -307,17 +307,7 @@ fn describe(e: &reqwest::Error) -> String {
     } else {
         "request"
     };
-    let mut msg = format!("{kind}: {e}");
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
+    format!("{kind}: {}", crate::error::chain(e))
 }
 
 #[cfg(test)]

@@ -23,3 +23,19 @@ pub enum Disposition {
     /// Permanent: the request is `FAILED` now.
     Fail,
 }
+
+/// An error and its causes on one line, each cause once (many errors repeat
+/// their source in their own message).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}

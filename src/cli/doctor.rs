@@ -436,19 +436,7 @@ fn redact_url(url: &str) -> String {
     }
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
-}
+use crate::error::chain;
 
 #[cfg(test)]
 mod tests {
