@@ -43,6 +43,15 @@ use crate::stage::{Pipeline, StageError, StageInput, StageOutput, StageSuccess};
 /// it) when the sweep's wake claimed it after it had been due this long.
 const MISSED_AFTER: Duration = Duration::from_secs(1);
 
+/// Result batches written at once: one commits while the next executes.
+/// More would only split the results into smaller batches (every statement
+/// costs the database a fixed setup on top of its rows).
+const WRITERS: usize = 2;
+
+/// How long a busy stage waits for enough free slots to make a claim
+/// worthwhile (see `dispatch_loop`).
+const CLAIM_LINGER: Duration = Duration::from_millis(5);
+
 /// Counters of one daemon, read by tests, logs and metrics.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -81,8 +90,22 @@ struct InFlight {
     token: i64,
     cancel: CancellationToken,
     finished: bool,
-    stage: StageKind,
-    _slot: OwnedSemaphorePermit,
+    /// The stage slot this row holds (while a chained row waits, the slot
+    /// of the stage it finished), and whose slot it is.
+    slot: OwnedSemaphorePermit,
+    slot_of: StageKind,
+}
+
+/// How a claimed row holds its stage slot.
+enum Slot {
+    /// A slot of its stage.
+    Ready(OwnedSemaphorePermit),
+    /// A chained row that found no free slot: the slot of the stage it
+    /// finished, traded for one of its own when one frees.
+    After {
+        previous: OwnedSemaphorePermit,
+        from: StageKind,
+    },
 }
 
 /// The orchestrator core of one `maasd` process.
@@ -267,9 +290,28 @@ impl Engine {
                 if shutdown.is_cancelled() {
                     return;
                 }
+                if slot.sem.available_permits() == 0 {
+                    break; // a finishing stage wakes us
+                }
+                // A busy stage frees its slots one result at a time; claiming
+                // each as it frees would make a statement per row. Linger a
+                // moment for a worthwhile batch (an idle stage claims at once).
+                let conc = self.cfg.concurrency.of(stage);
+                let worthwhile = self.cfg.claim_batch.min(conc / 4).max(1);
+                if slot.sem.available_permits() < worthwhile.min(conc) {
+                    let until = tokio::time::Instant::now() + CLAIM_LINGER;
+                    while slot.sem.available_permits() < worthwhile {
+                        tokio::select! {
+                            biased;
+                            _ = shutdown.cancelled() => return,
+                            _ = slot.wake.notified() => {}
+                            _ = tokio::time::sleep_until(until) => break,
+                        }
+                    }
+                }
                 let free = slot.sem.available_permits().min(self.cfg.claim_batch);
                 if free == 0 {
-                    break; // a finishing stage wakes us
+                    break;
                 }
                 let Ok(mut permits) = slot
                     .sem
@@ -307,7 +349,8 @@ impl Engine {
                             }
                             let engine = self.clone();
                             let prompts = prompts.clone();
-                            self.tasks.spawn(engine.execute(stage, row, prompts, permit));
+                            self.tasks
+                                .spawn(engine.execute(stage, row, prompts, Slot::Ready(permit)));
                         }
                         drop(permits);
                         if n < free {
@@ -330,14 +373,12 @@ impl Engine {
 
     /// Runs one claimed row through its stage and hands the result to the
     /// completer.
-    async fn execute(
-        self: Arc<Self>,
-        stage: StageKind,
-        mut row: Claimed,
-        prompts: Arc<Prompts>,
-        slot: OwnedSemaphorePermit,
-    ) {
+    async fn execute(self: Arc<Self>, stage: StageKind, mut row: Claimed, prompts: Arc<Prompts>, slot: Slot) {
         let cancel = self.hard_stop.child_token();
+        let (held, slot_of, waiting_from) = match slot {
+            Slot::Ready(p) => (p, stage, None),
+            Slot::After { previous, from } => (previous, from, Some(from)),
+        };
         if let Ok(mut map) = self.inflight.lock() {
             map.insert(
                 row.id,
@@ -345,10 +386,36 @@ impl Engine {
                     token: row.lease_token,
                     cancel: cancel.clone(),
                     finished: false,
-                    stage,
-                    _slot: slot,
+                    slot: held,
+                    slot_of,
                 },
             );
+        }
+        // A row chained without a free slot in this stage still holds the
+        // slot of the stage it finished; it trades that for one of this
+        // stage's as soon as one frees (the lease is renewed meanwhile).
+        if let Some(from) = waiting_from {
+            let acquired = tokio::select! {
+                p = self.slot(stage).sem.clone().acquire_owned() => p.ok(),
+                _ = cancel.cancelled() => None,
+            };
+            let Some(permit) = acquired else {
+                if self.hard_stop.is_cancelled() {
+                    let finished = self.record(stage, &row, Attempt::Released, Duration::ZERO);
+                    self.hand_over(finished);
+                } else {
+                    self.forget(row.id); // the heartbeat found the lease lost
+                }
+                return;
+            };
+            let previous = self.inflight.lock().ok().and_then(|mut map| {
+                map.get_mut(&row.id).map(|f| {
+                    f.slot_of = stage;
+                    std::mem::replace(&mut f.slot, permit)
+                })
+            });
+            drop(previous);
+            self.wake(from);
         }
         let span = tracing::debug_span!("stage", request.id = %row.id, %stage, attempt = row.attempt);
         let input = StageInput {
@@ -390,14 +457,20 @@ impl Engine {
         };
         let finished = self.record(stage, &row, result, latency);
         let _guard = span.enter();
+        self.hand_over(finished);
+    }
+
+    /// Marks a row's stage finished and gives its result to the completer.
+    fn hand_over(&self, finished: Finished) {
+        let id = finished.id;
         if let Ok(mut map) = self.inflight.lock()
-            && let Some(f) = map.get_mut(&row.id)
+            && let Some(f) = map.get_mut(&id)
         {
             f.finished = true;
         }
         if self.results.send(finished).is_err() {
             tracing::error!("completer is gone; the lease will expire and the sweep will retry");
-            self.forget(row.id);
+            self.forget(id);
         }
     }
 
@@ -548,17 +621,21 @@ impl Engine {
 
     /// Drops a row this process held, freeing its stage slot.
     fn forget(&self, id: Uuid) {
-        let gone = self.inflight.lock().ok().and_then(|mut map| map.remove(&id));
-        if let Some(f) = gone {
-            let stage = f.stage;
+        if let Some(f) = self.take(id) {
+            let stage = f.slot_of;
             drop(f);
             self.wake(stage);
         }
     }
 
+    /// Stops tracking a row; its stage slot is freed when the entry drops.
+    fn take(&self, id: Uuid) -> Option<InFlight> {
+        self.inflight.lock().ok().and_then(|mut map| map.remove(&id))
+    }
+
     /// Writes results in batches until `done` fires and the queue is empty.
     async fn completer(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Finished>, done: CancellationToken) {
-        let flushes = Arc::new(Semaphore::new(4));
+        let flushes = Arc::new(Semaphore::new(WRITERS));
         let writers = TaskTracker::new();
         loop {
             let first = tokio::select! {
@@ -602,23 +679,19 @@ impl Engine {
             .without_max_times()
             .build();
         // Chain: rows that finished a stage and have a free slot in their
-        // next stage here are claimed for it in the same transaction.
+        // next stage here are claimed for it by the finishing statement.
         let (mut chains, mut permits) = self.chain_candidates(&batch);
         // While rows may be chained, shutdown must wait for them to start.
         let _tracking = (!chains.is_empty()).then(|| self.tasks.token());
-        let (applied, chained) = loop {
+        let applied = loop {
             let res = match self.pool.get().await {
-                Ok(client) if chains.is_empty() => repo::finish_batch(&client, &self.worker, &batch)
-                    .await
-                    .map(|a| (a, Vec::new())),
                 Ok(client) => {
-                    repo::finish_and_claim(
+                    repo::finish_batch(
                         &client,
                         &self.worker,
                         &batch,
-                        &chains,
+                        |f| chains.get(&f.id).copied(),
                         self.cfg.lease(),
-                        self.cfg.memory_records,
                     )
                     .await
                 }
@@ -645,20 +718,35 @@ impl Engine {
                 }
             }
         };
+        let now = chrono::Utc::now();
+        let applied: HashMap<Uuid, repo::Applied> = applied.into_iter().map(|a| (a.id, a)).collect();
+        let mut chained = Vec::new();
+        // Stages to wake: a slot freed there, or a row became due there.
         let mut woken = [false; 3];
         for f in &batch {
-            self.forget(f.id);
-            if !applied.contains(&f.id) {
+            let mut held = self.take(f.id);
+            if let Some(h) = &held {
+                woken[h.slot_of.index()] = true;
+            }
+            let Some(done) = applied.get(&f.id) else {
                 bump(&self.stats.lease_lost);
                 tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome.as_str(),
                     "lease lost before the result was written; result discarded, the row is unchanged");
                 continue;
-            }
+            };
+            crate::metrics::observe_result(f, done.created_at, now);
             match f.outcome {
                 Outcome::Succeeded => {
                     bump(&self.stats.succeeded[f.stage.index()]);
-                    if let Some(next) = f.stage.next() {
-                        woken[next.index()] = true;
+                    match (&done.chained, held.take()) {
+                        (Some((stage, row)), Some(held)) => chained.push((*stage, row.clone(), f.stage, held.slot)),
+                        (Some(_), None) => tracing::warn!(request.id = %f.id,
+                            "a chained row is no longer tracked here; the sweep takes it back when its lease runs out"),
+                        (None, _) => {
+                            if let Some(next) = f.stage.next() {
+                                woken[next.index()] = true;
+                            }
+                        }
                     }
                 }
                 Outcome::Retrying | Outcome::Deferred => {
@@ -669,8 +757,8 @@ impl Engine {
                 Outcome::Released | Outcome::LeaseExpired => {}
             }
         }
-        // After the forget loop above: a chained row has the same id as the
-        // result it follows, and its entry must not be the one forgotten.
+        // After the loop above: a chained row has the same id as the result
+        // it follows, and its entry must not be the one taken.
         self.start_chained(chained, &mut permits);
         for stage in StageKind::ALL {
             if woken[stage.index()] {
@@ -680,59 +768,56 @@ impl Engine {
     }
 
     /// The rows of `batch` to claim for their next stage in the finishing
-    /// transaction, with the slots reserved for them.
-    fn chain_candidates(&self, batch: &[Finished]) -> (Vec<repo::Chain>, [Option<OwnedSemaphorePermit>; 3]) {
+    /// statement (every success with a next stage, unless shutting down),
+    /// and the free slots of those stages reserved for them.
+    fn chain_candidates(&self, batch: &[Finished]) -> (HashMap<Uuid, StageKind>, [Option<OwnedSemaphorePermit>; 3]) {
         let mut permits: [Option<OwnedSemaphorePermit>; 3] = [None, None, None];
-        let mut chains = Vec::new();
+        let mut chains = HashMap::new();
         if self.stopping.is_cancelled() || self.cached_prompts().is_none() {
             return (chains, permits);
         }
+        for f in batch {
+            if f.outcome == Outcome::Succeeded
+                && let Some(next) = f.stage.next()
+            {
+                chains.insert(f.id, next);
+            }
+        }
         for next in [StageKind::Assemble, StageKind::Respond] {
-            let ids: Vec<Uuid> = batch
-                .iter()
-                .filter(|f| f.outcome == Outcome::Succeeded && f.stage.next() == Some(next))
-                .map(|f| f.id)
-                .collect();
-            if ids.is_empty() {
-                continue;
-            }
+            let wanted = chains.values().filter(|s| **s == next).count();
             let sem = self.slot(next).sem.clone();
-            let n = ids.len().min(sem.available_permits());
-            if n == 0 {
-                continue;
+            let n = wanted.min(sem.available_permits());
+            if n > 0
+                && let Ok(p) = sem.try_acquire_many_owned(u32::try_from(n).unwrap_or(u32::MAX))
+            {
+                permits[next.index()] = Some(p);
             }
-            let Ok(p) = sem.try_acquire_many_owned(u32::try_from(n).unwrap_or(u32::MAX)) else {
-                continue;
-            };
-            permits[next.index()] = Some(p);
-            chains.push(repo::Chain {
-                stage: next,
-                ids: ids.into_iter().take(n).collect(),
-            });
         }
         (chains, permits)
     }
 
-    /// Runs the rows claimed by a chained claim.
+    /// Runs the rows the finishing statement claimed for their next stage:
+    /// on a reserved slot while there are any, else on the slot of the stage
+    /// they finished until one of their own frees.
     fn start_chained(
         self: &Arc<Self>,
-        chained: Vec<(StageKind, Vec<Claimed>)>,
+        chained: Vec<(StageKind, Claimed, StageKind, OwnedSemaphorePermit)>,
         permits: &mut [Option<OwnedSemaphorePermit>; 3],
     ) {
         let Some(prompts) = self.cached_prompts() else {
             return;
         };
-        for (stage, rows) in chained {
-            let Some(reserved) = permits[stage.index()].as_mut() else {
-                continue;
+        for (stage, row, from, previous) in chained {
+            let slot = match permits[stage.index()].as_mut().and_then(|p| p.split(1)) {
+                Some(permit) => {
+                    drop(previous);
+                    Slot::Ready(permit)
+                }
+                None => Slot::After { previous, from },
             };
-            for row in rows {
-                let Some(permit) = reserved.split(1) else { break };
-                bump(&self.stats.claimed[stage.index()]);
-                let engine = self.clone();
-                let prompts = prompts.clone();
-                self.tasks.spawn(engine.execute(stage, row, prompts, permit));
-            }
+            bump(&self.stats.claimed[stage.index()]);
+            let engine = self.clone();
+            self.tasks.spawn(engine.execute(stage, row, prompts.clone(), slot));
         }
     }
 

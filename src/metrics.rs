@@ -32,8 +32,10 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::dispatcher::Stats;
 use crate::llm::{ChatResponse, LlmError, ProviderKind, Role};
-use crate::model::{StageKind, Status};
-use crate::repo::http::StepTiming;
+use chrono::{DateTime, Utc};
+
+use crate::model::{Outcome, StageKind, Status};
+use crate::repo::Finished;
 
 /// Content type of [`PrometheusHandle::render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -185,17 +187,23 @@ pub fn observe_backlog(rows: &[(String, i64)]) {
     gauge!("maas_failed_requests").set(count(Status::Failed.as_str()) as f64);
 }
 
-/// Records one step of this daemon's history in the latency histograms.
-pub fn observe_step(step: &StepTiming) {
-    histogram!("maas_stage_duration_seconds", "stage" => step.stage.clone(), "outcome" => step.outcome.clone())
-        .record(step.stage_secs.max(0.0));
-    let outcome = match (step.stage.as_str(), step.outcome.as_str()) {
-        ("respond", "succeeded") => Some("completed"),
-        (_, "failed") => Some("failed"),
+/// Records one applied stage result in the latency histograms: how long the
+/// stage ran (the measured latency, else start to `now`) and, for a
+/// request's last step, how long since it was submitted.
+pub fn observe_result(f: &Finished, created_at: DateTime<Utc>, now: DateTime<Utc>) {
+    let secs = |from: DateTime<Utc>| (now - from).as_seconds_f64().max(0.0);
+    let stage_secs = f
+        .latency_ms
+        .map_or_else(|| secs(f.started_at), |ms| f64::from(ms.max(0)) / 1000.0);
+    histogram!("maas_stage_duration_seconds", "stage" => f.stage.as_str(), "outcome" => f.outcome.as_str())
+        .record(stage_secs);
+    let outcome = match (f.stage, f.outcome) {
+        (StageKind::Respond, Outcome::Succeeded) => Some("completed"),
+        (_, Outcome::Failed) => Some("failed"),
         _ => None,
     };
     if let Some(outcome) = outcome {
-        histogram!("maas_request_duration_seconds", "outcome" => outcome).record(step.request_secs.max(0.0));
+        histogram!("maas_request_duration_seconds", "outcome" => outcome).record(secs(created_at));
     }
 }
 

@@ -3,9 +3,6 @@
 -- another claimer are skipped, not waited for. Every claim counts an attempt
 -- and bumps the fencing token. `due_for_ms` says how long each row waited.
 --
--- {filter} is empty for a dispatcher's claim; the completer's chained claim
--- (in the transaction that records the previous stage) adds `AND id = ANY($5)`.
---
 -- {ready} and {in_flight} are replaced by literals, one statement per stage,
 -- so that the generic plan of the prepared statement can use the partial
 -- index on dispatchable statuses (with a parameter it cannot, and every
@@ -13,7 +10,8 @@
 --
 -- Debug runs resting for `maasctl requests continue` (`held`) are skipped;
 -- while `maasctl pause` is in force nothing is claimed (one-row table, read
--- once per statement as a one-time filter).
+-- once per statement as a one-time filter). `finish.sql` claims the same way
+-- when it chains a finished row into its next stage.
 --
 -- It also returns the memory the stage needs, always the requesting user's
 -- own (invariant 7): for the analyzer ({ready} = 'NEW') the user's $4 most
@@ -22,7 +20,7 @@
 WITH picked AS (
     SELECT id, greatest(updated_at, run_after) AS due_since
     FROM pipeline_runs
-    WHERE status = {ready} AND run_after <= now() AND NOT held {filter}
+    WHERE status = {ready} AND run_after <= now() AND NOT held
       AND NOT EXISTS (SELECT 1 FROM maas_control WHERE paused)
     ORDER BY run_after
     LIMIT $1

@@ -3,21 +3,34 @@
 -- in-flight status under the same lease token and owner. Rows that no longer match
 -- (lease lost, cancelled) change nothing and are absent from the result.
 -- For each applied result it also writes the step history row and, for a
--- successful respond stage, the assistant_response log (same transaction).
+-- successful respond stage, the assistant_response log (same statement).
+--
+-- Chaining: a successful result whose `chain_to` ($20) names the next
+-- stage's in-flight status is claimed for that stage by the same UPDATE,
+-- leased to $19 for $21 seconds, as `claim.sql` would (attempt 1, token
+-- bumped), unless the run is a debug run (it rests instead) or the daemons
+-- are paused. The row moves in one step from one in-flight status to the
+-- next: one row version, one commit. The status it passes through (ANALYZED,
+-- READY) never exists outside this transaction, but it is still announced:
+-- `passed` sends its notification before the trigger sends the new one, so
+-- `pipeline_events` carries every status change, in order, as if the row had
+-- been updated twice.
 WITH input AS (
-    SELECT *
+    SELECT t.*,
+           CASE WHEN t.outcome = 'succeeded' AND NOT EXISTS (SELECT 1 FROM maas_control WHERE paused)
+                THEN t.chain_to END AS chain
     FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[],
                 $7::int4[], $8::timestamptz[], $9::jsonb[], $10::text[], $11::text[],
                 $12::text[], $13::text[], $14::int8[], $15::text[], $16::int4[],
-                $17::int4[], $18::int4[])
+                $17::int4[], $18::int4[], $20::text[])
         AS t(id, token, stage, in_flight, new_status, outcome,
              attempt, started_at, analysis, context, answer,
              error_class, error_message, delay_ms, model, prompt_tokens,
-             completion_tokens, latency_ms)
+             completion_tokens, latency_ms, chain_to)
 ),
 done AS (
     UPDATE pipeline_runs r
-    SET status                = i.new_status,
+    SET status                = CASE WHEN i.chain IS NOT NULL AND NOT r.debug THEN i.chain ELSE i.new_status END,
         analysis_result       = coalesce(i.analysis, r.analysis_result),
         final_context_payload = coalesce(i.context, r.final_context_payload),
         final_answer          = coalesce(i.answer, r.final_answer),
@@ -25,39 +38,70 @@ done AS (
                                     WHEN 'succeeded' THEN NULL
                                     WHEN 'released' THEN r.error
                                     ELSE i.error_message END,
-        attempt               = CASE i.outcome
-                                    WHEN 'succeeded' THEN 0
-                                    WHEN 'released' THEN greatest(r.attempt - 1, 0)
-                                    WHEN 'deferred' THEN greatest(r.attempt - 1, 0)
+        attempt               = CASE
+                                    WHEN i.chain IS NOT NULL AND NOT r.debug THEN 1
+                                    WHEN i.outcome = 'succeeded' THEN 0
+                                    WHEN i.outcome IN ('released', 'deferred') THEN greatest(r.attempt - 1, 0)
                                     ELSE r.attempt END,
         run_after             = now() + i.delay_ms * interval '1 millisecond',
         -- Debug mode: a debug run rests after each successful stage that
         -- leads to a dispatchable status, until an operator continues it.
         held                  = r.debug AND i.outcome = 'succeeded' AND i.new_status IN ('ANALYZED', 'READY'),
-        lease_owner           = NULL,
-        lease_expires_at      = NULL,
+        lease_owner           = CASE WHEN i.chain IS NOT NULL AND NOT r.debug THEN $19 END,
+        lease_expires_at      = CASE WHEN i.chain IS NOT NULL AND NOT r.debug
+                                     THEN now() + make_interval(secs => $21) END,
+        lease_token           = r.lease_token + CASE WHEN i.chain IS NOT NULL AND NOT r.debug THEN 1 ELSE 0 END,
         updated_at            = now()
     FROM input i
     WHERE r.id = i.id AND r.lease_token = i.token AND r.status = i.in_flight AND r.lease_owner = $19
-    RETURNING r.id, r.user_id, r.thread_id
+    RETURNING r.id, r.user_id, r.thread_id, r.status, r.user_query, r.attempt, r.lease_token,
+              r.analysis_result, r.final_context_payload, r.debug, r.created_at,
+              r.lease_owner IS NOT NULL AS chained, i.new_status AS passed,
+              i.stage, i.attempt AS step_attempt, i.started_at, i.outcome, i.error_class,
+              i.error_message, i.model, i.prompt_tokens, i.completion_tokens, i.latency_ms, i.answer
 ),
 steps AS (
     INSERT INTO pipeline_steps (run_id, stage, attempt, worker, started_at, outcome,
                                 error_class, error_message, model, prompt_tokens,
                                 completion_tokens, latency_ms)
-    SELECT i.id, i.stage, i.attempt, $19, i.started_at, i.outcome,
-           i.error_class, i.error_message, i.model, i.prompt_tokens,
-           i.completion_tokens, i.latency_ms
-    FROM input i JOIN done d ON d.id = i.id
+    SELECT d.id, d.stage, d.step_attempt, $19, d.started_at, d.outcome,
+           d.error_class, d.error_message, d.model, d.prompt_tokens,
+           d.completion_tokens, d.latency_ms
+    FROM done d
 ),
 logged AS (
     INSERT INTO raw_logs (user_id, request_id, thread_id, message_type, content)
-    SELECT d.user_id, d.id, d.thread_id, 'assistant_response', i.answer
-    FROM input i JOIN done d ON d.id = i.id
-    WHERE i.stage = 'respond' AND i.outcome = 'succeeded' AND i.answer IS NOT NULL
-    -- Each log locks its user's archive_marks row (triggers/0003); taking
+    SELECT d.user_id, d.id, d.thread_id, 'assistant_response', d.answer
+    FROM done d
+    WHERE d.stage = 'respond' AND d.outcome = 'succeeded' AND d.answer IS NOT NULL
+    -- Each log locks its user's archive_marks row (triggers/0004); taking
     -- them in user order keeps two daemons' batches from deadlocking.
     ORDER BY d.user_id
     ON CONFLICT DO NOTHING
+),
+passed AS (
+    SELECT pg_notify('pipeline_events',
+                     json_build_object('id', d.id, 'status', d.passed, 'operation', 'UPDATE')::text)
+    FROM done d
+    WHERE d.chained
 )
-SELECT id FROM done
+SELECT d.id, d.created_at, d.chained,
+       d.user_id, d.thread_id, d.user_query, d.attempt, d.lease_token,
+       CASE WHEN d.chained THEN d.analysis_result END AS analysis_result,
+       CASE WHEN d.chained THEN d.final_context_payload END AS final_context_payload,
+       d.debug, now() AS claimed_at,
+       -- The assembler's memory, as claim.sql reads it: the record the
+       -- analysis refers to, only if it belongs to the same user.
+       CASE WHEN d.chained AND d.status = 'ASSEMBLING' THEN (
+           SELECT jsonb_agg(to_jsonb(m))
+           FROM (SELECT l.id, l.time_bucket_start, l.time_bucket_end, l.tags, l.summary
+                 FROM lsm_storage l
+                 WHERE l.user_id = d.user_id
+                   AND l.id = CASE
+                                  WHEN (d.analysis_result #>> '{context_found,lsm_record_id}') ~ '^[0-9]{1,18}$'
+                                  THEN (d.analysis_result #>> '{context_found,lsm_record_id}')::bigint
+                              END) m)
+       END AS memory,
+       d.status
+FROM done d
+CROSS JOIN (SELECT count(*) FROM passed) announced

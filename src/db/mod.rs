@@ -18,6 +18,9 @@ pub enum Error {
     Migration(String),
     #[error("database setup: {0}")]
     Setup(String),
+    /// The database answered with something this program cannot use.
+    #[error("database: unexpected result: {0}")]
+    Unexpected(String),
 }
 
 impl Error {
@@ -27,7 +30,7 @@ impl Error {
             Error::Postgres(e) => is_connection_error(e),
             Error::Pool(deadpool_postgres::PoolError::Backend(e)) => is_connection_error(e),
             Error::Pool(_) => true,
-            Error::Migration(_) | Error::Setup(_) => false,
+            Error::Migration(_) | Error::Setup(_) | Error::Unexpected(_) => false,
         }
     }
 }

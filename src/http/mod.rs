@@ -300,14 +300,12 @@ impl Server {
     }
 }
 
-/// Every `http.metrics_refresh_secs`: backlog gauges, this daemon's new
-/// steps into the latency histograms, the exporter's upkeep; every minute,
-/// expired idempotency keys.
+/// Every `http.metrics_refresh_secs`: backlog gauges and the exporter's
+/// upkeep (the latency histograms are fed as results are written); every
+/// minute, expired idempotency keys.
 async fn housekeeping(cfg: Arc<Config>, engine: Arc<Engine>, handle: PrometheusHandle, shutdown: CancellationToken) {
-    const STEPS_PER_READ: i64 = 5000;
     let mut tick = tokio::time::interval(cfg.http.metrics_refresh());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_step: Option<i64> = None;
     let mut last_expiry = Instant::now();
     loop {
         tokio::select! {
@@ -327,36 +325,6 @@ async fn housekeeping(cfg: Arc<Config>, engine: Arc<Engine>, handle: PrometheusH
             Ok(rows) => crate::metrics::observe_backlog(&rows),
             Err(e) => tracing::debug!(error = %e, "metrics: backlog query failed"),
         }
-        // The step history of this daemon, from where it was at start.
-        let after = match last_step {
-            Some(id) => id,
-            None => match crate::repo::http::last_step_id(&client).await {
-                Ok(id) => {
-                    last_step = Some(id);
-                    continue;
-                }
-                Err(_) => continue,
-            },
-        };
-        let mut after = after;
-        for _ in 0..10 {
-            match crate::repo::http::steps_since(&client, after, engine.worker(), STEPS_PER_READ).await {
-                Ok(steps) => {
-                    for s in &steps {
-                        crate::metrics::observe_step(s);
-                        after = after.max(s.id);
-                    }
-                    if i64::try_from(steps.len()).unwrap_or(i64::MAX) < STEPS_PER_READ {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "metrics: step history query failed");
-                    break;
-                }
-            }
-        }
-        last_step = Some(after);
         if last_expiry.elapsed() >= Duration::from_secs(60) {
             last_expiry = Instant::now();
             match crate::repo::http::expire_idempotency_keys(&client, cfg.http.idempotency_ttl(), 10_000).await {

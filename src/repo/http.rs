@@ -16,8 +16,6 @@ pub const EXPIRE_IDEMPOTENCY_KEYS: &str = include_str!("../../sql/queries/expire
 pub const REQUEST_STATES: &str = include_str!("../../sql/queries/request_states.sql");
 pub const USER_STATES: &str = include_str!("../../sql/queries/user_states.sql");
 pub const COUNT_BACKLOG: &str = include_str!("../../sql/queries/count_backlog.sql");
-pub const STEPS_SINCE: &str = include_str!("../../sql/queries/steps_since.sql");
-pub const LAST_STEP_ID: &str = include_str!("../../sql/queries/last_step_id.sql");
 
 /// A new request as the API received it.
 #[derive(Debug, Clone)]
@@ -125,41 +123,4 @@ pub async fn count_backlog(client: &impl GenericClient) -> Result<Vec<(String, i
     let stmt = client.prepare_cached(COUNT_BACKLOG).await?;
     let rows = client.query(&stmt, &[]).await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-}
-
-/// One step of the history, as the latency histograms need it.
-#[derive(Debug, Clone)]
-pub struct StepTiming {
-    pub id: i64,
-    pub stage: String,
-    pub outcome: String,
-    pub stage_secs: f64,
-    pub request_secs: f64,
-}
-
-/// Steps written by `worker` after step `after`, oldest first.
-pub async fn steps_since(
-    client: &impl GenericClient,
-    after: i64,
-    worker: &str,
-    limit: i64,
-) -> Result<Vec<StepTiming>, Error> {
-    let stmt = client.prepare_cached(STEPS_SINCE).await?;
-    let rows = client.query(&stmt, &[&after, &worker, &limit]).await?;
-    Ok(rows
-        .iter()
-        .map(|r| StepTiming {
-            id: r.get(0),
-            stage: r.get(1),
-            outcome: r.get(2),
-            stage_secs: r.get(3),
-            request_secs: r.get(4),
-        })
-        .collect())
-}
-
-/// The id of the newest step (0 when there is none).
-pub async fn last_step_id(client: &impl GenericClient) -> Result<i64, Error> {
-    let stmt = client.prepare_cached(LAST_STEP_ID).await?;
-    Ok(client.query_one(&stmt, &[]).await?.get(0))
 }

@@ -32,27 +32,19 @@ pub const SHOW_RUN: &str = include_str!("../../sql/queries/show_run.sql");
 pub const SHOW_STEPS: &str = include_str!("../../sql/queries/show_steps.sql");
 pub const ACTIVE_PROMPTS: &str = include_str!("../../sql/queries/active_prompts.sql");
 
-fn render_claim(stage: StageKind, filter: &str) -> String {
+fn render_claim(stage: StageKind) -> String {
     CLAIM
         .replace("{ready}", &format!("'{}'", stage.ready_status().as_str()))
         .replace("{in_flight}", &format!("'{}'", stage.in_flight_status().as_str()))
-        .replace("{filter}", filter)
 }
 
 /// The claim statement of one stage: the template with its statuses as
 /// literals (see `claim.sql`).
 pub fn claim_sql(stage: StageKind) -> &'static str {
-    static SQL: std::sync::LazyLock<[String; 3]> =
-        std::sync::LazyLock::new(|| StageKind::ALL.map(|s| render_claim(s, "")));
+    static SQL: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::new(|| StageKind::ALL.map(render_claim));
     &SQL[stage.index()]
 }
 
-/// The chained claim of one stage: only the given ids (`$5`).
-pub fn claim_ids_sql(stage: StageKind) -> &'static str {
-    static SQL: std::sync::LazyLock<[String; 3]> =
-        std::sync::LazyLock::new(|| StageKind::ALL.map(|s| render_claim(s, "AND id = ANY($5)")));
-    &SQL[stage.index()]
-}
 pub use ops::{
     CALLBACKS_CLAIM, CALLBACKS_DELIVERED, CALLBACKS_FAILED, CANCEL_RUN, CONTINUE_RUN, CONTROL_GET, CONTROL_SET,
     FAILED_IDS, LIST_RUNS, PROMPTS_ACTIVATE, PROMPTS_DEACTIVATE, PROMPTS_INSERT, PROMPTS_LIST, PROMPTS_LOCK,
@@ -66,8 +58,6 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         ("claim_analyze", claim_sql(StageKind::Analyze)),
         ("claim_assemble", claim_sql(StageKind::Assemble)),
         ("claim_respond", claim_sql(StageKind::Respond)),
-        ("claim_ids_assemble", claim_ids_sql(StageKind::Assemble)),
-        ("claim_ids_respond", claim_ids_sql(StageKind::Respond)),
     ];
     all.extend_from_slice(NAMED);
     all
@@ -89,8 +79,6 @@ const NAMED: &[(&str, &str)] = &[
     ("request_states", http::REQUEST_STATES),
     ("user_states", http::USER_STATES),
     ("count_backlog", http::COUNT_BACKLOG),
-    ("steps_since", http::STEPS_SINCE),
-    ("last_step_id", http::LAST_STEP_ID),
     ("cancel_run", CANCEL_RUN),
     ("continue_run", CONTINUE_RUN),
     ("retry_failed", RETRY_FAILED),
@@ -298,72 +286,77 @@ impl<'a> FinishArgs<'a> {
     }
 }
 
-/// Writes a batch of results, fenced, in one statement. Returns the ids
-/// whose result was applied; the others had lost their lease.
-pub async fn finish_batch(client: &impl GenericClient, worker: &str, batch: &[Finished]) -> Result<Vec<Uuid>, Error> {
-    let stmt = client.prepare_cached(FINISH).await?;
-    let args = FinishArgs::new(worker, batch);
-    let rows = client.query(&stmt, &args.params()).await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+/// A result that was applied: the row's creation time (for the request
+/// duration histogram) and, when it was chained, its claim for the next
+/// stage.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    pub id: Uuid,
+    pub created_at: DateTime<Utc>,
+    pub chained: Option<(StageKind, Claimed)>,
 }
 
-/// Rows to claim for a stage in the same transaction that records results.
-pub struct Chain {
-    pub stage: StageKind,
-    pub ids: Vec<Uuid>,
-}
-
-/// Records a batch of results and, in the same transaction, claims the
-/// given rows for their next stage (one commit instead of two, and no wait
-/// for a doorbell between stages). The statements are pipelined: one round
-/// trip. Both status changes still notify.
-pub async fn finish_and_claim(
-    client: &deadpool_postgres::Object,
+/// Writes a batch of results, fenced, in one statement; results that
+/// `chain` maps to a stage are claimed for that stage by the same statement
+/// (see `finish.sql`: one row version and one commit per transition, and no
+/// wait for a doorbell between stages). Returns the applied results; the
+/// others had lost their lease.
+pub async fn finish_batch(
+    client: &impl GenericClient,
     worker: &str,
     batch: &[Finished],
-    chains: &[Chain],
+    chain: impl Fn(&Finished) -> Option<StageKind>,
     lease: Duration,
-    memory_records: usize,
-) -> Result<(Vec<Uuid>, Vec<(StageKind, Vec<Claimed>)>), Error> {
-    let finish = client.prepare_cached(FINISH).await?;
-    let mut claims = Vec::with_capacity(chains.len());
-    for c in chains {
-        claims.push(client.prepare_cached(claim_ids_sql(c.stage)).await?);
-    }
+) -> Result<Vec<Applied>, Error> {
+    let stmt = client.prepare_cached(FINISH).await?;
     let args = FinishArgs::new(worker, batch);
-    let params = args.params();
-    let lease_secs = lease.as_secs_f64();
-    let memory = i64::try_from(memory_records).unwrap_or(i64::MAX);
-    let limits: Vec<i64> = chains
+    let chain_to: Vec<Option<&str>> = batch
         .iter()
-        .map(|c| i64::try_from(c.ids.len()).unwrap_or(i64::MAX))
+        .map(|f| chain(f).map(|s| s.in_flight_status().as_str()))
         .collect();
-    let claim_futures = chains.iter().zip(&claims).zip(&limits).map(|((c, stmt), limit)| {
-        let p: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [limit, &worker, &lease_secs, &memory, &c.ids];
-        async move { client.query(stmt, &p).await }
-    });
-    // Requests go out in the order the futures are first polled: BEGIN,
-    // the finish, the claims, COMMIT. If any statement fails, the
-    // transaction is aborted and COMMIT rolls it back: nothing is applied.
-    let (begin, done, claimed, commit) = tokio::join!(
-        client.batch_execute("BEGIN"),
-        client.query(&finish, &params),
-        futures_util::future::join_all(claim_futures),
-        client.simple_query("COMMIT"),
-    );
-    begin?;
-    let done = done?;
-    let mut out = Vec::with_capacity(chains.len());
-    for (c, rows) in chains.iter().zip(claimed) {
-        out.push((c.stage, rows?.iter().map(claimed_from_row).collect()));
-    }
-    let committed = commit?
-        .iter()
-        .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::CommandComplete(_)));
-    if !committed {
-        return Err(Error::Setup("the finish transaction did not commit".into()));
-    }
-    Ok((done.iter().map(|r| r.get(0)).collect(), out))
+    let lease_secs = lease.as_secs_f64();
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args.params().to_vec();
+    params.push(&chain_to);
+    params.push(&lease_secs);
+    let rows = client.query(&stmt, &params).await?;
+    rows.iter().map(applied_from_row).collect()
+}
+
+fn applied_from_row(r: &tokio_postgres::Row) -> Result<Applied, Error> {
+    let id: Uuid = r.try_get(0)?;
+    let chained = if r.try_get::<_, bool>(2)? {
+        let status: &str = r.try_get(13)?;
+        let stage = status
+            .parse::<Status>()
+            .ok()
+            .and_then(Status::in_flight_stage)
+            .ok_or_else(|| Error::Unexpected(format!("finish: chained row {id} has status {status}")))?;
+        let memory: Option<Value> = r.try_get(12)?;
+        Some((
+            stage,
+            Claimed {
+                id,
+                user_id: r.try_get(3)?,
+                thread_id: r.try_get(4)?,
+                user_query: r.try_get(5)?,
+                attempt: r.try_get(6)?,
+                lease_token: r.try_get(7)?,
+                analysis: r.try_get(8)?,
+                context: r.try_get(9)?,
+                debug: r.try_get(10)?,
+                claimed_at: r.try_get(11)?,
+                due_for: Duration::ZERO,
+                memory: memory.and_then(|m| serde_json::from_value(m).ok()).unwrap_or_default(),
+            },
+        ))
+    } else {
+        None
+    };
+    Ok(Applied {
+        id,
+        created_at: r.try_get(1)?,
+        chained,
+    })
 }
 
 /// Renews the given leases; returns the ids still held.

@@ -89,9 +89,9 @@ async fn the_database_refuses_bad_rows() {
     assert_eq!(roles, 4);
 }
 
-#[tokio::test]
-async fn the_trigger_rings_on_insert_and_status_change_only() {
-    let db = TestDb::new().await;
+/// A LISTEN session on `pipeline_events` and the payloads it receives (the
+/// session lives as long as the returned client).
+async fn listen(db: &TestDb) -> (tokio_postgres::Client, tokio::sync::mpsc::UnboundedReceiver<String>) {
     let (listener, mut conn) = db
         .url
         .parse::<tokio_postgres::Config>()
@@ -99,7 +99,7 @@ async fn the_trigger_rings_on_insert_and_status_change_only() {
         .connect(tokio_postgres::NoTls)
         .await
         .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         use futures_util::StreamExt;
         let mut s = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
@@ -110,6 +110,13 @@ async fn the_trigger_rings_on_insert_and_status_change_only() {
         }
     });
     listener.batch_execute("LISTEN pipeline_events").await.unwrap();
+    (listener, rx)
+}
+
+#[tokio::test]
+async fn the_trigger_rings_on_insert_and_status_change_only() {
+    let db = TestDb::new().await;
+    let (_listener, mut rx) = listen(&db).await;
     let c = db.client().await;
     let id: Uuid = c
         .query_one(
@@ -289,7 +296,8 @@ async fn a_stale_writer_is_fenced_out() {
         latency_ms: None,
     };
     // A wakes up and writes late: nothing changes.
-    let applied = repo::finish_batch(&client, "worker-a", &[result(&a[0], "a")])
+    let lease = Duration::from_secs(30);
+    let applied = repo::finish_batch(&client, "worker-a", &[result(&a[0], "a")], |_| None, lease)
         .await
         .unwrap();
     assert!(applied.is_empty());
@@ -300,10 +308,11 @@ async fn a_stale_writer_is_fenced_out() {
         .get(0);
     assert_eq!(status, "ANALYZING");
     // B's result applies.
-    let applied = repo::finish_batch(&client, "worker-b", &[result(&b[0], "b")])
+    let applied = repo::finish_batch(&client, "worker-b", &[result(&b[0], "b")], |_| None, lease)
         .await
         .unwrap();
-    assert_eq!(applied, vec![id]);
+    assert_eq!(applied.iter().map(|a| a.id).collect::<Vec<_>>(), vec![id]);
+    assert!(applied[0].chained.is_none());
     let row = c
         .query_one(
             "SELECT status, analysis_result->>'by', attempt FROM pipeline_runs WHERE id = $1",
@@ -330,5 +339,178 @@ async fn a_stale_writer_is_fenced_out() {
             ("lease_expired".to_owned(), 1, "worker-a".to_owned()),
             ("succeeded".to_owned(), 2, "worker-b".to_owned())
         ]
+    );
+}
+
+/// The result of one successful analyze attempt of `row`.
+fn analyzed(row: &repo::Claimed) -> repo::Finished {
+    use maas::model::{Outcome, StageKind, Status};
+    repo::Finished {
+        id: row.id,
+        lease_token: row.lease_token,
+        stage: StageKind::Analyze,
+        outcome: Outcome::Succeeded,
+        new_status: Status::Analyzed,
+        attempt: row.attempt,
+        started_at: row.claimed_at,
+        analysis: Some(serde_json::json!({"needs_context": false})),
+        context: None,
+        answer: None,
+        error_class: None,
+        error_message: None,
+        delay: Duration::ZERO,
+        model: None,
+        prompt_tokens: None,
+        completion_tokens: None,
+        latency_ms: Some(3),
+    }
+}
+
+/// Chaining: the statement that records a success claims the row for its
+/// next stage, and `pipeline_events` still carries every status, in order.
+/// A debug run is not chained: it rests in the status it reached.
+#[tokio::test]
+async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
+    use maas::model::StageKind;
+    let db = TestDb::new().await;
+    let cfg = maas::config::Config {
+        database_url: maas::config::Secret(db.url.clone()),
+        ..Default::default()
+    };
+    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let client = pool.get().await.unwrap();
+    let c = db.client().await;
+    let plain: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'q') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let debug: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'q', true) RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let lease = Duration::from_secs(30);
+    let claimed = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    let (_listener, mut rx) = listen(&db).await;
+    let batch: Vec<repo::Finished> = claimed.iter().map(analyzed).collect();
+    let applied = repo::finish_batch(&client, "w", &batch, |_| Some(StageKind::Assemble), lease)
+        .await
+        .unwrap();
+    assert_eq!(applied.len(), 2);
+    let of = |id: Uuid| applied.iter().find(|a| a.id == id).unwrap();
+    let (stage, next) = of(plain).chained.clone().expect("the plain run is chained");
+    assert_eq!(stage, StageKind::Assemble);
+    let before = claimed.iter().find(|r| r.id == plain).unwrap();
+    assert_eq!(next.attempt, 1);
+    assert_eq!(
+        next.lease_token,
+        before.lease_token + 1,
+        "the claim bumps the fencing token"
+    );
+    assert_eq!(next.analysis, Some(serde_json::json!({"needs_context": false})));
+    assert!(of(debug).chained.is_none(), "a debug run rests instead");
+    let rows = c
+        .query(
+            "SELECT id, status, lease_owner, attempt, held FROM pipeline_runs ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    for r in rows {
+        let id: Uuid = r.get(0);
+        let state = (
+            r.get::<_, String>(1),
+            r.get::<_, Option<String>>(2),
+            r.get::<_, i32>(3),
+            r.get::<_, bool>(4),
+        );
+        if id == plain {
+            assert_eq!(state, ("ASSEMBLING".into(), Some("w".into()), 1, false));
+        } else {
+            assert_eq!(state, ("ANALYZED".into(), None, 0, true));
+        }
+    }
+    // One step per finished attempt; the chained claim writes none.
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM pipeline_steps WHERE outcome = 'succeeded'").await,
+        2
+    );
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let payload = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("a notification")
+            .unwrap();
+        let ev = maas::listener::parse_payload(&payload).unwrap();
+        seen.push((ev.id, ev.status.as_str().to_owned()));
+    }
+    let plain_seen: Vec<&str> = seen
+        .iter()
+        .filter(|(id, _)| *id == plain)
+        .map(|(_, s)| s.as_str())
+        .collect();
+    assert_eq!(plain_seen, vec!["ANALYZED", "ASSEMBLING"]);
+    assert!(seen.contains(&(debug, "ANALYZED".to_owned())));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rx.recv())
+            .await
+            .is_err(),
+        "nothing else rang"
+    );
+    // A late second write of the same results changes nothing.
+    let again = repo::finish_batch(&client, "w", &batch, |_| Some(StageKind::Assemble), lease)
+        .await
+        .unwrap();
+    assert!(again.is_empty());
+}
+
+/// One statement that changes many rows rings once per changed row.
+#[tokio::test]
+async fn a_many_row_update_rings_for_each_row_whose_status_changed() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.execute(
+        "INSERT INTO pipeline_runs (user_id, user_query) SELECT gen_random_uuid(), 'q' || g FROM generate_series(1, 300) g",
+        &[],
+    )
+    .await
+    .unwrap();
+    let (_listener, mut rx) = listen(&db).await;
+    // 200 rows change status, 100 only change a column: 200 notifications.
+    c.execute(
+        "UPDATE pipeline_runs SET status = CASE WHEN user_query ~ '^q[0-9]{1,2}$' OR user_query ~ '^q1[0-9]{2}$'
+                                               THEN 'CANCELLED' ELSE status END,
+                                  error = 'x'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let cancelled = count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'CANCELLED'").await;
+    assert_eq!(cancelled, 199);
+    let mut ids = std::collections::HashSet::new();
+    while ids.len() < 199 {
+        let payload = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("a notification per cancelled row")
+            .unwrap();
+        let ev = maas::listener::parse_payload(&payload).unwrap();
+        assert_eq!((ev.status.as_str(), ev.operation.as_str()), ("CANCELLED", "UPDATE"));
+        assert!(ids.insert(ev.id), "one notification per row");
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rx.recv())
+            .await
+            .is_err(),
+        "rows whose status did not change rang nothing"
     );
 }
