@@ -80,6 +80,9 @@ struct StageSlot {
     swept: AtomicBool,
     /// Set by every other wake (a notification, a finished stage).
     rung: AtomicBool,
+    /// Set while the dispatcher waits for free slots (it found none, or too
+    /// few to claim): only then does a freed slot wake it.
+    starved: AtomicBool,
 }
 
 /// A row this process holds: running, or finished and waiting to be
@@ -142,6 +145,7 @@ impl Engine {
             wake: Notify::new(),
             swept: AtomicBool::new(false),
             rung: AtomicBool::new(false),
+            starved: AtomicBool::new(false),
         };
         let slots = [
             slot(StageKind::Analyze),
@@ -205,10 +209,22 @@ impl Engine {
         &self.slots[stage.index()]
     }
 
+    /// A row may have become due in `stage`.
     pub fn wake(&self, stage: StageKind) {
         let slot = self.slot(stage);
         slot.rung.store(true, Ordering::Relaxed);
         slot.wake.notify_one();
+    }
+
+    /// A slot of `stage` was freed: wakes its dispatcher if it waits for one.
+    /// (The dispatcher marks itself starved before it looks at the free
+    /// slots, and the slot is freed before this looks at the mark, so a
+    /// freed slot and a starving dispatcher never miss each other.)
+    fn freed(&self, stage: StageKind) {
+        let slot = self.slot(stage);
+        if slot.starved.load(Ordering::SeqCst) {
+            slot.wake.notify_one();
+        }
     }
 
     /// Runs the engine until `shutdown` fires, then stops claiming, lets
@@ -290,8 +306,9 @@ impl Engine {
                 if shutdown.is_cancelled() {
                     return;
                 }
+                slot.starved.store(true, Ordering::SeqCst);
                 if slot.sem.available_permits() == 0 {
-                    break; // a finishing stage wakes us
+                    break; // a freed slot wakes us
                 }
                 // A busy stage frees its slots one result at a time; claiming
                 // each as it frees would make a statement per row. Linger a
@@ -339,18 +356,18 @@ impl Engine {
                     Ok((rows, prompts)) => {
                         backoff = backoff_builder.build();
                         let n = rows.len();
+                        if n < free {
+                            // Nothing more is due: freed slots need not wake us.
+                            slot.starved.store(false, Ordering::SeqCst);
+                        }
                         for row in rows {
                             let Some(permit) = permits.split(1) else { break };
-                            bump(&self.stats.claimed[stage.index()]);
                             if swept && (!rung || row.due_for >= MISSED_AFTER) {
                                 bump(&self.stats.sweep_recovered);
                                 tracing::info!(request.id = %row.id, %stage, waited_ms = millis(row.due_for),
                                     "sweep: claimed a due row that no notification delivered");
                             }
-                            let engine = self.clone();
-                            let prompts = prompts.clone();
-                            self.tasks
-                                .spawn(engine.execute(stage, row, prompts, Slot::Ready(permit)));
+                            self.start(stage, row, prompts.clone(), Slot::Ready(permit));
                         }
                         drop(permits);
                         if n < free {
@@ -371,9 +388,10 @@ impl Engine {
         }
     }
 
-    /// Runs one claimed row through its stage and hands the result to the
-    /// completer.
-    async fn execute(self: Arc<Self>, stage: StageKind, mut row: Claimed, prompts: Arc<Prompts>, slot: Slot) {
+    /// Starts a claimed row: tracks it (so heartbeats renew its lease and
+    /// its own notifications do not wake a dispatcher), then runs it.
+    fn start(self: &Arc<Self>, stage: StageKind, row: Claimed, prompts: Arc<Prompts>, slot: Slot) {
+        bump(&self.stats.claimed[stage.index()]);
         let cancel = self.hard_stop.child_token();
         let (held, slot_of, waiting_from) = match slot {
             Slot::Ready(p) => (p, stage, None),
@@ -391,6 +409,21 @@ impl Engine {
                 },
             );
         }
+        let engine = self.clone();
+        self.tasks
+            .spawn(engine.execute(stage, row, prompts, cancel, waiting_from));
+    }
+
+    /// Runs one claimed row through its stage and hands the result to the
+    /// completer.
+    async fn execute(
+        self: Arc<Self>,
+        stage: StageKind,
+        mut row: Claimed,
+        prompts: Arc<Prompts>,
+        cancel: CancellationToken,
+        waiting_from: Option<StageKind>,
+    ) {
         // A row chained without a free slot in this stage still holds the
         // slot of the stage it finished; it trades that for one of this
         // stage's as soon as one frees (the lease is renewed meanwhile).
@@ -415,7 +448,7 @@ impl Engine {
                 })
             });
             drop(previous);
-            self.wake(from);
+            self.freed(from);
         }
         let span = tracing::debug_span!("stage", request.id = %row.id, %stage, attempt = row.attempt);
         let input = StageInput {
@@ -624,7 +657,7 @@ impl Engine {
         if let Some(f) = self.take(id) {
             let stage = f.slot_of;
             drop(f);
-            self.wake(stage);
+            self.freed(stage);
         }
     }
 
@@ -681,6 +714,7 @@ impl Engine {
         // Chain: rows that finished a stage and have a free slot in their
         // next stage here are claimed for it by the finishing statement.
         let (mut chains, mut permits) = self.chain_candidates(&batch);
+        let reserved = permits.each_ref().map(Option::is_some);
         // While rows may be chained, shutdown must wait for them to start.
         let _tracking = (!chains.is_empty()).then(|| self.tasks.token());
         let applied = loop {
@@ -721,12 +755,13 @@ impl Engine {
         let now = chrono::Utc::now();
         let applied: HashMap<Uuid, repo::Applied> = applied.into_iter().map(|a| (a.id, a)).collect();
         let mut chained = Vec::new();
-        // Stages to wake: a slot freed there, or a row became due there.
+        // Stages where a slot was freed, and where a row became due.
+        let mut freed = [false; 3];
         let mut woken = [false; 3];
         for f in &batch {
             let mut held = self.take(f.id);
             if let Some(h) = &held {
-                woken[h.slot_of.index()] = true;
+                freed[h.slot_of.index()] = true;
             }
             let Some(done) = applied.get(&f.id) else {
                 bump(&self.stats.lease_lost);
@@ -760,9 +795,12 @@ impl Engine {
         // After the loop above: a chained row has the same id as the result
         // it follows, and its entry must not be the one taken.
         self.start_chained(chained, &mut permits);
+        drop(permits); // reserved slots no chained row took
         for stage in StageKind::ALL {
             if woken[stage.index()] {
                 self.wake(stage);
+            } else if freed[stage.index()] || reserved[stage.index()] {
+                self.freed(stage);
             }
         }
     }
@@ -815,9 +853,7 @@ impl Engine {
                 }
                 None => Slot::After { previous, from },
             };
-            bump(&self.stats.claimed[stage.index()]);
-            let engine = self.clone();
-            self.tasks.spawn(engine.execute(stage, row, prompts.clone(), slot));
+            self.start(stage, row, prompts.clone(), slot);
         }
     }
 
@@ -971,7 +1007,12 @@ impl ListenerHandler for Engine {
 
     fn event(&self, event: Event) {
         bump(&self.stats.notifications);
-        if let Some(stage) = event.status.dispatches() {
+        // A row this process holds was chained past that status: nothing
+        // to claim (the notification only announces the status it passed).
+        let ours = || self.inflight.lock().is_ok_and(|map| map.contains_key(&event.id));
+        if let Some(stage) = event.status.dispatches()
+            && !ours()
+        {
             self.wake(stage);
         }
         let _ = self.events.send(event);

@@ -38,6 +38,33 @@ async fn two_hundred_rows_inserted_by_sql_all_complete_once() {
     );
 }
 
+/// Few slots per stage: rows chained into a full stage wait for a slot while
+/// holding the one they finished with, and every freed slot reaches a
+/// waiting dispatcher. The sweep is far away, so it cannot be what finishes
+/// the work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_slot_per_stage_freed_slots_alone_drive_every_row_to_completion() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let opts = Opts {
+        sweep_secs: 600,
+        ..Opts::default()
+    }
+    .env("MAAS_CONCURRENCY__ANALYZE", 1)
+    .env("MAAS_CONCURRENCY__ASSEMBLE", 1)
+    .env("MAAS_CONCURRENCY__RESPOND", 2)
+    .env("MAAS_CLAIM_BATCH", 1);
+    let _d = Maasd::spawn(&db.url, opts);
+    insert_requests(&c, 120, "a narrow pipeline").await;
+    wait_all_terminal(&c, GENEROUS).await;
+    assert_completed(&c, 120).await;
+    assert_each_stage_succeeded_once(&c).await;
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM pipeline_runs WHERE lease_owner IS NOT NULL").await,
+        0
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backends_reconnect_sweep_and_finish() {
     let db = TestDb::new().await;
