@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -34,24 +34,51 @@ const REQUEST_QUEUE: usize = 16;
 /// Queue of a stream that follows a user.
 const USER_QUEUE: usize = 256;
 
+/// An over-long body is read and dropped up to this many bytes, for at most
+/// [`DRAIN_TIME`], before the 413 goes out (see [`read_body`]).
+const DRAIN_CAP: usize = 16 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+/// Reads a request body of at most `max` bytes. A longer one is drained
+/// (read and dropped, within [`DRAIN_CAP`] and [`DRAIN_TIME`]) before the
+/// error is returned: a connection closed with unread data is reset by TCP,
+/// and the client may then lose the 413 it was sent.
+async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, ApiError> {
+    use futures_util::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request("unreadable_body", format!("cannot read the body: {e}")))?;
+        if buf.len() + chunk.len() <= max {
+            buf.extend_from_slice(&chunk);
+            continue;
+        }
+        let deadline = tokio::time::Instant::now() + DRAIN_TIME;
+        let mut drained = buf.len() + chunk.len();
+        while drained < DRAIN_CAP {
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(Ok(more))) => drained += more.len(),
+                _ => break,
+            }
+        }
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body is larger than {max} bytes"),
+        ));
+    }
+    Ok(Bytes::from(buf))
+}
+
 /// `POST /api/query`.
 pub async fn submit(
     State(app): State<AppState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     check_json_content_type(&headers)?;
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("the body is larger than {} bytes", app.cfg.http.max_body_bytes),
-            )
-        } else {
-            ApiError::bad_request("unreadable_body", e.body_text())
-        }
-    })?;
+    let body = read_body(body, app.cfg.http.max_body_bytes).await?;
     let key = idempotency_key(&headers)?;
     let body: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
