@@ -60,6 +60,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0005_archivist.sql",
         sql: include_str!("../../sql/0005_archivist.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_steps_without_fk.sql",
+        sql: include_str!("../../sql/0006_steps_without_fk.sql"),
+    },
 ];
 
 pub const TRIGGERS: &[TriggerFile] = &[
@@ -82,6 +87,11 @@ pub const TRIGGERS: &[TriggerFile] = &[
         name: "0004_track_raw_logs.sql",
         sql: include_str!("../../triggers/0004_track_raw_logs.sql"),
         creates: &["raw_logs_track"],
+    },
+    TriggerFile {
+        name: "0005_delete_run_steps.sql",
+        sql: include_str!("../../triggers/0005_delete_run_steps.sql"),
+        creates: &["pipeline_runs_delete_steps"],
     },
 ];
 

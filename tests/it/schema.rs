@@ -514,3 +514,44 @@ async fn a_many_row_update_rings_for_each_row_whose_status_changed() {
         "rows whose status did not change rang nothing"
     );
 }
+
+/// Deleting runs deletes their step history (one DELETE of many runs
+/// included), and nothing else's.
+#[tokio::test]
+async fn deleting_runs_deletes_their_steps() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let ids: Vec<Uuid> = c
+        .query(
+            "INSERT INTO pipeline_runs (user_id, user_query) SELECT gen_random_uuid(), 'q' || g
+             FROM generate_series(1, 5) g RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    c.execute(
+        "INSERT INTO pipeline_steps (run_id, stage, attempt, worker, started_at, outcome)
+         SELECT id, s.stage, 1, 'w', now(), 'succeeded'
+         FROM pipeline_runs, unnest(ARRAY['analyze', 'assemble']) AS s(stage)",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(count(&c, "SELECT count(*) FROM pipeline_steps").await, 10);
+    c.execute("DELETE FROM pipeline_runs WHERE id = ANY($1)", &[&&ids[..3]])
+        .await
+        .unwrap();
+    assert_eq!(count(&c, "SELECT count(*) FROM pipeline_steps").await, 4);
+    let left: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pipeline_steps WHERE run_id = ANY($1)",
+            &[&&ids[3..]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 4, "the other runs keep their history");
+}

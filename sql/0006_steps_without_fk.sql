@@ -1,0 +1,12 @@
+-- pipeline_steps.run_id loses its foreign key; a statement-level trigger
+-- (triggers/0005_delete_run_steps.sql) keeps ON DELETE CASCADE's effect.
+--
+-- Why: checking the key locks the referenced run row FOR KEY SHARE, and
+-- that row is the version the same statement has just written, so every
+-- step row cost a second heap change and WAL record on pipeline_runs (a
+-- fifth of the database's CPU per stage transition in a single-row claim
+-- and finish cycle). The key guarded nothing the writers do not already
+-- guarantee: steps are only written by statements that update their run in
+-- the same statement (finish.sql, reclaim_expired.sql), under that run's
+-- row lock.
+ALTER TABLE pipeline_steps DROP CONSTRAINT IF EXISTS pipeline_steps_run_id_fkey;
