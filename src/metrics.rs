@@ -195,8 +195,7 @@ pub fn observe_result(f: &Finished, created_at: DateTime<Utc>, now: DateTime<Utc
     let stage_secs = f
         .latency_ms
         .map_or_else(|| secs(f.started_at), |ms| f64::from(ms.max(0)) / 1000.0);
-    histogram!("maas_stage_duration_seconds", "stage" => f.stage.as_str(), "outcome" => f.outcome.as_str())
-        .record(stage_secs);
+    record_stage(f.stage, f.outcome, stage_secs);
     let outcome = match (f.stage, f.outcome) {
         (StageKind::Respond, Outcome::Succeeded) => Some("completed"),
         (_, Outcome::Failed) => Some("failed"),
@@ -205,6 +204,16 @@ pub fn observe_result(f: &Finished, created_at: DateTime<Utc>, now: DateTime<Utc
     if let Some(outcome) = outcome {
         histogram!("maas_request_duration_seconds", "outcome" => outcome).record(secs(created_at));
     }
+}
+
+/// Records a stage that ran without a result of its own (the assemble
+/// stage fused with its analyze, see `Engine::fuse`).
+pub fn observe_stage(stage: StageKind, outcome: Outcome, latency_ms: i32) {
+    record_stage(stage, outcome, f64::from(latency_ms.max(0)) / 1000.0);
+}
+
+fn record_stage(stage: StageKind, outcome: Outcome, secs: f64) {
+    histogram!("maas_stage_duration_seconds", "stage" => stage.as_str(), "outcome" => outcome.as_str()).record(secs);
 }
 
 /// Makes the LLM series of `provider` visible (at zero) before any call.

@@ -5,34 +5,47 @@
 -- For each applied result it also writes the step history row and, for a
 -- successful respond stage, the assistant_response log (same statement).
 --
+-- Fusing: a successful analyze result with `fused` ($22) also carries the
+-- assemble stage's output in `context`, run by the daemon right after the
+-- analyzer on the memory the analyzer was given. The row then moves past
+-- ASSEMBLING to READY and gets both step rows (the assemble step with the
+-- tokens $23 and latency $24). Not for a debug run, nor while the daemons
+-- are paused: the context is dropped and the row rests in ANALYZED.
+--
 -- Chaining: a successful result whose `chain_to` ($20) names the next
 -- stage's in-flight status is claimed for that stage by the same UPDATE,
 -- leased to $19 for $21 seconds, as `claim.sql` would (attempt 1, token
 -- bumped), unless the run is a debug run (it rests instead) or the daemons
 -- are paused. The row moves in one step from one in-flight status to the
--- next: one row version, one commit. The status it passes through (ANALYZED,
--- READY) never exists outside this transaction, but it is still announced:
--- `passed` sends its notification before the trigger sends the new one, so
--- `pipeline_events` carries every status change, in order, as if the row had
--- been updated twice.
+-- next: one row version, one commit. The statuses it passes through
+-- (ANALYZED, ASSEMBLING, READY) never exist outside this transaction, but
+-- each is still announced: `passed` sends their notifications, in order,
+-- before the trigger sends the new status's, so `pipeline_events` carries
+-- every status change as if the row had been updated once per status.
 WITH input AS (
     SELECT t.*,
-           CASE WHEN t.outcome = 'succeeded' AND NOT EXISTS (SELECT 1 FROM maas_control WHERE paused)
-                THEN t.chain_to END AS chain
+           CASE WHEN t.outcome = 'succeeded' AND NOT paused.on THEN t.chain_to END AS chain,
+           (t.stage = 'analyze' AND t.outcome = 'succeeded' AND t.fused_in AND NOT paused.on) AS fused
     FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[],
                 $7::int4[], $8::timestamptz[], $9::jsonb[], $10::text[], $11::text[],
                 $12::text[], $13::text[], $14::int8[], $15::text[], $16::int4[],
-                $17::int4[], $18::int4[], $20::text[])
+                $17::int4[], $18::int4[], $20::text[], $22::bool[], $23::int4[], $24::int4[])
         AS t(id, token, stage, in_flight, new_status, outcome,
              attempt, started_at, analysis, context, answer,
              error_class, error_message, delay_ms, model, prompt_tokens,
-             completion_tokens, latency_ms, chain_to)
+             completion_tokens, latency_ms, chain_to, fused_in, fused_tokens, fused_latency_ms)
+    CROSS JOIN (SELECT EXISTS (SELECT 1 FROM maas_control WHERE paused) AS on) paused
 ),
 done AS (
     UPDATE pipeline_runs r
-    SET status                = CASE WHEN i.chain IS NOT NULL AND NOT r.debug THEN i.chain ELSE i.new_status END,
+    SET status                = CASE
+                                    WHEN i.chain IS NOT NULL AND NOT r.debug THEN i.chain
+                                    WHEN i.fused AND NOT r.debug THEN 'READY'
+                                    ELSE i.new_status END,
         analysis_result       = coalesce(i.analysis, r.analysis_result),
-        final_context_payload = coalesce(i.context, r.final_context_payload),
+        final_context_payload = coalesce(CASE WHEN i.stage <> 'analyze' OR (i.fused AND NOT r.debug)
+                                              THEN i.context END,
+                                         r.final_context_payload),
         final_answer          = coalesce(i.answer, r.final_answer),
         error                 = CASE i.outcome
                                     WHEN 'succeeded' THEN NULL
@@ -56,18 +69,26 @@ done AS (
     WHERE r.id = i.id AND r.lease_token = i.token AND r.status = i.in_flight AND r.lease_owner = $19
     RETURNING r.id, r.user_id, r.thread_id, r.status, r.user_query, r.attempt, r.lease_token,
               r.analysis_result, r.final_context_payload, r.debug, r.created_at,
-              r.lease_owner IS NOT NULL AS chained, i.new_status AS passed,
-              i.stage, i.attempt AS step_attempt, i.started_at, i.outcome, i.error_class,
-              i.error_message, i.model, i.prompt_tokens, i.completion_tokens, i.latency_ms, i.answer
+              r.lease_owner IS NOT NULL AS chained, (i.fused AND NOT r.debug) AS fused,
+              i.new_status, i.stage, i.attempt AS step_attempt, i.started_at, i.outcome, i.error_class,
+              i.error_message, i.model, i.prompt_tokens, i.completion_tokens, i.latency_ms, i.answer,
+              i.fused_tokens, i.fused_latency_ms
 ),
 steps AS (
     INSERT INTO pipeline_steps (run_id, stage, attempt, worker, started_at, outcome,
                                 error_class, error_message, model, prompt_tokens,
                                 completion_tokens, latency_ms)
-    SELECT d.id, d.stage, d.step_attempt, $19, d.started_at, d.outcome,
-           d.error_class, d.error_message, d.model, d.prompt_tokens,
-           d.completion_tokens, d.latency_ms
-    FROM done d
+    SELECT run_id, stage, attempt, $19, started_at, outcome, error_class, error_message, model,
+           prompt_tokens, completion_tokens, latency_ms
+    FROM (SELECT d.id AS run_id, 1 AS n, d.stage, d.step_attempt AS attempt, d.started_at, d.outcome,
+                 d.error_class, d.error_message, d.model, d.prompt_tokens, d.completion_tokens, d.latency_ms
+          FROM done d
+          UNION ALL
+          SELECT d.id, 2, 'assemble', 1, now(), 'succeeded', NULL, NULL, NULL, d.fused_tokens, NULL,
+                 d.fused_latency_ms
+          FROM done d
+          WHERE d.fused) s
+    ORDER BY run_id, n
 ),
 logged AS (
     INSERT INTO raw_logs (user_id, request_id, thread_id, message_type, content)
@@ -81,9 +102,14 @@ logged AS (
 ),
 passed AS (
     SELECT pg_notify('pipeline_events',
-                     json_build_object('id', d.id, 'status', d.passed, 'operation', 'UPDATE')::text)
-    FROM done d
-    WHERE d.chained
+                     json_build_object('id', p.id, 'status', p.status, 'operation', 'UPDATE')::text)
+    FROM (SELECT d.id, s.status
+          FROM done d
+          CROSS JOIN LATERAL unnest(
+              CASE WHEN d.fused THEN ARRAY['ANALYZED', 'ASSEMBLING'] ELSE ARRAY[]::text[] END
+              || CASE WHEN d.chained THEN ARRAY[CASE WHEN d.fused THEN 'READY' ELSE d.new_status END]
+                      ELSE ARRAY[]::text[] END) WITH ORDINALITY AS s(status, n)
+          ORDER BY d.id, s.n) p
 )
 SELECT d.id, d.created_at, d.chained,
        d.user_id, d.thread_id, d.user_query, d.attempt, d.lease_token,
@@ -102,6 +128,6 @@ SELECT d.id, d.created_at, d.chained,
                                   THEN (d.analysis_result #>> '{context_found,lsm_record_id}')::bigint
                               END) m)
        END AS memory,
-       d.status
+       d.status, d.fused
 FROM done d
 CROSS JOIN (SELECT count(*) FROM passed) announced

@@ -208,6 +208,29 @@ pub struct Finished {
     pub prompt_tokens: Option<i32>,
     pub completion_tokens: Option<i32>,
     pub latency_ms: Option<i32>,
+    /// A successful analyze result whose assemble stage already ran, in the
+    /// same task (see `finish.sql`).
+    pub fused: Option<FusedAssemble>,
+}
+
+/// The assemble stage, run right after a successful analyze on the memory
+/// the analyzer was given, and written with it in one statement.
+#[derive(Debug, Clone)]
+pub struct FusedAssemble {
+    pub context: String,
+    pub tokens: Option<i32>,
+    pub latency_ms: i32,
+}
+
+impl Finished {
+    /// The stage this result leads to when it succeeds.
+    pub fn next_stage(&self) -> Option<StageKind> {
+        if self.fused.is_some() {
+            StageKind::Assemble.next()
+        } else {
+            self.stage.next()
+        }
+    }
 }
 
 /// The columns of a batch of results, as the arrays `finish.sql` unnests.
@@ -245,7 +268,10 @@ impl<'a> FinishArgs<'a> {
             attempts: batch.iter().map(|f| f.attempt).collect(),
             started: batch.iter().map(|f| f.started_at).collect(),
             analysis: batch.iter().map(|f| f.analysis.as_ref()).collect(),
-            context: batch.iter().map(|f| f.context.as_deref()).collect(),
+            context: batch
+                .iter()
+                .map(|f| f.context.as_deref().or(f.fused.as_ref().map(|a| a.context.as_str())))
+                .collect(),
             answer: batch.iter().map(|f| f.answer.as_deref()).collect(),
             err_class: batch.iter().map(|f| f.error_class.as_deref()).collect(),
             err_msg: batch.iter().map(|f| f.error_message.as_deref()).collect(),
@@ -293,6 +319,9 @@ impl<'a> FinishArgs<'a> {
 pub struct Applied {
     pub id: Uuid,
     pub created_at: DateTime<Utc>,
+    /// Its fused assemble result was written too (not for a debug run, nor
+    /// while paused: the row then rests in `ANALYZED`).
+    pub fused: bool,
     pub chained: Option<(StageKind, Claimed)>,
 }
 
@@ -315,9 +344,15 @@ pub async fn finish_batch(
         .map(|f| chain(f).map(|s| s.in_flight_status().as_str()))
         .collect();
     let lease_secs = lease.as_secs_f64();
+    let fused: Vec<bool> = batch.iter().map(|f| f.fused.is_some()).collect();
+    let fused_tokens: Vec<Option<i32>> = batch.iter().map(|f| f.fused.as_ref().and_then(|a| a.tokens)).collect();
+    let fused_latency: Vec<Option<i32>> = batch.iter().map(|f| f.fused.as_ref().map(|a| a.latency_ms)).collect();
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args.params().to_vec();
     params.push(&chain_to);
     params.push(&lease_secs);
+    params.push(&fused);
+    params.push(&fused_tokens);
+    params.push(&fused_latency);
     let rows = client.query(&stmt, &params).await?;
     rows.iter().map(applied_from_row).collect()
 }
@@ -355,6 +390,7 @@ fn applied_from_row(r: &tokio_postgres::Row) -> Result<Applied, Error> {
     Ok(Applied {
         id,
         created_at: r.try_get(1)?,
+        fused: r.try_get(14)?,
         chained,
     })
 }

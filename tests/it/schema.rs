@@ -294,6 +294,7 @@ async fn a_stale_writer_is_fenced_out() {
         prompt_tokens: None,
         completion_tokens: None,
         latency_ms: None,
+        fused: None,
     };
     // A wakes up and writes late: nothing changes.
     let lease = Duration::from_secs(30);
@@ -363,6 +364,7 @@ fn analyzed(row: &repo::Claimed) -> repo::Finished {
         prompt_tokens: None,
         completion_tokens: None,
         latency_ms: Some(3),
+        fused: None,
     }
 }
 
@@ -554,4 +556,127 @@ async fn deleting_runs_deletes_their_steps() {
         .unwrap()
         .get(0);
     assert_eq!(left, 4, "the other runs keep their history");
+}
+
+/// Fusing: an analyze result that carries its assemble output moves the row
+/// past ASSEMBLING (to RESPONDING when chained, else READY) with both step
+/// rows, and every status it passed is announced, in order. A debug run
+/// drops the fused output and rests in ANALYZED.
+#[tokio::test]
+async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
+    use maas::model::StageKind;
+    let db = TestDb::new().await;
+    let cfg = maas::config::Config {
+        database_url: maas::config::Secret(db.url.clone()),
+        ..Default::default()
+    };
+    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let client = pool.get().await.unwrap();
+    let c = db.client().await;
+    let insert = |debug: bool| {
+        let c = &c;
+        async move {
+            c.query_one(
+                "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'q', $1) RETURNING id",
+                &[&debug],
+            )
+            .await
+            .unwrap()
+            .get::<_, Uuid>(0)
+        }
+    };
+    let (chained, resting, debug) = (insert(false).await, insert(false).await, insert(true).await);
+    let lease = Duration::from_secs(30);
+    let claimed = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 3);
+    let (_listener, mut rx) = listen(&db).await;
+    let batch: Vec<repo::Finished> = claimed
+        .iter()
+        .map(|r| repo::Finished {
+            fused: Some(repo::FusedAssemble {
+                context: format!("context of {}", r.id),
+                tokens: Some(12),
+                latency_ms: 1,
+            }),
+            ..analyzed(r)
+        })
+        .collect();
+    let applied = repo::finish_batch(
+        &client,
+        "w",
+        &batch,
+        |f| (f.id == chained).then_some(StageKind::Respond),
+        lease,
+    )
+    .await
+    .unwrap();
+    assert_eq!(applied.len(), 3);
+    let of = |id: Uuid| applied.iter().find(|a| a.id == id).unwrap();
+    assert!(of(chained).fused && of(resting).fused && !of(debug).fused);
+    let (stage, next) = of(chained).chained.clone().expect("chained into respond");
+    assert_eq!(stage, StageKind::Respond);
+    assert_eq!(next.context.as_deref(), Some(format!("context of {chained}").as_str()));
+    let state = |id: Uuid| {
+        let c = &c;
+        async move {
+            let r = c
+                .query_one(
+                    "SELECT status, final_context_payload, held FROM pipeline_runs WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            (
+                r.get::<_, String>(0),
+                r.get::<_, Option<String>>(1),
+                r.get::<_, bool>(2),
+            )
+        }
+    };
+    assert_eq!(state(chained).await.0, "RESPONDING");
+    assert_eq!(
+        state(resting).await,
+        ("READY".into(), Some(format!("context of {resting}")), false)
+    );
+    assert_eq!(state(debug).await, ("ANALYZED".into(), None, true));
+    let steps: Vec<(Uuid, String, i32, Option<i32>)> = c
+        .query(
+            "SELECT run_id, stage, attempt, prompt_tokens FROM pipeline_steps ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    for id in [chained, resting] {
+        let mine: Vec<(&str, i32)> = steps
+            .iter()
+            .filter(|s| s.0 == id)
+            .map(|s| (s.1.as_str(), s.2))
+            .collect();
+        assert_eq!(mine, vec![("analyze", 1), ("assemble", 1)], "{id}");
+    }
+    assert_eq!(steps.iter().filter(|s| s.0 == debug).count(), 1);
+    let mut seen: Vec<(Uuid, String)> = Vec::new();
+    while seen.len() < 8 {
+        let payload = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("a notification")
+            .unwrap();
+        let ev = maas::listener::parse_payload(&payload).unwrap();
+        seen.push((ev.id, ev.status.as_str().to_owned()));
+    }
+    let of_run = |id: Uuid| -> Vec<&str> { seen.iter().filter(|e| e.0 == id).map(|e| e.1.as_str()).collect() };
+    assert_eq!(of_run(chained), vec!["ANALYZED", "ASSEMBLING", "READY", "RESPONDING"]);
+    assert_eq!(of_run(resting), vec!["ANALYZED", "ASSEMBLING", "READY"]);
+    assert_eq!(of_run(debug), vec!["ANALYZED"]);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rx.recv())
+            .await
+            .is_err(),
+        "nothing else rang"
+    );
 }
