@@ -237,26 +237,35 @@ async fn a_dropped_trigger_is_reinstalled_by_migrate() {
     assert!(migrate::state(&c).await.unwrap().is_current());
 }
 
-/// A writer whose lease was lost changes nothing.
-#[tokio::test]
-async fn a_stale_writer_is_fenced_out() {
-    use maas::model::{Outcome, StageKind, Status};
-    let db = TestDb::new().await;
+/// The daemon's kind of connection pool, on the test database.
+fn daemon_pool(db: &TestDb) -> maas::db::Pool {
     let cfg = maas::config::Config {
         database_url: maas::config::Secret(db.url.clone()),
         ..Default::default()
     };
-    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    maas::db::connect_pool(&cfg, "test").unwrap()
+}
+
+/// Inserts a request (a debug run if `debug`); returns its id.
+async fn insert_run(c: &tokio_postgres::Client, debug: bool) -> Uuid {
+    c.query_one(
+        "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'q', $1) RETURNING id",
+        &[&debug],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// A writer whose lease was lost changes nothing.
+#[tokio::test]
+async fn a_stale_writer_is_fenced_out() {
+    use maas::model::StageKind;
+    let db = TestDb::new().await;
+    let pool = daemon_pool(&db);
     let client = pool.get().await.unwrap();
     let c = db.client().await;
-    let id: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'q') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let id = insert_run(&c, false).await;
     let a = repo::claim_next(&client, StageKind::Analyze, 10, "worker-a", Duration::from_secs(30), 20)
         .await
         .unwrap();
@@ -277,24 +286,9 @@ async fn a_stale_writer_is_fenced_out() {
     assert_eq!(b.len(), 1);
     assert_eq!(b[0].attempt, 2, "the expired attempt was counted");
     let result = |row: &repo::Claimed, text: &str| repo::Finished {
-        id: row.id,
-        lease_token: row.lease_token,
-        stage: StageKind::Analyze,
-        outcome: Outcome::Succeeded,
-        new_status: Status::Analyzed,
-        attempt: row.attempt,
-        started_at: row.claimed_at,
         analysis: Some(serde_json::json!({"by": text})),
-        context: None,
-        answer: None,
-        error_class: None,
-        error_message: None,
-        delay: Duration::ZERO,
-        model: None,
-        prompt_tokens: None,
-        completion_tokens: None,
         latency_ms: None,
-        fused: None,
+        ..analyzed(row)
     };
     // A wakes up and writes late: nothing changes.
     let lease = Duration::from_secs(30);
@@ -375,29 +369,11 @@ fn analyzed(row: &repo::Claimed) -> repo::Finished {
 async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
     use maas::model::StageKind;
     let db = TestDb::new().await;
-    let cfg = maas::config::Config {
-        database_url: maas::config::Secret(db.url.clone()),
-        ..Default::default()
-    };
-    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let pool = daemon_pool(&db);
     let client = pool.get().await.unwrap();
     let c = db.client().await;
-    let plain: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'q') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let debug: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'q', true) RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let plain = insert_run(&c, false).await;
+    let debug = insert_run(&c, true).await;
     let lease = Duration::from_secs(30);
     let claimed = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
         .await
@@ -566,26 +542,14 @@ async fn deleting_runs_deletes_their_steps() {
 async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
     use maas::model::StageKind;
     let db = TestDb::new().await;
-    let cfg = maas::config::Config {
-        database_url: maas::config::Secret(db.url.clone()),
-        ..Default::default()
-    };
-    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let pool = daemon_pool(&db);
     let client = pool.get().await.unwrap();
     let c = db.client().await;
-    let insert = |debug: bool| {
-        let c = &c;
-        async move {
-            c.query_one(
-                "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'q', $1) RETURNING id",
-                &[&debug],
-            )
-            .await
-            .unwrap()
-            .get::<_, Uuid>(0)
-        }
-    };
-    let (chained, resting, debug) = (insert(false).await, insert(false).await, insert(true).await);
+    let (chained, resting, debug) = (
+        insert_run(&c, false).await,
+        insert_run(&c, false).await,
+        insert_run(&c, true).await,
+    );
     let lease = Duration::from_secs(30);
     let claimed = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
         .await
