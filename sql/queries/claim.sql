@@ -16,7 +16,8 @@
 -- It also returns the memory the stage needs, always the requesting user's
 -- own (invariant 7): for the analyzer ({ready} = 'NEW') the user's $4 most
 -- recent LSM records; for the assembler ({ready} = 'ANALYZED') the record the
--- analysis refers to, only if it belongs to the same user.
+-- analysis refers to, only if it belongs to the same user (assembler_memory,
+-- sql/0007_assembler_memory.sql).
 WITH picked AS (
     SELECT id, greatest(updated_at, run_after) AS due_since
     FROM pipeline_runs
@@ -50,14 +51,6 @@ SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
                      WHERE l.user_id = c.user_id
                      ORDER BY l.time_bucket_start DESC
                      LIMIT $4) m)
-           WHEN {ready} = 'ANALYZED' THEN (
-               SELECT jsonb_agg(to_jsonb(m))
-               FROM (SELECT l.id, l.time_bucket_start, l.time_bucket_end, l.tags, l.summary
-                     FROM lsm_storage l
-                     WHERE l.user_id = c.user_id
-                       AND l.id = CASE
-                                      WHEN (c.analysis_result #>> '{context_found,lsm_record_id}') ~ '^[0-9]{1,18}$'
-                                      THEN (c.analysis_result #>> '{context_found,lsm_record_id}')::bigint
-                                  END) m)
+           WHEN {ready} = 'ANALYZED' THEN assembler_memory(c.user_id, c.analysis_result)
        END AS memory
 FROM claimed c

@@ -116,17 +116,9 @@ SELECT d.id, d.created_at, d.chained,
        CASE WHEN d.chained THEN d.analysis_result END AS analysis_result,
        CASE WHEN d.chained THEN d.final_context_payload END AS final_context_payload,
        d.debug, now() AS claimed_at,
-       -- The assembler's memory, as claim.sql reads it: the record the
-       -- analysis refers to, only if it belongs to the same user.
-       CASE WHEN d.chained AND d.status = 'ASSEMBLING' THEN (
-           SELECT jsonb_agg(to_jsonb(m))
-           FROM (SELECT l.id, l.time_bucket_start, l.time_bucket_end, l.tags, l.summary
-                 FROM lsm_storage l
-                 WHERE l.user_id = d.user_id
-                   AND l.id = CASE
-                                  WHEN (d.analysis_result #>> '{context_found,lsm_record_id}') ~ '^[0-9]{1,18}$'
-                                  THEN (d.analysis_result #>> '{context_found,lsm_record_id}')::bigint
-                              END) m)
+       -- The assembler's memory (sql/0007_assembler_memory.sql).
+       CASE WHEN d.chained AND d.status = 'ASSEMBLING'
+            THEN assembler_memory(d.user_id, d.analysis_result)
        END AS memory,
        d.status, d.fused
 FROM done d

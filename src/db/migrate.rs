@@ -65,6 +65,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0006_steps_without_fk.sql",
         sql: include_str!("../../sql/0006_steps_without_fk.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_assembler_memory.sql",
+        sql: include_str!("../../sql/0007_assembler_memory.sql"),
+    },
 ];
 
 pub const TRIGGERS: &[TriggerFile] = &[
