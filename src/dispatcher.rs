@@ -463,10 +463,9 @@ impl Engine {
             prompts,
         };
         let started = Instant::now();
-        let run = AssertUnwindSafe(self.pipeline.run(stage, &input)).catch_unwind();
         let result = async {
             tokio::select! {
-                r = tokio::time::timeout(self.cfg.stage_timeout(), run) => Some(r),
+                r = self.run_guarded(stage, &input) => Some(r),
                 _ = cancel.cancelled() => None,
             }
         }
@@ -480,13 +479,8 @@ impl Engine {
                 self.forget(row.id);
                 return;
             }
-            Some(Err(_)) => Attempt::Failed(StageError::retry(
-                "stage_timeout",
-                format!("{stage} did not finish within {} s", self.cfg.stage_timeout_secs),
-            )),
-            Some(Ok(Err(panic))) => Attempt::Failed(StageError::retry("panic", panic_message(&panic))),
-            Some(Ok(Ok(Err(e)))) => Attempt::Failed(e),
-            Some(Ok(Ok(Ok(ok)))) => Attempt::Succeeded(ok),
+            Some(Err(e)) => Attempt::Failed(e),
+            Some(Ok(ok)) => Attempt::Succeeded(ok),
         };
         let mut finished = self.record(stage, &row, result, latency);
         if stage == StageKind::Analyze && finished.outcome == Outcome::Succeeded && !row.debug {
@@ -518,19 +512,32 @@ impl Engine {
         }
         input.analysis = analysis;
         let started = Instant::now();
-        let run = AssertUnwindSafe(self.pipeline.run(StageKind::Assemble, &input)).catch_unwind();
-        let out = tokio::time::timeout(self.cfg.stage_timeout(), run).await;
+        let out = self.run_guarded(StageKind::Assemble, &input).await;
         let latency_ms = i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX);
         match out {
-            Ok(Ok(Ok(StageSuccess {
+            Ok(StageSuccess {
                 output: StageOutput::Context(context),
                 usage,
-            }))) => Some(repo::FusedAssemble {
+            }) => Some(repo::FusedAssemble {
                 context,
                 tokens: usage.prompt_tokens.and_then(|t| i32::try_from(t).ok()),
                 latency_ms,
             }),
             _ => None,
+        }
+    }
+
+    /// Runs one stage within the stage timeout; a timeout or a panic is a
+    /// retryable stage error like any other.
+    async fn run_guarded(&self, stage: StageKind, input: &StageInput) -> Result<StageSuccess, StageError> {
+        let run = AssertUnwindSafe(self.pipeline.run(stage, input)).catch_unwind();
+        match tokio::time::timeout(self.cfg.stage_timeout(), run).await {
+            Err(_) => Err(StageError::retry(
+                "stage_timeout",
+                format!("{stage} did not finish within {} s", self.cfg.stage_timeout_secs),
+            )),
+            Ok(Err(panic)) => Err(StageError::retry("panic", panic_message(&panic))),
+            Ok(Ok(result)) => result,
         }
     }
 
