@@ -397,7 +397,7 @@ impl Engine {
             Slot::Ready(p) => (p, stage, None),
             Slot::After { previous, from } => (previous, from, Some(from)),
         };
-        if let Ok(mut map) = self.inflight.lock() {
+        let superseded = self.inflight.lock().ok().and_then(|mut map| {
             map.insert(
                 row.id,
                 InFlight {
@@ -407,7 +407,19 @@ impl Engine {
                     slot: held,
                     slot_of,
                 },
-            );
+            )
+        });
+        // Only a claim that a database crash forgot (claim.sql) is claimed
+        // again while this process still runs it: the old run's lease is
+        // gone, so it stops (its result would be rejected anyway).
+        if let Some(old) = superseded {
+            bump(&self.stats.lease_lost);
+            tracing::warn!(request.id = %row.id, old_token = old.token, new_token = row.lease_token,
+                "claimed a row this process still ran under an older lease; the older run stops");
+            old.cancel.cancel();
+            let from = old.slot_of;
+            drop(old);
+            self.freed(from);
         }
         let engine = self.clone();
         self.tasks
@@ -437,7 +449,7 @@ impl Engine {
                     let finished = self.record(stage, &row, Attempt::Released, Duration::ZERO);
                     self.hand_over(finished);
                 } else {
-                    self.forget(row.id); // the heartbeat found the lease lost
+                    self.forget(row.id, row.lease_token); // the heartbeat found the lease lost
                 }
                 return;
             };
@@ -476,7 +488,7 @@ impl Engine {
             None if self.hard_stop.is_cancelled() => Attempt::Released,
             None => {
                 // The heartbeat found the lease lost; someone else owns the row.
-                self.forget(row.id);
+                self.forget(row.id, row.lease_token);
                 return;
             }
             Some(Err(e)) => Attempt::Failed(e),
@@ -543,15 +555,16 @@ impl Engine {
 
     /// Marks a row's stage finished and gives its result to the completer.
     fn hand_over(&self, finished: Finished) {
-        let id = finished.id;
+        let (id, token) = (finished.id, finished.lease_token);
         if let Ok(mut map) = self.inflight.lock()
             && let Some(f) = map.get_mut(&id)
+            && f.token == token
         {
             f.finished = true;
         }
         if self.results.send(finished).is_err() {
             tracing::error!("completer is gone; the lease will expire and the sweep will retry");
-            self.forget(id);
+            self.forget(id, token);
         }
     }
 
@@ -701,18 +714,26 @@ impl Engine {
         }
     }
 
-    /// Drops a row this process held, freeing its stage slot.
-    fn forget(&self, id: Uuid) {
-        if let Some(f) = self.take(id) {
+    /// Drops a row this process held under lease `token`, freeing its
+    /// stage slot.
+    fn forget(&self, id: Uuid, token: i64) {
+        if let Some(f) = self.take(id, token) {
             let stage = f.slot_of;
             drop(f);
             self.freed(stage);
         }
     }
 
-    /// Stops tracking a row; its stage slot is freed when the entry drops.
-    fn take(&self, id: Uuid) -> Option<InFlight> {
-        self.inflight.lock().ok().and_then(|mut map| map.remove(&id))
+    /// Stops tracking a row held under lease `token` (not a newer claim of
+    /// the same row); its stage slot is freed when the entry drops.
+    fn take(&self, id: Uuid, token: i64) -> Option<InFlight> {
+        self.inflight.lock().ok().and_then(|mut map| {
+            if map.get(&id).is_some_and(|f| f.token == token) {
+                map.remove(&id)
+            } else {
+                None
+            }
+        })
     }
 
     /// Writes results in batches until `done` fires and the queue is empty.
@@ -795,7 +816,7 @@ impl Engine {
                     tracing::error!(results = batch.len(), error = %e,
                         "could not write stage results within the lease; the sweep will retry these stages");
                     for f in &batch {
-                        self.forget(f.id);
+                        self.forget(f.id, f.lease_token);
                     }
                     return;
                 }
@@ -808,7 +829,7 @@ impl Engine {
         let mut freed = [false; 3];
         let mut woken = [false; 3];
         for f in &batch {
-            let mut held = self.take(f.id);
+            let mut held = self.take(f.id, f.lease_token);
             if let Some(h) = &held {
                 freed[h.slot_of.index()] = true;
             }

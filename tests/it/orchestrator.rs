@@ -154,8 +154,16 @@ async fn without_the_notify_trigger_the_sweep_alone_completes_everything() {
 async fn two_daemons_on_one_database_never_run_a_stage_twice() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let _a = Maasd::spawn(&db.url, Opts::default());
-    let _b = Maasd::spawn(&db.url, Opts::default());
+    // Neither daemon can take a whole batch (50 analyze slots each, for
+    // batches of 100), and a slot stays busy for 300 ms: the other daemon,
+    // rung by the same notifications, claims the rest long before.
+    let shared = || {
+        Opts::default()
+            .env("MAAS_CONCURRENCY__ANALYZE", 50)
+            .env("MAAS_LLM__OFFLINE__LATENCY_MS", 300)
+    };
+    let _a = Maasd::spawn(&db.url, shared());
+    let _b = Maasd::spawn(&db.url, shared());
     for _ in 0..4 {
         insert_requests(&c, 100, "shared").await;
     }

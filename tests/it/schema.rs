@@ -337,6 +337,90 @@ async fn a_stale_writer_is_fenced_out() {
     );
 }
 
+/// A claim commits without waiting for its WAL flush, so a database crash
+/// may forget it while the daemon that made it runs the stage. The row is
+/// then due again as it was; when the same daemon claims it again, the new
+/// lease has a new token, and the stale run's result is fenced out.
+#[tokio::test]
+async fn a_claim_forgotten_by_a_crash_never_lets_its_stale_result_in() {
+    use maas::model::StageKind;
+    let db = TestDb::new().await;
+    let pool = daemon_pool(&db);
+    let client = pool.get().await.unwrap();
+    let c = db.client().await;
+    let id = insert_run(&c, false).await;
+    let lease = Duration::from_secs(30);
+    let first = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    // What recovery from a crash leaves when the claim's commit was not
+    // yet flushed: the row exactly as before the claim.
+    c.execute(
+        "UPDATE pipeline_runs SET status = 'NEW', attempt = 0, lease_owner = NULL,
+                lease_expires_at = NULL, lease_token = 0
+         WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    let second = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
+        .await
+        .unwrap();
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].attempt, first[0].attempt, "the same attempt, made again");
+    assert!(
+        second[0].lease_token > first[0].lease_token,
+        "the new lease's token {} repeats or precedes the forgotten one's {}",
+        second[0].lease_token,
+        first[0].lease_token
+    );
+    let stale = repo::finish_batch(&client, "w", &[analyzed(&first[0])], |_| None, lease)
+        .await
+        .unwrap();
+    assert!(stale.is_empty(), "the forgotten claim's result was applied");
+    let fresh = repo::finish_batch(&client, "w", &[analyzed(&second[0])], |_| None, lease)
+        .await
+        .unwrap();
+    assert_eq!(fresh.iter().map(|a| a.id).collect::<Vec<_>>(), vec![id]);
+    let steps: i64 = c
+        .query_one("SELECT count(*) FROM pipeline_steps WHERE run_id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(steps, 1, "one attempt recorded, the applied one");
+}
+
+/// The claim turns synchronous_commit off for its own transaction only: the
+/// session's setting is back once it commits.
+#[tokio::test]
+async fn the_lazy_commit_of_a_claim_stays_inside_its_transaction() {
+    use maas::model::StageKind;
+    let db = TestDb::new().await;
+    let pool = daemon_pool(&db);
+    let mut client = pool.get().await.unwrap();
+    let c = db.client().await;
+    insert_run(&c, false).await;
+    insert_run(&c, false).await;
+    client.batch_execute("SET synchronous_commit = on").await.unwrap();
+    let setting = |r: tokio_postgres::Row| r.get::<_, String>(0);
+    let lease = Duration::from_secs(30);
+    let tx = client.transaction().await.unwrap();
+    let claimed = repo::claim_next(&tx, StageKind::Analyze, 1, "w", lease, 20)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let inside = setting(tx.query_one("SHOW synchronous_commit", &[]).await.unwrap());
+    tx.commit().await.unwrap();
+    assert_eq!(inside, "off", "the claiming transaction waits for its flush");
+    let claimed = repo::claim_next(&client, StageKind::Analyze, 1, "w", lease, 20)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let after = setting(client.query_one("SHOW synchronous_commit", &[]).await.unwrap());
+    assert_eq!(after, "on", "the claim changed the session's setting");
+}
+
 /// The result of one successful analyze attempt of `row`.
 fn analyzed(row: &repo::Claimed) -> repo::Finished {
     use maas::model::{Outcome, StageKind, Status};
