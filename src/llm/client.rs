@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::config::{ApiKey, Endpoint, LlmConfig, ResolvedLlm, RoleSettings};
 use super::error::{classify_status, scrub};
-use super::limit::{Cooling, RoleLimits};
+use super::limit::{Cooling, OUTAGE_PATIENCE, RoleLimits};
 use super::offline::Offline;
 use super::{ChatRequest, ChatResponse, ConfigError, LlmError, ProviderKind, Role, anthropic, gemini, openai};
 
@@ -196,6 +196,7 @@ impl Llm {
 
         match result {
             Ok(done) => {
+                client.cooling.reachable();
                 tracing::debug!(
                     role = role.as_str(),
                     provider,
@@ -216,6 +217,16 @@ impl Llm {
                 })
             }
             Err(error) => {
+                let error = match error {
+                    LlmError::Connect { provider, message } => outage(&client.cooling, sent, provider, message),
+                    // Not sent, or no answer: says nothing of the endpoint.
+                    LlmError::Timeout { .. } | LlmError::Throttled { .. } | LlmError::Outage { .. } => error,
+                    // Any HTTP answer: the endpoint is there.
+                    answered => {
+                        client.cooling.reachable();
+                        answered
+                    }
+                };
                 if let LlmError::RateLimited { retry_after, .. } = &error {
                     let pause = client.cooling.rate_limited(*retry_after);
                     tracing::warn!(
@@ -236,6 +247,31 @@ impl Llm {
                 );
                 Err(error)
             }
+        }
+    }
+}
+
+/// A failed connection to an endpoint (see [`limit`](super::limit)): the
+/// first of an outage stays a `Connect` error (a try of its request); later
+/// ones are the outage's, until it has lasted [`OUTAGE_PATIENCE`].
+fn outage(cooling: &Cooling, sent: Instant, provider: &'static str, message: String) -> LlmError {
+    let down = cooling.unreachable(sent);
+    if down.first {
+        tracing::warn!(
+            provider,
+            error = %message,
+            pause_ms = down.pause.as_millis(),
+            "llm provider unreachable; calls to it pause, and requests wait for it without spending tries"
+        );
+    }
+    if down.first || down.down_for >= OUTAGE_PATIENCE {
+        LlmError::Connect { provider, message }
+    } else {
+        LlmError::Outage {
+            provider,
+            message,
+            down_for: down.down_for,
+            retry_after: down.pause,
         }
     }
 }

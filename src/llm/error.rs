@@ -70,6 +70,23 @@ pub enum LlmError {
         /// The transport error chain.
         message: String,
     },
+    /// A connection failed again while the provider was already known to
+    /// be unreachable (see [`limit`](super::limit)): an outage, not a try of
+    /// this request's. It waits for the provider without counting a try,
+    /// for as long as the outage is younger than
+    /// [`OUTAGE_PATIENCE`](super::limit::OUTAGE_PATIENCE).
+    #[error("{provider}: unreachable for {:.1} s (waiting {:.1} s before the next try): {message}",
+            .down_for.as_secs_f64(), .retry_after.as_secs_f64())]
+    Outage {
+        /// Provider name.
+        provider: &'static str,
+        /// The transport error chain.
+        message: String,
+        /// Since the first failed connection of the outage.
+        down_for: Duration,
+        /// Until calls to the provider are tried again.
+        retry_after: Duration,
+    },
     /// A 5xx other than 529.
     #[error("{provider}: server error (HTTP {status}): {message}")]
     Server {
@@ -180,12 +197,12 @@ fn retry_after_note(retry_after: Option<Duration>) -> String {
 
 impl LlmError {
     /// A stable name for the attempt record and metrics: `timeout`,
-    /// `connect`, `server`, `overloaded`, `rate_limited`, `throttled`, `quota_exhausted`,
+    /// `connect` (an [`Outage`](LlmError::Outage) too), `server`, `overloaded`, `rate_limited`, `throttled`, `quota_exhausted`,
     /// `token_limit`, `bad_request`, `auth` or `invalid_response`.
     pub fn class(&self) -> &'static str {
         match self {
             LlmError::Timeout { .. } => "timeout",
-            LlmError::Connect { .. } => "connect",
+            LlmError::Connect { .. } | LlmError::Outage { .. } => "connect",
             LlmError::Server { .. } | LlmError::Injected => "server",
             LlmError::Overloaded { .. } => "overloaded",
             LlmError::RateLimited { .. } => "rate_limited",
@@ -213,6 +230,9 @@ impl LlmError {
             LlmError::Throttled { retry_after, .. } => LlmDisposition::Throttled {
                 retry_after: *retry_after,
             },
+            LlmError::Outage { retry_after, .. } => LlmDisposition::Throttled {
+                retry_after: Some(*retry_after),
+            },
             LlmError::QuotaExhausted { .. } | LlmError::BadRequest { .. } | LlmError::Auth { .. } => {
                 LlmDisposition::Fail
             }
@@ -225,6 +245,7 @@ impl LlmError {
         match self {
             LlmError::Timeout { provider, .. }
             | LlmError::Connect { provider, .. }
+            | LlmError::Outage { provider, .. }
             | LlmError::Server { provider, .. }
             | LlmError::Overloaded { provider, .. }
             | LlmError::RateLimited { provider, .. }
@@ -255,6 +276,7 @@ impl LlmError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             LlmError::RateLimited { retry_after, .. } | LlmError::Throttled { retry_after, .. } => *retry_after,
+            LlmError::Outage { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }

@@ -24,6 +24,19 @@
 //! waits — a cool-down of a few seconds, a slot that frees up — are cheaper
 //! in place than a round trip through the database.
 //!
+//! An **outage** cools an endpoint too. The first connection that fails
+//! (refused, reset, no route) counts a try of its request, as the seed's
+//! error table says, and pauses every call to the endpoint for
+//! [`OUTAGE_FIRST_PAUSE`]. Connections that fail after that, while the
+//! endpoint is known to be down, are the outage's and not their requests':
+//! they return [`LlmError::Outage`], which defers the request without
+//! counting a try, and each round of them doubles the pause (up to
+//! [`OUTAGE_MAX_PAUSE`]). Any HTTP answer ends the outage. So a provider
+//! that is down for a minute delays requests by a minute instead of failing
+//! every one that reached it; one that stays down past
+//! [`OUTAGE_PATIENCE`] fails them again, each after its tries, so a wrong
+//! base URL is not waited on forever.
+//!
 //! Why [`DEFAULT_COOLING`] is 5 s and not the 60 s the caller waits for a
 //! 429 without a hint: the shared cool-down only has to stop a burst from
 //! hammering a provider that has just said no; one unexplained 429 should
@@ -48,45 +61,157 @@ pub const DEFAULT_COOLING: Duration = Duration::from_secs(5);
 /// The longest cool-down a provider's hint can impose on this daemon.
 pub const MAX_COOLING: Duration = Duration::from_secs(600);
 
-/// The shared "cooling until" instant of one provider endpoint.
+/// The pause after the first failed connection of an outage.
+pub const OUTAGE_FIRST_PAUSE: Duration = Duration::from_millis(500);
+
+/// The longest pause between two rounds of connections during an outage.
+pub const OUTAGE_MAX_PAUSE: Duration = Duration::from_secs(10);
+
+/// How long an outage defers requests without counting their tries.
+pub const OUTAGE_PATIENCE: Duration = Duration::from_secs(600);
+
+/// The shared cool-down of one provider endpoint.
 #[derive(Debug, Default)]
 pub(crate) struct Cooling {
-    until: Mutex<Option<Instant>>,
+    state: Mutex<CoolingState>,
+}
+
+#[derive(Debug, Default)]
+struct CoolingState {
+    /// Every call waits until then.
+    until: Option<Instant>,
+    /// What set `until` last.
+    why: Why,
+    outage: Option<Outage>,
+}
+
+/// Why an endpoint cools down.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    #[default]
+    RateLimited,
+    Unreachable,
+}
+
+impl Why {
+    fn as_str(self) -> &'static str {
+        match self {
+            Why::RateLimited => "after a 429 from this provider",
+            Why::Unreachable => "while this provider is unreachable",
+        }
+    }
+}
+
+/// An endpoint that could not be reached, since its first failed connection.
+#[derive(Debug, Clone, Copy)]
+struct Outage {
+    since: Instant,
+    /// The current pause and when it was set: a connection sent before
+    /// then belongs to the round that set it.
+    pause: Duration,
+    paused_at: Instant,
+}
+
+/// What a failed connection means, from [`Cooling::unreachable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unreachable {
+    /// It is the first failure of an outage (the endpoint was thought up).
+    pub first: bool,
+    /// Since the outage's first failure.
+    pub down_for: Duration,
+    /// Until calls to the endpoint are sent again.
+    pub pause: Duration,
 }
 
 impl Cooling {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CoolingState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every later call waits until `until` (never shortening a cool-down
+    /// already in force).
+    fn hold_until(state: &mut CoolingState, until: Instant, why: Why) {
+        if state.until.is_none_or(|u| u < until) {
+            state.until = Some(until);
+            state.why = why;
+        }
+    }
+
     /// Records a 429: every later call waits until `now + retry_after`
     /// (never shortening a cool-down already in force). Returns the
     /// cool-down applied.
     pub(crate) fn rate_limited(&self, retry_after: Option<Duration>) -> Duration {
         let pause = retry_after.unwrap_or(DEFAULT_COOLING).min(MAX_COOLING);
-        let candidate = Instant::now() + pause;
-        let mut until = self.until.lock().unwrap_or_else(|p| p.into_inner());
-        if until.is_none_or(|u| u < candidate) {
-            *until = Some(candidate);
-        }
+        Self::hold_until(&mut self.lock(), Instant::now() + pause, Why::RateLimited);
         pause
     }
 
+    /// Records a connection to the endpoint that failed, for a call sent at
+    /// `sent`. The first failure starts an outage; a failure of a call sent
+    /// after the outage's last pause was set starts a new round, with twice
+    /// the pause.
+    pub(crate) fn unreachable(&self, sent: Instant) -> Unreachable {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let (outage, first) = match state.outage {
+            None => (
+                Outage {
+                    since: now,
+                    pause: OUTAGE_FIRST_PAUSE,
+                    paused_at: now,
+                },
+                true,
+            ),
+            Some(o) if sent < o.paused_at => (o, false),
+            Some(o) => (
+                Outage {
+                    pause: o.pause.saturating_mul(2).min(OUTAGE_MAX_PAUSE),
+                    paused_at: now,
+                    ..o
+                },
+                false,
+            ),
+        };
+        state.outage = Some(outage);
+        Self::hold_until(&mut state, outage.paused_at + outage.pause, Why::Unreachable);
+        Unreachable {
+            first,
+            down_for: now.saturating_duration_since(outage.since),
+            pause: state.until.map_or(Duration::ZERO, |u| u.saturating_duration_since(now)),
+        }
+    }
+
+    /// Records an HTTP answer from the endpoint: any outage is over.
+    pub(crate) fn reachable(&self) {
+        let mut state = self.lock();
+        if state.outage.take().is_some() && state.why == Why::Unreachable {
+            state.until = None;
+        }
+    }
+
     /// The instant cooling ends, if it is still in force.
+    #[cfg(test)]
     pub(crate) fn until(&self) -> Option<Instant> {
-        let until = *self.until.lock().unwrap_or_else(|p| p.into_inner());
-        until.filter(|u| *u > Instant::now())
+        self.lock().until.filter(|u| *u > Instant::now())
     }
 
     /// Waits out the cool-down if it ends by `deadline`, else refuses.
     async fn wait(&self, provider: &'static str, deadline: Instant) -> Result<(), LlmError> {
-        while let Some(until) = self.until() {
+        loop {
+            let (until, why) = {
+                let state = self.lock();
+                (state.until.filter(|u| *u > Instant::now()), state.why)
+            };
+            let Some(until) = until else { return Ok(()) };
             if until > deadline {
                 return Err(LlmError::Throttled {
                     provider,
                     retry_after: Some(until.saturating_duration_since(Instant::now())),
-                    message: "cooling down after a 429 from this provider; request not sent".to_owned(),
+                    message: format!("cooling down {}; request not sent", why.as_str()),
                 });
             }
             tokio::time::sleep_until(until).await;
         }
-        Ok(())
     }
 }
 
@@ -192,6 +317,49 @@ mod tests {
         assert_eq!(cooling.until(), Some(first));
         assert_eq!(cooling.rate_limited(Some(Duration::from_secs(86_400))), MAX_COOLING);
         assert!(cooling.until().unwrap() > first);
+    }
+
+    #[tokio::test]
+    async fn an_outage_escalates_once_per_round_and_ends_with_an_answer() {
+        let cooling = Cooling::default();
+        let sent = Instant::now();
+        let first = cooling.unreachable(sent);
+        assert!(first.first);
+        assert_eq!(first.pause, OUTAGE_FIRST_PAUSE);
+        // Calls sent before the pause was set fail in the same round.
+        let same = cooling.unreachable(sent);
+        assert!(!same.first);
+        assert!(same.pause <= OUTAGE_FIRST_PAUSE);
+        // A call sent after it (a probe) starts the next round.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let probe = cooling.unreachable(Instant::now());
+        assert!(!probe.first);
+        assert!(probe.pause > OUTAGE_FIRST_PAUSE && probe.pause <= OUTAGE_FIRST_PAUSE * 2);
+        assert!(probe.down_for >= Duration::from_millis(5));
+        let mut pause = probe.pause;
+        for _ in 0..10 {
+            pause = cooling.unreachable(Instant::now() + Duration::from_secs(1)).pause;
+        }
+        assert!(pause <= OUTAGE_MAX_PAUSE && pause > OUTAGE_MAX_PAUSE / 2, "{pause:?}");
+        let err = cooling
+            .wait("openai", Instant::now() + Duration::from_millis(10))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("unreachable"), "{err}");
+        // An answer ends the outage and its pause; the next failure is a
+        // first again.
+        cooling.reachable();
+        assert!(cooling.until().is_none());
+        assert!(cooling.unreachable(Instant::now()).first);
+    }
+
+    #[tokio::test]
+    async fn an_answer_does_not_lift_a_rate_limit() {
+        let cooling = Cooling::default();
+        cooling.unreachable(Instant::now());
+        cooling.rate_limited(Some(Duration::from_secs(60)));
+        cooling.reachable();
+        assert!(cooling.until().is_some(), "the 429's cool-down was lifted");
     }
 
     #[tokio::test]

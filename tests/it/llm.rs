@@ -413,6 +413,50 @@ async fn connection_refused_is_a_retryable_connect_error() {
     assert_no_key(&err.to_string());
 }
 
+/// An outage: the first refused connection is a try of its request; the
+/// calls after it wait out a growing pause and, refused again, are the
+/// outage's (deferred, no try counted), until the provider answers again.
+#[tokio::test]
+async fn an_outage_pauses_calls_and_defers_them_until_the_provider_answers() {
+    let mut fake = FakeLlm::start().await;
+    let llm = llm(&config(&fake, Api::OpenAi, 5));
+    fake.go_down().await;
+    let first = llm.chat(Role::Analyzer, request()).await.unwrap_err();
+    assert_eq!(first.class(), "connect", "{first}");
+    assert_eq!(first.disposition(), LlmDisposition::Retry, "the first failure is a try");
+    // The next call waits out the first pause in place, then fails again:
+    // the outage's, not the request's.
+    let started = Instant::now();
+    let again = llm.chat(Role::Responder, request()).await.unwrap_err();
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "the call did not wait for the pause: {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(again, LlmError::Outage { .. }), "{again:?}");
+    assert_eq!(again.class(), "connect");
+    let LlmDisposition::Throttled {
+        retry_after: Some(pause),
+    } = again.disposition()
+    else {
+        panic!("an outage's failure defers: {:?}", again.disposition());
+    };
+    assert!(
+        pause > Duration::from_millis(500) && pause <= Duration::from_secs(1),
+        "{pause:?}"
+    );
+    assert_no_key(&again.to_string());
+    // Back: the call after the pause gets through, and ends the outage.
+    fake.come_back().await;
+    llm.chat(Role::Analyzer, request()).await.unwrap();
+    let started = Instant::now();
+    llm.chat(Role::Analyzer, request()).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "the pause outlived the outage"
+    );
+}
+
 /// A 429 slows every later call to that provider endpoint, from any role,
 /// while other providers carry on.
 #[tokio::test]

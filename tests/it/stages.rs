@@ -469,3 +469,56 @@ async fn a_token_limit_truncates_the_history_and_tries_again() {
     assert!(body_text(&got[2]).contains("what now?"), "the query is kept");
     assert_eq!(steps(&c, id).await[2..], [step("respond", 1, "succeeded", None)]);
 }
+
+/// A provider outage longer than a request's tries delays its requests
+/// instead of failing them: after the first refused connection, the
+/// requests wait for the provider without spending tries, and complete
+/// once it is back.
+#[tokio::test]
+async fn a_provider_outage_delays_requests_instead_of_failing_them() {
+    use crate::support::fake_llm::FakeConfig;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let mut fake = FakeLlm::start_with(FakeConfig {
+        default_text: maas::llm::offline::analysis_example(),
+        ..FakeConfig::default()
+    })
+    .await;
+    fake.go_down().await;
+    let _d = Maasd::spawn(&db.url, opts(&fake, Api::OpenAi));
+    let ids = crate::support::insert_requests(&c, 5, "during the outage").await;
+    // Three tries (50 ms apart here) would have failed every request well
+    // within two seconds of the first refused connection.
+    wait_until(WAIT, "the outage is two seconds old", || async {
+        c.query_one(
+            "SELECT coalesce(min(finished_at) < now() - interval '2 s', false) FROM pipeline_steps",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    })
+    .await;
+    let failed: i64 = c
+        .query_one("SELECT count(*) FROM pipeline_runs WHERE status = 'FAILED'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(failed, 0, "requests failed during the outage");
+    let deferred: i64 = c
+        .query_one(
+            "SELECT count(DISTINCT run_id) FROM pipeline_steps
+             WHERE outcome = 'deferred' AND error_class IN ('connect', 'throttled')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(deferred, 5, "every request waited for the provider");
+    fake.come_back().await;
+    for id in ids {
+        let (status, answer, error) = wait_terminal(&c, id).await;
+        assert_eq!(status, "COMPLETED", "{error:?}");
+        assert!(answer.is_some());
+    }
+}
