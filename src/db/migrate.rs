@@ -156,8 +156,8 @@ pub async fn migrate(client: &mut Client, force_triggers: bool) -> Result<Report
         )
         .await?
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+        .collect::<Result<_, Error>>()?;
     verify_applied(&applied)?;
 
     let mut report = Report::default();
@@ -178,8 +178,8 @@ pub async fn migrate(client: &mut Client, force_triggers: bool) -> Result<Report
         .query("SELECT name, checksum FROM maas_triggers", &[])
         .await?
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<Result<_, Error>>()?;
     let present = present_triggers(&tx).await?;
     for t in TRIGGERS {
         let sum = checksum(t.sql);
@@ -208,7 +208,7 @@ pub async fn state(client: &Client) -> Result<SchemaState, Error> {
     let exists: bool = client
         .query_one("SELECT to_regclass('maas_migrations') IS NOT NULL", &[])
         .await?
-        .get(0);
+        .try_get(0)?;
     let current_version = if exists {
         let applied: Vec<(i32, String, String)> = client
             .query(
@@ -217,8 +217,8 @@ pub async fn state(client: &Client) -> Result<SchemaState, Error> {
             )
             .await?
             .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect();
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect::<Result<_, Error>>()?;
         verify_applied(&applied)?;
         applied.last().map_or(0, |a| a.0)
     } else {
@@ -239,7 +239,7 @@ pub async fn state(client: &Client) -> Result<SchemaState, Error> {
 }
 
 async fn present_triggers(client: &impl tokio_postgres::GenericClient) -> Result<Vec<String>, Error> {
-    Ok(client
+    client
         .query(
             "SELECT t.tgname::text FROM pg_trigger t
              WHERE t.tgrelid IN (to_regclass('pipeline_runs'), to_regclass('raw_logs')) AND NOT t.tgisinternal",
@@ -247,8 +247,8 @@ async fn present_triggers(client: &impl tokio_postgres::GenericClient) -> Result
         )
         .await?
         .iter()
-        .map(|r| r.get(0))
-        .collect())
+        .map(|r| Ok(r.try_get(0)?))
+        .collect()
 }
 
 /// The applied records must be exactly a prefix of [`MIGRATIONS`]: same

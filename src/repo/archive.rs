@@ -77,13 +77,13 @@ pub async fn select_candidates(
             ],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .map(|r| Candidate {
-            user_id: r.get(0),
-            pending: r.get(1),
+    let candidates = rows.iter().map(|r| {
+        Ok(Candidate {
+            user_id: r.try_get(0)?,
+            pending: r.try_get(1)?,
         })
-        .collect())
+    });
+    candidates.collect()
 }
 
 /// The mark and sequence of a claimed user: logs with
@@ -106,15 +106,15 @@ pub async fn claim_user(
     lease: Duration,
 ) -> Result<Option<Claim>, Error> {
     let stmt = client.prepare_cached(CLAIM).await?;
-    Ok(client
-        .query_opt(&stmt, &[&user, &owner, &secs(lease)])
-        .await?
-        .map(|r| Claim {
-            archived_seq: r.get(0),
-            logged_seq: r.get(1),
-            failures: r.get(2),
-            memory_version: r.get(3),
-        }))
+    let Some(r) = client.query_opt(&stmt, &[&user, &owner, &secs(lease)]).await? else {
+        return Ok(None);
+    };
+    Ok(Some(Claim {
+        archived_seq: r.try_get(0)?,
+        logged_seq: r.try_get(1)?,
+        failures: r.try_get(2)?,
+        memory_version: r.try_get(3)?,
+    }))
 }
 
 /// Renews the lease; false when it was lost.
@@ -155,20 +155,19 @@ pub async fn pending_logs(
     limit: usize,
 ) -> Result<Vec<PendingLog>, Error> {
     let stmt = client.prepare_cached(PENDING).await?;
-    Ok(client
-        .query(&stmt, &[&user, &after, &through, &to_i64(limit)])
-        .await?
-        .iter()
-        .map(|r| PendingLog {
-            id: r.get(0),
-            user_seq: r.get(1),
-            thread_id: r.get(2),
-            request_id: r.get(3),
-            message_type: r.get(4),
-            content: r.get(5),
-            created_at: r.get(6),
+    let rows = client.query(&stmt, &[&user, &after, &through, &to_i64(limit)]).await?;
+    let logs = rows.iter().map(|r| {
+        Ok(PendingLog {
+            id: r.try_get(0)?,
+            user_seq: r.try_get(1)?,
+            thread_id: r.try_get(2)?,
+            request_id: r.try_get(3)?,
+            message_type: r.try_get(4)?,
+            content: r.try_get(5)?,
+            created_at: r.try_get(6)?,
         })
-        .collect())
+    });
+    logs.collect()
 }
 
 /// One LSM record to write.
@@ -203,8 +202,8 @@ pub async fn commit_batch(
     let json = serde_json::to_value(records).unwrap_or(Value::Array(Vec::new()));
     Ok(match client.query_opt(&stmt, &[&user, &from, &to, &json]).await? {
         Some(r) => Committed::Applied {
-            memory_version: r.get(0),
-            records: r.get(1),
+            memory_version: r.try_get(0)?,
+            records: r.try_get(1)?,
         },
         None => Committed::Fenced,
     })
@@ -222,10 +221,8 @@ pub async fn fail_user(
 ) -> Result<Option<i32>, Error> {
     let stmt = client.prepare_cached(FAIL).await?;
     let ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
-    Ok(client
-        .query_opt(&stmt, &[&user, &owner, &error, &ms, &counts])
-        .await?
-        .map(|r| r.get(0)))
+    let row = client.query_opt(&stmt, &[&user, &owner, &error, &ms, &counts]).await?;
+    Ok(row.map(|r| r.try_get(0)).transpose()?)
 }
 
 /// One user's archive state: what `maasctl archivist show` prints and what
@@ -250,20 +247,23 @@ pub struct MarkView {
 /// The archive state of `user`; `None` if the user never logged anything.
 pub async fn show_mark(client: &impl GenericClient, user: Uuid) -> Result<Option<MarkView>, Error> {
     let stmt = client.prepare_cached(MARK).await?;
-    Ok(client.query_opt(&stmt, &[&user]).await?.map(|r| MarkView {
-        user_id: r.get(0),
-        logged_seq: r.get(1),
-        archived_seq: r.get(2),
-        pending: r.get(3),
-        pending_since: r.get(4),
-        last_active_at: r.get(5),
-        last_archived_at: r.get(6),
-        memory_version: r.get(7),
-        lease_owner: r.get(8),
-        lease_expires_at: r.get(9),
-        failures: r.get(10),
-        retry_after: r.get(11),
-        last_error: r.get(12),
+    let Some(r) = client.query_opt(&stmt, &[&user]).await? else {
+        return Ok(None);
+    };
+    Ok(Some(MarkView {
+        user_id: r.try_get(0)?,
+        logged_seq: r.try_get(1)?,
+        archived_seq: r.try_get(2)?,
+        pending: r.try_get(3)?,
+        pending_since: r.try_get(4)?,
+        last_active_at: r.try_get(5)?,
+        last_archived_at: r.try_get(6)?,
+        memory_version: r.try_get(7)?,
+        lease_owner: r.try_get(8)?,
+        lease_expires_at: r.try_get(9)?,
+        failures: r.try_get(10)?,
+        retry_after: r.try_get(11)?,
+        last_error: r.try_get(12)?,
     }))
 }
 
@@ -286,7 +286,7 @@ pub async fn start_run(
     Ok(client
         .query_one(&stmt, &[&trigger, &worker, &only_user, &tick])
         .await?
-        .get(0))
+        .try_get(0)?)
 }
 
 /// The totals of a run.
@@ -341,7 +341,7 @@ pub async fn try_lock_runs(client: &impl GenericClient) -> Result<bool, Error> {
     Ok(client
         .query_one("SELECT pg_try_advisory_lock($1)", &[&RUN_LOCK_KEY])
         .await?
-        .get(0))
+        .try_get(0)?)
 }
 
 pub async fn unlock_runs(client: &impl GenericClient) -> Result<(), Error> {

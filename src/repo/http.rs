@@ -31,7 +31,7 @@ pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -
     let row = client
         .query_one(&stmt, &[&req.user_id, &req.thread_id, &req.query])
         .await?;
-    Ok(row.get(0))
+    Ok(row.try_get(0)?)
 }
 
 /// Inserts a request under an idempotency key. `None` when the key is
@@ -57,7 +57,7 @@ pub async fn submit_idempotent(
             ],
         )
         .await?;
-    Ok(row.map(|r| r.get(0)))
+    Ok(row.map(|r| r.try_get(0)).transpose()?)
 }
 
 /// The first request of a key and its fingerprint.
@@ -68,7 +68,8 @@ pub async fn find_idempotent(
 ) -> Result<Option<(Uuid, String)>, Error> {
     let stmt = client.prepare_cached(FIND_IDEMPOTENT).await?;
     let row = client.query_opt(&stmt, &[&user_id, &key]).await?;
-    Ok(row.map(|r| (r.get(0), r.get(1))))
+    let Some(r) = row else { return Ok(None) };
+    Ok(Some((r.try_get(0)?, r.try_get(1)?)))
 }
 
 /// Deletes up to `limit` expired idempotency keys; returns how many.
@@ -87,22 +88,29 @@ pub struct RunState {
     pub error: Option<String>,
 }
 
-fn run_state(r: &tokio_postgres::Row) -> Option<RunState> {
-    let status: String = r.get(2);
-    Some(RunState {
-        id: r.get(0),
-        user_id: r.get(1),
-        status: status.parse().ok()?,
-        answer: r.get(3),
-        error: r.get(4),
-    })
+/// A row's state; `None` for a status this program does not know (a row
+/// written by something else), an error for a column of the wrong type.
+fn run_state(r: &tokio_postgres::Row) -> Result<Option<RunState>, Error> {
+    let status: String = r.try_get(2)?;
+    let Ok(status) = status.parse() else { return Ok(None) };
+    Ok(Some(RunState {
+        id: r.try_get(0)?,
+        user_id: r.try_get(1)?,
+        status,
+        answer: r.try_get(3)?,
+        error: r.try_get(4)?,
+    }))
+}
+
+fn run_states(rows: &[tokio_postgres::Row]) -> Result<Vec<RunState>, Error> {
+    rows.iter().filter_map(|r| run_state(r).transpose()).collect()
 }
 
 /// The states of the given requests (absent ids are left out).
 pub async fn request_states(client: &impl GenericClient, ids: &[Uuid]) -> Result<Vec<RunState>, Error> {
     let stmt = client.prepare_cached(REQUEST_STATES).await?;
     let rows = client.query(&stmt, &[&ids]).await?;
-    Ok(rows.iter().filter_map(run_state).collect())
+    run_states(&rows)
 }
 
 /// The requests of `user` that are not terminal, plus those changed since
@@ -115,12 +123,12 @@ pub async fn user_states(
 ) -> Result<Vec<RunState>, Error> {
     let stmt = client.prepare_cached(USER_STATES).await?;
     let rows = client.query(&stmt, &[&user, &since, &limit]).await?;
-    Ok(rows.iter().filter_map(run_state).collect())
+    run_states(&rows)
 }
 
 /// Requests by non-terminal status, plus `FAILED`.
 pub async fn count_backlog(client: &impl GenericClient) -> Result<Vec<(String, i64)>, Error> {
     let stmt = client.prepare_cached(COUNT_BACKLOG).await?;
     let rows = client.query(&stmt, &[]).await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect()
 }

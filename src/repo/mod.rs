@@ -164,26 +164,26 @@ pub async fn claim_next(
             ],
         )
         .await?;
-    Ok(rows.iter().map(claimed_from_row).collect())
+    rows.iter().map(claimed_from_row).collect()
 }
 
-fn claimed_from_row(r: &tokio_postgres::Row) -> Claimed {
-    let due_ms: f64 = r.get(10);
-    let memory: Option<Value> = r.get(11);
-    Claimed {
-        id: r.get(0),
-        user_id: r.get(1),
-        thread_id: r.get(2),
-        user_query: r.get(3),
-        attempt: r.get(4),
-        lease_token: r.get(5),
-        analysis: r.get(6),
-        context: r.get(7),
-        debug: r.get(8),
-        claimed_at: r.get(9),
+fn claimed_from_row(r: &tokio_postgres::Row) -> Result<Claimed, Error> {
+    let due_ms: f64 = r.try_get(10)?;
+    let memory: Option<Value> = r.try_get(11)?;
+    Ok(Claimed {
+        id: r.try_get(0)?,
+        user_id: r.try_get(1)?,
+        thread_id: r.try_get(2)?,
+        user_query: r.try_get(3)?,
+        attempt: r.try_get(4)?,
+        lease_token: r.try_get(5)?,
+        analysis: r.try_get(6)?,
+        context: r.try_get(7)?,
+        debug: r.try_get(8)?,
+        claimed_at: r.try_get(9)?,
         due_for: Duration::try_from_secs_f64(due_ms.max(0.0) / 1000.0).unwrap_or_default(),
         memory: memory.and_then(|m| serde_json::from_value(m).ok()).unwrap_or_default(),
-    }
+    })
 }
 
 /// The result of one stage attempt, to be written by [`finish_batch`].
@@ -405,7 +405,7 @@ pub async fn extend_leases(
     let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
     let tokens: Vec<i64> = held.iter().map(|h| h.1).collect();
     let rows = client.query(&stmt, &[&ids, &tokens, &lease.as_secs_f64()]).await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    Ok(rows.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?)
 }
 
 /// A row the sweep took back from an expired lease.
@@ -426,21 +426,22 @@ pub async fn reclaim_expired(
     let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let rows = client.query(&stmt, &[&max, &limit]).await?;
-    Ok(rows
-        .iter()
-        .map(|r| Reclaimed {
-            id: r.get(0),
-            new_status: r.get(1),
-            was: r.get(2),
+    let reclaimed = rows.iter().map(|r| {
+        Ok(Reclaimed {
+            id: r.try_get(0)?,
+            new_status: r.try_get(1)?,
+            was: r.try_get(2)?,
         })
-        .collect())
+    });
+    reclaimed.collect()
 }
 
 /// Due dispatchable rows by status: (status, count, seconds the oldest waited).
 pub async fn due_counts(client: &impl GenericClient) -> Result<Vec<(String, i64, f64)>, Error> {
     let stmt = client.prepare_cached(DUE_COUNTS).await?;
     let rows = client.query(&stmt, &[]).await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+    let counts = rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)));
+    counts.collect()
 }
 
 /// Rings the doorbell for every status that has due rows; returns how many
@@ -494,50 +495,52 @@ pub struct StepView {
 
 pub async fn show_run(client: &impl GenericClient, id: Uuid) -> Result<Option<RunView>, Error> {
     let stmt = client.prepare_cached(SHOW_RUN).await?;
-    Ok(client.query_opt(&stmt, &[&id]).await?.map(|r| RunView {
-        id: r.get(0),
-        user_id: r.get(1),
-        thread_id: r.get(2),
-        user_query: r.get(3),
-        status: r.get(4),
-        analysis_result: r.get(5),
-        final_context_payload: r.get(6),
-        final_answer: r.get(7),
-        error: r.get(8),
-        debug: r.get(9),
-        attempt: r.get(10),
-        run_after: r.get(11),
-        lease_owner: r.get(12),
-        lease_expires_at: r.get(13),
-        lease_token: r.get(14),
-        created_at: r.get(15),
-        updated_at: r.get(16),
-        held: r.get(17),
-        callback_url: r.get(18),
+    let Some(r) = client.query_opt(&stmt, &[&id]).await? else {
+        return Ok(None);
+    };
+    Ok(Some(RunView {
+        id: r.try_get(0)?,
+        user_id: r.try_get(1)?,
+        thread_id: r.try_get(2)?,
+        user_query: r.try_get(3)?,
+        status: r.try_get(4)?,
+        analysis_result: r.try_get(5)?,
+        final_context_payload: r.try_get(6)?,
+        final_answer: r.try_get(7)?,
+        error: r.try_get(8)?,
+        debug: r.try_get(9)?,
+        attempt: r.try_get(10)?,
+        run_after: r.try_get(11)?,
+        lease_owner: r.try_get(12)?,
+        lease_expires_at: r.try_get(13)?,
+        lease_token: r.try_get(14)?,
+        created_at: r.try_get(15)?,
+        updated_at: r.try_get(16)?,
+        held: r.try_get(17)?,
+        callback_url: r.try_get(18)?,
     }))
 }
 
 pub async fn show_steps(client: &impl GenericClient, id: Uuid) -> Result<Vec<StepView>, Error> {
     let stmt = client.prepare_cached(SHOW_STEPS).await?;
-    Ok(client
-        .query(&stmt, &[&id])
-        .await?
-        .iter()
-        .map(|r| StepView {
-            stage: r.get(0),
-            attempt: r.get(1),
-            worker: r.get(2),
-            started_at: r.get(3),
-            finished_at: r.get(4),
-            outcome: r.get(5),
-            error_class: r.get(6),
-            error_message: r.get(7),
-            model: r.get(8),
-            prompt_tokens: r.get(9),
-            completion_tokens: r.get(10),
-            latency_ms: r.get(11),
+    let rows = client.query(&stmt, &[&id]).await?;
+    let steps = rows.iter().map(|r| {
+        Ok(StepView {
+            stage: r.try_get(0)?,
+            attempt: r.try_get(1)?,
+            worker: r.try_get(2)?,
+            started_at: r.try_get(3)?,
+            finished_at: r.try_get(4)?,
+            outcome: r.try_get(5)?,
+            error_class: r.try_get(6)?,
+            error_message: r.try_get(7)?,
+            model: r.try_get(8)?,
+            prompt_tokens: r.try_get(9)?,
+            completion_tokens: r.try_get(10)?,
+            latency_ms: r.try_get(11)?,
         })
-        .collect())
+    });
+    steps.collect()
 }
 
 /// The active prompt of every role.
@@ -545,8 +548,8 @@ pub async fn active_prompts(client: &impl GenericClient) -> Result<Prompts, Erro
     let stmt = client.prepare_cached(ACTIVE_PROMPTS).await?;
     let mut prompts = Prompts::default();
     for r in client.query(&stmt, &[]).await? {
-        let role: String = r.get(0);
-        let text: String = r.get(1);
+        let role: String = r.try_get(0)?;
+        let text: String = r.try_get(1)?;
         match role.as_str() {
             "Analyzer" => prompts.analyzer = Some(text),
             "Assembler" => prompts.assembler = Some(text),

@@ -60,10 +60,10 @@ pub async fn cancel_run(
     reason: Option<&str>,
 ) -> Result<Option<(String, bool)>, Error> {
     let stmt = client.prepare_cached(CANCEL_RUN).await?;
-    Ok(client
-        .query_opt(&stmt, &[&id, &actor, &reason])
-        .await?
-        .map(|r| (r.get(0), r.get(1))))
+    let Some(r) = client.query_opt(&stmt, &[&id, &actor, &reason]).await? else {
+        return Ok(None);
+    };
+    Ok(Some((r.try_get(0)?, r.try_get(1)?)))
 }
 
 /// Releases a held debug run: `None` for an unknown id, else its status,
@@ -75,10 +75,10 @@ pub async fn continue_run(
     reason: Option<&str>,
 ) -> Result<Option<(String, bool, bool)>, Error> {
     let stmt = client.prepare_cached(CONTINUE_RUN).await?;
-    Ok(client
-        .query_opt(&stmt, &[&id, &actor, &reason])
-        .await?
-        .map(|r| (r.get(0), r.get(1), r.get(2))))
+    let Some(r) = client.query_opt(&stmt, &[&id, &actor, &reason]).await? else {
+        return Ok(None);
+    };
+    Ok(Some((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
 }
 
 /// A FAILED run sent back to a ready status.
@@ -103,29 +103,33 @@ pub async fn retry_failed(
 ) -> Result<Vec<Retried>, Error> {
     let stmt = client.prepare_cached(RETRY_FAILED).await?;
     let ids: Option<Vec<Uuid>> = ids.map(<[Uuid]>::to_vec);
-    Ok(client
-        .query(&stmt, &[&ids, &limit(max), &actor, &reason])
-        .await?
-        .iter()
-        .map(|r| Retried {
-            id: r.get(0),
-            status: r.get(1),
-            stage: r.get(2),
-            error: r.get(3),
+    let rows = client.query(&stmt, &[&ids, &limit(max), &actor, &reason]).await?;
+    let retried = rows.iter().map(|r| {
+        Ok(Retried {
+            id: r.try_get(0)?,
+            status: r.try_get(1)?,
+            stage: r.try_get(2)?,
+            error: r.try_get(3)?,
         })
-        .collect())
+    });
+    retried.collect()
 }
 
 /// Every FAILED run's id, oldest failure first.
 pub async fn failed_ids(client: &impl GenericClient) -> Result<Vec<Uuid>, Error> {
     let stmt = client.prepare_cached(FAILED_IDS).await?;
-    Ok(client.query(&stmt, &[]).await?.iter().map(|r| r.get(0)).collect())
+    let rows = client.query(&stmt, &[]).await?;
+    rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
 }
 
 /// The status of a run, `None` for an unknown id.
 pub async fn run_status(client: &impl GenericClient, id: Uuid) -> Result<Option<String>, Error> {
     let stmt = client.prepare_cached(RUN_STATUS).await?;
-    Ok(client.query_opt(&stmt, &[&id]).await?.map(|r| r.get(0)))
+    Ok(client
+        .query_opt(&stmt, &[&id])
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()?)
 }
 
 /// Whether claiming is paused cluster-wide, and the last change.
@@ -141,10 +145,10 @@ pub async fn control_get(client: &impl GenericClient) -> Result<ControlState, Er
     let stmt = client.prepare_cached(CONTROL_GET).await?;
     Ok(match client.query_opt(&stmt, &[]).await? {
         Some(r) => ControlState {
-            paused: r.get(0),
-            reason: r.get(1),
-            changed_by: r.get(2),
-            changed_at: Some(r.get(3)),
+            paused: r.try_get(0)?,
+            reason: r.try_get(1)?,
+            changed_by: r.try_get(2)?,
+            changed_at: Some(r.try_get(3)?),
         },
         None => ControlState {
             paused: false,
@@ -163,7 +167,7 @@ pub async fn control_set(
     actor: &str,
 ) -> Result<bool, Error> {
     let stmt = client.prepare_cached(CONTROL_SET).await?;
-    Ok(client.query_one(&stmt, &[&paused, &reason, &actor]).await?.get(0))
+    Ok(client.query_one(&stmt, &[&paused, &reason, &actor]).await?.try_get(0)?)
 }
 
 /// Records an operator action that concerns no single run.
@@ -491,13 +495,19 @@ pub async fn prompts_activate(
 /// Deletes up to `batch` terminal runs finished more than `keep` ago.
 pub async fn retention_runs(client: &impl GenericClient, keep: Duration, batch: usize) -> Result<i64, Error> {
     let stmt = client.prepare_cached(RETENTION_RUNS).await?;
-    Ok(client.query_one(&stmt, &[&secs(keep), &limit(batch)]).await?.get(0))
+    Ok(client
+        .query_one(&stmt, &[&secs(keep), &limit(batch)])
+        .await?
+        .try_get(0)?)
 }
 
 /// Deletes up to `batch` run-less operator actions older than `keep`.
 pub async fn retention_actions(client: &impl GenericClient, keep: Duration, batch: usize) -> Result<i64, Error> {
     let stmt = client.prepare_cached(RETENTION_ACTIONS).await?;
-    Ok(client.query_one(&stmt, &[&secs(keep), &limit(batch)]).await?.get(0))
+    Ok(client
+        .query_one(&stmt, &[&secs(keep), &limit(batch)])
+        .await?
+        .try_get(0)?)
 }
 
 // ---- callbacks -------------------------------------------------------------
@@ -522,19 +532,18 @@ pub async fn callbacks_claim(
     lease: Duration,
 ) -> Result<Vec<Delivery>, Error> {
     let stmt = client.prepare_cached(CALLBACKS_CLAIM).await?;
-    Ok(client
-        .query(&stmt, &[&limit(batch), &secs(lease)])
-        .await?
-        .iter()
-        .map(|r| Delivery {
-            id: r.get(0),
-            run_id: r.get(1),
-            url: r.get(2),
-            event: r.get(3),
-            body: r.get(4),
-            attempt: r.get(5),
+    let rows = client.query(&stmt, &[&limit(batch), &secs(lease)]).await?;
+    let deliveries = rows.iter().map(|r| {
+        Ok(Delivery {
+            id: r.try_get(0)?,
+            run_id: r.try_get(1)?,
+            url: r.try_get(2)?,
+            event: r.try_get(3)?,
+            body: r.try_get(4)?,
+            attempt: r.try_get(5)?,
         })
-        .collect())
+    });
+    deliveries.collect()
 }
 
 pub async fn callbacks_delivered(client: &impl GenericClient, id: i64, status: i32) -> Result<(), Error> {
