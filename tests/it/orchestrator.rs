@@ -185,6 +185,49 @@ async fn two_daemons_on_one_database_never_run_a_stage_twice() {
     assert_eq!(workers, 2, "both daemons took part");
 }
 
+/// Claims commit without waiting for their WAL flush, so a database crash
+/// can forget a claim while the daemon that made it runs the stage. The row
+/// is then due again; the same daemon claims it anew (a new token), stops
+/// the stale run, and the request completes with each stage succeeded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_the_database_forgot_is_claimed_again_and_runs_once() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // A 60 s lease: no heartbeat (every 20 s) notices the lost lease first.
+    let d = Maasd::spawn(
+        &db.url,
+        Opts {
+            lease_secs: 60,
+            sweep_secs: 1,
+            ..Opts::default()
+        }
+        .env("MAAS_LLM__OFFLINE__LATENCY_MS", 3000),
+    );
+    let id = insert_requests(&c, 1, "forgotten").await[0];
+    wait_until(GENEROUS, "the request is claimed", || async {
+        count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == 1
+    })
+    .await;
+    // What crash recovery leaves when the claim's commit was not flushed.
+    c.execute(
+        "UPDATE pipeline_runs SET status = 'NEW', attempt = 0, lease_owner = NULL,
+                lease_expires_at = NULL, lease_token = 0
+         WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    wait_all_terminal(&c, GENEROUS).await;
+    assert_completed(&c, 1).await;
+    assert_each_stage_succeeded_once(&c).await;
+    assert_eq!(count(&c, "SELECT count(*) FROM pipeline_steps").await, 3);
+    let log = d.plain_log();
+    assert!(
+        log.contains("claimed a row this process still ran under an older lease"),
+        "the stale run was not stopped:\n{log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_killed_mid_stage_is_recovered_after_its_lease() {
     let db = TestDb::new().await;
