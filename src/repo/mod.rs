@@ -143,6 +143,10 @@ pub struct Claimed {
 
 /// Claims up to `limit` due rows for `stage`, leased to `owner`, with up to
 /// `memory_records` of each user's recent memory for the analyzer.
+///
+/// The claiming transaction commits without waiting for its WAL flush
+/// (`claim.sql` says why that is safe for a lease): call it on its own, not
+/// inside a transaction that also writes something that must be durable.
 pub async fn claim_next(
     client: &impl GenericClient,
     stage: StageKind,
