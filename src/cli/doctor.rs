@@ -91,15 +91,15 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
             return;
         }
     };
-    match client.query_one("SELECT current_setting('server_version')", &[]).await {
-        Ok(row) => r.add(
+    let version = client
+        .query_one("SELECT current_setting('server_version')", &[])
+        .await
+        .and_then(|row| row.try_get::<_, String>(0));
+    match version {
+        Ok(version) => r.add(
             "database",
             Level::Ok,
-            format!(
-                "reachable: PostgreSQL {} ({} ms)",
-                row.get::<_, String>(0),
-                started.elapsed().as_millis()
-            ),
+            format!("reachable: PostgreSQL {version} ({} ms)", started.elapsed().as_millis()),
         ),
         Err(e) => {
             r.add("database", Level::Fail, format!("query failed: {e}"));
@@ -143,9 +143,12 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         Ok(took) => r.add("notify", Level::Ok, format!("round trip in {} ms", took.as_millis())),
         Err(e) => r.add("notify", Level::Fail, e),
     }
-    match client.query_one("SELECT pg_notification_queue_usage()", &[]).await {
-        Ok(row) => {
-            let usage: f64 = row.get(0);
+    let usage = client
+        .query_one("SELECT pg_notification_queue_usage()", &[])
+        .await
+        .and_then(|row| row.try_get::<_, f64>(0));
+    match usage {
+        Ok(usage) => {
             let level = if usage >= 0.5 {
                 Level::Fail
             } else if usage >= 0.1 {

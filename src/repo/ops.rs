@@ -216,26 +216,28 @@ pub struct RunRow {
 pub async fn list_runs(client: &impl GenericClient, f: &ListFilter) -> Result<Vec<RunRow>, Error> {
     let stmt = client.prepare_cached(LIST_RUNS).await?;
     let older: Option<f64> = f.older_than.map(secs);
-    Ok(client
+    client
         .query(&stmt, &[&f.statuses, &f.user_id, &older, &limit(f.limit)])
         .await?
         .iter()
-        .map(|r| RunRow {
-            id: r.get(0),
-            status: r.get(1),
-            user_id: r.get(2),
-            attempt: r.get(3),
-            debug: r.get(4),
-            held: r.get(5),
-            has_callback: r.get(6),
-            created_at: r.get(7),
-            updated_at: r.get(8),
-            run_after: r.get(9),
-            lease_owner: r.get(10),
-            error: r.get(11),
-            query: r.get(12),
+        .map(|r| {
+            Ok(RunRow {
+                id: r.try_get(0)?,
+                status: r.try_get(1)?,
+                user_id: r.try_get(2)?,
+                attempt: r.try_get(3)?,
+                debug: r.try_get(4)?,
+                held: r.try_get(5)?,
+                has_callback: r.try_get(6)?,
+                created_at: r.try_get(7)?,
+                updated_at: r.try_get(8)?,
+                run_after: r.try_get(9)?,
+                lease_owner: r.try_get(10)?,
+                error: r.try_get(11)?,
+                query: r.try_get(12)?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// One operator action on a run.
@@ -252,20 +254,22 @@ pub struct ActionView {
 
 pub async fn show_actions(client: &impl GenericClient, id: Uuid) -> Result<Vec<ActionView>, Error> {
     let stmt = client.prepare_cached(SHOW_ACTIONS).await?;
-    Ok(client
+    client
         .query(&stmt, &[&id])
         .await?
         .iter()
-        .map(|r| ActionView {
-            action: r.get(0),
-            actor: r.get(1),
-            reason: r.get(2),
-            from_status: r.get(3),
-            to_status: r.get(4),
-            detail: r.get(5),
-            at: r.get(6),
+        .map(|r| {
+            Ok(ActionView {
+                action: r.try_get(0)?,
+                actor: r.try_get(1)?,
+                reason: r.try_get(2)?,
+                from_status: r.try_get(3)?,
+                to_status: r.try_get(4)?,
+                detail: r.try_get(5)?,
+                at: r.try_get(6)?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// One callback delivery of a run.
@@ -285,23 +289,25 @@ pub struct CallbackView {
 
 pub async fn show_callbacks(client: &impl GenericClient, id: Uuid) -> Result<Vec<CallbackView>, Error> {
     let stmt = client.prepare_cached(SHOW_CALLBACKS).await?;
-    Ok(client
+    client
         .query(&stmt, &[&id])
         .await?
         .iter()
-        .map(|r| CallbackView {
-            id: r.get(0),
-            event: r.get(1),
-            url: r.get(2),
-            state: r.get(3),
-            attempts: r.get(4),
-            next_attempt_at: r.get(5),
-            last_status: r.get(6),
-            last_error: r.get(7),
-            delivered_at: r.get(8),
-            created_at: r.get(9),
+        .map(|r| {
+            Ok(CallbackView {
+                id: r.try_get(0)?,
+                event: r.try_get(1)?,
+                url: r.try_get(2)?,
+                state: r.try_get(3)?,
+                attempts: r.try_get(4)?,
+                next_attempt_at: r.try_get(5)?,
+                last_status: r.try_get(6)?,
+                last_error: r.try_get(7)?,
+                delivered_at: r.try_get(8)?,
+                created_at: r.try_get(9)?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 // ---- stats -------------------------------------------------------------
@@ -319,29 +325,31 @@ pub struct Backlog {
 
 pub async fn stats_backlog(client: &impl GenericClient) -> Result<Vec<Backlog>, Error> {
     let stmt = client.prepare_cached(STATS_BACKLOG).await?;
-    Ok(client
+    client
         .query(&stmt, &[])
         .await?
         .iter()
-        .map(|r| Backlog {
-            status: r.get(0),
-            total: r.get(1),
-            due: r.get(2),
-            held: r.get(3),
-            oldest_due_secs: r.get(4),
+        .map(|r| {
+            Ok(Backlog {
+                status: r.try_get(0)?,
+                total: r.try_get(1)?,
+                due: r.try_get(2)?,
+                held: r.try_get(3)?,
+                oldest_due_secs: r.try_get(4)?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Terminal runs by status in the last `window`.
 pub async fn stats_finished(client: &impl GenericClient, window: Duration) -> Result<Vec<(String, i64)>, Error> {
     let stmt = client.prepare_cached(STATS_FINISHED).await?;
-    Ok(client
+    client
         .query(&stmt, &[&secs(window)])
         .await?
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect())
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect()
 }
 
 /// In-flight leases of one daemon.
@@ -355,17 +363,19 @@ pub struct Leases {
 
 pub async fn stats_leases(client: &impl GenericClient) -> Result<Vec<Leases>, Error> {
     let stmt = client.prepare_cached(STATS_LEASES).await?;
-    Ok(client
+    client
         .query(&stmt, &[])
         .await?
         .iter()
-        .map(|r| Leases {
-            owner: r.get(0),
-            held: r.get(1),
-            expired: r.get(2),
-            earliest_expiry: r.get(3),
+        .map(|r| {
+            Ok(Leases {
+                owner: r.try_get(0)?,
+                held: r.try_get(1)?,
+                expired: r.try_get(2)?,
+                earliest_expiry: r.try_get(3)?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Undelivered callbacks.
@@ -380,9 +390,9 @@ pub async fn stats_callbacks(client: &impl GenericClient) -> Result<CallbackStat
     let stmt = client.prepare_cached(STATS_CALLBACKS).await?;
     let r = client.query_one(&stmt, &[]).await?;
     Ok(CallbackStats {
-        pending: r.get(0),
-        dead: r.get(1),
-        oldest_pending_secs: r.get(2),
+        pending: r.try_get(0)?,
+        dead: r.try_get(1)?,
+        oldest_pending_secs: r.try_get(2)?,
     })
 }
 
@@ -395,15 +405,17 @@ pub struct DaemonSession {
 
 pub async fn stats_daemons(client: &impl GenericClient) -> Result<Vec<DaemonSession>, Error> {
     let stmt = client.prepare_cached(STATS_DAEMONS).await?;
-    Ok(client
+    client
         .query(&stmt, &[])
         .await?
         .iter()
-        .map(|r| DaemonSession {
-            client: r.get(0),
-            since: r.get(1),
+        .map(|r| {
+            Ok(DaemonSession {
+                client: r.try_get(0)?,
+                since: r.try_get(1)?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 // ---- prompts -------------------------------------------------------------
@@ -421,19 +433,21 @@ pub struct PromptSummary {
 
 pub async fn prompts_list(client: &impl GenericClient) -> Result<Vec<PromptSummary>, Error> {
     let stmt = client.prepare_cached(PROMPTS_LIST).await?;
-    Ok(client
+    client
         .query(&stmt, &[])
         .await?
         .iter()
-        .map(|r| PromptSummary {
-            role: r.get(0),
-            versions: r.get(1),
-            active_version: r.get(2),
-            latest_version: r.get(3),
-            active_since: r.get(4),
-            active_chars: r.get(5),
+        .map(|r| {
+            Ok(PromptSummary {
+                role: r.try_get(0)?,
+                versions: r.try_get(1)?,
+                active_version: r.try_get(2)?,
+                latest_version: r.try_get(3)?,
+                active_since: r.try_get(4)?,
+                active_chars: r.try_get(5)?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// One prompt version.
@@ -453,12 +467,15 @@ pub async fn prompts_show(
     version: Option<i32>,
 ) -> Result<Option<Prompt>, Error> {
     let stmt = client.prepare_cached(PROMPTS_SHOW).await?;
-    Ok(client.query_opt(&stmt, &[&role, &version]).await?.map(|r| Prompt {
+    let Some(r) = client.query_opt(&stmt, &[&role, &version]).await? else {
+        return Ok(None);
+    };
+    Ok(Some(Prompt {
         role: role.to_owned(),
-        version: r.get(0),
-        active: r.get(1),
-        created_at: r.get(2),
-        text: r.get(3),
+        version: r.try_get(0)?,
+        active: r.try_get(1)?,
+        created_at: r.try_get(2)?,
+        text: r.try_get(3)?,
     }))
 }
 
@@ -468,9 +485,13 @@ pub async fn prompts_set(client: &impl GenericClient, role: &str, text: &str) ->
     let lock = client.prepare_cached(PROMPTS_LOCK).await?;
     client.execute(&lock, &[&role]).await?;
     let off = client.prepare_cached(PROMPTS_DEACTIVATE).await?;
-    let was: Option<i32> = client.query_opt(&off, &[&role]).await?.map(|r| r.get(0));
+    let was: Option<i32> = client
+        .query_opt(&off, &[&role])
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()?;
     let ins = client.prepare_cached(PROMPTS_INSERT).await?;
-    let new: i32 = client.query_one(&ins, &[&role, &text]).await?.get(0);
+    let new: i32 = client.query_one(&ins, &[&role, &text]).await?.try_get(0)?;
     Ok((was, new))
 }
 
@@ -484,7 +505,11 @@ pub async fn prompts_activate(
     let lock = client.prepare_cached(PROMPTS_LOCK).await?;
     client.execute(&lock, &[&role]).await?;
     let off = client.prepare_cached(PROMPTS_DEACTIVATE).await?;
-    let was: Option<i32> = client.query_opt(&off, &[&role]).await?.map(|r| r.get(0));
+    let was: Option<i32> = client
+        .query_opt(&off, &[&role])
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()?;
     let on = client.prepare_cached(PROMPTS_ACTIVATE).await?;
     let found = client.query_opt(&on, &[&role, &version]).await?.is_some();
     Ok((was, found))
