@@ -208,15 +208,7 @@ async fn a_claim_the_database_forgot_is_claimed_again_and_runs_once() {
         count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == 1
     })
     .await;
-    // What crash recovery leaves when the claim's commit was not flushed.
-    c.execute(
-        "UPDATE pipeline_runs SET status = 'NEW', attempt = 0, lease_owner = NULL,
-                lease_expires_at = NULL, lease_token = 0
-         WHERE id = $1",
-        &[&id],
-    )
-    .await
-    .unwrap();
+    crate::support::forget_claim(&c, id).await;
     wait_all_terminal(&c, GENEROUS).await;
     assert_completed(&c, 1).await;
     assert_each_stage_succeeded_once(&c).await;

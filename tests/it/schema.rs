@@ -354,16 +354,7 @@ async fn a_claim_forgotten_by_a_crash_never_lets_its_stale_result_in() {
         .await
         .unwrap();
     assert_eq!(first.len(), 1);
-    // What recovery from a crash leaves when the claim's commit was not
-    // yet flushed: the row exactly as before the claim.
-    c.execute(
-        "UPDATE pipeline_runs SET status = 'NEW', attempt = 0, lease_owner = NULL,
-                lease_expires_at = NULL, lease_token = 0
-         WHERE id = $1",
-        &[&id],
-    )
-    .await
-    .unwrap();
+    crate::support::forget_claim(&c, id).await;
     let second = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
         .await
         .unwrap();

@@ -27,6 +27,20 @@ where
     }
 }
 
+/// Rewinds a freshly claimed request to what crash recovery leaves when
+/// its claim's commit (which does not wait for the WAL flush) was lost: the
+/// row exactly as before the claim.
+pub async fn forget_claim(c: &Client, id: uuid::Uuid) {
+    c.execute(
+        "UPDATE pipeline_runs SET status = 'NEW', attempt = 0, lease_owner = NULL,
+                lease_expires_at = NULL, lease_token = 0
+         WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+}
+
 /// Inserts `n` requests with plain SQL (as another application would).
 pub async fn insert_requests(c: &Client, n: i64, query: &str) -> Vec<uuid::Uuid> {
     c.query(
