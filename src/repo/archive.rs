@@ -77,13 +77,14 @@ pub async fn select_candidates(
             ],
         )
         .await?;
-    let candidates = rows.iter().map(|r| {
-        Ok(Candidate {
-            user_id: r.try_get(0)?,
-            pending: r.try_get(1)?,
+    rows.iter()
+        .map(|r| {
+            Ok(Candidate {
+                user_id: r.try_get(0)?,
+                pending: r.try_get(1)?,
+            })
         })
-    });
-    candidates.collect()
+        .collect()
 }
 
 /// The mark and sequence of a claimed user: logs with
@@ -156,18 +157,19 @@ pub async fn pending_logs(
 ) -> Result<Vec<PendingLog>, Error> {
     let stmt = client.prepare_cached(PENDING).await?;
     let rows = client.query(&stmt, &[&user, &after, &through, &to_i64(limit)]).await?;
-    let logs = rows.iter().map(|r| {
-        Ok(PendingLog {
-            id: r.try_get(0)?,
-            user_seq: r.try_get(1)?,
-            thread_id: r.try_get(2)?,
-            request_id: r.try_get(3)?,
-            message_type: r.try_get(4)?,
-            content: r.try_get(5)?,
-            created_at: r.try_get(6)?,
+    rows.iter()
+        .map(|r| {
+            Ok(PendingLog {
+                id: r.try_get(0)?,
+                user_seq: r.try_get(1)?,
+                thread_id: r.try_get(2)?,
+                request_id: r.try_get(3)?,
+                message_type: r.try_get(4)?,
+                content: r.try_get(5)?,
+                created_at: r.try_get(6)?,
+            })
         })
-    });
-    logs.collect()
+        .collect()
 }
 
 /// One LSM record to write.

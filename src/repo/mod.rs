@@ -409,7 +409,7 @@ pub async fn extend_leases(
     let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
     let tokens: Vec<i64> = held.iter().map(|h| h.1).collect();
     let rows = client.query(&stmt, &[&ids, &tokens, &lease.as_secs_f64()]).await?;
-    Ok(rows.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?)
+    rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
 }
 
 /// A row the sweep took back from an expired lease.
@@ -430,22 +430,24 @@ pub async fn reclaim_expired(
     let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let rows = client.query(&stmt, &[&max, &limit]).await?;
-    let reclaimed = rows.iter().map(|r| {
-        Ok(Reclaimed {
-            id: r.try_get(0)?,
-            new_status: r.try_get(1)?,
-            was: r.try_get(2)?,
+    rows.iter()
+        .map(|r| {
+            Ok(Reclaimed {
+                id: r.try_get(0)?,
+                new_status: r.try_get(1)?,
+                was: r.try_get(2)?,
+            })
         })
-    });
-    reclaimed.collect()
+        .collect()
 }
 
 /// Due dispatchable rows by status: (status, count, seconds the oldest waited).
 pub async fn due_counts(client: &impl GenericClient) -> Result<Vec<(String, i64, f64)>, Error> {
     let stmt = client.prepare_cached(DUE_COUNTS).await?;
     let rows = client.query(&stmt, &[]).await?;
-    let counts = rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)));
-    counts.collect()
+    rows.iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+        .collect()
 }
 
 /// Rings the doorbell for every status that has due rows; returns how many
@@ -528,23 +530,24 @@ pub async fn show_run(client: &impl GenericClient, id: Uuid) -> Result<Option<Ru
 pub async fn show_steps(client: &impl GenericClient, id: Uuid) -> Result<Vec<StepView>, Error> {
     let stmt = client.prepare_cached(SHOW_STEPS).await?;
     let rows = client.query(&stmt, &[&id]).await?;
-    let steps = rows.iter().map(|r| {
-        Ok(StepView {
-            stage: r.try_get(0)?,
-            attempt: r.try_get(1)?,
-            worker: r.try_get(2)?,
-            started_at: r.try_get(3)?,
-            finished_at: r.try_get(4)?,
-            outcome: r.try_get(5)?,
-            error_class: r.try_get(6)?,
-            error_message: r.try_get(7)?,
-            model: r.try_get(8)?,
-            prompt_tokens: r.try_get(9)?,
-            completion_tokens: r.try_get(10)?,
-            latency_ms: r.try_get(11)?,
+    rows.iter()
+        .map(|r| {
+            Ok(StepView {
+                stage: r.try_get(0)?,
+                attempt: r.try_get(1)?,
+                worker: r.try_get(2)?,
+                started_at: r.try_get(3)?,
+                finished_at: r.try_get(4)?,
+                outcome: r.try_get(5)?,
+                error_class: r.try_get(6)?,
+                error_message: r.try_get(7)?,
+                model: r.try_get(8)?,
+                prompt_tokens: r.try_get(9)?,
+                completion_tokens: r.try_get(10)?,
+                latency_ms: r.try_get(11)?,
+            })
         })
-    });
-    steps.collect()
+        .collect()
 }
 
 /// The active prompt of every role.

@@ -104,15 +104,16 @@ pub async fn retry_failed(
     let stmt = client.prepare_cached(RETRY_FAILED).await?;
     let ids: Option<Vec<Uuid>> = ids.map(<[Uuid]>::to_vec);
     let rows = client.query(&stmt, &[&ids, &limit(max), &actor, &reason]).await?;
-    let retried = rows.iter().map(|r| {
-        Ok(Retried {
-            id: r.try_get(0)?,
-            status: r.try_get(1)?,
-            stage: r.try_get(2)?,
-            error: r.try_get(3)?,
+    rows.iter()
+        .map(|r| {
+            Ok(Retried {
+                id: r.try_get(0)?,
+                status: r.try_get(1)?,
+                stage: r.try_get(2)?,
+                error: r.try_get(3)?,
+            })
         })
-    });
-    retried.collect()
+        .collect()
 }
 
 /// Every FAILED run's id, oldest failure first.
@@ -558,17 +559,18 @@ pub async fn callbacks_claim(
 ) -> Result<Vec<Delivery>, Error> {
     let stmt = client.prepare_cached(CALLBACKS_CLAIM).await?;
     let rows = client.query(&stmt, &[&limit(batch), &secs(lease)]).await?;
-    let deliveries = rows.iter().map(|r| {
-        Ok(Delivery {
-            id: r.try_get(0)?,
-            run_id: r.try_get(1)?,
-            url: r.try_get(2)?,
-            event: r.try_get(3)?,
-            body: r.try_get(4)?,
-            attempt: r.try_get(5)?,
+    rows.iter()
+        .map(|r| {
+            Ok(Delivery {
+                id: r.try_get(0)?,
+                run_id: r.try_get(1)?,
+                url: r.try_get(2)?,
+                event: r.try_get(3)?,
+                body: r.try_get(4)?,
+                attempt: r.try_get(5)?,
+            })
         })
-    });
-    deliveries.collect()
+        .collect()
 }
 
 pub async fn callbacks_delivered(client: &impl GenericClient, id: i64, status: i32) -> Result<(), Error> {
