@@ -20,9 +20,13 @@
 //! - Redirects are not followed; only a `2xx` counts as delivered.
 //! - The worker wakes when the LISTEN session reports a terminal status, and
 //!   polls every `callbacks.poll_secs` otherwise (retries, missed wakes).
+//! - It runs as the daemon service [`Callbacks`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -32,8 +36,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{CallbacksConfig, Config};
 use crate::db::Pool;
-use crate::listener::Event;
+use crate::listener::{Event, Notifier};
 use crate::repo::ops::{self, Delivery};
+use crate::service::Service;
 
 /// `sha256=` and the hex HMAC-SHA256 of `"{timestamp}.{body}"`.
 pub const SIGNATURE_HEADER: &str = "x-maas-signature";
@@ -86,6 +91,42 @@ pub fn verify(secret: &[u8], timestamp: i64, body: &[u8], header: &str) -> bool 
     mac.update(b".");
     mac.update(body);
     mac.verify_slice(&bytes).is_ok()
+}
+
+/// The delivery worker as a daemon service. It subscribes to the
+/// notifier when built, so build it before the engine runs.
+pub struct Callbacks {
+    pool: Pool,
+    cfg: Arc<Config>,
+    events: Mutex<Option<broadcast::Receiver<Event>>>,
+}
+
+impl Callbacks {
+    pub fn new(pool: Pool, cfg: Arc<Config>, notifier: &Notifier) -> Callbacks {
+        Callbacks {
+            pool,
+            cfg,
+            events: Mutex::new(Some(notifier.subscribe())),
+        }
+    }
+}
+
+impl Service for Callbacks {
+    fn name(&self) -> &'static str {
+        "callbacks"
+    }
+
+    fn run(self: Arc<Self>, shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+        let events = self.events.lock().ok().and_then(|mut e| e.take());
+        async move {
+            let Some(events) = events else {
+                tracing::error!("callbacks: service started twice");
+                return;
+            };
+            run(self.pool.clone(), self.cfg.clone(), events, shutdown).await;
+        }
+        .boxed()
+    }
 }
 
 /// Runs the delivery worker until `shutdown`; `events` wakes it.

@@ -349,10 +349,11 @@ impl CallbacksConfig {
     /// Delay before retrying after failed attempt `attempt` (1-based), with
     /// jitter in [½, 1].
     pub fn retry_delay(&self, attempt: u32) -> Duration {
-        let base = Duration::from_millis(self.retry_base_ms);
-        let cap = Duration::from_secs(self.retry_max_secs);
-        let exp = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
-        exp.min(cap).mul_f64(rand::random_range(0.5..=1.0))
+        crate::backoff::retry_delay(
+            Duration::from_millis(self.retry_base_ms),
+            Duration::from_secs(self.retry_max_secs),
+            attempt,
+        )
     }
 }
 
@@ -564,10 +565,11 @@ impl Config {
     /// `retry_base_ms`, capped at `retry_max_secs`, with jitter in [½, 1] so
     /// rows that failed together do not return together.
     pub fn retry_delay(&self, attempt: u32) -> Duration {
-        let base = Duration::from_millis(self.retry_base_ms);
-        let cap = Duration::from_secs(self.retry_max_secs);
-        let exp = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
-        exp.min(cap).mul_f64(rand::random_range(0.5..=1.0))
+        crate::backoff::retry_delay(
+            Duration::from_millis(self.retry_base_ms),
+            Duration::from_secs(self.retry_max_secs),
+            attempt,
+        )
     }
 }
 

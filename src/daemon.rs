@@ -1,18 +1,32 @@
-//! `maasd`: configuration → HTTP bind → migrations → engine and HTTP
-//! server, until a signal. Beside the engine run the callback delivery worker
-//! ([`crate::callbacks`]) and the retention pass ([`crate::retention`]); both
-//! stop with the engine.
+//! `maasd`: configuration → HTTP bind → migrations → engine, HTTP server
+//! and background services, until a signal.
+//!
+//! - Every background job is a [`Service`] started from one list in
+//!   [`run`]: the sweep, callback delivery, retention, idempotency key
+//!   expiry, the metrics refresh and (when enabled) the archivist schedule.
+//! - Everything that follows notifications subscribes to the one
+//!   [`Notifier`] before the engine (and with it the LISTEN session) starts,
+//!   so no subscriber misses the first events.
+//! - [`run`] returns only after the engine wrote every result, the server
+//!   drained (at most the grace period) and every service stopped.
 
 use std::sync::Arc;
 
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::archivist::{self, Archivist};
+use crate::callbacks::Callbacks;
 use crate::config::Config;
 use crate::db::{self, migrate};
-use crate::dispatcher::Engine;
+use crate::dispatcher::{Engine, Sweep};
+use crate::http::housekeeping::{IdempotencyExpiry, MetricsRefresh};
+use crate::listener::Notifier;
 use crate::llm::Llm;
+use crate::metrics::Stats;
+use crate::retention::Retention;
+use crate::service::{self, Service};
 use crate::stage::{LlmPipeline, Pipeline};
 
 #[derive(Debug, thiserror::Error)]
@@ -94,35 +108,59 @@ pub async fn run(
         };
         let pool = db::connect_pool(&sized, "maasd-archivist")?;
         let llm = Arc::new(Llm::from_config(&cfg.llm, &cfg.llm_provider)?);
-        let archivist = Arc::new(Archivist::new(pool, llm, cfg.clone(), worker.clone()));
-        Some(tokio::spawn(archivist::run_scheduled(
-            archivist,
-            shutdown.child_token(),
-        )))
+        Some(Arc::new(Archivist::new(pool, llm, cfg.clone(), worker.clone())))
     } else {
         None
     };
-    let engine = Engine::new(pool.clone(), cfg.clone(), pipeline, worker);
-    let server = crate::http::start(bound, cfg.clone(), engine.clone(), shutdown.clone())?;
-    let workers = TaskTracker::new();
-    workers.spawn(crate::callbacks::run(
-        pool.clone(),
+    let stats = Arc::new(Stats::default());
+    let notifier = Notifier::new(stats.clone());
+    let engine = Engine::new(pool.clone(), cfg.clone(), pipeline, worker, notifier.clone());
+    let server = crate::http::start(
+        bound,
         cfg.clone(),
-        engine.subscribe(),
+        pool.clone(),
+        notifier.clone(),
+        stats.clone(),
         shutdown.clone(),
-    ));
-    workers.spawn(crate::retention::run(pool, cfg.clone(), shutdown.clone()));
-    workers.close();
+    )?;
+    let mut services: Vec<Arc<dyn Service>> = vec![
+        Arc::new(Sweep::new(engine.clone())),
+        Arc::new(Callbacks::new(pool.clone(), cfg.clone(), &notifier)),
+        Arc::new(Retention::new(pool.clone(), cfg.clone())),
+        Arc::new(IdempotencyExpiry::new(pool.clone(), cfg.clone())),
+        Arc::new(MetricsRefresh::new(
+            pool,
+            cfg.clone(),
+            stats,
+            notifier,
+            server.metrics(),
+        )),
+    ];
+    if let Some(archivist) = archivist {
+        services.push(Arc::new(ArchivistSchedule(archivist)));
+    }
+    let services = service::start(services, &shutdown);
     ready(&engine);
     engine.run(shutdown).await;
     server.stop(cfg.grace()).await;
-    workers.wait().await;
-    if let Some(task) = archivist {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "archivist schedule stopped"),
-            Err(e) => tracing::error!(error = %e, "archivist schedule panicked"),
-        }
-    }
+    services.wait().await;
     Ok(())
+}
+
+/// The archivist's cron schedule ([`archivist::run_scheduled`]) as a service.
+struct ArchivistSchedule(Arc<Archivist>);
+
+impl Service for ArchivistSchedule {
+    fn name(&self) -> &'static str {
+        "archivist-schedule"
+    }
+
+    fn run(self: Arc<Self>, shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+        async move {
+            if let Err(e) = archivist::run_scheduled(self.0.clone(), shutdown).await {
+                tracing::error!(error = %e, "archivist schedule stopped");
+            }
+        }
+        .boxed()
+    }
 }

@@ -29,6 +29,7 @@
 //! - [`cli`] — `maasctl`.
 
 pub mod archivist;
+pub mod backoff;
 pub mod callbacks;
 pub mod cli;
 pub mod config;
@@ -44,6 +45,7 @@ pub mod metrics;
 pub mod model;
 pub mod repo;
 pub mod retention;
+pub mod service;
 pub mod shutdown;
 pub mod stage;
 pub mod systemd;

@@ -9,20 +9,26 @@
 //! - LISTEN before look: after every (re)connect it reports `connected`, and
 //!   the daemon runs its catch-up sweep then, so nothing slips in between.
 //! - Payloads are parsed strictly; junk is reported and skipped, never fatal.
+//! - It owns the process's [`Notifier`]: every valid notification is
+//!   broadcast there (after the handler saw it), and the notifier answers
+//!   for the session's health (listening, silence, connects), so HTTP and
+//!   the watchdog need no handle on the engine.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::BackoffBuilder;
 use futures_util::StreamExt;
 use serde::Deserialize;
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::Config;
 use crate::db::pg_config;
+use crate::metrics::Stats;
 use crate::model::Status;
 
 /// The channel the triggers notify (`triggers/0001_notify_pipeline_change.sql`).
@@ -72,37 +78,134 @@ pub fn parse_payload(payload: &str) -> Result<Event, PayloadError> {
     })
 }
 
-/// What the listener reports to its owner.
+/// What the listener reports to its owner (the engine), besides what it
+/// records in the [`Notifier`].
 pub trait ListenerHandler: Send + Sync + 'static {
     /// LISTEN is in place (first connect or reconnect): run the catch-up sweep.
     fn connected(&self, reconnect: bool);
     /// The session was lost; notifications are not arriving.
     fn disconnected(&self, reason: &str);
-    fn event(&self, event: Event);
-    fn junk(&self, payload: &str, error: &PayloadError);
-    /// The loop made progress: a health query succeeded, or a (re)connect
-    /// is being attempted. Feeds liveness checks (the systemd watchdog).
-    fn alive(&self) {}
+    /// A valid notification, before it is broadcast.
+    fn event(&self, event: &Event);
+}
+
+/// Capacity of the event broadcast: a subscriber that falls this far behind
+/// is told it lagged.
+const EVENTS: usize = 4096;
+
+/// The LISTEN session's output and health, shared by every part of the
+/// process that follows notifications (the live push, callbacks, readiness,
+/// the watchdog). Updated only by [`run`].
+pub struct Notifier {
+    events: broadcast::Sender<Event>,
+    listening: AtomicBool,
+    /// The listener loop's last sign of life, in ms since `born`.
+    born: Instant,
+    alive_ms: AtomicU64,
+    stats: Arc<Stats>,
+}
+
+impl Notifier {
+    /// A notifier counting into `stats` (notifications, junk, connects).
+    pub fn new(stats: Arc<Stats>) -> Arc<Notifier> {
+        let (events, _) = broadcast::channel(EVENTS);
+        Arc::new(Notifier {
+            events,
+            listening: AtomicBool::new(false),
+            born: Instant::now(),
+            alive_ms: AtomicU64::new(0),
+            stats,
+        })
+    }
+
+    /// Every valid notification from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// True while the LISTEN session is up.
+    pub fn is_listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
+    }
+
+    /// How long since the listener loop last showed progress (a health
+    /// query answered, a LISTEN set up, a reconnect attempted).
+    pub fn silence(&self) -> Duration {
+        let last = Duration::from_millis(self.alive_ms.load(Ordering::Relaxed));
+        self.born.elapsed().saturating_sub(last)
+    }
+
+    /// How many times LISTEN was set up (first connect included): a change
+    /// means notifications may have been missed in between.
+    pub fn connects(&self) -> u64 {
+        self.stats.listener_connects.load(Ordering::Relaxed)
+    }
+
+    /// The counters this notifier feeds (shared with the engine).
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    fn alive(&self) {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.alive_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn connected(&self, reconnect: bool) {
+        self.alive();
+        self.listening.store(true, Ordering::Relaxed);
+        self.stats.listener_connects.fetch_add(1, Ordering::Relaxed);
+        if reconnect {
+            self.stats.listener_reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn disconnected(&self) {
+        self.listening.store(false, Ordering::Relaxed);
+    }
+
+    fn event(&self, event: Event, handler: &dyn ListenerHandler) {
+        self.stats.notifications.fetch_add(1, Ordering::Relaxed);
+        handler.event(&event);
+        let _ = self.events.send(event);
+    }
+
+    fn junk(&self, payload: &str, error: &PayloadError) {
+        self.stats.junk_payloads.fetch_add(1, Ordering::Relaxed);
+        let shown: String = payload.chars().take(120).collect();
+        tracing::warn!(payload = %shown, %error, "listener: skipped a notification that is not a pipeline event");
+    }
 }
 
 /// Runs until `shutdown`: connect, LISTEN, report, forward; reconnect on
 /// any failure.
-pub async fn run(cfg: Arc<Config>, handler: Arc<dyn ListenerHandler>, shutdown: CancellationToken) {
-    let backoff_builder = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(cfg.listener.reconnect_min_ms))
-        .with_max_delay(Duration::from_millis(cfg.listener.reconnect_max_ms))
-        .with_jitter()
-        .without_max_times();
+pub async fn run(
+    cfg: Arc<Config>,
+    notifier: Arc<Notifier>,
+    handler: Arc<dyn ListenerHandler>,
+    shutdown: CancellationToken,
+) {
+    let backoff_builder = crate::backoff::reconnect(
+        Duration::from_millis(cfg.listener.reconnect_min_ms),
+        Duration::from_millis(cfg.listener.reconnect_max_ms),
+    );
     let mut backoff = backoff_builder.build();
     let mut connected_before = false;
     loop {
         if shutdown.is_cancelled() {
             return;
         }
-        handler.alive();
-        let reason = match session(&cfg, handler.as_ref(), &shutdown, connected_before, &mut || {
-            backoff = backoff_builder.build();
-        })
+        notifier.alive();
+        let reason = match session(
+            &cfg,
+            &notifier,
+            handler.as_ref(),
+            &shutdown,
+            connected_before,
+            &mut || {
+                backoff = backoff_builder.build();
+            },
+        )
         .await
         {
             Ok(()) => return, // shutdown
@@ -110,6 +213,7 @@ pub async fn run(cfg: Arc<Config>, handler: Arc<dyn ListenerHandler>, shutdown: 
         };
         if reason.listened {
             connected_before = true;
+            notifier.disconnected();
             handler.disconnected(&reason.message);
         }
         tracing::warn!(error = %reason.message, "listener: session lost; reconnecting");
@@ -131,6 +235,7 @@ struct SessionEnd {
 
 async fn session(
     cfg: &Config,
+    notifier: &Notifier,
     handler: &dyn ListenerHandler,
     shutdown: &CancellationToken,
     reconnect: bool,
@@ -175,6 +280,7 @@ async fn session(
     }
     reset_backoff();
     tracing::info!(channel = CHANNEL, reconnect, "listener: listening");
+    notifier.connected(reconnect);
     handler.connected(reconnect);
 
     let ended = |message: String| SessionEnd {
@@ -193,8 +299,8 @@ async fn session(
                         continue;
                     }
                     match parse_payload(n.payload()) {
-                        Ok(event) => handler.event(event),
-                        Err(e) => handler.junk(n.payload(), &e),
+                        Ok(event) => notifier.event(event, handler),
+                        Err(e) => notifier.junk(n.payload(), &e),
                     }
                 }
                 Some(Ok(AsyncMessage::Notice(notice))) => {
@@ -206,7 +312,7 @@ async fn session(
             },
             _ = health.tick() => {
                 match tokio::time::timeout(health_timeout(cfg), client.simple_query("SELECT 1")).await {
-                    Ok(Ok(_)) => handler.alive(),
+                    Ok(Ok(_)) => notifier.alive(),
                     Ok(Err(e)) => return Err(ended(format!("health query: {e}"))),
                     Err(_) => return Err(ended("health query timed out (backend frozen or network stalled)".into())),
                 }

@@ -25,12 +25,11 @@
 //!   open streams, waiting long-polls.
 
 use std::sync::Mutex;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::dispatcher::Stats;
 use crate::llm::{ChatResponse, LlmError, ProviderKind, Role};
 use chrono::{DateTime, Utc};
 
@@ -145,9 +144,29 @@ pub fn register_http() {
     }
 }
 
+/// Counters of one daemon (the engine's and its LISTEN session's), read by
+/// tests, logs and [`observe_engine`]. Defined here, not in the dispatcher,
+/// so dependencies go one way: the dispatcher and the listener feed
+/// metrics, metrics knows neither.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub claimed: [AtomicU64; 3],
+    pub succeeded: [AtomicU64; 3],
+    pub retried: AtomicU64,
+    pub failed: AtomicU64,
+    pub released: AtomicU64,
+    pub lease_lost: AtomicU64,
+    pub reclaimed: AtomicU64,
+    pub sweep_recovered: AtomicU64,
+    pub notifications: AtomicU64,
+    pub junk_payloads: AtomicU64,
+    pub listener_connects: AtomicU64,
+    pub listener_reconnects: AtomicU64,
+}
+
 /// Copies the dispatcher's counters into their series.
 pub fn observe_engine(stats: &Stats, listening: bool) {
-    let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
     for stage in StageKind::ALL {
         let i = stage.index();
         counter!("maas_stage_claims_total", "stage" => stage.as_str()).absolute(get(&stats.claimed[i]));

@@ -7,15 +7,19 @@
 //! daemons running it at once split the work instead of waiting, and no
 //! long transaction holds back vacuum. Unfinished runs are never touched;
 //! `raw_logs` and `lsm_storage` are the users' memory, not history, and stay.
+//! It runs as the daemon service [`Retention`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::db::{self, Pool};
 use crate::repo::ops;
+use crate::service::Service;
 
 /// Pause between batches, so a large backlog is deleted without hogging I/O.
 const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
@@ -25,6 +29,28 @@ const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
 pub struct Removed {
     pub runs: i64,
     pub actions: i64,
+}
+
+/// Retention passes as a daemon service.
+pub struct Retention {
+    pool: Pool,
+    cfg: Arc<Config>,
+}
+
+impl Retention {
+    pub fn new(pool: Pool, cfg: Arc<Config>) -> Retention {
+        Retention { pool, cfg }
+    }
+}
+
+impl Service for Retention {
+    fn name(&self) -> &'static str {
+        "retention"
+    }
+
+    fn run(self: Arc<Self>, shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+        run(self.pool.clone(), self.cfg.clone(), shutdown).boxed()
+    }
 }
 
 /// Runs retention passes until `shutdown`.

@@ -109,7 +109,7 @@ pub async fn submit(
         thread_id,
         query,
     };
-    let client = app.engine.pool().get().await?;
+    let client = app.pool.get().await?;
     let (id, replayed) = match key {
         None => (q::submit_request(&client, &req).await?, false),
         Some(key) => {
@@ -270,7 +270,7 @@ pub async fn status(
     };
     // Subscribe before reading, so a change in between is not missed.
     let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
-    let mut follower = Follower::new(app.engine.pool().clone(), sub);
+    let mut follower = Follower::new(app.pool.clone(), sub);
     let mut state = follower
         .current()
         .await?
@@ -310,8 +310,7 @@ pub async fn continue_run(State(app): State<AppState>, Path(id): Path<String>) -
     use crate::control::ContinueOutcome;
     let id = parse_id(&id)?;
     let client = app
-        .engine
-        .pool()
+        .pool
         .get()
         .await
         .map_err(|e| ApiError::unavailable("database", format!("database unavailable: {e}")))?;
@@ -345,8 +344,7 @@ pub async fn memory(State(app): State<AppState>, Path(id): Path<String>) -> Resu
         .parse()
         .map_err(|_| ApiError::bad_request("invalid_id", format!("{id:?} is not a user id (a UUID)")))?;
     let client = app
-        .engine
-        .pool()
+        .pool
         .get()
         .await
         .map_err(|e| ApiError::unavailable("database", format!("database unavailable: {e}")))?;
@@ -361,7 +359,7 @@ pub async fn memory(State(app): State<AppState>, Path(id): Path<String>) -> Resu
 pub async fn events(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
-    let mut follower = Follower::new(app.engine.pool().clone(), sub);
+    let mut follower = Follower::new(app.pool.clone(), sub);
     let first = follower.current().await?;
     if first.is_empty() {
         return Err(ApiError::not_found(format!("no request {id}")));
@@ -452,7 +450,7 @@ pub async fn ws(
         Target::User(_) => USER_QUEUE,
     };
     let sub = app.hub.subscribe(target, queue);
-    let mut follower = Follower::new(app.engine.pool().clone(), sub);
+    let mut follower = Follower::new(app.pool.clone(), sub);
     let first = follower.current().await?;
     if let Target::Request(id) = target
         && first.is_empty()

@@ -1,8 +1,8 @@
 //! Live push: one fan-out of the daemon's own LISTEN session to every HTTP
 //! subscriber (long-polls, WebSockets, SSE streams) of this process.
 //!
-//! - The [`Hub`] takes every notification from the engine's broadcast
-//!   (`Engine::subscribe`), so there is still one LISTEN session per process.
+//! - The [`Hub`] takes every notification from the listener's broadcast
+//!   (`Notifier::subscribe`), so there is still one LISTEN session per process.
 //!   Subscribers register by request id or by user id; a notification
 //!   nobody subscribed to costs nothing (no lookup).
 //! - A notification carries only `{id, status, operation}`. For a terminal
@@ -32,8 +32,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::db::Pool;
-use crate::dispatcher::Engine;
-use crate::listener::Event;
+use crate::listener::{Event, Notifier};
 use crate::model::Status;
 use crate::repo::http::{RunState, request_states, user_states};
 
@@ -320,17 +319,17 @@ impl Hub {
 }
 
 /// Runs the hub until `shutdown`: takes notifications from `events` (the
-/// engine's broadcast, subscribed before the engine started) and fans them
+/// listener's broadcast, subscribed before the engine started) and fans them
 /// out. Ends every subscription when it returns.
 pub async fn run_hub(
     hub: Arc<Hub>,
-    engine: Arc<Engine>,
+    pool: Pool,
+    notifier: Arc<Notifier>,
     mut events: broadcast::Receiver<Event>,
     shutdown: CancellationToken,
 ) {
-    let pool = engine.pool().clone();
     let mut users: HashMap<Uuid, Uuid> = HashMap::new();
-    let mut connects = engine.stats.listener_connects.load(Ordering::Relaxed);
+    let mut connects = notifier.connects();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -341,7 +340,7 @@ pub async fn run_hub(
                 // A (re)connected listener: notifications sent before it
                 // listened are gone, so everyone re-reads (after the first
                 // connect too: a subscriber may have read the table before).
-                let now = engine.stats.listener_connects.load(Ordering::Relaxed);
+                let now = notifier.connects();
                 if now != connects {
                     connects = now;
                     hub.resync_all("listener reconnected");

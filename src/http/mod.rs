@@ -1,8 +1,11 @@
 //! The HTTP server of `maasd` (axum on hyper): submit, status and long-poll,
 //! live push over SSE and WebSocket, health, readiness, metrics, OpenAPI.
 //!
-//! - Shares the engine's pool and its one LISTEN session: live push is the
-//!   engine's notification broadcast fanned out in memory ([`live`]).
+//! - Gets a pool, the [`Notifier`] and the daemon's counters, never the
+//!   engine: live push is the one LISTEN session's broadcast fanned out in
+//!   memory ([`live`]); readiness reads the notifier's health.
+//! - Its background upkeep (metrics refresh, idempotency key expiry) runs
+//!   as daemon services ([`housekeeping`]), started by the daemon.
 //! - Every response is produced within `http.request_timeout_secs` (a
 //!   long-poll gets its wait on top), else 503; bodies are capped at
 //!   `http.max_body_bytes` (413). Streams are bounded by their keep-alives
@@ -16,6 +19,7 @@
 
 pub mod api;
 pub mod error;
+pub mod housekeeping;
 pub mod live;
 pub mod openapi;
 pub mod ops;
@@ -38,8 +42,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, HttpAddr, exposed_without_tokens, is_loopback};
-use crate::dispatcher::Engine;
-use crate::metrics::MetricsError;
+use crate::db::Pool;
+use crate::listener::Notifier;
+use crate::metrics::{MetricsError, Stats};
 use error::ApiError;
 use live::Hub;
 
@@ -61,7 +66,11 @@ pub struct AppState(Arc<Inner>);
 
 pub struct Inner {
     pub cfg: Arc<Config>,
-    pub engine: Arc<Engine>,
+    pub pool: Pool,
+    /// The LISTEN session's broadcast and health.
+    pub notifier: Arc<Notifier>,
+    /// The daemon's counters, copied into `/metrics` at every scrape.
+    pub stats: Arc<Stats>,
     pub hub: Arc<Hub>,
     pub metrics: PrometheusHandle,
     pub shutdown: CancellationToken,
@@ -232,14 +241,17 @@ pub async fn bind(cfg: &Config) -> Result<Bound, HttpError> {
 pub struct Server {
     server: JoinHandle<()>,
     helpers: TaskTracker,
+    metrics: PrometheusHandle,
 }
 
-/// Starts serving on `bound`: the live hub, the metrics refresh and the
-/// server. Call before `Engine::run`, so the hub sees every notification.
+/// Starts serving on `bound`: the live hub and the server. Call before the
+/// engine runs, so the hub sees every notification.
 pub fn start(
     bound: Bound,
     cfg: Arc<Config>,
-    engine: Arc<Engine>,
+    pool: Pool,
+    notifier: Arc<Notifier>,
+    stats: Arc<Stats>,
     shutdown: CancellationToken,
 ) -> Result<Server, HttpError> {
     let handle = crate::metrics::install()?;
@@ -249,14 +261,9 @@ pub fn start(
     let helpers = TaskTracker::new();
     helpers.spawn(live::run_hub(
         hub.clone(),
-        engine.clone(),
-        engine.subscribe(),
-        shutdown.clone(),
-    ));
-    helpers.spawn(housekeeping(
-        cfg.clone(),
-        engine.clone(),
-        handle.clone(),
+        pool.clone(),
+        notifier.clone(),
+        notifier.subscribe(),
         shutdown.clone(),
     ));
     helpers.close();
@@ -267,9 +274,11 @@ pub fn start(
         .collect();
     let state = AppState(Arc::new(Inner {
         cfg: cfg.clone(),
-        engine,
+        pool,
+        notifier,
+        stats,
         hub,
-        metrics: handle,
+        metrics: handle.clone(),
         shutdown: shutdown.clone(),
         tokens,
     }));
@@ -283,55 +292,30 @@ pub fn start(
             tracing::error!(error = %e, "http: server failed");
         }
     });
-    Ok(Server { server, helpers })
+    Ok(Server {
+        server,
+        helpers,
+        metrics: handle,
+    })
 }
 
 impl Server {
+    /// The metrics exporter's handle (for [`housekeeping::MetricsRefresh`]).
+    pub fn metrics(&self) -> PrometheusHandle {
+        self.metrics.clone()
+    }
+
     /// Waits for the server to drain (it started on the shutdown token),
     /// at most `grace`; then drops what is left.
     pub async fn stop(self, grace: Duration) {
-        let Server { mut server, helpers } = self;
+        let Server {
+            mut server, helpers, ..
+        } = self;
         if tokio::time::timeout(grace, &mut server).await.is_err() {
             tracing::warn!("http: connections still open after the grace period; closing them");
             server.abort();
         }
         let _ = tokio::time::timeout(grace, helpers.wait()).await;
         tracing::info!("http: stopped");
-    }
-}
-
-/// Every `http.metrics_refresh_secs`: backlog gauges and the exporter's
-/// upkeep (the latency histograms are fed as results are written); every
-/// minute, expired idempotency keys.
-async fn housekeeping(cfg: Arc<Config>, engine: Arc<Engine>, handle: PrometheusHandle, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(cfg.http.metrics_refresh());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_expiry = Instant::now();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        handle.run_upkeep();
-        crate::metrics::observe_engine(&engine.stats, engine.is_listening());
-        let client = match engine.pool().get().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(error = %e, "metrics: no database connection; refresh skipped");
-                continue;
-            }
-        };
-        match crate::repo::http::count_backlog(&client).await {
-            Ok(rows) => crate::metrics::observe_backlog(&rows),
-            Err(e) => tracing::debug!(error = %e, "metrics: backlog query failed"),
-        }
-        if last_expiry.elapsed() >= Duration::from_secs(60) {
-            last_expiry = Instant::now();
-            match crate::repo::http::expire_idempotency_keys(&client, cfg.http.idempotency_ttl(), 10_000).await {
-                Ok(0) => {}
-                Ok(n) => tracing::debug!(keys = n, "http: expired idempotency keys deleted"),
-                Err(e) => tracing::debug!(error = %e, "http: could not delete expired idempotency keys"),
-            }
-        }
     }
 }

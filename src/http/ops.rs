@@ -49,7 +49,7 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
     if migrations != "ok" && database == "ok" {
         failures.push(format!("migrations: {migrations}"));
     }
-    let listener = if app.engine.is_listening() {
+    let listener = if app.notifier.is_listening() {
         "ok"
     } else {
         failures.push("listener: not connected".into());
@@ -71,13 +71,13 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
 }
 
 async fn schema_state(app: &AppState) -> Result<migrate::SchemaState, crate::db::Error> {
-    let client = app.engine.pool().get().await?;
+    let client = app.pool.get().await?;
     migrate::state(&client).await
 }
 
 /// `GET /metrics`: Prometheus text format 0.0.4.
 pub async fn metrics(State(app): State<AppState>) -> Response {
-    crate::metrics::observe_engine(&app.engine.stats, app.engine.is_listening());
+    crate::metrics::observe_engine(&app.stats, app.notifier.is_listening());
     let body = app.metrics.render();
     let mut resp = body.into_response();
     resp.headers_mut().insert(

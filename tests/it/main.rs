@@ -3,6 +3,7 @@
 
 mod archivist;
 mod cli;
+mod engine;
 mod http;
 mod llm;
 mod ops;

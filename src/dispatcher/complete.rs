@@ -1,0 +1,237 @@
+//! Group commit: results written in batches, fenced on their lease tokens.
+//!
+//! - One statement per batch, whatever the mix of stages and outcomes, with
+//!   the step history; at most `WRITERS` batches in flight, so one commits
+//!   while the next is gathered.
+//! - A result whose lease was lost is discarded; the row is unchanged.
+//! - A batch is retried while the database is unreachable for at most one
+//!   lease period; past that the leases have expired and the sweep retries
+//!   the stages. Every result is written (or given up) before the completer
+//!   returns.
+//! - Chaining: a success with a free slot in its next stage here is claimed
+//!   for that stage by the finishing statement itself and started at once.
+//! - A retried or deferred row wakes its stage after its delay (the row's
+//!   `run_after` is the truth; the timer is a doorbell).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use backon::BackoffBuilder;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use super::lease::Slot;
+use super::{Engine, WRITERS, bump, millis};
+use crate::model::{Outcome, StageKind};
+use crate::repo::{self, Claimed, Finished};
+
+impl Engine {
+    /// Writes results in batches until `done` fires and the queue is empty.
+    pub(super) async fn completer(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Finished>, done: CancellationToken) {
+        let flushes = Arc::new(Semaphore::new(WRITERS));
+        let writers = TaskTracker::new();
+        loop {
+            let first = tokio::select! {
+                biased;
+                msg = rx.recv() => msg,
+                _ = done.cancelled() => rx.try_recv().ok(),
+            };
+            let Some(first) = first else { break };
+            let mut batch = vec![first];
+            while batch.len() < self.cfg.complete_batch {
+                match rx.try_recv() {
+                    Ok(f) => batch.push(f),
+                    Err(_) => break,
+                }
+            }
+            let Ok(permit) = flushes.clone().acquire_owned().await else {
+                break;
+            };
+            let engine = self.clone();
+            writers.spawn(async move {
+                engine.flush(batch).await;
+                drop(permit);
+            });
+        }
+        writers.close();
+        writers.wait().await;
+    }
+
+    /// Writes one batch, retrying while the database is unreachable, for at
+    /// most one lease period: past that the leases have expired, and the
+    /// sweep (here or elsewhere) will retry the stages.
+    async fn flush(self: Arc<Self>, mut batch: Vec<Finished>) {
+        // Every multi-row writer locks rows in ascending id order, so two of
+        // them (flushes, heartbeats) never deadlock.
+        batch.sort_unstable_by_key(|f| f.id);
+        let deadline = Instant::now() + self.cfg.lease();
+        let mut backoff = crate::backoff::reconnect(Duration::from_millis(50), Duration::from_secs(2)).build();
+        // Chain: rows that finished a stage and have a free slot in their
+        // next stage here are claimed for it by the finishing statement.
+        let (mut chains, mut permits) = self.chain_candidates(&batch);
+        let reserved = permits.each_ref().map(Option::is_some);
+        // While rows may be chained, shutdown must wait for them to start.
+        let _tracking = (!chains.is_empty()).then(|| self.tasks.token());
+        let applied = loop {
+            let res = match self.pool.get().await {
+                Ok(client) => {
+                    repo::finish_batch(
+                        &client,
+                        &self.worker,
+                        &batch,
+                        |f| chains.get(&f.id).copied(),
+                        self.cfg.lease(),
+                    )
+                    .await
+                }
+                Err(e) => Err(e.into()),
+            };
+            match res {
+                Ok(done) => break done,
+                Err(e) if Instant::now() < deadline => {
+                    // Retry without chaining: the simplest statement first.
+                    chains.clear();
+                    permits = [None, None, None];
+                    let delay = backoff.next().unwrap_or(Duration::from_secs(1));
+                    tracing::warn!(results = batch.len(), error = %e, retry_in_ms = millis(delay),
+                        "could not write stage results; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => {
+                    tracing::error!(results = batch.len(), error = %e,
+                        "could not write stage results within the lease; the sweep will retry these stages");
+                    for f in &batch {
+                        self.forget(f.id, f.lease_token);
+                    }
+                    return;
+                }
+            }
+        };
+        let now = chrono::Utc::now();
+        let applied: HashMap<Uuid, repo::Applied> = applied.into_iter().map(|a| (a.id, a)).collect();
+        let mut chained = Vec::new();
+        // Stages where a slot was freed, and where a row became due.
+        let mut freed = [false; 3];
+        let mut woken = [false; 3];
+        for f in &batch {
+            let mut held = self.take(f.id, f.lease_token);
+            if let Some(h) = &held {
+                freed[h.slot_of.index()] = true;
+            }
+            let Some(done) = applied.get(&f.id) else {
+                bump(&self.stats.lease_lost);
+                tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome.as_str(),
+                    "lease lost before the result was written; result discarded, the row is unchanged");
+                continue;
+            };
+            crate::metrics::observe_result(f, done.created_at, now);
+            let next = match (&f.fused, done.fused) {
+                (Some(fused), true) => {
+                    let assemble = StageKind::Assemble.index();
+                    bump(&self.stats.claimed[assemble]);
+                    bump(&self.stats.succeeded[assemble]);
+                    crate::metrics::observe_stage(StageKind::Assemble, Outcome::Succeeded, fused.latency_ms);
+                    StageKind::Assemble.next()
+                }
+                _ => f.stage.next(),
+            };
+            match f.outcome {
+                Outcome::Succeeded => {
+                    bump(&self.stats.succeeded[f.stage.index()]);
+                    match (&done.chained, held.take()) {
+                        (Some((stage, row)), Some(held)) => chained.push((*stage, row.clone(), f.stage, held.slot)),
+                        (Some(_), None) => tracing::warn!(request.id = %f.id,
+                            "a chained row is no longer tracked here; the sweep takes it back when its lease runs out"),
+                        (None, _) => {
+                            if let Some(next) = next {
+                                woken[next.index()] = true;
+                            }
+                        }
+                    }
+                }
+                Outcome::Retrying | Outcome::Deferred => {
+                    bump(&self.stats.retried);
+                    self.wake_later(f.stage, f.delay);
+                }
+                Outcome::Failed => bump(&self.stats.failed),
+                Outcome::Released | Outcome::LeaseExpired => {}
+            }
+        }
+        // After the loop above: a chained row has the same id as the result
+        // it follows, and its entry must not be the one taken.
+        self.start_chained(chained, &mut permits);
+        drop(permits); // reserved slots no chained row took
+        for stage in StageKind::ALL {
+            if woken[stage.index()] {
+                self.wake(stage);
+            } else if freed[stage.index()] || reserved[stage.index()] {
+                self.freed(stage);
+            }
+        }
+    }
+
+    /// The rows of `batch` to claim for their next stage in the finishing
+    /// statement (every success with a next stage, unless shutting down),
+    /// and the free slots of those stages reserved for them.
+    fn chain_candidates(&self, batch: &[Finished]) -> (HashMap<Uuid, StageKind>, [Option<OwnedSemaphorePermit>; 3]) {
+        let mut permits: [Option<OwnedSemaphorePermit>; 3] = [None, None, None];
+        let mut chains = HashMap::new();
+        if self.stopping.is_cancelled() || self.cached_prompts().is_none() {
+            return (chains, permits);
+        }
+        for f in batch {
+            if f.outcome == Outcome::Succeeded
+                && let Some(next) = f.next_stage()
+            {
+                chains.insert(f.id, next);
+            }
+        }
+        for next in [StageKind::Assemble, StageKind::Respond] {
+            let wanted = chains.values().filter(|s| **s == next).count();
+            let sem = self.slot(next).sem.clone();
+            let n = wanted.min(sem.available_permits());
+            if n > 0
+                && let Ok(p) = sem.try_acquire_many_owned(u32::try_from(n).unwrap_or(u32::MAX))
+            {
+                permits[next.index()] = Some(p);
+            }
+        }
+        (chains, permits)
+    }
+
+    /// Runs the rows the finishing statement claimed for their next stage:
+    /// on a reserved slot while there are any, else on the slot of the stage
+    /// they finished until one of their own frees.
+    fn start_chained(
+        self: &Arc<Self>,
+        chained: Vec<(StageKind, Claimed, StageKind, OwnedSemaphorePermit)>,
+        permits: &mut [Option<OwnedSemaphorePermit>; 3],
+    ) {
+        let Some(prompts) = self.cached_prompts() else {
+            return;
+        };
+        for (stage, row, from, previous) in chained {
+            let slot = match permits[stage.index()].as_mut().and_then(|p| p.split(1)) {
+                Some(permit) => {
+                    drop(previous);
+                    Slot::Ready(permit)
+                }
+                None => Slot::After { previous, from },
+            };
+            self.start(stage, row, prompts.clone(), slot);
+        }
+    }
+
+    fn wake_later(self: &Arc<Self>, stage: StageKind, delay: Duration) {
+        let weak: Weak<Engine> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(engine) = weak.upgrade() {
+                engine.wake(stage);
+            }
+        });
+    }
+}

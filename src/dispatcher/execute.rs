@@ -1,0 +1,296 @@
+//! One attempt: a claimed row through its stage, and its record.
+//!
+//! - A stage runs within `stage_timeout_secs` and under a panic guard: a
+//!   timeout or a panic is a retryable stage error like any other, never a
+//!   lost task or a dead process.
+//! - A running stage stops when its lease is found lost (its result would
+//!   be rejected) or at the end of the grace period (its lease is released,
+//!   its attempt unspent).
+//! - What the outcome does to the request is [`super::policy::decide`]'s;
+//!   this file only turns the decision into the [`Finished`] record and its
+//!   message, and hands that to the completer exactly once per attempt.
+//! - A successful analyze may run the assemble stage at once on the same
+//!   input ([`Engine::fuse`]); whatever fusing does, the analysis stands.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::policy::{ClaimFacts, Decision, StageOutcome, decide};
+use super::{Engine, bump, millis};
+use crate::model::{Outcome, Prompts, StageKind};
+use crate::repo::{self, Claimed, Finished};
+use crate::stage::{StageError, StageInput, StageOutput, StageSuccess};
+
+enum Attempt {
+    Succeeded(StageSuccess),
+    Failed(StageError),
+    Released,
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let msg = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("the stage panicked: {msg}")
+}
+
+impl Engine {
+    /// Runs one claimed row through its stage and hands the result to the
+    /// completer.
+    pub(super) async fn execute(
+        self: Arc<Self>,
+        stage: StageKind,
+        mut row: Claimed,
+        prompts: Arc<Prompts>,
+        cancel: CancellationToken,
+        waiting_from: Option<StageKind>,
+    ) {
+        // A row chained without a free slot in this stage still holds the
+        // slot of the stage it finished; it trades that for one of this
+        // stage's as soon as one frees (the lease is renewed meanwhile).
+        if let Some(from) = waiting_from {
+            let acquired = tokio::select! {
+                p = self.slot(stage).sem.clone().acquire_owned() => p.ok(),
+                _ = cancel.cancelled() => None,
+            };
+            let Some(permit) = acquired else {
+                if self.hard_stop.is_cancelled() {
+                    let finished = self.record(stage, &row, Attempt::Released, Duration::ZERO);
+                    self.hand_over(finished);
+                } else {
+                    self.forget(row.id, row.lease_token); // the heartbeat found the lease lost
+                }
+                return;
+            };
+            let previous = self.inflight.lock().ok().and_then(|mut map| {
+                map.get_mut(&row.id).map(|f| {
+                    f.slot_of = stage;
+                    std::mem::replace(&mut f.slot, permit)
+                })
+            });
+            drop(previous);
+            self.freed(from);
+        }
+        let span = tracing::debug_span!("stage", request.id = %row.id, %stage, attempt = row.attempt);
+        let input = StageInput {
+            request_id: row.id,
+            user_id: row.user_id,
+            thread_id: row.thread_id,
+            user_query: row.user_query.clone(),
+            attempt: u32::try_from(row.attempt).unwrap_or(1),
+            analysis: row.analysis.clone(),
+            context: row.context.clone(),
+            memory: std::mem::take(&mut row.memory),
+            prompts,
+        };
+        let started = Instant::now();
+        let result = async {
+            tokio::select! {
+                r = self.run_guarded(stage, &input) => Some(r),
+                _ = cancel.cancelled() => None,
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        let latency = started.elapsed();
+        let result = match result {
+            None if self.hard_stop.is_cancelled() => Attempt::Released,
+            None => {
+                // The heartbeat found the lease lost; someone else owns the row.
+                self.forget(row.id, row.lease_token);
+                return;
+            }
+            Some(Err(e)) => Attempt::Failed(e),
+            Some(Ok(ok)) => Attempt::Succeeded(ok),
+        };
+        let mut finished = self.record(stage, &row, result, latency);
+        if stage == StageKind::Analyze && finished.outcome == Outcome::Succeeded && !row.debug {
+            finished.fused = self
+                .fuse(input, finished.analysis.clone())
+                .instrument(span.clone())
+                .await;
+        }
+        let _guard = span.enter();
+        self.hand_over(finished);
+    }
+
+    /// Runs the assemble stage right after a successful analyze, when it
+    /// can run on what the analyzer was given: the memory record the
+    /// analysis refers to (if any) is one of the user's records the claim
+    /// read for the analyzer. Its result is written with the analysis in one
+    /// statement (one commit and one row version fewer per request). When
+    /// it cannot run here, or fails, the assemble stage runs on its own as
+    /// usual.
+    async fn fuse(&self, mut input: StageInput, analysis: Option<serde_json::Value>) -> Option<repo::FusedAssemble> {
+        let wanted = analysis
+            .as_ref()
+            .and_then(|a| a.pointer("/context_found/lsm_record_id"))
+            .filter(|v| !v.is_null());
+        if let Some(id) = wanted
+            && !input.memory.iter().any(|m| Some(m.id) == id.as_i64())
+        {
+            return None;
+        }
+        input.analysis = analysis;
+        let started = Instant::now();
+        let out = self.run_guarded(StageKind::Assemble, &input).await;
+        let latency_ms = i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX);
+        match out {
+            Ok(StageSuccess {
+                output: StageOutput::Context(context),
+                usage,
+            }) => Some(repo::FusedAssemble {
+                context,
+                tokens: usage.prompt_tokens.and_then(|t| i32::try_from(t).ok()),
+                latency_ms,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Runs one stage within the stage timeout; a timeout or a panic is a
+    /// retryable stage error like any other.
+    async fn run_guarded(&self, stage: StageKind, input: &StageInput) -> Result<StageSuccess, StageError> {
+        let run = AssertUnwindSafe(self.pipeline.run(stage, input)).catch_unwind();
+        match tokio::time::timeout(self.cfg.stage_timeout(), run).await {
+            Err(_) => Err(StageError::retry(
+                "stage_timeout",
+                format!("{stage} did not finish within {} s", self.cfg.stage_timeout_secs),
+            )),
+            Ok(Err(panic)) => Err(StageError::retry("panic", panic_message(&panic))),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    /// Marks a row's stage finished and gives its result to the completer.
+    fn hand_over(&self, finished: Finished) {
+        let (id, token) = (finished.id, finished.lease_token);
+        if let Ok(mut map) = self.inflight.lock()
+            && let Some(f) = map.get_mut(&id)
+            && f.token == token
+        {
+            f.finished = true;
+        }
+        if self.results.send(finished).is_err() {
+            tracing::error!("completer is gone; the lease will expire and the sweep will retry");
+            self.forget(id, token);
+        }
+    }
+
+    fn record(&self, stage: StageKind, row: &Claimed, attempt: Attempt, latency: Duration) -> Finished {
+        let mut f = Finished {
+            id: row.id,
+            lease_token: row.lease_token,
+            stage,
+            outcome: Outcome::Succeeded,
+            new_status: stage.done_status(),
+            attempt: row.attempt,
+            started_at: row.claimed_at,
+            analysis: None,
+            context: None,
+            answer: None,
+            error_class: None,
+            error_message: None,
+            delay: Duration::ZERO,
+            model: None,
+            prompt_tokens: None,
+            completion_tokens: None,
+            latency_ms: Some(i32::try_from(latency.as_millis()).unwrap_or(i32::MAX)),
+            fused: None,
+        };
+        let usage = match attempt {
+            Attempt::Succeeded(StageSuccess { output, usage }) => {
+                match (stage, output) {
+                    (StageKind::Analyze, StageOutput::Analysis(v)) => f.analysis = Some(v),
+                    (StageKind::Assemble, StageOutput::Context(c)) => f.context = Some(c),
+                    (StageKind::Respond, StageOutput::Answer(a)) => f.answer = Some(a),
+                    (_, other) => {
+                        return self.record(
+                            stage,
+                            row,
+                            Attempt::Failed(StageError::fail(
+                                "internal",
+                                format!("{stage} produced the wrong kind of output: {other:?}"),
+                            )),
+                            latency,
+                        );
+                    }
+                }
+                tracing::debug!(request.id = %row.id, %stage, attempt = row.attempt, "stage succeeded");
+                usage
+            }
+            Attempt::Released => {
+                let claim = ClaimFacts {
+                    attempt: u32::try_from(row.attempt).unwrap_or(u32::MAX),
+                    jitter: 1.0,
+                };
+                let decision = decide(stage, &claim, &StageOutcome::Released, &self.policy);
+                f.outcome = decision.outcome();
+                f.new_status = decision.status();
+                f.error_class = Some("shutdown".into());
+                f.error_message = Some("released at shutdown before the stage finished".into());
+                bump(&self.stats.released);
+                return f;
+            }
+            Attempt::Failed(e) => {
+                let attempts = u32::try_from(row.attempt).unwrap_or(u32::MAX);
+                f.error_class = Some(e.class.to_string());
+                let claim = ClaimFacts {
+                    attempt: attempts,
+                    jitter: crate::backoff::jitter(),
+                };
+                let decision = decide(stage, &claim, &StageOutcome::Failed(e.disposition), &self.policy);
+                f.outcome = decision.outcome();
+                f.new_status = decision.status();
+                f.delay = decision.delay();
+                match decision {
+                    Decision::Defer { after, .. } => {
+                        f.error_message = Some(format!(
+                            "{stage} deferred ({}): {}; trying again in {} ms without spending an attempt",
+                            e.class,
+                            e.message,
+                            after.as_millis()
+                        ));
+                        tracing::info!(request.id = %row.id, %stage, class = %e.class, retry_in_ms = millis(after),
+                            "stage deferred");
+                    }
+                    Decision::Retry { limit, .. } => {
+                        f.error_message = Some(format!(
+                            "{stage} attempt {attempts} of {limit} failed ({}): {}; retrying in {} ms",
+                            e.class,
+                            e.message,
+                            f.delay.as_millis()
+                        ));
+                        tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
+                            error = %e.message, retry_in_ms = millis(f.delay), "stage failed; will retry");
+                    }
+                    Decision::Fail { exhausted: Some(_) } => {
+                        f.error_message = Some(format!(
+                            "{stage} failed after {attempts} attempts ({}): {}",
+                            e.class, e.message
+                        ));
+                        tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
+                            error = %e.message, "stage failed; attempts exhausted");
+                    }
+                    Decision::Fail { exhausted: None } | Decision::Advance { .. } | Decision::Release { .. } => {
+                        f.error_message = Some(format!("{stage} failed ({}): {}", e.class, e.message));
+                        tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
+                            error = %e.message, "stage failed permanently");
+                    }
+                }
+                e.usage
+            }
+        };
+        f.model = usage.model;
+        f.prompt_tokens = usage.prompt_tokens.and_then(|t| i32::try_from(t).ok());
+        f.completion_tokens = usage.completion_tokens.and_then(|t| i32::try_from(t).ok());
+        f
+    }
+}

@@ -1,0 +1,85 @@
+//! The catch-up sweep: takes back expired leases and wakes every
+//! dispatcher, so a due row is claimed within one sweep interval even if
+//! every notification was lost.
+//!
+//! - Runs every `sweep_secs` (jittered ±10 %, so daemons do not sweep in
+//!   lockstep) and at once after the LISTEN session (re)connects.
+//! - An expired lease goes back to its ready status (attempt spent) or to
+//!   `FAILED` past `max_attempts`, in batches of 500 rows.
+//! - A failed sweep is logged and tried again at the next tick.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use super::Engine;
+use crate::model::StageKind;
+use crate::repo;
+use crate::service::Service;
+
+/// The sweep as a daemon service.
+pub struct Sweep {
+    engine: Arc<Engine>,
+}
+
+impl Sweep {
+    pub fn new(engine: Arc<Engine>) -> Sweep {
+        Sweep { engine }
+    }
+}
+
+impl Service for Sweep {
+    fn name(&self) -> &'static str {
+        "sweep"
+    }
+
+    fn run(self: Arc<Self>, shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+        self.engine.clone().sweeper(shutdown).boxed()
+    }
+}
+
+impl Engine {
+    /// The periodic catch-up sweep (and on demand, after the listener connects).
+    async fn sweeper(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let jitter = rand::random_range(0.9..=1.1);
+            let period = self.cfg.sweep_interval().mul_f64(jitter);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+                _ = self.sweep_now.notified() => {}
+            }
+            if let Err(e) = self.sweep_once().await {
+                tracing::warn!(error = %e, "sweep failed");
+            }
+        }
+    }
+
+    /// One sweep: take back expired leases, then wake every dispatcher.
+    pub async fn sweep_once(&self) -> Result<usize, crate::db::Error> {
+        let client = self.pool.get().await?;
+        let mut total = 0;
+        loop {
+            let batch = repo::reclaim_expired(&client, self.cfg.max_attempts, 500).await?;
+            for r in &batch {
+                tracing::warn!(request.id = %r.id, was = %r.was, now = %r.new_status, "sweep: lease expired; row taken back");
+            }
+            total += batch.len();
+            self.stats.reclaimed.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            if batch.len() < 500 {
+                break;
+            }
+        }
+        drop(client);
+        for stage in StageKind::ALL {
+            let slot = self.slot(stage);
+            slot.swept.store(true, Ordering::Relaxed);
+            slot.wake.notify_one();
+        }
+        tracing::trace!(reclaimed = total, "sweep done");
+        Ok(total)
+    }
+}

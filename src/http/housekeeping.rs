@@ -1,0 +1,136 @@
+//! The HTTP side's background upkeep, as two daemon services.
+//!
+//! - [`MetricsRefresh`]: every `http.metrics_refresh_secs`, the exporter's
+//!   upkeep, the engine counters and the backlog gauges (the latency
+//!   histograms are fed as results are written). A database that cannot be
+//!   read skips the backlog until the next tick; the counters still update.
+//! - [`IdempotencyExpiry`]: every minute, deletes idempotency keys older
+//!   than `http.idempotency_ttl_secs`, at most 10,000 per pass.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::db::Pool;
+use crate::listener::Notifier;
+use crate::metrics::Stats;
+use crate::service::Service;
+
+/// How often expired idempotency keys are deleted.
+const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Keys deleted per pass at most.
+const EXPIRY_BATCH: i64 = 10_000;
+
+/// Backlog gauges, engine counters and the exporter's upkeep.
+pub struct MetricsRefresh {
+    pool: Pool,
+    cfg: Arc<Config>,
+    stats: Arc<Stats>,
+    notifier: Arc<Notifier>,
+    handle: PrometheusHandle,
+}
+
+impl MetricsRefresh {
+    pub fn new(
+        pool: Pool,
+        cfg: Arc<Config>,
+        stats: Arc<Stats>,
+        notifier: Arc<Notifier>,
+        handle: PrometheusHandle,
+    ) -> MetricsRefresh {
+        MetricsRefresh {
+            pool,
+            cfg,
+            stats,
+            notifier,
+            handle,
+        }
+    }
+
+    async fn run_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.cfg.http.metrics_refresh());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            self.handle.run_upkeep();
+            crate::metrics::observe_engine(&self.stats, self.notifier.is_listening());
+            let client = match self.pool.get().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(error = %e, "metrics: no database connection; refresh skipped");
+                    continue;
+                }
+            };
+            match crate::repo::http::count_backlog(&client).await {
+                Ok(rows) => crate::metrics::observe_backlog(&rows),
+                Err(e) => tracing::debug!(error = %e, "metrics: backlog query failed"),
+            }
+        }
+    }
+}
+
+impl Service for MetricsRefresh {
+    fn name(&self) -> &'static str {
+        "metrics-refresh"
+    }
+
+    fn run(self: Arc<Self>, shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+        self.run_loop(shutdown).boxed()
+    }
+}
+
+/// Deletes expired idempotency keys.
+pub struct IdempotencyExpiry {
+    pool: Pool,
+    cfg: Arc<Config>,
+}
+
+impl IdempotencyExpiry {
+    pub fn new(pool: Pool, cfg: Arc<Config>) -> IdempotencyExpiry {
+        IdempotencyExpiry { pool, cfg }
+    }
+
+    async fn run_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let start = tokio::time::Instant::now() + EXPIRY_INTERVAL;
+        let mut tick = tokio::time::interval_at(start, EXPIRY_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let client = match self.pool.get().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(error = %e, "http: no database connection; idempotency key expiry skipped");
+                    continue;
+                }
+            };
+            let ttl = self.cfg.http.idempotency_ttl();
+            match crate::repo::http::expire_idempotency_keys(&client, ttl, EXPIRY_BATCH).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(keys = n, "http: expired idempotency keys deleted"),
+                Err(e) => tracing::debug!(error = %e, "http: could not delete expired idempotency keys"),
+            }
+        }
+    }
+}
+
+impl Service for IdempotencyExpiry {
+    fn name(&self) -> &'static str {
+        "idempotency-expiry"
+    }
+
+    fn run(self: Arc<Self>, shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+        self.run_loop(shutdown).boxed()
+    }
+}

@@ -1,0 +1,47 @@
+//! Background services of `maasd`: each runs until its shutdown token fires,
+//! then returns. The daemon starts them from one list
+//! ([`crate::daemon::run`]) and waits for all of them before it exits.
+//!
+//! - A service owns what it needs (a pool, the configuration, a notifier);
+//!   none reaches into the engine's internals except the sweep, which is
+//!   the engine's own catch-up.
+//! - A service that is switched off by configuration logs so and returns at
+//!   once; a failing pass is logged and retried at its next tick, never fatal.
+//! - A service that panics is logged by name and stops; the others and the
+//!   engine go on.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A background job of the daemon.
+pub trait Service: Send + Sync + 'static {
+    /// A short name for logs.
+    fn name(&self) -> &'static str;
+    /// Runs until `shutdown` fires.
+    fn run(self: Arc<Self>, shutdown: CancellationToken) -> BoxFuture<'static, ()>;
+}
+
+/// Starts every service on its own task; the returned tracker is closed, so
+/// `wait()` returns once all of them have stopped.
+pub fn start(services: Vec<Arc<dyn Service>>, shutdown: &CancellationToken) -> TaskTracker {
+    let tasks = TaskTracker::new();
+    for service in services {
+        let name = service.name();
+        let run = service.run(shutdown.clone());
+        tasks.spawn(async move {
+            tracing::debug!(service = name, "service started");
+            if AssertUnwindSafe(run).catch_unwind().await.is_err() {
+                tracing::error!(service = name, "service panicked; it stays stopped");
+            } else {
+                tracing::debug!(service = name, "service stopped");
+            }
+        });
+    }
+    tasks.close();
+    tasks
+}
