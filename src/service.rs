@@ -1,6 +1,6 @@
 //! Background services of `maasd`: each runs until its shutdown token fires,
 //! then returns. The daemon starts them from one list
-//! ([`crate::daemon::run`]) and waits for all of them before it exits.
+//! (`daemon::run`) and waits for all of them before it exits.
 //!
 //! - A service owns what it needs (a pool, the configuration, a notifier);
 //!   none reaches into the engine's internals except the sweep, which is

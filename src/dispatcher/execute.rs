@@ -184,6 +184,8 @@ impl Engine {
         }
     }
 
+    /// The record of one attempt: what [`decide`] made of its outcome, the
+    /// message an operator reads, and the model's usage.
     fn record(&self, stage: StageKind, row: &Claimed, attempt: Attempt, latency: Duration) -> Finished {
         let mut f = Finished {
             id: row.id,
