@@ -45,3 +45,54 @@ pub fn start(services: Vec<Arc<dyn Service>>, shutdown: &CancellationToken) -> T
     tasks.close();
     tasks
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    struct Waits(AtomicBool);
+
+    impl Service for Waits {
+        fn name(&self) -> &'static str {
+            "waits"
+        }
+
+        fn run(self: Arc<Self>, shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+            async move {
+                shutdown.cancelled().await;
+                self.0.store(true, Ordering::Relaxed);
+            }
+            .boxed()
+        }
+    }
+
+    struct Panics;
+
+    impl Service for Panics {
+        fn name(&self) -> &'static str {
+            "panics"
+        }
+
+        #[allow(clippy::panic, reason = "the test's point")]
+        fn run(self: Arc<Self>, _shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+            async move { panic!("a service that panics") }.boxed()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_service_stops_alone_and_the_rest_stop_on_shutdown() {
+        let waits = Arc::new(Waits(AtomicBool::new(false)));
+        let shutdown = CancellationToken::new();
+        let tasks = start(vec![Arc::new(Panics), waits.clone()], &shutdown);
+        tokio::task::yield_now().await;
+        assert!(!waits.0.load(Ordering::Relaxed), "still running");
+        shutdown.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(5), tasks.wait())
+            .await
+            .ok();
+        assert!(tasks.is_empty());
+        assert!(waits.0.load(Ordering::Relaxed), "stopped on shutdown");
+    }
+}
