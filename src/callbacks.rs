@@ -33,7 +33,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{CallbacksConfig, Config};
 use crate::db::Pool;
 use crate::listener::Event;
-use crate::repo::ops::{self, Delivery};
+use crate::repo::callbacks::{self as outbox, Delivery};
 
 /// `sha256=` and the hex HMAC-SHA256 of `"{timestamp}.{body}"`.
 pub const SIGNATURE_HEADER: &str = "x-maas-signature";
@@ -156,7 +156,7 @@ impl Worker {
                     break;
                 }
                 let claimed = match self.pool.get().await {
-                    Ok(client) => ops::callbacks_claim(&client, free, self.lease()).await,
+                    Ok(client) => outbox::claim(&client, free, self.lease()).await,
                     Err(e) => Err(e.into()),
                 };
                 match claimed {
@@ -249,7 +249,7 @@ impl Worker {
             Ok(resp) if resp.status().is_success() => {
                 let status = i32::from(resp.status().as_u16());
                 tracing::debug!(delivery = d.id, request.id = %d.run_id, %host, status, ms, "callback delivered");
-                self.record(|c| async move { ops::callbacks_delivered(&c, d.id, status).await })
+                self.record(|c| async move { outbox::delivered(&c, d.id, status).await })
                     .await;
                 return;
             }
@@ -272,7 +272,7 @@ impl Worker {
         }
         let d = &d;
         let error = &error;
-        self.record(|c| async move { ops::callbacks_failed(&c, d, status, error, retry_in, dead).await })
+        self.record(|c| async move { outbox::failed(&c, d, status, error, retry_in, dead).await })
             .await;
     }
 

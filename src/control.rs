@@ -21,9 +21,10 @@ use uuid::Uuid;
 
 use crate::db;
 use crate::model::{StageKind, Status, UnknownStatus};
-use crate::repo::{self, ops};
+use crate::repo::{self, requests};
 
-pub use ops::{ControlState, Retried};
+pub use repo::control::ControlState;
+pub use repo::requests::Retried;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -62,11 +63,11 @@ pub async fn cancel(
     actor: &str,
     reason: Option<&str>,
 ) -> Result<CancelOutcome, Error> {
-    Ok(match ops::cancel_run(client, id, actor, reason).await? {
+    Ok(match requests::cancel(client, id, actor, reason).await? {
         None => CancelOutcome::NotFound,
-        Some((status, true)) => CancelOutcome::Cancelled { was: status.parse()? },
-        Some((status, false)) => CancelOutcome::AlreadyFinished {
-            status: status.parse()?,
+        Some(r) if r.cancelled => CancelOutcome::Cancelled { was: r.status.parse()? },
+        Some(r) => CancelOutcome::AlreadyFinished {
+            status: r.status.parse()?,
         },
     })
 }
@@ -96,13 +97,13 @@ pub async fn continue_run(
     actor: &str,
     reason: Option<&str>,
 ) -> Result<ContinueOutcome, Error> {
-    Ok(match ops::continue_run(client, id, actor, reason).await? {
+    Ok(match requests::continue_held(client, id, actor, reason).await? {
         None => ContinueOutcome::NotFound,
-        Some((status, debug, released)) => {
-            let status: Status = status.parse()?;
-            match (released, status.dispatches()) {
+        Some(r) => {
+            let status: Status = r.status.parse()?;
+            match (r.released, status.dispatches()) {
                 (true, Some(next)) => ContinueOutcome::Released { status, next },
-                _ => ContinueOutcome::NotHeld { status, debug },
+                _ => ContinueOutcome::NotHeld { status, debug: r.debug },
             }
         }
     })
@@ -131,14 +132,14 @@ pub async fn retry(
     actor: &str,
     reason: Option<&str>,
 ) -> Result<RetryOutcome, Error> {
-    let done = ops::retry_failed(client, Some(&[id]), 1, actor, reason).await?;
+    let done = requests::retry_failed(client, Some(&[id]), 1, actor, reason).await?;
     if let Some(r) = done.into_iter().next() {
         return Ok(RetryOutcome::Retried {
             status: r.status.parse()?,
             stage: r.stage,
         });
     }
-    Ok(match ops::run_status(client, id).await? {
+    Ok(match requests::status(client, id).await? {
         None => RetryOutcome::NotFound,
         Some(status) => RetryOutcome::NotFailed {
             status: status.parse()?,
@@ -155,10 +156,10 @@ pub async fn retry_all_failed(
     reason: Option<&str>,
     batch: usize,
 ) -> Result<Vec<Retried>, Error> {
-    let ids = ops::failed_ids(client).await?;
+    let ids = requests::failed_ids(client).await?;
     let mut all: Vec<Retried> = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(batch.max(1)) {
-        all.extend(ops::retry_failed(client, Some(chunk), chunk.len(), actor, reason).await?);
+        all.extend(requests::retry_failed(client, Some(chunk), chunk.len(), actor, reason).await?);
     }
     Ok(all)
 }
@@ -166,20 +167,20 @@ pub async fn retry_all_failed(
 /// Stops claiming in every daemon (running stages finish). Returns whether
 /// it was already paused.
 pub async fn pause(client: &impl GenericClient, actor: &str, reason: Option<&str>) -> Result<bool, Error> {
-    Ok(ops::control_set(client, true, reason, actor).await?)
+    Ok(repo::control::set(client, true, reason, actor).await?)
 }
 
 /// Resumes claiming in every daemon and rings the doorbell for due rows so
 /// they are claimed at once. Returns whether it was paused.
 pub async fn resume(client: &impl GenericClient, actor: &str, reason: Option<&str>) -> Result<bool, Error> {
-    let was = ops::control_set(client, false, reason, actor).await?;
-    repo::ring_due(client).await?;
+    let was = repo::control::set(client, false, reason, actor).await?;
+    requests::ring_due(client).await?;
     Ok(was)
 }
 
 /// Whether claiming is paused, and by whom.
 pub async fn state(client: &impl GenericClient) -> Result<ControlState, Error> {
-    Ok(ops::control_get(client).await?)
+    Ok(repo::control::get(client).await?)
 }
 
 /// Who is acting, for the audit trail: `$MAAS_OPERATOR`, else the login

@@ -35,7 +35,7 @@ use crate::db::Pool;
 use crate::dispatcher::Engine;
 use crate::listener::Event;
 use crate::model::Status;
-use crate::repo::http::{RunState, request_states, user_states};
+use crate::repo::requests::{RequestStatus, request_states, user_states};
 
 /// Most requests a subscriber by user is shown on (re)subscribing.
 const USER_STATES_LIMIT: i64 = 100;
@@ -53,8 +53,8 @@ pub struct Change {
     pub error: Option<String>,
 }
 
-impl From<RunState> for Change {
-    fn from(r: RunState) -> Change {
+impl From<RequestStatus> for Change {
+    fn from(r: RequestStatus) -> Change {
         Change {
             id: r.id,
             status: r.status,
@@ -283,7 +283,7 @@ impl Hub {
     }
 
     /// Delivers a batch of notifications; `rows` are the rows read for it.
-    fn deliver(&self, events: &[Event], rows: &HashMap<Uuid, RunState>, users: &mut HashMap<Uuid, Uuid>) {
+    fn deliver(&self, events: &[Event], rows: &HashMap<Uuid, RequestStatus>, users: &mut HashMap<Uuid, Uuid>) {
         for row in rows.values() {
             users.insert(row.id, row.user_id);
         }
@@ -401,7 +401,7 @@ pub async fn run_hub(
     }
 }
 
-async fn read_states(pool: &Pool, ids: &[Uuid]) -> Result<Vec<RunState>, crate::db::Error> {
+async fn read_states(pool: &Pool, ids: &[Uuid]) -> Result<Vec<RequestStatus>, crate::db::Error> {
     let client = pool.get().await?;
     request_states(&client, ids).await
 }
@@ -565,7 +565,7 @@ mod tests {
         let mut users = HashMap::new();
         let events = [ev(id, Status::Analyzed), ev(id, Status::Completed)];
         assert_eq!(hub.plan(&events, &users), vec![id], "user unknown: one lookup");
-        let row = RunState {
+        let row = RequestStatus {
             id,
             user_id: user,
             status: Status::Completed,

@@ -321,13 +321,13 @@ async fn housekeeping(cfg: Arc<Config>, engine: Arc<Engine>, handle: PrometheusH
                 continue;
             }
         };
-        match crate::repo::http::count_backlog(&client).await {
+        match crate::repo::requests::count_backlog(&client).await {
             Ok(rows) => crate::metrics::observe_backlog(&rows),
             Err(e) => tracing::debug!(error = %e, "metrics: backlog query failed"),
         }
         if last_expiry.elapsed() >= Duration::from_secs(60) {
             last_expiry = Instant::now();
-            match crate::repo::http::expire_idempotency_keys(&client, cfg.http.idempotency_ttl(), 10_000).await {
+            match crate::repo::idempotency::expire(&client, cfg.http.idempotency_ttl(), 10_000).await {
                 Ok(0) => {}
                 Ok(n) => tracing::debug!(keys = n, "http: expired idempotency keys deleted"),
                 Err(e) => tracing::debug!(error = %e, "http: could not delete expired idempotency keys"),
