@@ -5,12 +5,12 @@
 //! the table, so it is safe whatever the daemons are doing, and every action
 //! is recorded in `operator_actions` with who did it and why:
 //!
-//! - [`cancel`]: any non-terminal run → `CANCELLED`. An in-flight stage loses
+//! - [`cancel`]: any non-terminal request → `CANCELLED`. An in-flight stage loses
 //!   its lease at once; the daemon's heartbeat cancels the stage, and a result
 //!   that still arrives is discarded by the fenced completion.
-//! - [`retry`] / [`retry_all_failed`]: a `FAILED` run goes back to the ready
+//! - [`retry`] / [`retry_all_failed`]: a `FAILED` request goes back to the ready
 //!   status of the stage that failed (from the step history), attempts reset.
-//! - [`continue_run`]: a debug run resting in `ANALYZED` or `READY` is released
+//! - [`continue_run`]: a debug request resting in `ANALYZED` or `READY` is released
 //!   to its next stage, and the doorbell rings.
 //! - [`pause`] / [`resume`]: every daemon stops (resumes) claiming at its
 //!   next claim; running stages finish. Resuming rings the doorbell.
@@ -56,7 +56,7 @@ pub enum CancelOutcome {
     NotFound,
 }
 
-/// Cancels a run unless it is finished.
+/// Cancels a request unless it is finished.
 pub async fn cancel(
     client: &impl GenericClient,
     id: Uuid,
@@ -81,7 +81,7 @@ pub enum ContinueOutcome {
         status: Status,
         next: StageKind,
     },
-    /// Not resting: not a debug run, or not (yet) in `ANALYZED`/`READY`, or
+    /// Not resting: not a debug request, or not (yet) in `ANALYZED`/`READY`, or
     /// already released.
     NotHeld {
         status: Status,
@@ -90,7 +90,7 @@ pub enum ContinueOutcome {
     NotFound,
 }
 
-/// Releases a debug run resting in `ANALYZED` or `READY` to its next stage.
+/// Releases a debug request resting in `ANALYZED` or `READY` to its next stage.
 pub async fn continue_run(
     client: &impl GenericClient,
     id: Uuid,
@@ -118,14 +118,14 @@ pub enum RetryOutcome {
         status: Status,
         stage: String,
     },
-    /// Only `FAILED` runs are retried.
+    /// Only `FAILED` requests are retried.
     NotFailed {
         status: Status,
     },
     NotFound,
 }
 
-/// Sends one `FAILED` run back to the ready status of the stage that failed.
+/// Sends one `FAILED` request back to the ready status of the stage that failed.
 pub async fn retry(
     client: &impl GenericClient,
     id: Uuid,
@@ -147,9 +147,9 @@ pub async fn retry(
     })
 }
 
-/// Retries every run that is `FAILED` when the call starts, `batch` per
+/// Retries every request that is `FAILED` when the call starts, `batch` per
 /// statement (each its own short transaction). The set is fixed first, so a
-/// run that fails again meanwhile is not retried twice by one call.
+/// request that fails again meanwhile is not retried twice by one call.
 pub async fn retry_all_failed(
     client: &impl GenericClient,
     actor: &str,

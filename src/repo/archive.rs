@@ -175,7 +175,9 @@ pub async fn pending_logs(
     limit: usize,
 ) -> Result<Vec<PendingLog>, Error> {
     let stmt = client.prepare_cached(PENDING).await?;
-    let rows = client.query(&stmt, &[&user, &after, &through, &as_limit(limit)]).await?;
+    let rows = client
+        .query(&stmt, &[&user, &after, &through, &as_limit(limit)])
+        .await?;
     rows_as(&rows)
 }
 

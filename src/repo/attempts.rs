@@ -117,7 +117,12 @@ pub async fn claim_next(
     let rows = client
         .query(
             &stmt,
-            &[&super::as_limit(limit), &owner, &secs(lease), &super::as_limit(memory_records)],
+            &[
+                &super::as_limit(limit),
+                &owner,
+                &secs(lease),
+                &super::as_limit(memory_records),
+            ],
         )
         .await?;
     rows_as(&rows)

@@ -145,7 +145,7 @@ pub(crate) mod params_check {
                 let rest = l.trim().strip_prefix("--")?.trim().strip_prefix('$')?;
                 let (n, name) = rest.split_once(char::is_whitespace)?;
                 let n: usize = n.parse().ok()?;
-                let name = name.trim().split_whitespace().next()?.to_owned();
+                let name = name.split_whitespace().next()?.to_owned();
                 Some((n, name))
             })
             .collect();
@@ -178,7 +178,15 @@ pub(crate) mod params_check {
 
     /// Asserts that `names` are the parameters `sql` documents and uses.
     pub fn check(sql: &str, names: &[&str]) {
-        assert_eq!(documented(sql), names, "the struct's fields and the SQL's `-- $n name` comments differ");
-        assert_eq!(highest(sql), names.len(), "the statement uses another number of parameters");
+        assert_eq!(
+            documented(sql),
+            names,
+            "the struct's fields and the SQL's `-- $n name` comments differ"
+        );
+        assert_eq!(
+            highest(sql),
+            names.len(),
+            "the statement uses another number of parameters"
+        );
     }
 }

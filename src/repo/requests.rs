@@ -379,13 +379,7 @@ pub async fn due_counts(client: &impl GenericClient) -> Result<Vec<(String, i64,
     let stmt = client.prepare_cached(DUE_COUNTS).await?;
     let rows = client.query(&stmt, &[]).await?;
     rows.iter()
-        .map(|r| {
-            Ok((
-                r.try_get("status")?,
-                r.try_get("due")?,
-                r.try_get("oldest_due_secs")?,
-            ))
-        })
+        .map(|r| Ok((r.try_get("status")?, r.try_get("due")?, r.try_get("oldest_due_secs")?)))
         .collect()
 }
 

@@ -166,7 +166,9 @@ pub async fn notify(client: &impl GenericClient, channel: &str, payload: &str) -
 /// statement as an identifier, so only letters, digits and `_` are taken.
 pub async fn listen(client: &tokio_postgres::Client, channel: &str) -> Result<(), Error> {
     if channel.is_empty() || !channel.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(Error::Unexpected(format!("listen: {channel:?} is not a plain channel name")));
+        return Err(Error::Unexpected(format!(
+            "listen: {channel:?} is not a plain channel name"
+        )));
     }
     client.batch_execute(&format!("LISTEN {channel}")).await?;
     Ok(())
