@@ -12,7 +12,7 @@
 //! - Rows are read by column name into small typed structs ([`FromRow`]),
 //!   never by position; a renamed or missing column is an error naming it.
 //! - Statements with many inputs bind them from a struct declared with
-//!   [`statement_params!`], whose field order a test checks against the
+//!   `statement_params!`, whose field order a unit test checks against the
 //!   `-- $n name` comments of the SQL.
 //! - Functions accept any `GenericClient`, so callers choose between a
 //!   pooled connection and a transaction.
