@@ -538,7 +538,7 @@ async fn recovery(b: &mut Bench) {
 /// with the instant offline provider, for a fixed time budget.
 async fn archivist(b: &mut Bench) {
     use maas::archivist::{Archivist, Quiet, RunOptions, Trigger};
-    use maas::repo::archive::{CANDIDATES, select_candidates};
+    use maas::repo::archive::select_candidates;
     let (logs, users): (i64, i64) = if b.quick { (100_000, 1_000) } else { (1_000_000, 10_000) };
     let url = b.fresh_db("archivist").await;
     let mut c = connect(&url).await;
@@ -630,7 +630,8 @@ async fn archivist(b: &mut Bench) {
         round(percentile(&times, 0.5), 2),
         &format!("candidate selection, median of 20 ({selected} of {users} users selected, page limit)"),
     );
-    let explain = CANDIDATES
+    let explain = maas::repo::statement("archive_candidates")
+        .unwrap()
         .replace("$1", &cfg.archivist.min_pending.to_string())
         .replace("$2", &cfg.archivist.max_pending_age_secs.to_string())
         .replace("$3", &cfg.archivist.active_within_secs.to_string())

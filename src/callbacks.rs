@@ -37,7 +37,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{CallbacksConfig, Config};
 use crate::db::Pool;
 use crate::listener::{Event, Notifier};
-use crate::repo::ops::{self, Delivery};
+use crate::repo::callbacks::{self as outbox, Delivery};
 use crate::service::Service;
 
 /// `sha256=` and the hex HMAC-SHA256 of `"{timestamp}.{body}"`.
@@ -197,7 +197,7 @@ impl Worker {
                     break;
                 }
                 let claimed = match self.pool.get().await {
-                    Ok(client) => ops::callbacks_claim(&client, free, self.lease()).await,
+                    Ok(client) => outbox::claim(&client, free, self.lease()).await,
                     Err(e) => Err(e.into()),
                 };
                 match claimed {
@@ -290,7 +290,7 @@ impl Worker {
             Ok(resp) if resp.status().is_success() => {
                 let status = i32::from(resp.status().as_u16());
                 tracing::debug!(delivery = d.id, request.id = %d.run_id, %host, status, ms, "callback delivered");
-                self.record(|c| async move { ops::callbacks_delivered(&c, d.id, status).await })
+                self.record(|c| async move { outbox::delivered(&c, d.id, status).await })
                     .await;
                 return;
             }
@@ -313,7 +313,7 @@ impl Worker {
         }
         let d = &d;
         let error = &error;
-        self.record(|c| async move { ops::callbacks_failed(&c, d, status, error, retry_in, dead).await })
+        self.record(|c| async move { outbox::failed(&c, d, status, error, retry_in, dead).await })
             .await;
     }
 

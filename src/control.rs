@@ -5,12 +5,12 @@
 //! the table, so it is safe whatever the daemons are doing, and every action
 //! is recorded in `operator_actions` with who did it and why:
 //!
-//! - [`cancel`]: any non-terminal run → `CANCELLED`. An in-flight stage loses
+//! - [`cancel`]: any non-terminal request → `CANCELLED`. An in-flight stage loses
 //!   its lease at once; the daemon's heartbeat cancels the stage, and a result
 //!   that still arrives is discarded by the fenced completion.
-//! - [`retry`] / [`retry_all_failed`]: a `FAILED` run goes back to the ready
+//! - [`retry`] / [`retry_all_failed`]: a `FAILED` request goes back to the ready
 //!   status of the stage that failed (from the step history), attempts reset.
-//! - [`continue_run`]: a debug run resting in `ANALYZED` or `READY` is released
+//! - [`continue_run`]: a debug request resting in `ANALYZED` or `READY` is released
 //!   to its next stage, and the doorbell rings.
 //! - [`pause`] / [`resume`]: every daemon stops (resumes) claiming at its
 //!   next claim; running stages finish. Resuming rings the doorbell.
@@ -21,9 +21,10 @@ use uuid::Uuid;
 
 use crate::db;
 use crate::model::{StageKind, Status, UnknownStatus};
-use crate::repo::{self, ops};
+use crate::repo::{self, requests};
 
-pub use ops::{ControlState, Retried};
+pub use repo::control::ControlState;
+pub use repo::requests::Retried;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -55,18 +56,18 @@ pub enum CancelOutcome {
     NotFound,
 }
 
-/// Cancels a run unless it is finished.
+/// Cancels a request unless it is finished.
 pub async fn cancel(
     client: &impl GenericClient,
     id: Uuid,
     actor: &str,
     reason: Option<&str>,
 ) -> Result<CancelOutcome, Error> {
-    Ok(match ops::cancel_run(client, id, actor, reason).await? {
+    Ok(match requests::cancel(client, id, actor, reason).await? {
         None => CancelOutcome::NotFound,
-        Some((status, true)) => CancelOutcome::Cancelled { was: status.parse()? },
-        Some((status, false)) => CancelOutcome::AlreadyFinished {
-            status: status.parse()?,
+        Some(r) if r.cancelled => CancelOutcome::Cancelled { was: r.status.parse()? },
+        Some(r) => CancelOutcome::AlreadyFinished {
+            status: r.status.parse()?,
         },
     })
 }
@@ -80,7 +81,7 @@ pub enum ContinueOutcome {
         status: Status,
         next: StageKind,
     },
-    /// Not resting: not a debug run, or not (yet) in `ANALYZED`/`READY`, or
+    /// Not resting: not a debug request, or not (yet) in `ANALYZED`/`READY`, or
     /// already released.
     NotHeld {
         status: Status,
@@ -89,20 +90,20 @@ pub enum ContinueOutcome {
     NotFound,
 }
 
-/// Releases a debug run resting in `ANALYZED` or `READY` to its next stage.
+/// Releases a debug request resting in `ANALYZED` or `READY` to its next stage.
 pub async fn continue_run(
     client: &impl GenericClient,
     id: Uuid,
     actor: &str,
     reason: Option<&str>,
 ) -> Result<ContinueOutcome, Error> {
-    Ok(match ops::continue_run(client, id, actor, reason).await? {
+    Ok(match requests::continue_held(client, id, actor, reason).await? {
         None => ContinueOutcome::NotFound,
-        Some((status, debug, released)) => {
-            let status: Status = status.parse()?;
-            match (released, status.dispatches()) {
+        Some(r) => {
+            let status: Status = r.status.parse()?;
+            match (r.released, status.dispatches()) {
                 (true, Some(next)) => ContinueOutcome::Released { status, next },
-                _ => ContinueOutcome::NotHeld { status, debug },
+                _ => ContinueOutcome::NotHeld { status, debug: r.debug },
             }
         }
     })
@@ -117,28 +118,28 @@ pub enum RetryOutcome {
         status: Status,
         stage: String,
     },
-    /// Only `FAILED` runs are retried.
+    /// Only `FAILED` requests are retried.
     NotFailed {
         status: Status,
     },
     NotFound,
 }
 
-/// Sends one `FAILED` run back to the ready status of the stage that failed.
+/// Sends one `FAILED` request back to the ready status of the stage that failed.
 pub async fn retry(
     client: &impl GenericClient,
     id: Uuid,
     actor: &str,
     reason: Option<&str>,
 ) -> Result<RetryOutcome, Error> {
-    let done = ops::retry_failed(client, Some(&[id]), 1, actor, reason).await?;
+    let done = requests::retry_failed(client, Some(&[id]), 1, actor, reason).await?;
     if let Some(r) = done.into_iter().next() {
         return Ok(RetryOutcome::Retried {
             status: r.status.parse()?,
             stage: r.stage,
         });
     }
-    Ok(match ops::run_status(client, id).await? {
+    Ok(match requests::status(client, id).await? {
         None => RetryOutcome::NotFound,
         Some(status) => RetryOutcome::NotFailed {
             status: status.parse()?,
@@ -146,19 +147,19 @@ pub async fn retry(
     })
 }
 
-/// Retries every run that is `FAILED` when the call starts, `batch` per
+/// Retries every request that is `FAILED` when the call starts, `batch` per
 /// statement (each its own short transaction). The set is fixed first, so a
-/// run that fails again meanwhile is not retried twice by one call.
+/// request that fails again meanwhile is not retried twice by one call.
 pub async fn retry_all_failed(
     client: &impl GenericClient,
     actor: &str,
     reason: Option<&str>,
     batch: usize,
 ) -> Result<Vec<Retried>, Error> {
-    let ids = ops::failed_ids(client).await?;
+    let ids = requests::failed_ids(client).await?;
     let mut all: Vec<Retried> = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(batch.max(1)) {
-        all.extend(ops::retry_failed(client, Some(chunk), chunk.len(), actor, reason).await?);
+        all.extend(requests::retry_failed(client, Some(chunk), chunk.len(), actor, reason).await?);
     }
     Ok(all)
 }
@@ -166,20 +167,20 @@ pub async fn retry_all_failed(
 /// Stops claiming in every daemon (running stages finish). Returns whether
 /// it was already paused.
 pub async fn pause(client: &impl GenericClient, actor: &str, reason: Option<&str>) -> Result<bool, Error> {
-    Ok(ops::control_set(client, true, reason, actor).await?)
+    Ok(repo::control::set(client, true, reason, actor).await?)
 }
 
 /// Resumes claiming in every daemon and rings the doorbell for due rows so
 /// they are claimed at once. Returns whether it was paused.
 pub async fn resume(client: &impl GenericClient, actor: &str, reason: Option<&str>) -> Result<bool, Error> {
-    let was = ops::control_set(client, false, reason, actor).await?;
-    repo::ring_due(client).await?;
+    let was = repo::control::set(client, false, reason, actor).await?;
+    requests::ring_due(client).await?;
     Ok(was)
 }
 
 /// Whether claiming is paused, and by whom.
 pub async fn state(client: &impl GenericClient) -> Result<ControlState, Error> {
-    Ok(ops::control_get(client).await?)
+    Ok(repo::control::get(client).await?)
 }
 
 /// Who is acting, for the audit trail: `$MAAS_OPERATOR`, else the login

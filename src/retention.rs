@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::db::{self, Pool};
-use crate::repo::ops;
+use crate::repo;
 use crate::service::Service;
 
 /// Pause between batches, so a large backlog is deleted without hogging I/O.
@@ -90,7 +90,7 @@ pub async fn pass(pool: &Pool, keep: Duration, batch: usize, stop: &Cancellation
     let mut removed = Removed::default();
     let full = i64::try_from(batch).unwrap_or(i64::MAX);
     loop {
-        let n = ops::retention_runs(&client, keep, batch).await?;
+        let n = repo::retention::delete_requests(&client, keep, batch).await?;
         removed.runs += n;
         if n < full || stop.is_cancelled() {
             break;
@@ -98,7 +98,7 @@ pub async fn pass(pool: &Pool, keep: Duration, batch: usize, stop: &Cancellation
         tokio::time::sleep(BETWEEN_BATCHES).await;
     }
     loop {
-        let n = ops::retention_actions(&client, keep, batch).await?;
+        let n = repo::retention::delete_actions(&client, keep, batch).await?;
         removed.actions += n;
         if n < full || stop.is_cancelled() {
             break;

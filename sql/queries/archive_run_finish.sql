@@ -1,3 +1,13 @@
+-- Parameters, in the order `RunFinishParams` (src/repo/archive.rs) binds them (a unit test
+-- compares the two lists):
+-- $1  id
+-- $2  users
+-- $3  users_archived
+-- $4  logs
+-- $5  records
+-- $6  failures
+-- $7  errors
+--
 -- Closes the record of archive run $1 with its totals.
 UPDATE archive_runs
 SET finished_at    = now(),

@@ -15,4 +15,4 @@ SET attempts = o.attempts + 1,
     next_attempt_at = now() + make_interval(secs => $2::float8)
 FROM due
 WHERE o.id = due.id
-RETURNING o.id, o.run_id, o.url, o.event, o.payload::text, o.attempts
+RETURNING o.id, o.run_id, o.url, o.event, o.payload::text AS body, o.attempts

@@ -1,3 +1,12 @@
+-- Parameters, in the order `FailedParams` (src/repo/callbacks.rs) binds them (a unit test
+-- compares the two lists):
+-- $1  id
+-- $2  attempt
+-- $3  last_status
+-- $4  last_error
+-- $5  retry_secs
+-- $6  dead
+--
 -- Records a failed attempt $2 of delivery $1 (HTTP status $3, error $4):
 -- retried after $5 seconds, or dead when $6 is true. Fenced on the attempt,
 -- so a worker whose lease ran out and was overtaken changes nothing.

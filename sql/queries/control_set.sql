@@ -16,4 +16,4 @@ audit AS (
     VALUES (CASE WHEN $1::bool THEN 'pause' ELSE 'resume' END, $3::text, $2::text,
             jsonb_build_object('was_paused', coalesce((SELECT was FROM before), false)))
 )
-SELECT coalesce((SELECT was FROM before), false)
+SELECT coalesce((SELECT was FROM before), false) AS was_paused

@@ -1,3 +1,31 @@
+-- Parameters, in the order `FinishParams` (src/repo/attempts.rs) binds them
+-- (a unit test compares the two lists). Arrays, one element per result,
+-- unless marked scalar:
+-- $1  id
+-- $2  token
+-- $3  stage
+-- $4  in_flight
+-- $5  new_status
+-- $6  outcome
+-- $7  attempt
+-- $8  started_at
+-- $9  analysis
+-- $10 context
+-- $11 answer
+-- $12 error_class
+-- $13 error_message
+-- $14 delay_ms
+-- $15 model
+-- $16 prompt_tokens
+-- $17 completion_tokens
+-- $18 latency_ms
+-- $19 worker  (the finishing daemon (lease owner), scalar)
+-- $20 chain_to  (in-flight status to chain into, or NULL)
+-- $21 lease_secs  (lease of a chained claim in seconds, scalar)
+-- $22 fused_in  (carries a fused assemble result)
+-- $23 fused_tokens  (the fused assemble step's tokens)
+-- $24 fused_latency_ms  (the fused assemble step's latency)
+--
 -- Records a batch of finished stage attempts in one statement. Each result
 -- is fenced: it applies only while the row is still in that stage's
 -- in-flight status under the same lease token and owner. Rows that no longer match

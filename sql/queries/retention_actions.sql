@@ -10,4 +10,4 @@ WITH doomed AS (
 gone AS (
     DELETE FROM operator_actions a USING doomed d WHERE a.id = d.id RETURNING 1
 )
-SELECT count(*)::int8 FROM gone
+SELECT count(*)::int8 AS deleted FROM gone

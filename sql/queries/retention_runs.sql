@@ -14,4 +14,4 @@ WITH doomed AS (
 gone AS (
     DELETE FROM pipeline_runs r USING doomed d WHERE r.id = d.id RETURNING 1
 )
-SELECT count(*)::int8 FROM gone
+SELECT count(*)::int8 AS deleted FROM gone

@@ -3,11 +3,11 @@
 -- Two halves whose predicates match the partial dispatch and lease indexes,
 -- so a table full of finished runs is not scanned.
 SELECT status,
-       count(*)::int8,
-       count(*) FILTER (WHERE run_after <= now() AND NOT held)::int8,
-       count(*) FILTER (WHERE held)::int8,
+       count(*)::int8 AS total,
+       count(*) FILTER (WHERE run_after <= now() AND NOT held)::int8 AS due,
+       count(*) FILTER (WHERE held)::int8 AS held,
        extract(epoch FROM now() - min(greatest(updated_at, run_after))
-           FILTER (WHERE run_after <= now() AND NOT held))::float8
+           FILTER (WHERE run_after <= now() AND NOT held))::float8 AS oldest_due_secs
 FROM pipeline_runs
 WHERE status IN ('NEW', 'ANALYZED', 'READY')
 GROUP BY status

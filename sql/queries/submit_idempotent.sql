@@ -1,3 +1,12 @@
+-- Parameters, in the order `SubmitParams` (src/repo/idempotency.rs) binds them (a unit test
+-- compares the two lists):
+-- $1  user_id
+-- $2  thread_id
+-- $3  query
+-- $4  key
+-- $5  fingerprint
+-- $6  ttl_secs
+--
 -- Inserts a request under an idempotency key ($4, scoped to user $1, with
 -- fingerprint $5), in one statement: the key row and the request exist
 -- together or not at all. A key that is still fresh (younger than $6

@@ -27,7 +27,7 @@ use super::{CliError, Outcome, age, connect};
 use crate::config::Config;
 use crate::db;
 use crate::llm::{Llm, LlmConfig, ProviderKind, Role};
-use crate::repo::ops;
+use crate::repo::{control, stats};
 
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
 const PROVIDER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -91,10 +91,7 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
             return;
         }
     };
-    let version = client
-        .query_one("SELECT current_setting('server_version')", &[])
-        .await
-        .and_then(|row| row.try_get::<_, String>(0));
+    let version = stats::server_version(&client).await;
     match version {
         Ok(version) => r.add(
             "database",
@@ -143,10 +140,7 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         Ok(took) => r.add("notify", Level::Ok, format!("round trip in {} ms", took.as_millis())),
         Err(e) => r.add("notify", Level::Fail, e),
     }
-    let usage = client
-        .query_one("SELECT pg_notification_queue_usage()", &[])
-        .await
-        .and_then(|row| row.try_get::<_, f64>(0));
+    let usage = stats::notification_queue_usage(&client).await;
     match usage {
         Ok(usage) => {
             let level = if usage >= 0.5 {
@@ -176,7 +170,7 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
     if !schema_ok {
         return; // the rest reads tables of the current schema
     }
-    match ops::stats_daemons(&client).await {
+    match stats::daemons(&client).await {
         Ok(d) if d.is_empty() => r.add(
             "daemons",
             Level::Warn,
@@ -185,7 +179,7 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         Ok(d) => r.add("daemons", Level::Ok, format!("{} maasd listening", d.len())),
         Err(e) => r.add("daemons", Level::Warn, format!("cannot read pg_stat_activity: {e}")),
     }
-    match ops::control_get(&client).await {
+    match control::get(&client).await {
         Ok(c) if c.paused => r.add(
             "claiming",
             Level::Warn,
@@ -199,7 +193,7 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         Ok(_) => r.add("claiming", Level::Ok, "active"),
         Err(e) => r.add("claiming", Level::Fail, e.to_string()),
     }
-    match ops::stats_leases(&client).await {
+    match stats::leases(&client).await {
         Ok(leases) => {
             let expired: i64 = leases.iter().map(|l| l.expired).sum();
             let held: i64 = leases.iter().map(|l| l.held).sum();
@@ -218,7 +212,7 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         }
         Err(e) => r.add("leases", Level::Warn, e.to_string()),
     }
-    match ops::stats_callbacks(&client).await {
+    match stats::callbacks(&client).await {
         Ok(c) => {
             let no_secret = cfg.callbacks.secret.expose().is_empty();
             if c.pending > 0 && no_secret {
@@ -281,13 +275,11 @@ async fn notify_round_trip(cfg: &Config, sender: &deadpool_postgres::Object) -> 
     let channel = format!("maas_doctor_{}", uuid::Uuid::new_v4().simple());
     let token = uuid::Uuid::new_v4().to_string();
     let result = async {
-        client
-            .batch_execute(&format!("LISTEN {channel}"))
+        stats::listen(&client, &channel)
             .await
             .map_err(|e| format!("LISTEN failed: {e}"))?;
         let started = Instant::now();
-        sender
-            .execute("SELECT pg_notify($1, $2)", &[&channel, &token])
+        stats::notify(sender, &channel, &token)
             .await
             .map_err(|e| format!("NOTIFY failed: {e}"))?;
         let deadline = tokio::time::Instant::now() + NOTIFY_TIMEOUT;

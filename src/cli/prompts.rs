@@ -10,7 +10,7 @@ use clap::Subcommand;
 
 use super::{CliError, Outcome, connect};
 use crate::config::Config;
-use crate::repo::ops;
+use crate::repo::{audit, prompts};
 
 /// The roles of `system_prompts.role_name`.
 pub const ROLES: [&str; 4] = ["Analyzer", "Assembler", "FinalResponder", "Archivist"];
@@ -63,7 +63,7 @@ pub async fn run(cfg: &Config, cmd: PromptsCommand, actor: &str, json: bool) -> 
     match cmd {
         PromptsCommand::List => {
             let client = connect(cfg).await?;
-            let rows = ops::prompts_list(&client).await?;
+            let rows = prompts::list(&client).await?;
             if json {
                 println!("{}", serde_json::to_string(&rows).map_err(std::io::Error::other)?);
                 return Ok(Outcome::Ok);
@@ -96,7 +96,7 @@ pub async fn run(cfg: &Config, cmd: PromptsCommand, actor: &str, json: bool) -> 
         PromptsCommand::Show { role, version } => {
             let role = parse_role(&role)?;
             let client = connect(cfg).await?;
-            let Some(p) = ops::prompts_show(&client, role, version).await? else {
+            let Some(p) = prompts::show(&client, role, version).await? else {
                 match version {
                     Some(v) => eprintln!("{role} has no version {v}"),
                     None => eprintln!("{role} has no active prompt"),
@@ -135,10 +135,10 @@ pub async fn run(cfg: &Config, cmd: PromptsCommand, actor: &str, json: bool) -> 
             }
             let mut client = connect(cfg).await?;
             let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-            let (was, new) = ops::prompts_set(&tx, role, &text).await?;
+            let (was, new) = prompts::set(&tx, role, &text).await?;
             let detail =
                 serde_json::json!({"role": role, "version": new, "previous": was, "chars": text.chars().count()});
-            ops::record_action(&tx, "prompt_set", actor, reason.as_deref(), &detail).await?;
+            audit::record(&tx, "prompt_set", actor, reason.as_deref(), &detail).await?;
             tx.commit().await.map_err(crate::db::Error::from)?;
             if json {
                 println!("{detail}");
@@ -156,14 +156,14 @@ pub async fn run(cfg: &Config, cmd: PromptsCommand, actor: &str, json: bool) -> 
             let role = parse_role(&role)?;
             let mut client = connect(cfg).await?;
             let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-            let (was, found) = ops::prompts_activate(&tx, role, version).await?;
+            let (was, found) = prompts::activate(&tx, role, version).await?;
             if !found {
                 drop(tx); // rolls back: the previous version stays active
                 eprintln!("{role} has no version {version}; nothing changed");
                 return Ok(Outcome::Finding);
             }
             let detail = serde_json::json!({"role": role, "version": version, "previous": was});
-            ops::record_action(&tx, "prompt_activate", actor, reason.as_deref(), &detail).await?;
+            audit::record(&tx, "prompt_activate", actor, reason.as_deref(), &detail).await?;
             tx.commit().await.map_err(crate::db::Error::from)?;
             if json {
                 println!("{detail}");

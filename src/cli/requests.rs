@@ -8,7 +8,7 @@ use super::{CliError, Outcome, age, connect, one_line, parse_duration, parse_id,
 use crate::config::Config;
 use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
 use crate::model::Status;
-use crate::repo::{self, ops};
+use crate::repo::{audit, callbacks, requests, steps};
 
 /// Runs retried per statement by `retry --all-failed`.
 const RETRY_BATCH: usize = 500;
@@ -125,14 +125,14 @@ async fn list(
         ),
         None => None,
     };
-    let filter = ops::ListFilter {
+    let filter = requests::ListFilter {
         statuses: (!statuses.is_empty()).then_some(statuses),
         user_id,
         older_than,
         limit,
     };
     let client = connect(cfg).await?;
-    let rows = ops::list_runs(&client, &filter).await?;
+    let rows = requests::list(&client, &filter).await?;
     if json {
         println!("{}", serde_json::to_string(&rows).map_err(std::io::Error::other)?);
         return Ok(Outcome::Ok);
@@ -185,7 +185,7 @@ async fn list(
 async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
     let id = parse_id(id)?;
     let client = connect(cfg).await?;
-    let Some(run) = repo::show_run(&client, id).await? else {
+    let Some(run) = requests::get(&client, id).await? else {
         if json {
             println!("{}", serde_json::json!({"error": "not found", "id": id}));
         } else {
@@ -193,9 +193,9 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
         }
         return Ok(Outcome::Finding);
     };
-    let steps = repo::show_steps(&client, id).await?;
-    let actions = ops::show_actions(&client, id).await?;
-    let callbacks = ops::show_callbacks(&client, id).await?;
+    let steps = steps::for_request(&client, id).await?;
+    let actions = audit::for_request(&client, id).await?;
+    let callbacks = callbacks::for_request(&client, id).await?;
     if json {
         println!(
             "{}",

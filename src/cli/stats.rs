@@ -7,16 +7,16 @@ use std::time::Duration;
 use super::{CliError, Outcome, age, connect, since};
 use crate::config::Config;
 use crate::control;
-use crate::repo::ops;
+use crate::repo::stats;
 
 pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, CliError> {
     let client = connect(cfg).await?;
     let control = control::state(&client).await?;
-    let backlog = ops::stats_backlog(&client).await?;
-    let finished = ops::stats_finished(&client, window).await?;
-    let leases = ops::stats_leases(&client).await?;
-    let callbacks = ops::stats_callbacks(&client).await?;
-    let daemons = ops::stats_daemons(&client).await?;
+    let backlog = stats::backlog(&client).await?;
+    let finished = stats::finished(&client, window).await?;
+    let leases = stats::leases(&client).await?;
+    let callbacks = stats::callbacks(&client).await?;
+    let daemons = stats::daemons(&client).await?;
     let count = |s: &str| finished.iter().find(|f| f.0 == s).map_or(0, |f| f.1);
     let (completed, failed, cancelled) = (count("COMPLETED"), count("FAILED"), count("CANCELLED"));
     let failure_rate = if completed + failed > 0 {

@@ -9,10 +9,7 @@ use crate::repo;
 
 pub async fn run(cfg: &Config, dry_run: bool, json: bool) -> Result<Outcome, CliError> {
     let client = connect(cfg).await?;
-    let expired: i64 = client
-        .query_one("SELECT count(*) FROM pipeline_runs WHERE lease_expires_at < now()", &[])
-        .await?
-        .get(0);
+    let expired = repo::requests::count_expired_leases(&client).await?;
     let mut recovered = Vec::new();
     if !dry_run {
         loop {

@@ -156,7 +156,7 @@ pub async fn migrate(client: &mut Client, force_triggers: bool) -> Result<Report
         )
         .await?
         .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+        .map(|r| Ok((r.try_get("version")?, r.try_get("name")?, r.try_get("checksum")?)))
         .collect::<Result<_, Error>>()?;
     verify_applied(&applied)?;
 
@@ -178,7 +178,7 @@ pub async fn migrate(client: &mut Client, force_triggers: bool) -> Result<Report
         .query("SELECT name, checksum FROM maas_triggers", &[])
         .await?
         .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .map(|r| Ok((r.try_get("name")?, r.try_get("checksum")?)))
         .collect::<Result<_, Error>>()?;
     let present = present_triggers(&tx).await?;
     for t in TRIGGERS {
@@ -206,9 +206,9 @@ pub async fn migrate(client: &mut Client, force_triggers: bool) -> Result<Report
 /// Reads the schema state without changing anything.
 pub async fn state(client: &Client) -> Result<SchemaState, Error> {
     let exists: bool = client
-        .query_one("SELECT to_regclass('maas_migrations') IS NOT NULL", &[])
+        .query_one("SELECT to_regclass('maas_migrations') IS NOT NULL AS installed", &[])
         .await?
-        .try_get(0)?;
+        .try_get("installed")?;
     let current_version = if exists {
         let applied: Vec<(i32, String, String)> = client
             .query(
@@ -217,7 +217,7 @@ pub async fn state(client: &Client) -> Result<SchemaState, Error> {
             )
             .await?
             .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .map(|r| Ok((r.try_get("version")?, r.try_get("name")?, r.try_get("checksum")?)))
             .collect::<Result<_, Error>>()?;
         verify_applied(&applied)?;
         applied.last().map_or(0, |a| a.0)
@@ -241,13 +241,13 @@ pub async fn state(client: &Client) -> Result<SchemaState, Error> {
 async fn present_triggers(client: &impl tokio_postgres::GenericClient) -> Result<Vec<String>, Error> {
     client
         .query(
-            "SELECT t.tgname::text FROM pg_trigger t
+            "SELECT t.tgname::text AS name FROM pg_trigger t
              WHERE t.tgrelid IN (to_regclass('pipeline_runs'), to_regclass('raw_logs')) AND NOT t.tgisinternal",
             &[],
         )
         .await?
         .iter()
-        .map(|r| Ok(r.try_get(0)?))
+        .map(|r| Ok(r.try_get("name")?))
         .collect()
 }
 

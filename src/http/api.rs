@@ -21,7 +21,8 @@ use super::AppState;
 use super::error::ApiError;
 use super::live::{Follower, RequestState, Target};
 use crate::metrics::StreamGauge;
-use crate::repo::http::{self as q, NewRequest};
+use crate::repo::idempotency;
+use crate::repo::requests::{self as q, NewRequest};
 
 /// Longest query accepted, in characters (the `pipeline_runs_query_size`
 /// constraint).
@@ -119,13 +120,13 @@ pub async fn submit(
             // A second round only if the key expired and was deleted between
             // the two statements.
             for _ in 0..3 {
-                if let Some(id) = q::submit_idempotent(&client, &req, key, &fp, ttl).await? {
+                if let Some(id) = idempotency::submit(&client, &req, key, &fp, ttl).await? {
                     found = Some((id, false));
                     break;
                 }
-                match q::find_idempotent(&client, user_id, key).await? {
-                    Some((id, first)) if first == fp => {
-                        found = Some((id, true));
+                match idempotency::find(&client, user_id, key).await? {
+                    Some(k) if k.fingerprint == fp => {
+                        found = Some((k.request_id, true));
                         break;
                     }
                     Some(_) => {

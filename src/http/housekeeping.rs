@@ -70,7 +70,7 @@ impl MetricsRefresh {
                     continue;
                 }
             };
-            match crate::repo::http::count_backlog(&client).await {
+            match crate::repo::requests::count_backlog(&client).await {
                 Ok(rows) => crate::metrics::observe_backlog(&rows),
                 Err(e) => tracing::debug!(error = %e, "metrics: backlog query failed"),
             }
@@ -116,7 +116,7 @@ impl IdempotencyExpiry {
                 }
             };
             let ttl = self.cfg.http.idempotency_ttl();
-            match crate::repo::http::expire_idempotency_keys(&client, ttl, EXPIRY_BATCH).await {
+            match crate::repo::idempotency::expire(&client, ttl, EXPIRY_BATCH).await {
                 Ok(0) => {}
                 Ok(n) => tracing::debug!(keys = n, "http: expired idempotency keys deleted"),
                 Err(e) => tracing::debug!(error = %e, "http: could not delete expired idempotency keys"),

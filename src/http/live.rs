@@ -34,7 +34,7 @@ use uuid::Uuid;
 use crate::db::Pool;
 use crate::listener::{Event, Notifier};
 use crate::model::Status;
-use crate::repo::http::{RunState, request_states, user_states};
+use crate::repo::requests::{RequestStatus, request_states, user_states};
 
 /// Most requests a subscriber by user is shown on (re)subscribing.
 const USER_STATES_LIMIT: i64 = 100;
@@ -52,8 +52,8 @@ pub struct Change {
     pub error: Option<String>,
 }
 
-impl From<RunState> for Change {
-    fn from(r: RunState) -> Change {
+impl From<RequestStatus> for Change {
+    fn from(r: RequestStatus) -> Change {
         Change {
             id: r.id,
             status: r.status,
@@ -282,7 +282,7 @@ impl Hub {
     }
 
     /// Delivers a batch of notifications; `rows` are the rows read for it.
-    fn deliver(&self, events: &[Event], rows: &HashMap<Uuid, RunState>, users: &mut HashMap<Uuid, Uuid>) {
+    fn deliver(&self, events: &[Event], rows: &HashMap<Uuid, RequestStatus>, users: &mut HashMap<Uuid, Uuid>) {
         for row in rows.values() {
             users.insert(row.id, row.user_id);
         }
@@ -400,7 +400,7 @@ pub async fn run_hub(
     }
 }
 
-async fn read_states(pool: &Pool, ids: &[Uuid]) -> Result<Vec<RunState>, crate::db::Error> {
+async fn read_states(pool: &Pool, ids: &[Uuid]) -> Result<Vec<RequestStatus>, crate::db::Error> {
     let client = pool.get().await?;
     request_states(&client, ids).await
 }
@@ -564,7 +564,7 @@ mod tests {
         let mut users = HashMap::new();
         let events = [ev(id, Status::Analyzed), ev(id, Status::Completed)];
         assert_eq!(hub.plan(&events, &users), vec![id], "user unknown: one lookup");
-        let row = RunState {
+        let row = RequestStatus {
             id,
             user_id: user,
             status: Status::Completed,

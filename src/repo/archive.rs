@@ -12,30 +12,44 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
+use tokio_postgres::Row;
 use uuid::Uuid;
 
+use super::{FromRow, as_limit, row_as, rows_as, secs};
 use crate::db::Error;
 
-pub const CANDIDATES: &str = include_str!("../../sql/queries/archive_candidates.sql");
-pub const CLAIM: &str = include_str!("../../sql/queries/archive_claim.sql");
-pub const EXTEND: &str = include_str!("../../sql/queries/archive_extend.sql");
-pub const RELEASE: &str = include_str!("../../sql/queries/archive_release.sql");
-pub const PENDING: &str = include_str!("../../sql/queries/archive_pending.sql");
-pub const COMMIT: &str = include_str!("../../sql/queries/archive_commit.sql");
-pub const FAIL: &str = include_str!("../../sql/queries/archive_fail.sql");
-pub const MARK: &str = include_str!("../../sql/queries/archive_mark.sql");
-pub const RUN_START: &str = include_str!("../../sql/queries/archive_run_start.sql");
-pub const RUN_FINISH: &str = include_str!("../../sql/queries/archive_run_finish.sql");
-pub const TICK: &str = include_str!("../../sql/queries/archive_tick.sql");
-pub const SCHEDULE_INIT: &str = include_str!("../../sql/queries/archive_schedule_init.sql");
+const CANDIDATES: &str = include_str!("../../sql/queries/archive_candidates.sql");
+const CLAIM: &str = include_str!("../../sql/queries/archive_claim.sql");
+const EXTEND: &str = include_str!("../../sql/queries/archive_extend.sql");
+const RELEASE: &str = include_str!("../../sql/queries/archive_release.sql");
+const PENDING: &str = include_str!("../../sql/queries/archive_pending.sql");
+const COMMIT: &str = include_str!("../../sql/queries/archive_commit.sql");
+const FAIL: &str = include_str!("../../sql/queries/archive_fail.sql");
+const MARK: &str = include_str!("../../sql/queries/archive_mark.sql");
+const RUN_START: &str = include_str!("../../sql/queries/archive_run_start.sql");
+const RUN_FINISH: &str = include_str!("../../sql/queries/archive_run_finish.sql");
+const TICK: &str = include_str!("../../sql/queries/archive_tick.sql");
+const SCHEDULE_INIT: &str = include_str!("../../sql/queries/archive_schedule_init.sql");
+const TRY_LOCK_RUNS: &str = "SELECT pg_try_advisory_lock($1) AS locked";
+const UNLOCK_RUNS: &str = "SELECT pg_advisory_unlock($1) AS unlocked";
 
-fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
-}
-
-fn to_i64(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
+/// This file's statements, for [`super::all`].
+pub(super) const STATEMENTS: &[(&str, &str)] = &[
+    ("archive_candidates", CANDIDATES),
+    ("archive_claim", CLAIM),
+    ("archive_extend", EXTEND),
+    ("archive_release", RELEASE),
+    ("archive_pending", PENDING),
+    ("archive_commit", COMMIT),
+    ("archive_fail", FAIL),
+    ("archive_mark", MARK),
+    ("archive_run_start", RUN_START),
+    ("archive_run_finish", RUN_FINISH),
+    ("archive_tick", TICK),
+    ("archive_schedule_init", SCHEDULE_INIT),
+    ("archive_try_lock_runs", TRY_LOCK_RUNS),
+    ("archive_unlock_runs", UNLOCK_RUNS),
+];
 
 /// The thresholds of candidate selection (seed 004).
 #[derive(Debug, Clone, Copy)]
@@ -73,18 +87,20 @@ pub async fn select_candidates(
                 &secs(t.max_pending_age),
                 &secs(t.active_within),
                 &secs(t.cooldown),
-                &to_i64(limit),
+                &as_limit(limit),
             ],
         )
         .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(Candidate {
-                user_id: r.try_get(0)?,
-                pending: r.try_get(1)?,
-            })
+    rows_as(&rows)
+}
+
+impl FromRow for Candidate {
+    fn from_row(r: &Row) -> Result<Candidate, Error> {
+        Ok(Candidate {
+            user_id: r.try_get("user_id")?,
+            pending: r.try_get("pending")?,
         })
-        .collect()
+    }
 }
 
 /// The mark and sequence of a claimed user: logs with
@@ -107,15 +123,18 @@ pub async fn claim_user(
     lease: Duration,
 ) -> Result<Option<Claim>, Error> {
     let stmt = client.prepare_cached(CLAIM).await?;
-    let Some(r) = client.query_opt(&stmt, &[&user, &owner, &secs(lease)]).await? else {
-        return Ok(None);
-    };
-    Ok(Some(Claim {
-        archived_seq: r.try_get(0)?,
-        logged_seq: r.try_get(1)?,
-        failures: r.try_get(2)?,
-        memory_version: r.try_get(3)?,
-    }))
+    row_as(client.query_opt(&stmt, &[&user, &owner, &secs(lease)]).await?)
+}
+
+impl FromRow for Claim {
+    fn from_row(r: &Row) -> Result<Claim, Error> {
+        Ok(Claim {
+            archived_seq: r.try_get("archived_seq")?,
+            logged_seq: r.try_get("logged_seq")?,
+            failures: r.try_get("failures")?,
+            memory_version: r.try_get("memory_version")?,
+        })
+    }
 }
 
 /// Renews the lease; false when it was lost.
@@ -156,20 +175,24 @@ pub async fn pending_logs(
     limit: usize,
 ) -> Result<Vec<PendingLog>, Error> {
     let stmt = client.prepare_cached(PENDING).await?;
-    let rows = client.query(&stmt, &[&user, &after, &through, &to_i64(limit)]).await?;
-    rows.iter()
-        .map(|r| {
-            Ok(PendingLog {
-                id: r.try_get(0)?,
-                user_seq: r.try_get(1)?,
-                thread_id: r.try_get(2)?,
-                request_id: r.try_get(3)?,
-                message_type: r.try_get(4)?,
-                content: r.try_get(5)?,
-                created_at: r.try_get(6)?,
-            })
+    let rows = client
+        .query(&stmt, &[&user, &after, &through, &as_limit(limit)])
+        .await?;
+    rows_as(&rows)
+}
+
+impl FromRow for PendingLog {
+    fn from_row(r: &Row) -> Result<PendingLog, Error> {
+        Ok(PendingLog {
+            id: r.try_get("id")?,
+            user_seq: r.try_get("user_seq")?,
+            thread_id: r.try_get("thread_id")?,
+            request_id: r.try_get("request_id")?,
+            message_type: r.try_get("message_type")?,
+            content: r.try_get("content")?,
+            created_at: r.try_get("created_at")?,
         })
-        .collect()
+    }
 }
 
 /// One LSM record to write.
@@ -204,8 +227,8 @@ pub async fn commit_batch(
     let json = serde_json::to_value(records).unwrap_or(Value::Array(Vec::new()));
     Ok(match client.query_opt(&stmt, &[&user, &from, &to, &json]).await? {
         Some(r) => Committed::Applied {
-            memory_version: r.try_get(0)?,
-            records: r.try_get(1)?,
+            memory_version: r.try_get("memory_version")?,
+            records: r.try_get("records")?,
         },
         None => Committed::Fenced,
     })
@@ -224,7 +247,7 @@ pub async fn fail_user(
     let stmt = client.prepare_cached(FAIL).await?;
     let ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
     let row = client.query_opt(&stmt, &[&user, &owner, &error, &ms, &counts]).await?;
-    Ok(row.map(|r| r.try_get(0)).transpose()?)
+    Ok(row.map(|r| r.try_get("failures")).transpose()?)
 }
 
 /// One user's archive state: what `maasctl archivist show` prints and what
@@ -249,24 +272,27 @@ pub struct MarkView {
 /// The archive state of `user`; `None` if the user never logged anything.
 pub async fn show_mark(client: &impl GenericClient, user: Uuid) -> Result<Option<MarkView>, Error> {
     let stmt = client.prepare_cached(MARK).await?;
-    let Some(r) = client.query_opt(&stmt, &[&user]).await? else {
-        return Ok(None);
-    };
-    Ok(Some(MarkView {
-        user_id: r.try_get(0)?,
-        logged_seq: r.try_get(1)?,
-        archived_seq: r.try_get(2)?,
-        pending: r.try_get(3)?,
-        pending_since: r.try_get(4)?,
-        last_active_at: r.try_get(5)?,
-        last_archived_at: r.try_get(6)?,
-        memory_version: r.try_get(7)?,
-        lease_owner: r.try_get(8)?,
-        lease_expires_at: r.try_get(9)?,
-        failures: r.try_get(10)?,
-        retry_after: r.try_get(11)?,
-        last_error: r.try_get(12)?,
-    }))
+    row_as(client.query_opt(&stmt, &[&user]).await?)
+}
+
+impl FromRow for MarkView {
+    fn from_row(r: &Row) -> Result<MarkView, Error> {
+        Ok(MarkView {
+            user_id: r.try_get("user_id")?,
+            logged_seq: r.try_get("logged_seq")?,
+            archived_seq: r.try_get("archived_seq")?,
+            pending: r.try_get("pending")?,
+            pending_since: r.try_get("pending_since")?,
+            last_active_at: r.try_get("last_active_at")?,
+            last_archived_at: r.try_get("last_archived_at")?,
+            memory_version: r.try_get("memory_version")?,
+            lease_owner: r.try_get("lease_owner")?,
+            lease_expires_at: r.try_get("lease_expires_at")?,
+            failures: r.try_get("failures")?,
+            retry_after: r.try_get("retry_after")?,
+            last_error: r.try_get("last_error")?,
+        })
+    }
 }
 
 /// The memory version of `user` (0 when the user has no records yet): a
@@ -288,7 +314,7 @@ pub async fn start_run(
     Ok(client
         .query_one(&stmt, &[&trigger, &worker, &only_user, &tick])
         .await?
-        .try_get(0)?)
+        .try_get("id")?)
 }
 
 /// The totals of a run.
@@ -303,22 +329,32 @@ pub struct RunTotals {
     pub errors: Value,
 }
 
+super::statement_params! {
+    /// The inputs of `archive_run_finish.sql`, `$1` to `$7` in field order.
+    struct RunFinishParams<'a> {
+        id: i64,
+        users: i32,
+        users_archived: i32,
+        logs: i64,
+        records: i32,
+        failures: i32,
+        errors: &'a Value,
+    }
+}
+
+/// Closes run record `id` with its totals.
 pub async fn finish_run(client: &impl GenericClient, id: i64, t: &RunTotals) -> Result<(), Error> {
     let stmt = client.prepare_cached(RUN_FINISH).await?;
-    client
-        .execute(
-            &stmt,
-            &[
-                &id,
-                &t.users,
-                &t.users_archived,
-                &t.logs,
-                &t.records,
-                &t.failures,
-                &t.errors,
-            ],
-        )
-        .await?;
+    let params = RunFinishParams {
+        id,
+        users: t.users,
+        users_archived: t.users_archived,
+        logs: t.logs,
+        records: t.records,
+        failures: t.failures,
+        errors: &t.errors,
+    };
+    client.execute(&stmt, &params.params()).await?;
     Ok(())
 }
 
@@ -340,18 +376,26 @@ pub async fn init_schedule(client: &impl GenericClient, schedule: &str, tick: Da
 /// when another session holds it. Needs a direct or session-pooled
 /// connection, not PgBouncer in transaction mode.
 pub async fn try_lock_runs(client: &impl GenericClient) -> Result<bool, Error> {
-    Ok(client
-        .query_one("SELECT pg_try_advisory_lock($1)", &[&RUN_LOCK_KEY])
-        .await?
-        .try_get(0)?)
+    let stmt = client.prepare_cached(TRY_LOCK_RUNS).await?;
+    Ok(client.query_one(&stmt, &[&RUN_LOCK_KEY]).await?.try_get("locked")?)
 }
 
 pub async fn unlock_runs(client: &impl GenericClient) -> Result<(), Error> {
-    client
-        .execute("SELECT pg_advisory_unlock($1)", &[&RUN_LOCK_KEY])
-        .await?;
+    let stmt = client.prepare_cached(UNLOCK_RUNS).await?;
+    client.execute(&stmt, &[&RUN_LOCK_KEY]).await?;
     Ok(())
 }
 
 /// Advisory lock key of scheduled archive runs ("arch" in ASCII).
 const RUN_LOCK_KEY: i64 = 0x6172_6368;
+
+#[cfg(test)]
+mod tests {
+    use super::super::params_check::check;
+    use super::*;
+
+    #[test]
+    fn run_finish_params_are_in_the_order_the_sql_documents() {
+        check(RUN_FINISH, RunFinishParams::NAMES);
+    }
+}

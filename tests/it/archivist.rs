@@ -351,7 +351,7 @@ async fn candidate_selection_reads_the_marks_index_not_the_logs() {
         logs(&c, Uuid::new_v4(), None, 2, 5.0).await;
     }
     c.batch_execute("ANALYZE; SET enable_seqscan = off").await.unwrap();
-    let sql = maas::repo::archive::CANDIDATES;
+    let sql = maas::repo::statement("archive_candidates").unwrap();
     let plan: Vec<String> = c
         .query(
             &format!(

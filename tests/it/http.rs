@@ -595,10 +595,8 @@ async fn http_idempotency_key_returns_the_first_request_durably_and_under_concur
     )
     .await
     .unwrap();
-    let deleted = c
-        .execute(maas::repo::http::EXPIRE_IDEMPOTENCY_KEYS, &[&86_400f64, &100i64])
-        .await
-        .unwrap();
+    let expire = maas::repo::statement("expire_idempotency_keys").unwrap();
+    let deleted = c.execute(expire, &[&86_400f64, &100i64]).await.unwrap();
     assert_eq!(deleted, 1);
 
     // Durable: another daemon process still knows the key.

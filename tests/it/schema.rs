@@ -172,6 +172,30 @@ async fn every_named_query_prepares_against_the_schema() {
     }
 }
 
+/// Rows are read by column name: every result column of every statement
+/// has a name of its own (no `?column?`, no two alike).
+#[tokio::test]
+async fn every_named_query_names_its_columns() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for (name, sql) in repo::all() {
+        let stmt = c.prepare(sql).await.unwrap();
+        let columns: Vec<&str> = stmt.columns().iter().map(|c| c.name()).collect();
+        assert!(
+            !columns.contains(&"?column?"),
+            "query {name} has an unnamed column: {columns:?}"
+        );
+        let mut unique = columns.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            columns.len(),
+            "query {name} repeats a column name: {columns:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn concurrent_migrations_apply_once() {
     let db = TestDb::empty().await;

@@ -1,0 +1,2 @@
+-- Leases that ran out and are not yet taken back (`maasctl sweep --dry-run`).
+SELECT count(*) AS expired FROM pipeline_runs WHERE lease_expires_at < now()

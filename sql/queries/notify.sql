@@ -1,0 +1,2 @@
+-- Sends payload $2 on channel $1 (`maasctl doctor`'s round trip).
+SELECT pg_notify($1, $2)

@@ -1,0 +1,94 @@
+//! Idempotency keys (`http_idempotency_keys`): a request submitted under a
+//! key is inserted with the key in one statement, so a key names at most
+//! one request while it is fresh.
+
+use std::time::Duration;
+
+use deadpool_postgres::GenericClient;
+use uuid::Uuid;
+
+use super::requests::NewRequest;
+use super::secs;
+use crate::db::Error;
+
+const SUBMIT: &str = include_str!("../../sql/queries/submit_idempotent.sql");
+const FIND: &str = include_str!("../../sql/queries/find_idempotent.sql");
+const EXPIRE: &str = include_str!("../../sql/queries/expire_idempotency_keys.sql");
+
+/// This file's statements, for [`super::all`].
+pub(super) const STATEMENTS: &[(&str, &str)] = &[
+    ("submit_idempotent", SUBMIT),
+    ("find_idempotent", FIND),
+    ("expire_idempotency_keys", EXPIRE),
+];
+
+super::statement_params! {
+    /// The inputs of `submit_idempotent.sql`, `$1` to `$6` in field order.
+    struct SubmitParams<'a> {
+        user_id: Uuid,
+        thread_id: Option<Uuid>,
+        query: &'a str,
+        key: &'a str,
+        fingerprint: &'a str,
+        ttl_secs: f64,
+    }
+}
+
+/// Inserts a request under an idempotency key. `None` when the key is
+/// already taken (and fresh): read its first request with [`find`].
+pub async fn submit(
+    client: &impl GenericClient,
+    req: &NewRequest<'_>,
+    key: &str,
+    fingerprint: &str,
+    ttl: Duration,
+) -> Result<Option<Uuid>, Error> {
+    let stmt = client.prepare_cached(SUBMIT).await?;
+    let params = SubmitParams {
+        user_id: req.user_id,
+        thread_id: req.thread_id,
+        query: req.query,
+        key,
+        fingerprint,
+        ttl_secs: secs(ttl),
+    };
+    let row = client.query_opt(&stmt, &params.params()).await?;
+    Ok(row.map(|r| r.try_get("id")).transpose()?)
+}
+
+/// The first request of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keyed {
+    pub request_id: Uuid,
+    /// What the first submission carried (see `http::api`).
+    pub fingerprint: String,
+}
+
+/// The first request of a key and its fingerprint.
+pub async fn find(client: &impl GenericClient, user_id: Uuid, key: &str) -> Result<Option<Keyed>, Error> {
+    let stmt = client.prepare_cached(FIND).await?;
+    let Some(r) = client.query_opt(&stmt, &[&user_id, &key]).await? else {
+        return Ok(None);
+    };
+    Ok(Some(Keyed {
+        request_id: r.try_get("request_id")?,
+        fingerprint: r.try_get("fingerprint")?,
+    }))
+}
+
+/// Deletes up to `limit` keys older than `ttl`; returns how many.
+pub async fn expire(client: &impl GenericClient, ttl: Duration, limit: i64) -> Result<u64, Error> {
+    let stmt = client.prepare_cached(EXPIRE).await?;
+    Ok(client.execute(&stmt, &[&secs(ttl), &limit]).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::params_check::check;
+    use super::*;
+
+    #[test]
+    fn submit_params_are_in_the_order_the_sql_documents() {
+        check(SUBMIT, SubmitParams::NAMES);
+    }
+}
