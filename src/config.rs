@@ -17,9 +17,12 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::archivist::ArchivistConfig;
 use crate::llm::LlmConfig;
 use crate::model::StageKind;
+pub use crate::secret::Secret;
+
+mod archivist;
+pub use archivist::{ArchivistConfig, cron_schedule};
 
 /// Everything `maasd` and `maasctl` read from configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -90,7 +93,7 @@ pub struct Config {
     /// Deleting finished runs after a while.
     pub retention: RetentionConfig,
     /// The archivist's schedule, thresholds and budgets (`[archivist]`, see
-    /// `archivist::ArchivistConfig`).
+    /// [`ArchivistConfig`]).
     pub archivist: ArchivistConfig,
 }
 
@@ -568,29 +571,6 @@ impl Config {
         let cap = Duration::from_secs(self.retry_max_secs);
         let exp = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
         exp.min(cap).mul_f64(rand::random_range(0.5..=1.0))
-    }
-}
-
-/// A string that never shows itself in `Debug` or `Display` output.
-#[derive(Clone, Default, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(pub String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
     }
 }
 

@@ -44,6 +44,7 @@ pub mod metrics;
 pub mod model;
 pub mod repo;
 pub mod retention;
+pub mod secret;
 pub mod shutdown;
 pub mod stage;
 pub mod systemd;

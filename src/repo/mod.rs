@@ -13,7 +13,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::db::Error;
-use crate::model::{MemoryRecord, Outcome, Prompts, StageKind, Status};
+use crate::model::{MemoryRecord, Outcome, PromptRole, Prompts, StageKind, Status};
 
 pub mod archive;
 
@@ -557,12 +557,8 @@ pub async fn active_prompts(client: &impl GenericClient) -> Result<Prompts, Erro
     for r in client.query(&stmt, &[]).await? {
         let role: String = r.try_get(0)?;
         let text: String = r.try_get(1)?;
-        match role.as_str() {
-            "Analyzer" => prompts.analyzer = Some(text),
-            "Assembler" => prompts.assembler = Some(text),
-            "FinalResponder" => prompts.final_responder = Some(text),
-            "Archivist" => prompts.archivist = Some(text),
-            _ => {}
+        if let Ok(role) = role.parse::<PromptRole>() {
+            prompts.set(role, text);
         }
     }
     Ok(prompts)
