@@ -7,19 +7,20 @@
 //! is archived, so pending = `logged_seq - archived_seq`, read from one row.
 //! A user is a candidate when pending ≥ N or the oldest pending log is older
 //! than T, and the user was active within A, and not archived within the
-//! cooldown ([`Thresholds`]). Selection reads `archive_marks` through a
+//! cooldown ([`Thresholds`](crate::repo::archive::Thresholds)). Selection reads `archive_marks` through a
 //! partial index, never `raw_logs`.
 //!
 //! What: a user's pending logs, in bounded batches (`batch_logs`), grouped by
 //! thread; a thread longer than the archivist model's budget
-//! (`chunk_tokens`, counted with [`crate::llm::TokenCounter`]) is split into chunks; each
-//! chunk goes to the `Archivist` prompt and its JSON answer
+//! (`chunk_tokens`, counted with [`crate::llm::TokenCounter`]) is split into
+//! chunks; each chunk goes to the `Archivist` prompt and its JSON answer
 //! (`time_bucket_start`, `time_bucket_end`, `tags`, `summary`) is validated;
 //! one `lsm_storage` row per chunk carries the exact `raw_log_ids` it covers.
 //!
 //! Exactly once: the model is called with no transaction open; the records
 //! of a batch and the mark's advance are then written by one statement
-//! fenced on the mark the batch started from ([`repo::archive::commit_batch`]).
+//! fenced on the mark the batch started from
+//! ([`commit_batch`](crate::repo::archive::commit_batch)).
 //! Two runners (two daemons, cron and `maasctl`) can both call the model for
 //! the same logs only if one's lease ran out, and then only one commit
 //! applies. A crash loses at most the uncommitted batch, which the next run
@@ -34,9 +35,8 @@
 //! expression; a tick runs once cluster-wide (a forward-only row per tick,
 //! `archive_schedule`) and never overlaps a run still going in this process.
 //!
-//! Files: [`config`](crate::config::ArchivistConfig) (the `[archivist]`
-//! section lives in `crate::config`; `config` here adds its thresholds),
-//! `chunking` (logs → model calls), `summary` (the model's answer,
+//! Files: `config` (the `[archivist]` section, [`ArchivistConfig`], lives
+//! in `crate::config`; `config` here adds its thresholds), `chunking` (logs → model calls), `summary` (the model's answer,
 //! validated), `runner` ([`Archivist::run`]), `schedule` ([`run_scheduled`]).
 //! The archivist shares the LLM layer with the stages (`crate::llm`), not
 //! the stages themselves.

@@ -49,7 +49,7 @@ pub struct LlmConfig {
     /// The analyzer role. Defaults: the cheap model of its provider,
     /// temperature 0.0, max_tokens 1024.
     pub analyzer: RoleConfig,
-    /// The final responder role. Defaults: the strong model of its
+    /// The responder role (the respond stage's model). Defaults: the strong model of its
     /// provider, temperature 0.7, max_tokens 2000.
     pub responder: RoleConfig,
     /// The archivist role. Defaults: the cheap model of its provider,

@@ -211,3 +211,60 @@ impl Pipeline for LlmPipeline {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn input(memory: &[i64]) -> StageInput {
+        StageInput {
+            request_id: Uuid::nil(),
+            user_id: Uuid::nil(),
+            thread_id: None,
+            user_query: "q".into(),
+            attempt: 1,
+            analysis: None,
+            context: None,
+            memory: memory
+                .iter()
+                .map(|&id| MemoryRecord {
+                    id,
+                    time_bucket_start: chrono::DateTime::UNIX_EPOCH,
+                    time_bucket_end: chrono::DateTime::UNIX_EPOCH,
+                    tags: Vec::new(),
+                    summary: String::new(),
+                })
+                .collect(),
+            prompts: Arc::new(Prompts::default()),
+        }
+    }
+
+    fn analysis(found: Value) -> Option<Value> {
+        Some(json!({
+            "needs_context": true,
+            "context_type": "topic",
+            "time_scope": "none",
+            "search_keywords": [],
+            "context_found": found,
+        }))
+    }
+
+    #[test]
+    fn fuses_when_the_record_is_in_the_claimed_memory() {
+        let a = analysis(json!({"lsm_record_id": 7}));
+        let fused = fuse_assemble(input(&[3, 7]), a.clone());
+        assert_eq!(fused.and_then(|i| i.analysis), a);
+        assert!(fuse_assemble(input(&[]), analysis(Value::Null)).is_some());
+        assert!(fuse_assemble(input(&[]), analysis(json!({"lsm_record_id": null}))).is_some());
+        assert!(fuse_assemble(input(&[]), None).is_some());
+    }
+
+    #[test]
+    fn does_not_fuse_otherwise() {
+        assert!(fuse_assemble(input(&[3]), analysis(json!({"lsm_record_id": 7}))).is_none());
+        assert!(fuse_assemble(input(&[7]), analysis(json!({"lsm_record_id": "seven"}))).is_none());
+        assert!(fuse_assemble(input(&[7]), Some(json!([1]))).is_none());
+    }
+}
