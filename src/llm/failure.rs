@@ -80,3 +80,71 @@ impl From<LlmError> for Failure {
         Failure::from_llm(&e)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry(after: Option<Duration>) -> Disposition {
+        Disposition::Retry {
+            after,
+            max_attempts: None,
+        }
+    }
+
+    #[test]
+    fn maps_every_disposition_of_the_llm_layer() {
+        let msg = || "m".to_owned();
+        let cases = [
+            (LlmError::Injected, retry(None)),
+            (
+                LlmError::RateLimited {
+                    provider: "openai",
+                    retry_after: Some(Duration::from_secs(7)),
+                    message: msg(),
+                },
+                retry(Some(Duration::from_secs(7))),
+            ),
+            (
+                LlmError::RateLimited {
+                    provider: "openai",
+                    retry_after: None,
+                    message: msg(),
+                },
+                retry(Some(DEFAULT_RATE_LIMIT_WAIT)),
+            ),
+            (
+                LlmError::Throttled {
+                    provider: "openai",
+                    retry_after: None,
+                    message: msg(),
+                },
+                Disposition::Defer {
+                    after: Duration::from_secs(1),
+                },
+            ),
+            (
+                LlmError::Auth {
+                    provider: "openai",
+                    status: 401,
+                    message: msg(),
+                },
+                Disposition::Fail,
+            ),
+            (
+                LlmError::TokenLimit {
+                    provider: "openai",
+                    status: 400,
+                    message: msg(),
+                },
+                Disposition::Fail,
+            ),
+        ];
+        for (e, want) in cases {
+            let f = Failure::from_llm(&e);
+            assert_eq!(f.disposition, want, "{e}");
+            assert_eq!(f.class, e.class());
+            assert_eq!(f.to_string(), format!("{}: {e}", e.class()));
+        }
+    }
+}
