@@ -72,7 +72,7 @@ pub fn parse_summary(text: &str) -> Result<ArchiveSummary, String> {
 }
 
 /// Invalid model output gets exactly one more try (as the analyzer's).
-pub const INVALID_JSON_ATTEMPTS: u32 = 2;
+pub const INVALID_JSON_ATTEMPTS: u32 = crate::llm::INVALID_OUTPUT_ATTEMPTS;
 
 #[cfg(test)]
 mod tests {

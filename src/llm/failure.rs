@@ -15,6 +15,10 @@ use std::time::Duration;
 use super::{LlmDisposition, LlmError};
 use crate::error::Disposition;
 
+/// Tries a model call gets when its answer is not valid output (not the
+/// JSON the prompt asks for): exactly one more.
+pub const INVALID_OUTPUT_ATTEMPTS: u32 = 2;
+
 /// How long a caller waits after a 429 that named no delay (the seed's 60 s).
 pub const DEFAULT_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
 

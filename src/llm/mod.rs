@@ -58,7 +58,7 @@ pub use config::{
     ConfigError, Endpoint, EndpointConfig, LlmConfig, OfflineConfig, ResolvedLlm, RoleConfig, RoleSettings,
 };
 pub use error::{LlmDisposition, LlmError, parse_proto_duration, parse_retry_after};
-pub use failure::{DEFAULT_RATE_LIMIT_WAIT, Failure};
+pub use failure::{DEFAULT_RATE_LIMIT_WAIT, Failure, INVALID_OUTPUT_ATTEMPTS};
 pub use limit::{DEFAULT_COOLING, MAX_COOLING};
 pub use text::strip_fence;
 pub use tokens::TokenCounter;

@@ -10,7 +10,7 @@ use crate::llm::{ChatRequest, Llm, LlmDisposition, Role};
 use crate::model::{MemoryRecord, PromptRole};
 
 /// Invalid model output gets exactly one retry.
-pub const INVALID_JSON_ATTEMPTS: u32 = 2;
+pub const INVALID_JSON_ATTEMPTS: u32 = crate::llm::INVALID_OUTPUT_ATTEMPTS;
 
 pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageError> {
     let Some(prompt) = input.prompts.get(PromptRole::Analyzer).map(str::to_owned) else {
