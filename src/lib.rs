@@ -8,6 +8,7 @@
 //!
 //! Module map:
 //! - [`config`] — typed settings, loaded once (defaults → file → environment).
+//! - [`secret`] — the one secret type (redacted in `Debug` and `Display`).
 //! - [`db`] — the connection pool, migrations, and a private cluster for
 //!   development and tests ([`db::devdb`]).
 //! - [`repo`] — every SQL statement the daemon runs, named after its effect.
@@ -45,6 +46,7 @@ pub mod metrics;
 pub mod model;
 pub mod repo;
 pub mod retention;
+pub mod secret;
 pub mod service;
 pub mod shutdown;
 pub mod stage;

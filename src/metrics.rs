@@ -17,10 +17,10 @@
 //! - **Latency histograms** ([`observe_step`], same refresh): read from the
 //!   step history this daemon wrote since the last refresh, so they need no
 //!   hook in the dispatcher; they lag by at most one refresh interval.
-//! - **LLM calls** ([`llm_call`]): a hook for the LLM layer, to be called once
-//!   per `Llm::chat` with its result. The stages do not call the LLM layer
-//!   yet, so until they do only the zero series of the configured provider
-//!   ([`register_llm_provider`]) appear.
+//! - **LLM calls**: recorded by the LLM layer itself, once per `Llm::chat`
+//!   ([`crate::llm::metrics`]); [`register_llm_provider`] makes the zero
+//!   series of the configured provider appear before any call. This module
+//!   only describes them; it does not depend on the LLM types.
 //! - **HTTP** ([`http_request`], [`StreamGauge`]): requests by route and code,
 //!   open streams, waiting long-polls.
 
@@ -30,7 +30,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::llm::{ChatResponse, LlmError, ProviderKind, Role};
 use chrono::{DateTime, Utc};
 
 use crate::model::{Outcome, StageKind, Status};
@@ -235,50 +234,9 @@ fn record_stage(stage: StageKind, outcome: Outcome, secs: f64) {
     histogram!("maas_stage_duration_seconds", "stage" => stage.as_str(), "outcome" => outcome.as_str()).record(secs);
 }
 
-/// Makes the LLM series of `provider` visible (at zero) before any call.
-pub fn register_llm_provider(provider: &str) {
-    let provider = provider.to_owned();
-    for role in Role::ALL {
-        let r = role.as_str();
-        counter!("maas_llm_calls_total", "provider" => provider.clone(), "role" => r, "outcome" => "ok").increment(0);
-        for kind in ["prompt", "completion"] {
-            counter!("maas_llm_tokens_total", "provider" => provider.clone(), "role" => r, "kind" => kind).increment(0);
-        }
-        counter!("maas_llm_rate_limited_total", "provider" => provider.clone(), "role" => r).increment(0);
-        counter!("maas_llm_timeouts_total", "provider" => provider.clone(), "role" => r).increment(0);
-    }
-}
-
-/// The hook for the LLM layer: call it once per `Llm::chat` with the
-/// provider and role that served it and the call's result.
-pub fn llm_call(provider: ProviderKind, role: Role, result: Result<&ChatResponse, &LlmError>) {
-    let p = provider.as_str();
-    let r = role.as_str();
-    match result {
-        Ok(resp) => {
-            counter!("maas_llm_calls_total", "provider" => p, "role" => r, "outcome" => "ok").increment(1);
-            if let Some(t) = resp.prompt_tokens {
-                counter!("maas_llm_tokens_total", "provider" => p, "role" => r, "kind" => "prompt")
-                    .increment(u64::from(t));
-            }
-            if let Some(t) = resp.completion_tokens {
-                counter!("maas_llm_tokens_total", "provider" => p, "role" => r, "kind" => "completion")
-                    .increment(u64::from(t));
-            }
-            histogram!("maas_llm_call_duration_seconds", "provider" => p, "role" => r)
-                .record(resp.latency.as_secs_f64());
-        }
-        Err(e) => {
-            let class = e.class();
-            counter!("maas_llm_calls_total", "provider" => p, "role" => r, "outcome" => class).increment(1);
-            match class {
-                "rate_limited" => counter!("maas_llm_rate_limited_total", "provider" => p, "role" => r).increment(1),
-                "timeout" => counter!("maas_llm_timeouts_total", "provider" => p, "role" => r).increment(1),
-                _ => {}
-            }
-        }
-    }
-}
+/// Makes the LLM series of `provider` visible (at zero) before any call;
+/// the LLM layer owns its series ([`crate::llm::metrics`]).
+pub use crate::llm::metrics::register_provider as register_llm_provider;
 
 /// One HTTP request, by matched route and status code.
 pub fn http_request(route: &str, code: u16, secs: f64) {

@@ -1,5 +1,6 @@
 //! The vocabulary shared by SQL, code, logs and the CLI: request statuses,
-//! stages and step outcomes.
+//! stages, step outcomes and prompt roles. Every type here maps to the
+//! exact strings the database stores.
 
 use std::fmt;
 use std::str::FromStr;
@@ -101,6 +102,9 @@ impl FromStr for Status {
 pub enum StageKind {
     Analyze,
     Assemble,
+    /// The last stage: the answer. Its prompt role is
+    /// [`PromptRole::Responder`] (stored `FinalResponder`), its model role
+    /// `llm::Role::Responder`.
     Respond,
 }
 
@@ -208,13 +212,110 @@ pub struct MemoryRecord {
     pub summary: String,
 }
 
+/// Whose system prompt a `system_prompts` row is.
+///
+/// Inside the crate the last stage is called *respond* ([`StageKind::Respond`])
+/// and its prompt's role *responder* (this enum, `llm::Role::Responder`,
+/// [`Prompts::responder`]). Its stored name in `system_prompts.role_name`
+/// is `FinalResponder`, kept as it is for producers and operators
+/// ([`PromptRole::as_str`]); `maasctl prompts` shows that name too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PromptRole {
+    /// The analyze stage's prompt (stored `Analyzer`).
+    Analyzer,
+    /// The history block's introduction in the assembled context (stored
+    /// `Assembler`).
+    Assembler,
+    /// The respond stage's system prompt (stored `FinalResponder`).
+    Responder,
+    /// The archivist's prompt (stored `Archivist`).
+    Archivist,
+}
+
+impl PromptRole {
+    /// Every role, in the order `maasctl prompts list` shows them.
+    pub const ALL: [PromptRole; 4] = [
+        PromptRole::Analyzer,
+        PromptRole::Assembler,
+        PromptRole::Responder,
+        PromptRole::Archivist,
+    ];
+
+    /// The stored names (`system_prompts.role_name`), in the order of [`PromptRole::ALL`].
+    pub const NAMES: [&'static str; 4] = ["Analyzer", "Assembler", "FinalResponder", "Archivist"];
+
+    /// The name stored in `system_prompts.role_name`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PromptRole::Analyzer => "Analyzer",
+            PromptRole::Assembler => "Assembler",
+            PromptRole::Responder => "FinalResponder",
+            PromptRole::Archivist => "Archivist",
+        }
+    }
+}
+
+impl fmt::Display for PromptRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The text was not one of the stored role names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown prompt role {0:?} (one of Analyzer, Assembler, FinalResponder, Archivist)")]
+pub struct UnknownPromptRole(pub String);
+
+impl FromStr for PromptRole {
+    type Err = UnknownPromptRole;
+
+    /// Exactly the stored names (case-sensitive), as the database holds them.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PromptRole::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| UnknownPromptRole(s.to_owned()))
+    }
+}
+
 /// The active prompt of each role (`system_prompts`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Prompts {
     pub analyzer: Option<String>,
     pub assembler: Option<String>,
-    pub final_responder: Option<String>,
+    /// The respond stage's system prompt (stored as role `FinalResponder`).
+    pub responder: Option<String>,
     pub archivist: Option<String>,
+}
+
+impl Prompts {
+    /// The active prompt of `role`, if there is one.
+    pub fn get(&self, role: PromptRole) -> Option<&str> {
+        self.slot(role).as_deref()
+    }
+
+    /// Sets the active prompt of `role`.
+    pub fn set(&mut self, role: PromptRole, text: String) {
+        *self.slot_mut(role) = Some(text);
+    }
+
+    fn slot(&self, role: PromptRole) -> &Option<String> {
+        match role {
+            PromptRole::Analyzer => &self.analyzer,
+            PromptRole::Assembler => &self.assembler,
+            PromptRole::Responder => &self.responder,
+            PromptRole::Archivist => &self.archivist,
+        }
+    }
+
+    fn slot_mut(&mut self, role: PromptRole) -> &mut Option<String> {
+        match role {
+            PromptRole::Analyzer => &mut self.analyzer,
+            PromptRole::Assembler => &mut self.assembler,
+            PromptRole::Responder => &mut self.responder,
+            PromptRole::Archivist => &mut self.archivist,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -228,6 +329,22 @@ mod tests {
         }
         assert!("new".parse::<Status>().is_err());
         assert!("BOGUS".parse::<Status>().is_err());
+    }
+
+    #[test]
+    fn prompt_roles_keep_their_stored_names() {
+        for (role, name) in PromptRole::ALL.into_iter().zip(PromptRole::NAMES) {
+            assert_eq!(role.as_str(), name);
+            assert_eq!(name.parse::<PromptRole>().ok(), Some(role));
+        }
+        assert_eq!(PromptRole::Responder.as_str(), "FinalResponder");
+        assert!("Responder".parse::<PromptRole>().is_err());
+        assert!("analyzer".parse::<PromptRole>().is_err());
+        let mut p = Prompts::default();
+        p.set(PromptRole::Responder, "R".into());
+        assert_eq!(p.get(PromptRole::Responder), Some("R"));
+        assert_eq!(p.responder.as_deref(), Some("R"));
+        assert_eq!(p.get(PromptRole::Analyzer), None);
     }
 
     #[test]

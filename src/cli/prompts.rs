@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::repo::{audit, prompts};
 
 /// The roles of `system_prompts.role_name`.
-pub const ROLES: [&str; 4] = ["Analyzer", "Assembler", "FinalResponder", "Archivist"];
+pub const ROLES: [&str; 4] = crate::model::PromptRole::NAMES;
 
 #[derive(Subcommand, Debug)]
 pub enum PromptsCommand {

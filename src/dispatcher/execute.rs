@@ -121,24 +121,14 @@ impl Engine {
         self.hand_over(finished);
     }
 
-    /// Runs the assemble stage right after a successful analyze, when it
-    /// can run on what the analyzer was given: the memory record the
-    /// analysis refers to (if any) is one of the user's records the claim
-    /// read for the analyzer. Its result is written with the analysis in one
-    /// statement (one commit and one row version fewer per request). When
-    /// it cannot run here, or fails, the assemble stage runs on its own as
-    /// usual.
-    async fn fuse(&self, mut input: StageInput, analysis: Option<serde_json::Value>) -> Option<repo::FusedAssemble> {
-        let wanted = analysis
-            .as_ref()
-            .and_then(|a| a.pointer("/context_found/lsm_record_id"))
-            .filter(|v| !v.is_null());
-        if let Some(id) = wanted
-            && !input.memory.iter().any(|m| Some(m.id) == id.as_i64())
-        {
-            return None;
-        }
-        input.analysis = analysis;
+    /// Runs the assemble stage right after a successful analyze, when the
+    /// pipeline says it can run on what the analyzer was given
+    /// ([`Pipeline::fuse_assemble`]; the engine does not read the analysis).
+    /// Its result is written with the analysis in one statement (one commit
+    /// and one row version fewer per request). When it cannot run here, or
+    /// fails, the assemble stage runs on its own as usual.
+    async fn fuse(&self, input: StageInput, analysis: Option<serde_json::Value>) -> Option<repo::FusedAssemble> {
+        let input = self.pipeline.fuse_assemble(input, analysis)?;
         let started = Instant::now();
         let out = self.run_guarded(StageKind::Assemble, &input).await;
         let latency_ms = i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX);

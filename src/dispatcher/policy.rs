@@ -160,7 +160,7 @@ pub fn decide(stage: StageKind, claim: &ClaimFacts, outcome: &StageOutcome, poli
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stage::DEFAULT_RATE_LIMIT_WAIT;
+    use crate::llm::DEFAULT_RATE_LIMIT_WAIT;
 
     #[allow(non_snake_case)]
     fn MS(ms: u64) -> Duration {

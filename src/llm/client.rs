@@ -12,11 +12,12 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::config::{ApiKey, Endpoint, LlmConfig, ResolvedLlm, RoleSettings};
+use super::config::{Endpoint, LlmConfig, ResolvedLlm, RoleSettings};
 use super::error::{classify_status, scrub};
 use super::limit::{Cooling, OUTAGE_PATIENCE, RoleLimits};
 use super::offline::Offline;
 use super::{ChatRequest, ChatResponse, ConfigError, LlmError, ProviderKind, Role, anthropic, gemini, openai};
+use crate::secret::Secret;
 
 /// Bodies larger than this are not read to the end: no chat completion is
 /// this big, and a misbehaving endpoint must not exhaust memory.
@@ -153,7 +154,7 @@ impl Llm {
     /// retries: the error's [`LlmError::disposition`] says what to do.
     pub async fn chat(&self, role: Role, req: ChatRequest) -> Result<ChatResponse, LlmError> {
         let result = self.call(role, req).await;
-        crate::metrics::llm_call(self.roles[role.index()].settings.provider, role, result.as_ref());
+        super::metrics::record_call(self.roles[role.index()].settings.provider, role, result.as_ref());
         result
     }
 
@@ -319,7 +320,7 @@ async fn exchange(
 
 /// A reqwest error: the timeout, or a transport failure with its cause
 /// chain (the URL is left out; the provider name says where).
-fn transport_error(provider: ProviderKind, timeout: Duration, error: reqwest::Error, key: Option<&ApiKey>) -> LlmError {
+fn transport_error(provider: ProviderKind, timeout: Duration, error: reqwest::Error, key: Option<&Secret>) -> LlmError {
     if error.is_timeout() {
         return LlmError::Timeout {
             provider: provider.as_str(),

@@ -27,45 +27,16 @@
 //! `ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL`, `GEMINI_API_KEY` (or
 //! `GOOGLE_API_KEY`), `GEMINI_BASE_URL`. Empty values count as unset.
 //!
-//! Keys are held in [`ApiKey`], whose `Debug` and `Display` print
-//! `[REDACTED]`; only the HTTP layer calls [`ApiKey::expose`].
+//! Keys are held in [`Secret`] (the crate's one secret type), whose `Debug`
+//! and `Display` redact; only the HTTP layer calls [`Secret::expose`].
 
-use std::fmt;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::{ProviderKind, Role};
-
-/// An API key. `Debug` and `Display` redact it; it is not `Serialize`.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    /// Wraps a key.
-    pub fn new(key: impl Into<String>) -> ApiKey {
-        ApiKey(key.into())
-    }
-
-    /// The key itself, for the one place that puts it in a header.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiKey([REDACTED])")
-    }
-}
-
-impl fmt::Display for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[REDACTED]")
-    }
-}
+use crate::secret::Secret;
 
 /// The `[llm]` configuration section. Every field may be omitted.
 ///
@@ -78,7 +49,7 @@ pub struct LlmConfig {
     /// The analyzer role. Defaults: the cheap model of its provider,
     /// temperature 0.0, max_tokens 1024.
     pub analyzer: RoleConfig,
-    /// The final responder role. Defaults: the strong model of its
+    /// The responder role (the respond stage's model). Defaults: the strong model of its
     /// provider, temperature 0.7, max_tokens 2000.
     pub responder: RoleConfig,
     /// The archivist role. Defaults: the cheap model of its provider,
@@ -140,7 +111,7 @@ pub struct EndpointConfig {
     /// Overrides the provider's `*_BASE_URL` variable and default URL.
     pub base_url: Option<String>,
     /// Overrides the provider's `*_API_KEY` variable.
-    pub api_key: Option<ApiKey>,
+    pub api_key: Option<Secret>,
 }
 
 /// The offline provider's knobs.
@@ -185,7 +156,7 @@ pub struct Endpoint {
     /// Base URL without a trailing `/`.
     pub base_url: String,
     /// The key.
-    pub api_key: ApiKey,
+    pub api_key: Secret,
 }
 
 /// The validated result of [`LlmConfig::resolve`].
@@ -451,7 +422,7 @@ impl LlmConfig {
                 .key_vars
                 .iter()
                 .find_map(|var| env(var))
-                .map(|k| ApiKey::new(k.trim()))
+                .map(|k| Secret::new(k.trim()))
                 .ok_or(ConfigError::MissingApiKey {
                     role: role.as_str(),
                     provider: provider.as_str(),
@@ -509,7 +480,7 @@ mod tests {
     fn the_file_wins_over_the_environment() {
         let mut cfg = LlmConfig::default();
         cfg.openai.base_url = Some("http://file.example/v1".into());
-        cfg.openai.api_key = Some(ApiKey::new("file-key"));
+        cfg.openai.api_key = Some(Secret::new("file-key"));
         let env = |name: &str| match name {
             "OPENAI_API_KEY" => Some("env-key".to_owned()),
             "OPENAI_BASE_URL" => Some("http://env.example/v1".to_owned()),
@@ -554,7 +525,7 @@ mod tests {
         let mut cfg = LlmConfig::default();
         cfg.responder.provider = Some("anthropic".into());
         cfg.responder.temperature = Some(1.5);
-        cfg.anthropic.api_key = Some(ApiKey::new("k"));
+        cfg.anthropic.api_key = Some(Secret::new("k"));
         let err = cfg.resolve("offline", &no_env).unwrap_err();
         assert!(err.to_string().starts_with("llm.responder.temperature:"), "{err}");
 
@@ -565,7 +536,7 @@ mod tests {
 
         let env = |name: &str| (name == "OPENAI_BASE_URL").then(|| "not a url".to_owned());
         let mut cfg = LlmConfig::default();
-        cfg.openai.api_key = Some(ApiKey::new("k"));
+        cfg.openai.api_key = Some(Secret::new("k"));
         let err = cfg.resolve("openai", &env).unwrap_err();
         assert!(err.to_string().starts_with("OPENAI_BASE_URL:"), "{err}");
     }

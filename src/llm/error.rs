@@ -22,7 +22,7 @@ use reqwest::header::HeaderMap;
 use serde_json::Value;
 
 use super::ProviderKind;
-use super::config::ApiKey;
+use crate::secret::Secret;
 
 /// How many characters of a provider's own error message an error keeps.
 pub const MAX_PROVIDER_MESSAGE: usize = 500;
@@ -292,7 +292,7 @@ pub(crate) fn classify_status(
     headers: &HeaderMap,
     body: &[u8],
     now: SystemTime,
-    key: Option<&ApiKey>,
+    key: Option<&Secret>,
 ) -> LlmError {
     let provider_name = provider.as_str();
     let text = String::from_utf8_lossy(body);
@@ -393,8 +393,8 @@ fn provider_message(json: Option<&Value>, text: &str, status: u16) -> String {
 }
 
 /// Truncates to [`MAX_PROVIDER_MESSAGE`] characters and removes the key.
-pub(crate) fn scrub(message: &str, key: Option<&ApiKey>) -> String {
-    let mut clean = match key.map(ApiKey::expose) {
+pub(crate) fn scrub(message: &str, key: Option<&Secret>) -> String {
+    let mut clean = match key.map(Secret::expose) {
         Some(secret) if !secret.is_empty() => message.replace(secret, "[REDACTED]"),
         _ => message.to_owned(),
     };
@@ -585,7 +585,7 @@ mod tests {
             &map,
             body.to_string().as_bytes(),
             SystemTime::now(),
-            Some(&ApiKey::new("sk-secret-key-123")),
+            Some(&Secret::new("sk-secret-key-123")),
         )
     }
 

@@ -24,20 +24,30 @@
 //!   shared cool-down after a 429), each bounded by the role timeout.
 //! - **`chat` is bounded**: at most one role timeout waiting for admission
 //!   plus one role timeout for the HTTP exchange.
-//! - **Keys never leak**: they live in [`ApiKey`], whose `Debug` and
+//! - **Keys never leak**: they live in [`Secret`](crate::secret::Secret), whose `Debug` and
 //!   `Display` redact; provider error text is scrubbed of the key before it
 //!   becomes part of an error.
 //! - Nothing here logs prompts or completions; only sizes, model, tokens,
 //!   latency and error classes.
+//!
+//! What every model caller shares (the stages and the archivist alike):
+//! [`failure`] maps an [`LlmError`] to the retry policy, [`text`] strips a
+//! fenced answer, [`tokens`] counts tokens for a model; [`metrics`] holds
+//! this layer's own series. Nothing here imports the stages, the archivist
+//! or `crate::metrics`.
 
 mod anthropic;
 mod client;
 pub mod config;
 mod error;
+pub mod failure;
 mod gemini;
 pub mod limit;
+pub mod metrics;
 pub mod offline;
 mod openai;
+pub mod text;
+pub mod tokens;
 
 use std::fmt;
 use std::str::FromStr;
@@ -45,10 +55,13 @@ use std::time::Duration;
 
 pub use client::Llm;
 pub use config::{
-    ApiKey, ConfigError, Endpoint, EndpointConfig, LlmConfig, OfflineConfig, ResolvedLlm, RoleConfig, RoleSettings,
+    ConfigError, Endpoint, EndpointConfig, LlmConfig, OfflineConfig, ResolvedLlm, RoleConfig, RoleSettings,
 };
 pub use error::{LlmDisposition, LlmError, parse_proto_duration, parse_retry_after};
+pub use failure::{DEFAULT_RATE_LIMIT_WAIT, Failure, INVALID_OUTPUT_ATTEMPTS};
 pub use limit::{DEFAULT_COOLING, MAX_COOLING};
+pub use text::strip_fence;
+pub use tokens::TokenCounter;
 
 /// The providers' response parsers and the HTTP error classifier, reachable
 /// from outside the crate so that property tests (`tests/it/props.rs`) can
@@ -58,7 +71,8 @@ pub mod parse {
 
     use reqwest::header::HeaderMap;
 
-    use super::{ApiKey, LlmError, ProviderKind};
+    use super::{LlmError, ProviderKind};
+    use crate::secret::Secret;
 
     /// What a parser made of a successful (2xx) body.
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +119,7 @@ pub mod parse {
         headers: &HeaderMap,
         body: &[u8],
         now: SystemTime,
-        key: Option<&ApiKey>,
+        key: Option<&Secret>,
     ) -> LlmError {
         super::error::classify_status(provider, status, headers, body, now, key)
     }

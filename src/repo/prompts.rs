@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 
 use super::{FromRow, rows_as};
 use crate::db::Error;
-use crate::model::Prompts;
+use crate::model::{PromptRole, Prompts};
 
 const ACTIVE: &str = include_str!("../../sql/queries/active_prompts.sql");
 const LIST: &str = include_str!("../../sql/queries/prompts_list.sql");
@@ -37,12 +37,8 @@ pub async fn active_prompts(client: &impl GenericClient) -> Result<Prompts, Erro
     for r in client.query(&stmt, &[]).await? {
         let role: String = r.try_get("role_name")?;
         let text: String = r.try_get("prompt_template")?;
-        match role.as_str() {
-            "Analyzer" => prompts.analyzer = Some(text),
-            "Assembler" => prompts.assembler = Some(text),
-            "FinalResponder" => prompts.final_responder = Some(text),
-            "Archivist" => prompts.archivist = Some(text),
-            _ => {}
+        if let Ok(role) = role.parse::<PromptRole>() {
+            prompts.set(role, text);
         }
     }
     Ok(prompts)

@@ -1,21 +1,22 @@
-//! Step 1, the analyzer: the active `Analyzer` prompt, the user's own recent
-//! memory, the analyzer model; strict parsing of the analysis JSON.
+//! The analyze stage: the active `Analyzer` prompt, the user's own recent
+//! memory, the analyzer model; strict parsing into an [`Analysis`].
 
 use serde_json::{Value, json};
 
+use super::analysis::Analysis;
 use super::{StageError, StageInput, StageOutput, StageSuccess, Usage, from_llm};
 use crate::error::Disposition;
 use crate::llm::{ChatRequest, Llm, LlmDisposition, Role};
-use crate::model::MemoryRecord;
+use crate::model::{MemoryRecord, PromptRole};
 
 /// Invalid model output gets exactly one retry.
-pub const INVALID_JSON_ATTEMPTS: u32 = 2;
+pub const INVALID_JSON_ATTEMPTS: u32 = crate::llm::INVALID_OUTPUT_ATTEMPTS;
 
 pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageError> {
-    let Some(prompt) = input.prompts.analyzer.clone() else {
+    let Some(prompt) = input.prompts.get(PromptRole::Analyzer).map(str::to_owned) else {
         return Err(StageError::fail(
             "no_prompt",
-            "no active Analyzer prompt in system_prompts",
+            format!("no active {} prompt in system_prompts", PromptRole::Analyzer),
         ));
     };
     let mut memory: &[MemoryRecord] = &input.memory;
@@ -38,9 +39,9 @@ pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageErr
                     prompt_tokens: resp.prompt_tokens,
                     completion_tokens: resp.completion_tokens,
                 };
-                return match parse_analysis(&resp.text) {
+                return match Analysis::parse(&resp.text) {
                     Ok(analysis) => Ok(StageSuccess {
-                        output: StageOutput::Analysis(analysis),
+                        output: StageOutput::Analysis(analysis.to_json()),
                         usage,
                     }),
                     Err(problem) => Err(StageError {
@@ -63,66 +64,10 @@ pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageErr
     }
 }
 
-/// Parses and validates the analysis: one JSON object, possibly inside a
-/// fenced code block, with the five fields of the Analyzer prompt.
+/// Parses and validates the analysis ([`Analysis::parse`]) and returns the
+/// JSON stored for it ([`Analysis::to_json`]).
 pub fn parse_analysis(text: &str) -> Result<Value, String> {
-    let body = strip_fence(text.trim());
-    let v: Value = serde_json::from_str(body).map_err(|e| format!("{e} (in {} bytes)", text.len()))?;
-    let Some(obj) = v.as_object() else {
-        return Err("expected a JSON object".into());
-    };
-    let needs_context = obj
-        .get("needs_context")
-        .and_then(Value::as_bool)
-        .ok_or("needs_context must be true or false")?;
-    let context_type = obj
-        .get("context_type")
-        .and_then(Value::as_str)
-        .ok_or("context_type must be a string")?;
-    let time_scope = match obj.get("time_scope") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Null) | None => "none".into(),
-        Some(_) => return Err("time_scope must be a string".into()),
-    };
-    let keywords = match obj.get("search_keywords") {
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|k| k.as_str().map(str::to_owned).ok_or("search_keywords must be strings"))
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(Value::Null) | None => Vec::new(),
-        Some(_) => return Err("search_keywords must be an array of strings".into()),
-    };
-    let context_found = match obj.get("context_found") {
-        None | Some(Value::Null) => Value::Null,
-        Some(Value::Object(found)) => {
-            let id = match found.get("lsm_record_id") {
-                None | Some(Value::Null) => Value::Null,
-                Some(Value::Number(n)) if n.as_i64().is_some() => Value::Number(n.clone()),
-                Some(Value::String(s)) if s.parse::<i64>().is_ok() => json!(s.parse::<i64>().ok()),
-                Some(_) => return Err("context_found.lsm_record_id must be an integer or null".into()),
-            };
-            let mut found = found.clone();
-            found.insert("lsm_record_id".into(), id);
-            Value::Object(found)
-        }
-        Some(_) => return Err("context_found must be an object or null".into()),
-    };
-    Ok(json!({
-        "needs_context": needs_context,
-        "context_type": context_type,
-        "time_scope": time_scope,
-        "search_keywords": keywords,
-        "context_found": context_found,
-    }))
-}
-
-/// The inside of a fenced code block (```json … ```), else the text itself.
-pub(crate) fn strip_fence(text: &str) -> &str {
-    let Some(rest) = text.strip_prefix("```") else {
-        return text;
-    };
-    let rest = rest.split_once('\n').map_or("", |(_, body)| body);
-    rest.trim_end().strip_suffix("```").unwrap_or(rest).trim()
+    Analysis::parse(text).map(|a| a.to_json())
 }
 
 #[cfg(test)]

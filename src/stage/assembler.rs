@@ -1,26 +1,22 @@
-//! Step 2, the assembler: the seed's context "pie" — the system prompt, a
+//! The assemble stage: the seed's context "pie" — the system prompt, a
 //! history block with the period and summary of the memory the analysis
 //! found (only the user's own: the claim reads it with the user's id), and
 //! the current query — within a token budget. The history is truncated
 //! first; the query never.
 
-use super::tokens::TokenCounter;
 use super::{StageError, StageInput, StageOutput, StageSuccess, Usage};
-use crate::model::MemoryRecord;
+use crate::llm::TokenCounter;
+use crate::model::{MemoryRecord, PromptRole};
 
 pub fn run(counter: &TokenCounter, max_tokens: usize, input: &StageInput) -> Result<StageSuccess, StageError> {
-    let Some(system) = input.prompts.final_responder.as_deref() else {
+    let Some(system) = input.prompts.get(PromptRole::Responder) else {
         return Err(StageError::fail(
             "no_prompt",
-            "no active FinalResponder prompt in system_prompts",
+            format!("no active {} prompt in system_prompts", PromptRole::Responder),
         ));
     };
-    let intro = input.prompts.assembler.as_deref().unwrap_or_default();
-    let wanted = input
-        .analysis
-        .as_ref()
-        .and_then(|a| a.pointer("/context_found/lsm_record_id"))
-        .and_then(serde_json::Value::as_i64);
+    let intro = input.prompts.get(PromptRole::Assembler).unwrap_or_default();
+    let wanted = input.read_analysis().and_then(|a| a.record_id());
     let record = wanted.and_then(|id| input.memory.iter().find(|m| m.id == id));
     let context = assemble(counter, max_tokens, system, intro, record, &input.user_query);
     let tokens = counter.count(&context);

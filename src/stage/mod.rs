@@ -1,22 +1,36 @@
-//! The stages of the fast path, behind a trait that knows nothing of SQL,
-//! leases or retries: a stage takes an input and returns an output or a
-//! [`StageError`]; the dispatcher owns timeouts, retries and recording.
+//! The stages of the fast path (analyze, assemble, respond), behind a trait
+//! that knows nothing of SQL, leases or retries: a stage takes an input and
+//! returns an output or a [`StageError`]; the dispatcher owns timeouts,
+//! retries and recording.
+//!
+//! Stages own stage knowledge: the analysis JSON is read only here (typed as
+//! [`Analysis`]), and whether assemble can be fused with analyze is decided
+//! here ([`Pipeline::fuse_assemble`]). What stages share with the archivist
+//! (the LLM error mapping, fence stripping, token counting) lives in
+//! [`crate::llm`].
+//!
+//! Names: the last stage is *respond* ([`StageKind::Respond`]); its model
+//! role is `responder` and its prompt role [`PromptRole::Responder`], stored
+//! as `FinalResponder`.
+//!
+//! [`PromptRole::Responder`]: crate::model::PromptRole::Responder
 
+pub mod analysis;
 pub mod analyzer;
 pub mod assembler;
 pub mod responder;
-pub mod tokens;
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 use uuid::Uuid;
 
+pub use analysis::Analysis;
+
 use crate::error::Disposition;
-use crate::llm::{Llm, LlmDisposition, LlmError, Role};
+use crate::llm::{Failure, Llm, LlmError, Role, TokenCounter};
 use crate::model::{MemoryRecord, Prompts, StageKind};
 
 /// What a stage sees of a claimed request.
@@ -28,7 +42,8 @@ pub struct StageInput {
     pub user_query: String,
     /// 1-based attempt of this stage.
     pub attempt: u32,
-    /// The analyzer's result (assemble stage).
+    /// The analyzer's result as stored (assemble stage); read it with
+    /// [`StageInput::read_analysis`].
     pub analysis: Option<Value>,
     /// The assembled context (respond stage).
     pub context: Option<String>,
@@ -40,9 +55,19 @@ pub struct StageInput {
     pub prompts: Arc<Prompts>,
 }
 
+impl StageInput {
+    /// The analysis this input carries, typed; `None` when there is none or
+    /// it is not a valid analysis (every stored analysis was written by
+    /// [`Analysis::to_json`], so only a hand-edited row can be invalid).
+    pub fn read_analysis(&self) -> Option<Analysis> {
+        self.analysis.as_ref().and_then(|v| Analysis::from_json(v).ok())
+    }
+}
+
 /// What a stage produced.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StageOutput {
+    /// The analysis as stored ([`Analysis::to_json`]).
     Analysis(Value),
     Context(String),
     Answer(String),
@@ -94,47 +119,60 @@ impl StageError {
             usage: Usage::default(),
         }
     }
+
+    /// A failure of the LLM layer, with the usage of the attempt.
+    pub fn from_failure(f: Failure, usage: Usage) -> Self {
+        StageError {
+            class: f.class,
+            message: f.message,
+            disposition: f.disposition,
+            usage,
+        }
+    }
 }
 
 /// The three stages. Implementations must be cancel-safe: the dispatcher
 /// drops the future when the lease is lost or at the end of the grace period.
 pub trait Pipeline: Send + Sync + 'static {
     fn run<'a>(&'a self, stage: StageKind, input: &'a StageInput) -> BoxFuture<'a, Result<StageSuccess, StageError>>;
+
+    /// Whether the assemble stage can run right after a successful analyze,
+    /// on what the analyzer was given, and if so the input to run it on.
+    ///
+    /// `input` is the analyze stage's input, `analysis` its output as
+    /// stored. The default fuses when the analysis is valid and the memory
+    /// record it refers to (if any) is one of the user's records the claim
+    /// read for the analyzer ([`Analysis::assembles_from`]); the returned
+    /// input carries the analysis. `None`: the assemble stage runs on its
+    /// own, as usual.
+    fn fuse_assemble(&self, input: StageInput, analysis: Option<Value>) -> Option<StageInput> {
+        fuse_assemble(input, analysis)
+    }
 }
 
-/// How long a request waits after a 429 that named no delay (the seed's 60 s).
-pub const DEFAULT_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
+/// The default [`Pipeline::fuse_assemble`].
+pub fn fuse_assemble(mut input: StageInput, analysis: Option<Value>) -> Option<StageInput> {
+    if let Some(v) = &analysis {
+        let typed = Analysis::from_json(v).ok()?;
+        if !typed.assembles_from(&input.memory) {
+            return None;
+        }
+    }
+    input.analysis = analysis;
+    Some(input)
+}
 
-/// Maps a provider failure to the dispatcher's policy (the seed's error
-/// table, made durable): timeouts, connection errors, 5xx, 529 and invalid
-/// responses retry with exponential backoff; a 429 waits for its
-/// `Retry-After` (else 60 s), each counting a try; this daemon's own
-/// throttling waits without counting; quota, auth and other 4xx fail now.
+/// Maps a provider failure to the dispatcher's policy ([`Failure::from_llm`]),
+/// with the role's model as the attempt's usage.
 pub fn from_llm(e: LlmError, llm: &Llm, role: Role) -> StageError {
-    let disposition = match e.disposition() {
-        LlmDisposition::Retry => Disposition::Retry {
-            after: None,
-            max_attempts: None,
-        },
-        LlmDisposition::RateLimited { retry_after } => Disposition::Retry {
-            after: Some(retry_after.unwrap_or(DEFAULT_RATE_LIMIT_WAIT)),
-            max_attempts: None,
-        },
-        LlmDisposition::Throttled { retry_after } => Disposition::Defer {
-            after: retry_after.unwrap_or(Duration::from_secs(1)),
-        },
-        LlmDisposition::Fail | LlmDisposition::TokenLimit => Disposition::Fail,
-    };
-    StageError {
-        class: e.class().into(),
-        message: e.to_string(),
-        disposition,
-        usage: Usage {
+    StageError::from_failure(
+        Failure::from_llm(&e),
+        Usage {
             model: Some(llm.model(role).to_owned()),
             prompt_tokens: None,
             completion_tokens: None,
         },
-    }
+    )
 }
 
 /// The real pipeline: analyzer and responder call their models through
@@ -142,13 +180,13 @@ pub fn from_llm(e: LlmError, llm: &Llm, role: Role) -> StageError {
 /// with the responder model's tokenizer.
 pub struct LlmPipeline {
     llm: Llm,
-    counter: tokens::TokenCounter,
+    counter: TokenCounter,
     context_max_tokens: usize,
 }
 
 impl LlmPipeline {
     pub fn new(llm: Llm, context_max_tokens: usize) -> LlmPipeline {
-        let counter = tokens::TokenCounter::for_model(llm.model(Role::Responder));
+        let counter = TokenCounter::for_model(llm.model(Role::Responder));
         LlmPipeline {
             llm,
             counter,
@@ -171,5 +209,62 @@ impl Pipeline for LlmPipeline {
             }
             StageKind::Respond => responder::run(&self.llm, input).boxed(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn input(memory: &[i64]) -> StageInput {
+        StageInput {
+            request_id: Uuid::nil(),
+            user_id: Uuid::nil(),
+            thread_id: None,
+            user_query: "q".into(),
+            attempt: 1,
+            analysis: None,
+            context: None,
+            memory: memory
+                .iter()
+                .map(|&id| MemoryRecord {
+                    id,
+                    time_bucket_start: chrono::DateTime::UNIX_EPOCH,
+                    time_bucket_end: chrono::DateTime::UNIX_EPOCH,
+                    tags: Vec::new(),
+                    summary: String::new(),
+                })
+                .collect(),
+            prompts: Arc::new(Prompts::default()),
+        }
+    }
+
+    fn analysis(found: Value) -> Option<Value> {
+        Some(json!({
+            "needs_context": true,
+            "context_type": "topic",
+            "time_scope": "none",
+            "search_keywords": [],
+            "context_found": found,
+        }))
+    }
+
+    #[test]
+    fn fuses_when_the_record_is_in_the_claimed_memory() {
+        let a = analysis(json!({"lsm_record_id": 7}));
+        let fused = fuse_assemble(input(&[3, 7]), a.clone());
+        assert_eq!(fused.and_then(|i| i.analysis), a);
+        assert!(fuse_assemble(input(&[]), analysis(Value::Null)).is_some());
+        assert!(fuse_assemble(input(&[]), analysis(json!({"lsm_record_id": null}))).is_some());
+        assert!(fuse_assemble(input(&[]), None).is_some());
+    }
+
+    #[test]
+    fn does_not_fuse_otherwise() {
+        assert!(fuse_assemble(input(&[3]), analysis(json!({"lsm_record_id": 7}))).is_none());
+        assert!(fuse_assemble(input(&[7]), analysis(json!({"lsm_record_id": "seven"}))).is_none());
+        assert!(fuse_assemble(input(&[7]), Some(json!([1]))).is_none());
     }
 }

@@ -1,5 +1,7 @@
-//! Step 3, the final responder: the assembled context to the responder
-//! model (temperature, max tokens and timeout from its role settings).
+//! The respond stage: the assembled context to the responder model
+//! (temperature, max tokens and timeout from its role settings). The
+//! context already holds the responder's system prompt (the assembler put
+//! it there), so none is sent separately.
 
 use super::{StageError, StageInput, StageOutput, StageSuccess, Usage, from_llm};
 use crate::llm::{ChatRequest, Llm, LlmDisposition, Role};

@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use maas::llm::{ApiKey, ChatRequest, ConfigError, Llm, LlmConfig, LlmDisposition, LlmError, Message, Role};
+use maas::llm::{ChatRequest, ConfigError, Llm, LlmConfig, LlmDisposition, LlmError, Message, Role};
+use maas::secret::Secret;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -679,9 +680,9 @@ async fn base_urls_come_from_the_environment_when_the_file_is_silent() {
 
 #[test]
 fn keys_never_appear_in_debug_output_or_errors() {
-    let key = ApiKey::new(OPENAI_KEY);
+    let key = Secret::new(OPENAI_KEY);
     assert_eq!(format!("{key}"), "[REDACTED]");
-    assert_eq!(format!("{key:?}"), "ApiKey([REDACTED])");
+    assert_eq!(format!("{key:?}"), "Secret([REDACTED])");
 
     let mut cfg: LlmConfig = serde_json::from_value(serde_json::json!({
         "analyzer": {"provider": "openai"},

@@ -7,7 +7,8 @@
 use std::time::{Duration, SystemTime};
 
 use maas::llm::parse::{self, Parsed};
-use maas::llm::{ApiKey, ProviderKind, parse_proto_duration, parse_retry_after};
+use maas::llm::{ProviderKind, parse_proto_duration, parse_retry_after};
+use maas::secret::Secret;
 use proptest::prelude::*;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
@@ -209,7 +210,7 @@ proptest! {
                 headers.insert(HeaderName::from_static(name), v);
             }
         }
-        let key = ApiKey::new("sk-proptest-secret");
+        let key = Secret::new("sk-proptest-secret");
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(now_secs));
         let err = parse::classify_status(provider, status, &headers, &body, now, Some(&key));
         // Everything a caller reads from the error works, and the key is scrubbed.

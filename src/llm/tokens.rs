@@ -1,4 +1,5 @@
-//! Token counting for the context budget.
+//! Token counting for a model: the assembler's context budget and the
+//! archivist's chunk budget.
 //!
 //! OpenAI-family models (`gpt-*`, `o1`…`o4`, `chatgpt-*`, and what
 //! tiktoken knows) are counted with their real BPE tokenizer (tiktoken-rs,

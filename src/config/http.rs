@@ -1,0 +1,136 @@
+//! The `[http]` section and the address the HTTP server binds.
+//!
+//! Guarantees: plain data with its defaults; [`HttpAddr::parse`] accepts
+//! `HOST:PORT`, `IP:PORT`, `[IPv6]:PORT` and `:PORT` (loopback) and names
+//! what is wrong with anything else. Imports nothing of the crate.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Limits of the HTTP server (`[http]` in the file, `MAAS_HTTP__*` in the
+/// environment).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HttpConfig {
+    /// Largest request body accepted; a larger one gets 413. Default 1048576
+    /// (a query may hold 100,000 characters of up to 4 bytes, plus JSON).
+    pub max_body_bytes: usize,
+    /// Longest time to produce a response (reading the body included);
+    /// past it the request gets 503. Streams (SSE, WebSocket) are not bound
+    /// by it once their headers are sent. Default 30.
+    pub request_timeout_secs: u64,
+    /// Cap of a long-poll's `?wait=`; a longer wait is shortened to this.
+    /// Default 60.
+    pub max_wait_secs: u64,
+    /// How long an `Idempotency-Key` keeps returning its first request.
+    /// Default 86400 (one day).
+    pub idempotency_ttl_secs: u64,
+    /// Interval of the metrics refresh: backlog counts and the step history
+    /// of this daemon (stage and end-to-end latencies). Default 5.
+    pub metrics_refresh_secs: u64,
+    /// Interval of WebSocket pings and SSE keep-alive comments. Default 15.
+    pub stream_keepalive_secs: u64,
+    /// A stream whose client does not take a message within this time is
+    /// closed. Default 10.
+    pub stream_send_timeout_secs: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_body_bytes: 1024 * 1024,
+            request_timeout_secs: 30,
+            max_wait_secs: 60,
+            idempotency_ttl_secs: 86_400,
+            metrics_refresh_secs: 5,
+            stream_keepalive_secs: 15,
+            stream_send_timeout_secs: 10,
+        }
+    }
+}
+
+impl HttpConfig {
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_secs)
+    }
+    pub fn max_wait(&self) -> Duration {
+        Duration::from_secs(self.max_wait_secs)
+    }
+    pub fn idempotency_ttl(&self) -> Duration {
+        Duration::from_secs(self.idempotency_ttl_secs)
+    }
+    pub fn metrics_refresh(&self) -> Duration {
+        Duration::from_secs(self.metrics_refresh_secs)
+    }
+    pub fn stream_keepalive(&self) -> Duration {
+        Duration::from_secs(self.stream_keepalive_secs)
+    }
+    pub fn stream_send_timeout(&self) -> Duration {
+        Duration::from_secs(self.stream_send_timeout_secs)
+    }
+}
+
+/// The address to bind, parsed from `http_addr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpAddr {
+    /// A literal IP address and port.
+    Socket(SocketAddr),
+    /// A host name, resolved at start.
+    Host(String, u16),
+}
+
+impl HttpAddr {
+    pub fn parse(s: &str) -> Result<HttpAddr, String> {
+        let s = s.trim();
+        if let Some(port) = s.strip_prefix(':') {
+            let port = port.parse::<u16>().map_err(|_| format!("{s:?}: not a port"))?;
+            return Ok(HttpAddr::Socket(SocketAddr::from(([127, 0, 0, 1], port))));
+        }
+        if let Ok(addr) = s.parse::<SocketAddr>() {
+            return Ok(HttpAddr::Socket(addr));
+        }
+        match s.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && !host.contains(':') => {
+                let port = port.parse::<u16>().map_err(|_| format!("{s:?}: not a port"))?;
+                Ok(HttpAddr::Host(host.to_owned(), port))
+            }
+            _ => Err(format!("{s:?}: expected HOST:PORT, IP:PORT, [IPv6]:PORT or :PORT")),
+        }
+    }
+}
+
+/// True for addresses only this machine can reach.
+pub fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    }
+}
+
+/// Why an address may not be bound without tokens, as said at start.
+pub fn exposed_without_tokens(addr: &str) -> String {
+    format!(
+        "{addr} is not a loopback address and no api_tokens are configured: anyone who can reach it \
+         could submit queries and read every answer. Set MAAS_API_TOKENS (or api_tokens in the file), \
+         or bind 127.0.0.1"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_and_loopback_is_recognised() {
+        assert_eq!(
+            HttpAddr::parse(":8081"),
+            Ok(HttpAddr::Socket(SocketAddr::from(([127, 0, 0, 1], 8081))))
+        );
+        assert!(HttpAddr::parse("nonsense").is_err());
+        assert!(is_loopback(
+            "::ffff:127.0.0.1".parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))
+        ));
+    }
+}

@@ -1,0 +1,210 @@
+//! The analyzer's result, typed: what the analyze stage produces, what the
+//! assemble stage reads and what decides whether the two can be fused.
+//!
+//! Guarantees:
+//! - An [`Analysis`] exists only validated: [`Analysis::parse`] (model
+//!   output) and [`Analysis::from_json`] (a stored analysis) apply the same
+//!   rules — `needs_context` a boolean, `context_type` a string,
+//!   `time_scope` a string (absent or null: `"none"`), `search_keywords`
+//!   strings (absent or null: none), `context_found` an object or null whose
+//!   `lsm_record_id` is an integer, a string holding one, or null.
+//! - [`Analysis::to_json`] is exactly the JSON stored in
+//!   `pipeline_runs.analysis`: the five keys, normalised as above, with
+//!   every other field of `context_found` kept as the model gave it and
+//!   `lsm_record_id` always present there. `from_json(&a.to_json()) == a`.
+//! - Nothing outside `stage` reads the analysis JSON: the dispatcher only
+//!   passes it along and asks [`Pipeline::fuse_assemble`](super::Pipeline::fuse_assemble).
+
+use serde_json::{Map, Value, json};
+
+use crate::llm::text::strip_fence;
+use crate::model::MemoryRecord;
+
+/// The analysis of one request's query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Analysis {
+    needs_context: bool,
+    context_type: String,
+    time_scope: String,
+    search_keywords: Vec<String>,
+    context_found: Option<ContextFound>,
+}
+
+/// The memory record the analyzer found relevant, if it named one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextFound {
+    record_id: Option<i64>,
+    /// The object as stored: the model's fields, `lsm_record_id` normalised.
+    fields: Map<String, Value>,
+}
+
+impl ContextFound {
+    /// The `lsm_storage` id it refers to, if any.
+    pub fn record_id(&self) -> Option<i64> {
+        self.record_id
+    }
+
+    /// Every field as stored (`lsm_record_id` included; `period`,
+    /// `relevance` and the like as the model gave them).
+    pub fn fields(&self) -> &Map<String, Value> {
+        &self.fields
+    }
+}
+
+impl Analysis {
+    /// Parses model output: one JSON object, possibly inside a fenced code
+    /// block, validated as described in the module doc.
+    pub fn parse(text: &str) -> Result<Analysis, String> {
+        let body = strip_fence(text.trim());
+        let v: Value = serde_json::from_str(body).map_err(|e| format!("{e} (in {} bytes)", text.len()))?;
+        Analysis::from_json(&v)
+    }
+
+    /// Validates a JSON value (a stored analysis, or a parsed answer).
+    pub fn from_json(v: &Value) -> Result<Analysis, String> {
+        let Some(obj) = v.as_object() else {
+            return Err("expected a JSON object".into());
+        };
+        let needs_context = obj
+            .get("needs_context")
+            .and_then(Value::as_bool)
+            .ok_or("needs_context must be true or false")?;
+        let context_type = obj
+            .get("context_type")
+            .and_then(Value::as_str)
+            .ok_or("context_type must be a string")?
+            .to_owned();
+        let time_scope = match obj.get("time_scope") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None => "none".into(),
+            Some(_) => return Err("time_scope must be a string".into()),
+        };
+        let search_keywords = match obj.get("search_keywords") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|k| k.as_str().map(str::to_owned).ok_or("search_keywords must be strings"))
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(Value::Null) | None => Vec::new(),
+            Some(_) => return Err("search_keywords must be an array of strings".into()),
+        };
+        let context_found = match obj.get("context_found") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(found)) => {
+                let record_id = match found.get("lsm_record_id") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::Number(n)) if n.as_i64().is_some() => n.as_i64(),
+                    Some(Value::String(s)) if s.parse::<i64>().is_ok() => s.parse::<i64>().ok(),
+                    Some(_) => return Err("context_found.lsm_record_id must be an integer or null".into()),
+                };
+                let mut fields = found.clone();
+                fields.insert("lsm_record_id".into(), json!(record_id));
+                Some(ContextFound { record_id, fields })
+            }
+            Some(_) => return Err("context_found must be an object or null".into()),
+        };
+        Ok(Analysis {
+            needs_context,
+            context_type,
+            time_scope,
+            search_keywords,
+            context_found,
+        })
+    }
+
+    /// The JSON stored in `pipeline_runs.analysis` (see the module doc).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "needs_context": self.needs_context,
+            "context_type": self.context_type,
+            "time_scope": self.time_scope,
+            "search_keywords": self.search_keywords,
+            "context_found": self.context_found.as_ref().map_or(Value::Null, |f| Value::Object(f.fields.clone())),
+        })
+    }
+
+    /// Whether the query needs long-term memory.
+    pub fn needs_context(&self) -> bool {
+        self.needs_context
+    }
+
+    /// The kind of context the analyzer asked for (the prompt's words).
+    pub fn context_type(&self) -> &str {
+        &self.context_type
+    }
+
+    /// The period the query is about; `"none"` when it named none.
+    pub fn time_scope(&self) -> &str {
+        &self.time_scope
+    }
+
+    /// Words to search memory with; empty when it gave none.
+    pub fn search_keywords(&self) -> &[String] {
+        &self.search_keywords
+    }
+
+    /// The record the analyzer found relevant, if any.
+    pub fn context_found(&self) -> Option<&ContextFound> {
+        self.context_found.as_ref()
+    }
+
+    /// The `lsm_storage` id of the record it found, if any.
+    pub fn record_id(&self) -> Option<i64> {
+        self.context_found.as_ref().and_then(ContextFound::record_id)
+    }
+
+    /// Whether the assemble stage can run on `memory` (the records the
+    /// claim read for the analyzer): it refers to no record, or to one of
+    /// them.
+    pub fn assembles_from(&self, memory: &[MemoryRecord]) -> bool {
+        self.record_id().is_none_or(|id| memory.iter().any(|m| m.id == id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_the_stored_json() {
+        let text = r#"{"needs_context": true, "context_type": "topic", "time_scope": "last week",
+            "search_keywords": ["trip"], "context_found": {"lsm_record_id": "7", "period": "May"}}"#;
+        let a = Analysis::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.record_id(), Some(7));
+        assert_eq!(a.search_keywords(), ["trip"]);
+        assert_eq!(a.time_scope(), "last week");
+        assert!(a.needs_context());
+        let stored = a.to_json();
+        assert_eq!(stored["context_found"], json!({"lsm_record_id": 7, "period": "May"}));
+        assert_eq!(Analysis::from_json(&stored).ok(), Some(a));
+    }
+
+    #[test]
+    fn stored_json_keeps_its_shape() {
+        let a =
+            Analysis::parse(r#"{"needs_context": false, "context_type": "none"}"#).unwrap_or_else(|e| panic!("{e}"));
+        // Byte for byte the JSON the analyzer has always stored.
+        assert_eq!(a.to_json().to_string(), crate::llm::offline::analysis_example());
+        let found = Analysis::parse(r#"{"needs_context": true, "context_type": "t", "context_found": {}}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(found.to_json()["context_found"], json!({"lsm_record_id": null}));
+    }
+
+    #[test]
+    fn assembles_from_the_memory_it_was_given() {
+        let mem = |id| MemoryRecord {
+            id,
+            time_bucket_start: chrono::DateTime::UNIX_EPOCH,
+            time_bucket_end: chrono::DateTime::UNIX_EPOCH,
+            tags: Vec::new(),
+            summary: String::new(),
+        };
+        let none =
+            Analysis::parse(r#"{"needs_context": false, "context_type": "none"}"#).unwrap_or_else(|e| panic!("{e}"));
+        assert!(none.assembles_from(&[]));
+        let seven =
+            Analysis::parse(r#"{"needs_context": true, "context_type": "t", "context_found": {"lsm_record_id": 7}}"#)
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert!(seven.assembles_from(&[mem(3), mem(7)]));
+        assert!(!seven.assembles_from(&[mem(3)]));
+    }
+}
