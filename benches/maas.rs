@@ -17,23 +17,24 @@
     reason = "statistics over small counts"
 )]
 
-#[path = "../tests/it/support/daemon.rs"]
-#[allow(dead_code, reason = "shared with the tests, which use more of it")]
-mod daemon;
-#[path = "../tests/it/support/fake_llm.rs"]
-mod fake_llm;
+#[allow(
+    dead_code,
+    reason = "shared with the chaos bench and the tests, which use more of it"
+)]
+mod support;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use daemon::{Maasd, Opts};
-use fake_llm::{FakeConfig, FakeLlm};
 use futures_util::StreamExt;
-use maas::db::devdb::{Cluster, ClusterSpec, ensure_database};
+use maas::db::devdb::Cluster;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
+use support::daemon::{Maasd, Opts};
+use support::fake_llm::{FakeConfig, FakeLlm};
+use support::{count, fresh_database, percentile, poll_until};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 use uuid::Uuid;
 
@@ -49,45 +50,18 @@ impl Bench {
     }
 
     async fn fresh_db(&self, name: &str) -> String {
-        let admin = connect(&self.cluster.url("postgres")).await;
-        let db = format!("bench_{name}");
-        admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-            .await
-            .unwrap();
-        drop(admin);
-        ensure_database(&self.cluster.url("postgres"), &db).await.unwrap();
-        self.cluster.url(&db)
+        fresh_database(&self.cluster, &format!("bench_{name}")).await
     }
 }
 
+/// A connection for measuring and watching (30 s to connect).
 async fn connect(url: &str) -> Client {
-    let (c, conn) = url
-        .parse::<tokio_postgres::Config>()
-        .unwrap()
-        .connect(NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    c
-}
-
-async fn count(c: &Client, sql: &str) -> i64 {
-    c.query_one(sql, &[]).await.unwrap().get(0)
+    support::connect(url, Duration::from_secs(30)).await
 }
 
 /// Waits (polling every 10 ms) until `sql` returns at least `n`.
 async fn wait_count(c: &Client, sql: &str, n: i64, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if count(c, sql).await >= n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
+    poll_until(within, Duration::from_millis(10), || async { count(c, sql).await >= n }).await
 }
 
 /// Waits until no request is left to work on: none due, none in flight.
@@ -95,8 +69,7 @@ async fn wait_count(c: &Client, sql: &str, n: i64, within: Duration) -> bool {
 /// the measured system next to nothing (a `count(*)` over the table would
 /// scan it, every time).
 async fn wait_drained(c: &Client, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
+    poll_until(within, Duration::from_millis(20), || async {
         let busy: bool = c
             .query_one(
                 "SELECT EXISTS (SELECT 1 FROM pipeline_runs WHERE status IN ('NEW', 'ANALYZED', 'READY'))
@@ -106,12 +79,9 @@ async fn wait_drained(c: &Client, within: Duration) -> bool {
             .await
             .unwrap()
             .get(0);
-        if !busy {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
+        !busy
+    })
+    .await
 }
 
 /// A daemon that is migrated and listening.
@@ -127,14 +97,6 @@ async fn start_daemon(url: &str, opts: Opts) -> Maasd {
     .await;
     assert!(ok, "maasd did not start: {}", d.log_text());
     d
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -368,20 +330,20 @@ async fn latency(b: &mut Bench) {
     e2e.sort_by(f64::total_cmp);
     b.record(
         "pickup_p50_ms",
-        round(percentile(&pickup, 0.5), 3),
+        round(percentile(&pickup, 0.5).unwrap_or(f64::NAN), 3),
         &format!("{samples} sequential requests"),
     );
     b.record(
         "pickup_p99_ms",
-        round(percentile(&pickup, 0.99), 3),
+        round(percentile(&pickup, 0.99).unwrap_or(f64::NAN), 3),
         "insert commit → claim committed",
     );
     b.record(
         "e2e_p50_ms",
-        round(percentile(&e2e, 0.5), 3),
+        round(percentile(&e2e, 0.5).unwrap_or(f64::NAN), 3),
         "insert commit → COMPLETED",
     );
-    b.record("e2e_p99_ms", round(percentile(&e2e, 0.99), 3), "");
+    b.record("e2e_p99_ms", round(percentile(&e2e, 0.99).unwrap_or(f64::NAN), 3), "");
 }
 
 /// Requests against a provider that takes 1 s per call.
@@ -627,7 +589,7 @@ async fn archivist(b: &mut Bench) {
     times.sort_by(f64::total_cmp);
     b.record(
         "archive_select_ms",
-        round(percentile(&times, 0.5), 2),
+        round(percentile(&times, 0.5).unwrap_or(f64::NAN), 2),
         &format!("candidate selection, median of 20 ({selected} of {users} users selected, page limit)"),
     );
     let explain = CANDIDATES
@@ -689,13 +651,6 @@ async fn archivist(b: &mut Bench) {
     );
 }
 
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     // `cargo test --all-targets` runs bench binaries too, without `--bench`:
@@ -707,23 +662,8 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
     let only: Option<String> = args.iter().find_map(|a| a.strip_prefix("--only=").map(str::to_owned));
-    raise_fd_limit();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("maas-bench-pg");
-        let spec = ClusterSpec {
-            dir,
-            port: None,
-            durable: true,
-            max_connections: 300,
-        };
-        let cluster = tokio::task::spawn_blocking(move || Cluster::ensure(&spec))
-            .await
-            .unwrap()
-            .unwrap();
+    support::runtime().block_on(async move {
+        let cluster = support::start_cluster("maas-bench-pg", 300).await;
         let mut b = Bench {
             cluster,
             quick,
@@ -792,9 +732,6 @@ fn main() {
             println!("{}", Value::Object(obj));
         }
         // The cluster stays on disk for the next run, but not running.
-        let cluster = b.cluster;
-        if let Err(e) = tokio::task::spawn_blocking(move || cluster.stop(false)).await.unwrap() {
-            eprintln!("could not stop the benchmark cluster: {e}");
-        }
+        support::stop_cluster(b.cluster).await;
     });
 }

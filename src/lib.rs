@@ -46,5 +46,6 @@ pub mod repo;
 pub mod retention;
 pub mod shutdown;
 pub mod stage;
+pub mod sys;
 pub mod systemd;
 pub mod telemetry;

@@ -1,5 +1,6 @@
 //! Harness: real PostgreSQL, real processes, waits with deadlines.
 
+pub mod cli;
 pub mod daemon;
 pub mod db;
 pub mod fake_llm;

@@ -1,0 +1,129 @@
+//! What both benchmark binaries (`maas`, `chaos`) share: the private
+//! PostgreSQL cluster and fresh databases on it, connections, the runtime,
+//! polling with a deadline and percentiles. The `maasd` processes and the
+//! fake provider are the integration tests' own (`tests/it/support`).
+//!
+//! Each bench uses part of this module: `mod support;` carries an
+//! `allow(dead_code)` for the rest.
+
+#[path = "../../tests/it/support/daemon.rs"]
+pub mod daemon;
+#[path = "../../tests/it/support/fake_llm.rs"]
+pub mod fake_llm;
+
+use std::future::Future;
+use std::time::Duration;
+
+use maas::db::devdb::{Cluster, ClusterSpec, ensure_database};
+use tokio::time::Instant;
+use tokio_postgres::{Client, NoTls};
+
+/// A multi-threaded runtime, after lifting the open-file limit (many
+/// daemons, connections and provider calls at once).
+pub fn runtime() -> tokio::runtime::Runtime {
+    if let Err(e) = maas::sys::raise_fd_limit() {
+        eprintln!("{e}");
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The bench's own durable cluster under the target directory (`dir_name`
+/// inside `CARGO_TARGET_TMPDIR`), created on the first run, started.
+pub async fn start_cluster(dir_name: &str, max_connections: u32) -> Cluster {
+    let spec = ClusterSpec {
+        dir: std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir_name),
+        port: None,
+        durable: true,
+        max_connections,
+    };
+    tokio::task::spawn_blocking(move || Cluster::ensure(&spec))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// Stops the cluster (it stays on disk for the next run); says so when it
+/// cannot.
+pub async fn stop_cluster(cluster: Cluster) {
+    if let Err(e) = tokio::task::spawn_blocking(move || cluster.stop(false)).await.unwrap() {
+        eprintln!("could not stop the benchmark cluster: {e}");
+    }
+}
+
+/// Drops database `name` if a previous run left it, creates it empty and
+/// returns its URL.
+pub async fn fresh_database(cluster: &Cluster, name: &str) -> String {
+    let admin_url = cluster.url("postgres");
+    let admin = connect(&admin_url, Duration::from_secs(30)).await;
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+    drop(admin);
+    ensure_database(&admin_url, name).await.unwrap();
+    cluster.url(name)
+}
+
+/// One connection attempt (3 s), named after the bench binary in
+/// `pg_stat_activity` (never `maasd…`, which the daemons' names start with).
+pub async fn try_connect(url: &str) -> Result<Client, tokio_postgres::Error> {
+    let mut cfg: tokio_postgres::Config = url.parse().unwrap();
+    cfg.application_name(env!("CARGO_CRATE_NAME"))
+        .connect_timeout(Duration::from_secs(3));
+    let (c, conn) = cfg.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(c)
+}
+
+/// Connects, retrying until `within` runs out; panics then.
+pub async fn connect(url: &str, within: Duration) -> Client {
+    let deadline = Instant::now() + within;
+    loop {
+        match try_connect(url).await {
+            Ok(c) => return c,
+            Err(e) if Instant::now() > deadline => panic!("cannot connect to {url}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// The single `bigint` that `sql` returns.
+pub async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// Polls `cond` every `every` until it holds (true) or `within` passes
+/// (false).
+pub async fn poll_until<F, Fut>(within: Duration, every: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(every).await;
+    }
+    false
+}
+
+/// The value at fraction `p` (0 to 1, nearest rank) of `sorted`; `None`
+/// when it is empty.
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "an index into a short sample"
+)]
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    let last = sorted.len().checked_sub(1)?;
+    let idx = (last as f64 * p).round() as usize;
+    Some(sorted[idx.min(last)])
+}
