@@ -55,8 +55,8 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
 use support::daemon::{Maasd, Opts};
-use support::fake_llm::{FakeConfig, FakeLlm, FaultRates};
-use support::{connect, count, percentile, poll_until, try_connect};
+use support::fake_llm::{FakeLlm, FaultRates};
+use support::{analysis_provider, connect, count, on_provider, percentile, poll_until, try_connect};
 use tokio::task::JoinSet;
 use tokio_postgres::Client;
 use uuid::Uuid;
@@ -208,20 +208,18 @@ struct Daemons {
 
 impl Daemons {
     fn opts(&self) -> Opts {
-        Opts {
+        let opts = Opts {
             lease_secs: LEASE_SECS,
             sweep_secs: SWEEP_SECS,
             ..Opts::default()
-        }
-        .env("RUST_LOG", "warn,maas::http=info")
-        .env("MAAS_LLM_PROVIDER", "openai")
-        .env("OPENAI_BASE_URL", &self.provider_url)
-        .env("OPENAI_API_KEY", "chaos")
-        .env("MAAS_LLM__ANALYZER__TIMEOUT_SECS", LLM_TIMEOUT_SECS)
-        .env("MAAS_LLM__RESPONDER__TIMEOUT_SECS", LLM_TIMEOUT_SECS)
-        // Three tries of a stage span about 1 + 2 s of backoff.
-        .env("MAAS_RETRY_BASE_MS", 1000)
-        .env("MAAS_POOL_SIZE", POOL_SIZE)
+        };
+        on_provider(opts, &self.provider_url, "chaos")
+            .env("RUST_LOG", "warn,maas::http=info")
+            .env("MAAS_LLM__ANALYZER__TIMEOUT_SECS", LLM_TIMEOUT_SECS)
+            .env("MAAS_LLM__RESPONDER__TIMEOUT_SECS", LLM_TIMEOUT_SECS)
+            // Three tries of a stage span about 1 + 2 s of backoff.
+            .env("MAAS_RETRY_BASE_MS", 1000)
+            .env("MAAS_POOL_SIZE", POOL_SIZE)
     }
 
     /// Starts a daemon and waits until its HTTP server listens.
@@ -537,6 +535,20 @@ struct Verdict {
     details: Vec<String>,
 }
 
+/// Runs each (what, counting query) check and returns the sum of the
+/// counts; each count above zero also becomes a line in `details`.
+async fn violations(c: &Client, checks: &[(&str, &str)], details: &mut Vec<String>) -> i64 {
+    let mut total = 0;
+    for (what, sql) in checks {
+        let n = count(c, sql).await;
+        if n > 0 {
+            details.push(format!("{n} × {what}"));
+        }
+        total += n;
+    }
+    total
+}
+
 async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
     let mut v = Verdict {
         acked: acked.len() as i64,
@@ -591,13 +603,7 @@ async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
     if acked_twice > 0 {
         v.details.push(format!("{acked_twice} request ids acknowledged twice"));
     }
-    for (what, sql) in dup_checks {
-        let n = count(c, sql).await;
-        if n > 0 {
-            v.details.push(format!("{n} × {what}"));
-        }
-        v.duplicates += n;
-    }
+    v.duplicates += violations(c, &dup_checks, &mut v.details).await;
     v.failed_without_reason = count(
         c,
         "SELECT count(*) FROM pipeline_runs WHERE status = 'FAILED' AND coalesce(btrim(error), '') = ''",
@@ -631,13 +637,7 @@ async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
                  WHERE s.run_id = r.id AND s.outcome = 'succeeded') <> 3",
         ),
     ];
-    for (what, sql) in consistency {
-        let n = count(c, sql).await;
-        if n > 0 {
-            v.details.push(format!("{n} × {what}"));
-        }
-        v.inconsistent += n;
-    }
+    v.inconsistent = violations(c, &consistency, &mut v.details).await;
     v.llm_steps_succeeded = count(
         c,
         "SELECT count(*) FROM pipeline_steps WHERE outcome = 'succeeded' AND stage IN ('analyze', 'respond')",
@@ -705,11 +705,7 @@ async fn run(args: Args) -> bool {
     let cluster = support::start_cluster("maas-chaos-pg", MAX_CONNECTIONS).await;
     let url = support::fresh_database(&cluster, "chaos").await;
 
-    let fake = FakeLlm::start_with(FakeConfig {
-        default_text: maas::llm::offline::analysis_example(),
-        ..FakeConfig::default()
-    })
-    .await;
+    let fake = analysis_provider(None).await;
     let rates = FaultRates {
         rate_limited: 0.03,
         server_error: 0.03,

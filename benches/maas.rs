@@ -33,8 +33,7 @@ use maas::db::devdb::Cluster;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use support::daemon::{Maasd, Opts};
-use support::fake_llm::{FakeConfig, FakeLlm};
-use support::{count, fresh_database, percentile, poll_until};
+use support::{analysis_provider, count, fresh_database, on_provider, percentile, poll_until};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 use uuid::Uuid;
 
@@ -82,6 +81,33 @@ async fn wait_drained(c: &Client, within: Duration) -> bool {
         !busy
     })
     .await
+}
+
+/// Inserts `n` requests in one statement, as another application would;
+/// query texts `{prefix}1` to `{prefix}{n}`.
+async fn insert_requests(c: &Client, n: i64, prefix: &str) {
+    c.execute(
+        "INSERT INTO pipeline_runs (user_id, user_query)
+         SELECT gen_random_uuid(), $2::text || g FROM generate_series(1, $1::int8) g",
+        &[&n, &prefix],
+    )
+    .await
+    .unwrap();
+}
+
+/// Seconds from now until nothing is left to work on (10 minutes at most);
+/// asserts that all `n` requests of the `what` run COMPLETED.
+async fn wait_all_completed(c: &Client, d: &Maasd, n: i64, what: &str) -> f64 {
+    let t0 = Instant::now();
+    let drained = wait_drained(c, Duration::from_secs(600)).await;
+    let secs = t0.elapsed().as_secs_f64();
+    let completed = count(c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
+    assert!(
+        drained && completed == n,
+        "{what} run did not finish ({completed} of {n} completed): {}",
+        d.log_text()
+    );
+    secs
 }
 
 /// A daemon that is migrated and listening.
@@ -179,13 +205,7 @@ async fn throughput(b: &mut Bench, http: bool, concurrency: Option<usize>) -> f6
     let n: i64 = if http && b.quick { 10_000 } else { 20_000 };
     let url = b.fresh_db(if http { "throughput_http" } else { "throughput" }).await;
     let fake = if http {
-        Some(
-            FakeLlm::start_with(FakeConfig {
-                default_text: maas::llm::offline::analysis_example(),
-                ..FakeConfig::default()
-            })
-            .await,
-        )
+        Some(analysis_provider(None).await)
     } else {
         None
     };
@@ -197,32 +217,15 @@ async fn throughput(b: &mut Bench, http: bool, concurrency: Option<usize>) -> f6
             .env("MAAS_CONCURRENCY__RESPOND", conc);
     }
     if let Some(f) = &fake {
-        opts = opts
-            .env("MAAS_LLM_PROVIDER", "openai")
-            .env("OPENAI_BASE_URL", f.openai_base_url())
-            .env("OPENAI_API_KEY", "bench")
+        opts = on_provider(opts, &f.openai_base_url(), "bench")
             .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", 256)
             .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", 256);
     }
     let mut d = start_daemon(&url, opts).await;
     let c = connect(&url).await;
     let writes_before = writes(&c).await;
-    c.execute(
-        "INSERT INTO pipeline_runs (user_id, user_query)
-         SELECT gen_random_uuid(), 'benchmark query number ' || g FROM generate_series(1, $1::int8) g",
-        &[&n],
-    )
-    .await
-    .unwrap();
-    let t0 = Instant::now();
-    let drained = wait_drained(&c, Duration::from_secs(600)).await;
-    let elapsed = t0.elapsed().as_secs_f64();
-    let completed = count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
-    assert!(
-        drained && completed == n,
-        "throughput run did not finish ({completed} of {n} completed): {}",
-        d.log_text()
-    );
+    insert_requests(&c, n, "benchmark query number ").await;
+    let elapsed = wait_all_completed(&c, &d, n, "throughput").await;
     let writes_after = writes(&c).await;
     d.kill();
     let per_request = (writes_after - writes_before) as f64 / n as f64;
@@ -353,40 +356,18 @@ async fn llm_bound(b: &mut Bench) {
     // machine noise moved the ratio by 0.1 either way.
     let (n, conc) = (10_000i64, 1_000i64);
     let url = b.fresh_db("llm_bound").await;
-    let fake = FakeLlm::start_with(FakeConfig {
-        default_text: maas::llm::offline::analysis_example(),
-        default_latency: Some(Duration::from_secs(1)),
-        ..FakeConfig::default()
-    })
-    .await;
-    let opts = Opts::default()
+    let fake = analysis_provider(Some(Duration::from_secs(1))).await;
+    let opts = on_provider(Opts::default(), &fake.openai_base_url(), "bench")
         .env("RUST_LOG", "warn")
-        .env("MAAS_LLM_PROVIDER", "openai")
-        .env("OPENAI_BASE_URL", fake.openai_base_url())
-        .env("OPENAI_API_KEY", "bench")
         .env("MAAS_CONCURRENCY__ANALYZE", conc)
         .env("MAAS_CONCURRENCY__RESPOND", conc)
         .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", conc)
         .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", conc);
     let mut d = start_daemon(&url, opts).await;
     let c = connect(&url).await;
-    c.execute(
-        "INSERT INTO pipeline_runs (user_id, user_query)
-         SELECT gen_random_uuid(), 'slow provider ' || g FROM generate_series(1, $1::int8) g",
-        &[&n],
-    )
-    .await
-    .unwrap();
-    let t0 = Instant::now();
+    insert_requests(&c, n, "slow provider ").await;
     let pid = d.pid();
-    let drained = wait_drained(&c, Duration::from_secs(600)).await;
-    let makespan = t0.elapsed().as_secs_f64();
-    let completed = count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
-    assert!(
-        drained && completed == n,
-        "LLM-bound run did not finish ({completed} of {n} completed): {}",
-        d.log_text()
-    );
+    let makespan = wait_all_completed(&c, &d, n, "LLM-bound").await;
     let rss = peak_rss_mb(pid.as_raw());
     d.kill();
     // Two sequential 1 s calls per request, `conc` at a time per stage,
@@ -419,36 +400,23 @@ fn peak_rss_mb(pid: i32) -> f64 {
 async fn recovery(b: &mut Bench) {
     let n: i64 = 1_000;
     let url = b.fresh_db("recovery").await;
-    let fake = FakeLlm::start_with(FakeConfig {
-        default_text: maas::llm::offline::analysis_example(),
-        default_latency: Some(Duration::from_secs(2)),
-        ..FakeConfig::default()
-    })
-    .await;
+    let fake = analysis_provider(Some(Duration::from_secs(2))).await;
     let opts = || {
-        Opts {
+        let opts = Opts {
             lease_secs: 3,
             sweep_secs: 1,
             ..Opts::default()
-        }
-        .env("RUST_LOG", "warn")
-        .env("MAAS_LLM_PROVIDER", "openai")
-        .env("OPENAI_BASE_URL", fake.openai_base_url())
-        .env("OPENAI_API_KEY", "bench")
-        .env("MAAS_CONCURRENCY__ANALYZE", n)
-        .env("MAAS_CONCURRENCY__RESPOND", n)
-        .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", n)
-        .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", n)
+        };
+        on_provider(opts, &fake.openai_base_url(), "bench")
+            .env("RUST_LOG", "warn")
+            .env("MAAS_CONCURRENCY__ANALYZE", n)
+            .env("MAAS_CONCURRENCY__RESPOND", n)
+            .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", n)
+            .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", n)
     };
     let mut first = start_daemon(&url, opts()).await;
     let c = connect(&url).await;
-    c.execute(
-        "INSERT INTO pipeline_runs (user_id, user_query)
-         SELECT gen_random_uuid(), 'crash ' || g FROM generate_series(1, $1::int8) g",
-        &[&n],
-    )
-    .await
-    .unwrap();
+    insert_requests(&c, n, "crash ").await;
     let in_flight = wait_count(
         &c,
         "SELECT count(*) FROM pipeline_runs WHERE status IN ('ANALYZING', 'RESPONDING')",
@@ -494,6 +462,21 @@ async fn recovery(b: &mut Bench) {
 
 // ------------------------------------------------------------------- main
 
+/// Runs `insert` (parameters: first and last row number, users) over rows
+/// 1 to `logs` in slices of 50,000, one transaction each; the seconds it
+/// took.
+async fn insert_in_slices(c: &Client, insert: &str, logs: i64, users: i64) -> f64 {
+    let started = Instant::now();
+    let slice = 50_000i64;
+    let mut from = 1i64;
+    while from <= logs {
+        let to = (from + slice - 1).min(logs);
+        c.execute(insert, &[&from, &to, &users]).await.unwrap();
+        from = to + 1;
+    }
+    started.elapsed().as_secs_f64()
+}
+
 /// The archivist at scale: raw logs over many users (1,000,000 over 10,000;
 /// `--quick`: 100,000 over 1,000), each insert through the novelty trigger;
 /// then candidate selection time (and its plan) and logs archived per second
@@ -508,13 +491,9 @@ async fn archivist(b: &mut Bench) {
     // A third of the users were last active 40 days ago (outside A); the
     // rest within the last day. Inserted in slices so each transaction stays
     // reasonable; each row pays the trigger's UPSERT.
-    let started = Instant::now();
-    let slice = 50_000i64;
-    let mut from = 1i64;
-    while from <= logs {
-        let to = (from + slice - 1).min(logs);
-        c.execute(
-            "INSERT INTO raw_logs (user_id, thread_id, message_type, content, created_at)
+    let insert_s = insert_in_slices(
+        &c,
+        "INSERT INTO raw_logs (user_id, thread_id, message_type, content, created_at)
              SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
                     ('00000000-0000-4000-9000-' || lpad(to_hex(g % ($3 * 4)), 12, '0'))::uuid,
                     CASE WHEN g % 2 = 0 THEN 'user_query' ELSE 'assistant_response' END,
@@ -522,37 +501,28 @@ async fn archivist(b: &mut Bench) {
                     now() - CASE WHEN g % $3 % 3 = 0 THEN interval '40 days'
                                  ELSE make_interval(secs => (g % 86400)::float8) END
              FROM generate_series($1::int8, $2::int8) g",
-            &[&from, &to, &users],
-        )
-        .await
-        .unwrap();
-        from = to + 1;
-    }
-    let insert_s = started.elapsed().as_secs_f64();
+        logs,
+        users,
+    )
+    .await;
     // The same rows into a copy of raw_logs without the trigger (same
     // indexes and defaults, user_seq given): the trigger's cost on inserts.
     c.batch_execute("CREATE TABLE bench_plain_logs (LIKE raw_logs INCLUDING ALL)")
         .await
         .unwrap();
-    let plain_started = Instant::now();
-    let mut from = 1i64;
-    while from <= logs {
-        let to = (from + slice - 1).min(logs);
-        c.execute(
-            "INSERT INTO bench_plain_logs (user_id, thread_id, message_type, content, created_at, user_seq)
+    let plain_s = insert_in_slices(
+        &c,
+        "INSERT INTO bench_plain_logs (user_id, thread_id, message_type, content, created_at, user_seq)
              SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
                     ('00000000-0000-4000-9000-' || lpad(to_hex(g % ($3 * 4)), 12, '0'))::uuid,
                     CASE WHEN g % 2 = 0 THEN 'user_query' ELSE 'assistant_response' END,
                     'message ' || g || ' about gardening, travel plans and the weekly budget',
                     now(), g
              FROM generate_series($1::int8, $2::int8) g",
-            &[&from, &to, &users],
-        )
-        .await
-        .unwrap();
-        from = to + 1;
-    }
-    let plain_s = plain_started.elapsed().as_secs_f64();
+        logs,
+        users,
+    )
+    .await;
     c.batch_execute("DROP TABLE bench_plain_logs").await.unwrap();
     b.record(
         "archive_log_insert_plain_per_s",

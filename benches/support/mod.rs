@@ -14,6 +14,8 @@ pub mod fake_llm;
 use std::future::Future;
 use std::time::Duration;
 
+use daemon::Opts;
+use fake_llm::{FakeConfig, FakeLlm};
 use maas::db::devdb::{Cluster, ClusterSpec, ensure_database};
 use tokio::time::Instant;
 use tokio_postgres::{Client, NoTls};
@@ -90,6 +92,25 @@ pub async fn connect(url: &str, within: Duration) -> Client {
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
+}
+
+/// The fake provider over HTTP, answering every call after `latency` with
+/// a valid analysis (which the responder takes as its answer too).
+pub async fn analysis_provider(latency: Option<Duration>) -> FakeLlm {
+    FakeLlm::start_with(FakeConfig {
+        default_text: maas::llm::offline::analysis_example(),
+        default_latency: latency,
+        ..FakeConfig::default()
+    })
+    .await
+}
+
+/// `opts` with the daemon's LLM calls going to the OpenAI-shaped provider
+/// at `base_url`, with API key `key`.
+pub fn on_provider(opts: Opts, base_url: &str, key: &str) -> Opts {
+    opts.env("MAAS_LLM_PROVIDER", "openai")
+        .env("OPENAI_BASE_URL", base_url)
+        .env("OPENAI_API_KEY", key)
 }
 
 /// The single `bigint` that `sql` returns.
