@@ -1,7 +1,8 @@
 //! What both benchmark binaries (`maas`, `chaos`) share: the private
 //! PostgreSQL cluster and fresh databases on it, connections, the runtime,
-//! polling with a deadline and percentiles. The `maasd` processes and the
-//! fake provider are the integration tests' own (`tests/it/support`).
+//! the fake provider set up for a daemon, and percentiles. The `maasd`
+//! processes, the fake provider and polling with a deadline are the
+//! integration tests' own (`tests/it/support`).
 //!
 //! Each bench uses part of this module: `mod support;` carries an
 //! `allow(dead_code)` for the rest.
@@ -10,9 +11,12 @@
 pub mod daemon;
 #[path = "../../tests/it/support/fake_llm.rs"]
 pub mod fake_llm;
+#[path = "../../tests/it/support/poll.rs"]
+pub mod poll;
 
-use std::future::Future;
 use std::time::Duration;
+
+pub use poll::{count, poll_until};
 
 use daemon::Opts;
 use fake_llm::{FakeConfig, FakeLlm};
@@ -111,28 +115,6 @@ pub fn on_provider(opts: Opts, base_url: &str, key: &str) -> Opts {
     opts.env("MAAS_LLM_PROVIDER", "openai")
         .env("OPENAI_BASE_URL", base_url)
         .env("OPENAI_API_KEY", key)
-}
-
-/// The single `bigint` that `sql` returns.
-pub async fn count(c: &Client, sql: &str) -> i64 {
-    c.query_one(sql, &[]).await.unwrap().get(0)
-}
-
-/// Polls `cond` every `every` until it holds (true) or `within` passes
-/// (false).
-pub async fn poll_until<F, Fut>(within: Duration, every: Duration, mut cond: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if cond().await {
-            return true;
-        }
-        tokio::time::sleep(every).await;
-    }
-    false
 }
 
 /// The value at fraction `p` (0 to 1, nearest rank) of `sorted`; `None`
