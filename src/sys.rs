@@ -25,3 +25,18 @@ pub fn raise_fd_limit() -> Result<(), FdLimitError> {
     }
     setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|source| FdLimitError { soft, hard, source })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_open_file_limit_ends_at_the_hard_one() -> Result<(), Box<dyn std::error::Error>> {
+        raise_fd_limit()?;
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+        assert_eq!(soft, hard);
+        // A second call has nothing left to do.
+        raise_fd_limit()?;
+        Ok(())
+    }
+}
