@@ -38,11 +38,8 @@
     reason = "statistics over small counts"
 )]
 
-#[path = "../tests/it/support/daemon.rs"]
-#[allow(dead_code, reason = "shared with the tests, which use more of it")]
-mod daemon;
-#[path = "../tests/it/support/fake_llm.rs"]
-mod fake_llm;
+#[allow(dead_code, reason = "shared with the maas bench and the tests, which use more of it")]
+mod support;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -52,15 +49,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use daemon::{Maasd, Opts};
-use fake_llm::{FakeConfig, FakeLlm, FaultRates};
-use maas::db::devdb::{Cluster, ClusterSpec, ensure_database};
+use maas::db::devdb::Cluster;
 use nix::sys::signal::Signal;
 use rand::Rng;
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
+use support::daemon::{Maasd, Opts};
+use support::fake_llm::{FakeLlm, FaultRates};
+use support::{analysis_provider, connect, count, on_provider, percentile, poll_until, try_connect};
 use tokio::task::JoinSet;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 use uuid::Uuid;
 
 const DAEMONS: usize = 3;
@@ -198,30 +196,6 @@ fn parse_args() -> Args {
     args
 }
 
-// ------------------------------------------------------------ connections
-
-async fn try_connect(url: &str) -> Result<Client, tokio_postgres::Error> {
-    let mut cfg: tokio_postgres::Config = url.parse().unwrap();
-    cfg.application_name("chaos").connect_timeout(Duration::from_secs(3));
-    let (c, conn) = cfg.connect(NoTls).await?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(c)
-}
-
-/// Connects, retrying until `within` runs out.
-async fn connect(url: &str, within: Duration) -> Client {
-    let deadline = Instant::now() + within;
-    loop {
-        match try_connect(url).await {
-            Ok(c) => return c,
-            Err(e) if Instant::now() > deadline => panic!("cannot connect to {url}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-}
-
 // ---------------------------------------------------------------- daemons
 
 struct Daemons {
@@ -234,28 +208,26 @@ struct Daemons {
 
 impl Daemons {
     fn opts(&self) -> Opts {
-        Opts {
+        let opts = Opts {
             lease_secs: LEASE_SECS,
             sweep_secs: SWEEP_SECS,
             ..Opts::default()
-        }
-        .env("RUST_LOG", "warn,maas::http=info")
-        .env("MAAS_LLM_PROVIDER", "openai")
-        .env("OPENAI_BASE_URL", &self.provider_url)
-        .env("OPENAI_API_KEY", "chaos")
-        .env("MAAS_LLM__ANALYZER__TIMEOUT_SECS", LLM_TIMEOUT_SECS)
-        .env("MAAS_LLM__RESPONDER__TIMEOUT_SECS", LLM_TIMEOUT_SECS)
-        // Three tries of a stage span about 1 + 2 s of backoff.
-        .env("MAAS_RETRY_BASE_MS", 1000)
-        .env("MAAS_POOL_SIZE", POOL_SIZE)
+        };
+        on_provider(opts, &self.provider_url, "chaos")
+            .env("RUST_LOG", "warn,maas::http=info")
+            .env("MAAS_LLM__ANALYZER__TIMEOUT_SECS", LLM_TIMEOUT_SECS)
+            .env("MAAS_LLM__RESPONDER__TIMEOUT_SECS", LLM_TIMEOUT_SECS)
+            // Three tries of a stage span about 1 + 2 s of backoff.
+            .env("MAAS_RETRY_BASE_MS", 1000)
+            .env("MAAS_POOL_SIZE", POOL_SIZE)
     }
 
     /// Starts a daemon and waits until its HTTP server listens.
     async fn start(&self) -> Result<(Maasd, SocketAddr), String> {
         let mut d = Maasd::spawn(&self.url, self.opts());
-        match wait_http_addr(&mut d, Duration::from_secs(60)).await {
-            Some(addr) => Ok((d, addr)),
-            None => Err(tail(&d.plain_log(), 20)),
+        match d.wait_http_addr(Duration::from_secs(60)).await {
+            Ok(addr) => Ok((d, addr)),
+            Err(_) => Err(tail(&d.plain_log(), 20)),
         }
     }
 
@@ -288,27 +260,6 @@ impl Daemons {
                 }
             }
         }
-    }
-}
-
-/// The address from the daemon's `http: listening addr=...` line, or `None`
-/// if it exits or does not listen within `within`.
-async fn wait_http_addr(d: &mut Maasd, within: Duration) -> Option<SocketAddr> {
-    let deadline = Instant::now() + within;
-    loop {
-        let log = d.plain_log();
-        if let Some(addr) = log
-            .lines()
-            .filter(|l| l.contains("http: listening"))
-            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
-            .and_then(|a| a.parse().ok())
-        {
-            return Some(addr);
-        }
-        if !d.is_running() || Instant::now() > deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -584,8 +535,18 @@ struct Verdict {
     details: Vec<String>,
 }
 
-async fn count(c: &Client, sql: &str) -> i64 {
-    c.query_one(sql, &[]).await.unwrap().get(0)
+/// Runs each (what, counting query) check and returns the sum of the
+/// counts; each count above zero also becomes a line in `details`.
+async fn violations(c: &Client, checks: &[(&str, &str)], details: &mut Vec<String>) -> i64 {
+    let mut total = 0;
+    for (what, sql) in checks {
+        let n = count(c, sql).await;
+        if n > 0 {
+            details.push(format!("{n} × {what}"));
+        }
+        total += n;
+    }
+    total
 }
 
 async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
@@ -642,13 +603,7 @@ async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
     if acked_twice > 0 {
         v.details.push(format!("{acked_twice} request ids acknowledged twice"));
     }
-    for (what, sql) in dup_checks {
-        let n = count(c, sql).await;
-        if n > 0 {
-            v.details.push(format!("{n} × {what}"));
-        }
-        v.duplicates += n;
-    }
+    v.duplicates += violations(c, &dup_checks, &mut v.details).await;
     v.failed_without_reason = count(
         c,
         "SELECT count(*) FROM pipeline_runs WHERE status = 'FAILED' AND coalesce(btrim(error), '') = ''",
@@ -682,13 +637,7 @@ async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
                  WHERE s.run_id = r.id AND s.outcome = 'succeeded') <> 3",
         ),
     ];
-    for (what, sql) in consistency {
-        let n = count(c, sql).await;
-        if n > 0 {
-            v.details.push(format!("{n} × {what}"));
-        }
-        v.inconsistent += n;
-    }
+    v.inconsistent = violations(c, &consistency, &mut v.details).await;
     v.llm_steps_succeeded = count(
         c,
         "SELECT count(*) FROM pipeline_steps WHERE outcome = 'succeeded' AND stage IN ('analyze', 'respond')",
@@ -730,22 +679,12 @@ async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
     v
 }
 
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    Some(sorted[idx.min(sorted.len() - 1)].round())
+/// A percentile of milliseconds, to the millisecond.
+fn ms_percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    percentile(sorted, p).map(f64::round)
 }
 
 // ------------------------------------------------------------------- main
-
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
-}
 
 fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` runs bench
@@ -755,11 +694,7 @@ fn main() {
         return;
     }
     let args = parse_args();
-    raise_fd_limit();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = support::runtime();
     let passed = rt.block_on(run(args));
     rt.shutdown_timeout(Duration::from_secs(5));
     std::process::exit(i32::from(!passed));
@@ -767,32 +702,10 @@ fn main() {
 
 #[allow(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 async fn run(args: Args) -> bool {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("maas-chaos-pg");
-    let spec = ClusterSpec {
-        dir,
-        port: None,
-        durable: true,
-        max_connections: MAX_CONNECTIONS,
-    };
-    let cluster = tokio::task::spawn_blocking(move || Cluster::ensure(&spec))
-        .await
-        .unwrap()
-        .unwrap();
-    let admin_url = cluster.url("postgres");
-    let admin = connect(&admin_url, Duration::from_secs(30)).await;
-    admin
-        .batch_execute("DROP DATABASE IF EXISTS chaos WITH (FORCE)")
-        .await
-        .unwrap();
-    drop(admin);
-    ensure_database(&admin_url, "chaos").await.unwrap();
-    let url = cluster.url("chaos");
+    let cluster = support::start_cluster("maas-chaos-pg", MAX_CONNECTIONS).await;
+    let url = support::fresh_database(&cluster, "chaos").await;
 
-    let fake = FakeLlm::start_with(FakeConfig {
-        default_text: maas::llm::offline::analysis_example(),
-        ..FakeConfig::default()
-    })
-    .await;
+    let fake = analysis_provider(None).await;
     let rates = FaultRates {
         rate_limited: 0.03,
         server_error: 0.03,
@@ -872,21 +785,17 @@ async fn run(args: Args) -> bool {
     injector.daemons.check_alive(&shared).await;
     let checker = connect(&url, Duration::from_secs(30)).await;
     let t_drain = Instant::now();
-    let mut in_flight = -1;
-    while t_drain.elapsed() < Duration::from_secs(args.drain_secs) {
-        in_flight = count(
-            &checker,
-            "SELECT count(*) FROM pipeline_runs WHERE status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')",
-        )
-        .await;
-        if in_flight == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let in_flight = "SELECT count(*) FROM pipeline_runs WHERE status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')";
+    let drained = poll_until(
+        Duration::from_secs(args.drain_secs),
+        Duration::from_millis(250),
+        || async { count(&checker, in_flight).await == 0 },
+    )
+    .await;
     let drain_secs = t_drain.elapsed().as_secs_f64();
-    if in_flight != 0 {
-        eprintln!("chaos: {in_flight} requests still in flight after {drain_secs:.0} s");
+    if !drained {
+        let n = count(&checker, in_flight).await;
+        eprintln!("chaos: {n} requests still in flight after {drain_secs:.0} s");
     }
     injector.daemons.check_alive(&shared).await;
     let acked = shared.acked.lock().unwrap().clone();
@@ -924,10 +833,9 @@ async fn run(args: Args) -> bool {
         d.kill();
     }
     drop(checker);
-    let stop_cluster = cluster.clone();
-    let _ = tokio::task::spawn_blocking(move || stop_cluster.stop(false)).await;
+    support::stop_cluster(cluster.clone()).await;
 
-    let p99_faults = percentile(&v.e2e_ms_faults, 0.99);
+    let p99_faults = ms_percentile(&v.e2e_ms_faults, 0.99);
     let mut t = String::new();
     let _ = writeln!(t, "{:<34} {:>10}", "check", "value");
     let mut row = |k: &str, val: String| {
@@ -955,8 +863,8 @@ async fn run(args: Args) -> bool {
         "e2e ms p50 / p99 (all)",
         format!(
             "{} / {}",
-            percentile(&v.e2e_ms, 0.5).unwrap_or(f64::NAN),
-            percentile(&v.e2e_ms, 0.99).unwrap_or(f64::NAN)
+            ms_percentile(&v.e2e_ms, 0.5).unwrap_or(f64::NAN),
+            ms_percentile(&v.e2e_ms, 0.99).unwrap_or(f64::NAN)
         ),
     );
     row(
@@ -1031,8 +939,8 @@ async fn run(args: Args) -> bool {
                 "timeout": tally.timeout,
                 "invalid_json": tally.invalid_json,
             },
-            "p50_e2e_ms": percentile(&v.e2e_ms, 0.5),
-            "p99_e2e_ms": percentile(&v.e2e_ms, 0.99),
+            "p50_e2e_ms": ms_percentile(&v.e2e_ms, 0.5),
+            "p99_e2e_ms": ms_percentile(&v.e2e_ms, 0.99),
             "p99_e2e_ms_during_faults": p99_faults,
             "passed": passed,
         });

@@ -17,23 +17,23 @@
     reason = "statistics over small counts"
 )]
 
-#[path = "../tests/it/support/daemon.rs"]
-#[allow(dead_code, reason = "shared with the tests, which use more of it")]
-mod daemon;
-#[path = "../tests/it/support/fake_llm.rs"]
-mod fake_llm;
+#[allow(
+    dead_code,
+    reason = "shared with the chaos bench and the tests, which use more of it"
+)]
+mod support;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use daemon::{Maasd, Opts};
-use fake_llm::{FakeConfig, FakeLlm};
 use futures_util::StreamExt;
-use maas::db::devdb::{Cluster, ClusterSpec, ensure_database};
+use maas::db::devdb::Cluster;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
+use support::daemon::{Maasd, Opts};
+use support::{analysis_provider, count, fresh_database, on_provider, percentile, poll_until};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 use uuid::Uuid;
 
@@ -49,45 +49,18 @@ impl Bench {
     }
 
     async fn fresh_db(&self, name: &str) -> String {
-        let admin = connect(&self.cluster.url("postgres")).await;
-        let db = format!("bench_{name}");
-        admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-            .await
-            .unwrap();
-        drop(admin);
-        ensure_database(&self.cluster.url("postgres"), &db).await.unwrap();
-        self.cluster.url(&db)
+        fresh_database(&self.cluster, &format!("bench_{name}")).await
     }
 }
 
+/// A connection for measuring and watching (30 s to connect).
 async fn connect(url: &str) -> Client {
-    let (c, conn) = url
-        .parse::<tokio_postgres::Config>()
-        .unwrap()
-        .connect(NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    c
-}
-
-async fn count(c: &Client, sql: &str) -> i64 {
-    c.query_one(sql, &[]).await.unwrap().get(0)
+    support::connect(url, Duration::from_secs(30)).await
 }
 
 /// Waits (polling every 10 ms) until `sql` returns at least `n`.
 async fn wait_count(c: &Client, sql: &str, n: i64, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if count(c, sql).await >= n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
+    poll_until(within, Duration::from_millis(10), || async { count(c, sql).await >= n }).await
 }
 
 /// Waits until no request is left to work on: none due, none in flight.
@@ -95,8 +68,7 @@ async fn wait_count(c: &Client, sql: &str, n: i64, within: Duration) -> bool {
 /// the measured system next to nothing (a `count(*)` over the table would
 /// scan it, every time).
 async fn wait_drained(c: &Client, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
+    poll_until(within, Duration::from_millis(20), || async {
         let busy: bool = c
             .query_one(
                 "SELECT EXISTS (SELECT 1 FROM pipeline_runs WHERE status IN ('NEW', 'ANALYZED', 'READY'))
@@ -106,12 +78,36 @@ async fn wait_drained(c: &Client, within: Duration) -> bool {
             .await
             .unwrap()
             .get(0);
-        if !busy {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
+        !busy
+    })
+    .await
+}
+
+/// Inserts `n` requests in one statement, as another application would;
+/// query texts `{prefix}1` to `{prefix}{n}`.
+async fn insert_requests(c: &Client, n: i64, prefix: &str) {
+    c.execute(
+        "INSERT INTO pipeline_runs (user_id, user_query)
+         SELECT gen_random_uuid(), $2::text || g FROM generate_series(1, $1::int8) g",
+        &[&n, &prefix],
+    )
+    .await
+    .unwrap();
+}
+
+/// Seconds from now until nothing is left to work on (10 minutes at most);
+/// asserts that all `n` requests of the `what` run COMPLETED.
+async fn wait_all_completed(c: &Client, d: &Maasd, n: i64, what: &str) -> f64 {
+    let t0 = Instant::now();
+    let drained = wait_drained(c, Duration::from_secs(600)).await;
+    let secs = t0.elapsed().as_secs_f64();
+    let completed = count(c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
+    assert!(
+        drained && completed == n,
+        "{what} run did not finish ({completed} of {n} completed): {}",
+        d.log_text()
+    );
+    secs
 }
 
 /// A daemon that is migrated and listening.
@@ -127,14 +123,6 @@ async fn start_daemon(url: &str, opts: Opts) -> Maasd {
     .await;
     assert!(ok, "maasd did not start: {}", d.log_text());
     d
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -217,13 +205,7 @@ async fn throughput(b: &mut Bench, http: bool, concurrency: Option<usize>) -> f6
     let n: i64 = if http && b.quick { 10_000 } else { 20_000 };
     let url = b.fresh_db(if http { "throughput_http" } else { "throughput" }).await;
     let fake = if http {
-        Some(
-            FakeLlm::start_with(FakeConfig {
-                default_text: maas::llm::offline::analysis_example(),
-                ..FakeConfig::default()
-            })
-            .await,
-        )
+        Some(analysis_provider(None).await)
     } else {
         None
     };
@@ -235,32 +217,15 @@ async fn throughput(b: &mut Bench, http: bool, concurrency: Option<usize>) -> f6
             .env("MAAS_CONCURRENCY__RESPOND", conc);
     }
     if let Some(f) = &fake {
-        opts = opts
-            .env("MAAS_LLM_PROVIDER", "openai")
-            .env("OPENAI_BASE_URL", f.openai_base_url())
-            .env("OPENAI_API_KEY", "bench")
+        opts = on_provider(opts, &f.openai_base_url(), "bench")
             .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", 256)
             .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", 256);
     }
     let mut d = start_daemon(&url, opts).await;
     let c = connect(&url).await;
     let writes_before = writes(&c).await;
-    c.execute(
-        "INSERT INTO pipeline_runs (user_id, user_query)
-         SELECT gen_random_uuid(), 'benchmark query number ' || g FROM generate_series(1, $1::int8) g",
-        &[&n],
-    )
-    .await
-    .unwrap();
-    let t0 = Instant::now();
-    let drained = wait_drained(&c, Duration::from_secs(600)).await;
-    let elapsed = t0.elapsed().as_secs_f64();
-    let completed = count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
-    assert!(
-        drained && completed == n,
-        "throughput run did not finish ({completed} of {n} completed): {}",
-        d.log_text()
-    );
+    insert_requests(&c, n, "benchmark query number ").await;
+    let elapsed = wait_all_completed(&c, &d, n, "throughput").await;
     let writes_after = writes(&c).await;
     d.kill();
     let per_request = (writes_after - writes_before) as f64 / n as f64;
@@ -368,20 +333,20 @@ async fn latency(b: &mut Bench) {
     e2e.sort_by(f64::total_cmp);
     b.record(
         "pickup_p50_ms",
-        round(percentile(&pickup, 0.5), 3),
+        round(percentile(&pickup, 0.5).unwrap_or(f64::NAN), 3),
         &format!("{samples} sequential requests"),
     );
     b.record(
         "pickup_p99_ms",
-        round(percentile(&pickup, 0.99), 3),
+        round(percentile(&pickup, 0.99).unwrap_or(f64::NAN), 3),
         "insert commit → claim committed",
     );
     b.record(
         "e2e_p50_ms",
-        round(percentile(&e2e, 0.5), 3),
+        round(percentile(&e2e, 0.5).unwrap_or(f64::NAN), 3),
         "insert commit → COMPLETED",
     );
-    b.record("e2e_p99_ms", round(percentile(&e2e, 0.99), 3), "");
+    b.record("e2e_p99_ms", round(percentile(&e2e, 0.99).unwrap_or(f64::NAN), 3), "");
 }
 
 /// Requests against a provider that takes 1 s per call.
@@ -391,40 +356,18 @@ async fn llm_bound(b: &mut Bench) {
     // machine noise moved the ratio by 0.1 either way.
     let (n, conc) = (10_000i64, 1_000i64);
     let url = b.fresh_db("llm_bound").await;
-    let fake = FakeLlm::start_with(FakeConfig {
-        default_text: maas::llm::offline::analysis_example(),
-        default_latency: Some(Duration::from_secs(1)),
-        ..FakeConfig::default()
-    })
-    .await;
-    let opts = Opts::default()
+    let fake = analysis_provider(Some(Duration::from_secs(1))).await;
+    let opts = on_provider(Opts::default(), &fake.openai_base_url(), "bench")
         .env("RUST_LOG", "warn")
-        .env("MAAS_LLM_PROVIDER", "openai")
-        .env("OPENAI_BASE_URL", fake.openai_base_url())
-        .env("OPENAI_API_KEY", "bench")
         .env("MAAS_CONCURRENCY__ANALYZE", conc)
         .env("MAAS_CONCURRENCY__RESPOND", conc)
         .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", conc)
         .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", conc);
     let mut d = start_daemon(&url, opts).await;
     let c = connect(&url).await;
-    c.execute(
-        "INSERT INTO pipeline_runs (user_id, user_query)
-         SELECT gen_random_uuid(), 'slow provider ' || g FROM generate_series(1, $1::int8) g",
-        &[&n],
-    )
-    .await
-    .unwrap();
-    let t0 = Instant::now();
+    insert_requests(&c, n, "slow provider ").await;
     let pid = d.pid();
-    let drained = wait_drained(&c, Duration::from_secs(600)).await;
-    let makespan = t0.elapsed().as_secs_f64();
-    let completed = count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
-    assert!(
-        drained && completed == n,
-        "LLM-bound run did not finish ({completed} of {n} completed): {}",
-        d.log_text()
-    );
+    let makespan = wait_all_completed(&c, &d, n, "LLM-bound").await;
     let rss = peak_rss_mb(pid.as_raw());
     d.kill();
     // Two sequential 1 s calls per request, `conc` at a time per stage,
@@ -457,36 +400,23 @@ fn peak_rss_mb(pid: i32) -> f64 {
 async fn recovery(b: &mut Bench) {
     let n: i64 = 1_000;
     let url = b.fresh_db("recovery").await;
-    let fake = FakeLlm::start_with(FakeConfig {
-        default_text: maas::llm::offline::analysis_example(),
-        default_latency: Some(Duration::from_secs(2)),
-        ..FakeConfig::default()
-    })
-    .await;
+    let fake = analysis_provider(Some(Duration::from_secs(2))).await;
     let opts = || {
-        Opts {
+        let opts = Opts {
             lease_secs: 3,
             sweep_secs: 1,
             ..Opts::default()
-        }
-        .env("RUST_LOG", "warn")
-        .env("MAAS_LLM_PROVIDER", "openai")
-        .env("OPENAI_BASE_URL", fake.openai_base_url())
-        .env("OPENAI_API_KEY", "bench")
-        .env("MAAS_CONCURRENCY__ANALYZE", n)
-        .env("MAAS_CONCURRENCY__RESPOND", n)
-        .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", n)
-        .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", n)
+        };
+        on_provider(opts, &fake.openai_base_url(), "bench")
+            .env("RUST_LOG", "warn")
+            .env("MAAS_CONCURRENCY__ANALYZE", n)
+            .env("MAAS_CONCURRENCY__RESPOND", n)
+            .env("MAAS_LLM__ANALYZER__MAX_CONCURRENCY", n)
+            .env("MAAS_LLM__RESPONDER__MAX_CONCURRENCY", n)
     };
     let mut first = start_daemon(&url, opts()).await;
     let c = connect(&url).await;
-    c.execute(
-        "INSERT INTO pipeline_runs (user_id, user_query)
-         SELECT gen_random_uuid(), 'crash ' || g FROM generate_series(1, $1::int8) g",
-        &[&n],
-    )
-    .await
-    .unwrap();
+    insert_requests(&c, n, "crash ").await;
     let in_flight = wait_count(
         &c,
         "SELECT count(*) FROM pipeline_runs WHERE status IN ('ANALYZING', 'RESPONDING')",
@@ -532,6 +462,21 @@ async fn recovery(b: &mut Bench) {
 
 // ------------------------------------------------------------------- main
 
+/// Runs `insert` (parameters: first and last row number, users) over rows
+/// 1 to `logs` in slices of 50,000, one transaction each; the seconds it
+/// took.
+async fn insert_in_slices(c: &Client, insert: &str, logs: i64, users: i64) -> f64 {
+    let started = Instant::now();
+    let slice = 50_000i64;
+    let mut from = 1i64;
+    while from <= logs {
+        let to = (from + slice - 1).min(logs);
+        c.execute(insert, &[&from, &to, &users]).await.unwrap();
+        from = to + 1;
+    }
+    started.elapsed().as_secs_f64()
+}
+
 /// The archivist at scale: raw logs over many users (1,000,000 over 10,000;
 /// `--quick`: 100,000 over 1,000), each insert through the novelty trigger;
 /// then candidate selection time (and its plan) and logs archived per second
@@ -546,13 +491,9 @@ async fn archivist(b: &mut Bench) {
     // A third of the users were last active 40 days ago (outside A); the
     // rest within the last day. Inserted in slices so each transaction stays
     // reasonable; each row pays the trigger's UPSERT.
-    let started = Instant::now();
-    let slice = 50_000i64;
-    let mut from = 1i64;
-    while from <= logs {
-        let to = (from + slice - 1).min(logs);
-        c.execute(
-            "INSERT INTO raw_logs (user_id, thread_id, message_type, content, created_at)
+    let insert_s = insert_in_slices(
+        &c,
+        "INSERT INTO raw_logs (user_id, thread_id, message_type, content, created_at)
              SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
                     ('00000000-0000-4000-9000-' || lpad(to_hex(g % ($3 * 4)), 12, '0'))::uuid,
                     CASE WHEN g % 2 = 0 THEN 'user_query' ELSE 'assistant_response' END,
@@ -560,37 +501,28 @@ async fn archivist(b: &mut Bench) {
                     now() - CASE WHEN g % $3 % 3 = 0 THEN interval '40 days'
                                  ELSE make_interval(secs => (g % 86400)::float8) END
              FROM generate_series($1::int8, $2::int8) g",
-            &[&from, &to, &users],
-        )
-        .await
-        .unwrap();
-        from = to + 1;
-    }
-    let insert_s = started.elapsed().as_secs_f64();
+        logs,
+        users,
+    )
+    .await;
     // The same rows into a copy of raw_logs without the trigger (same
     // indexes and defaults, user_seq given): the trigger's cost on inserts.
     c.batch_execute("CREATE TABLE bench_plain_logs (LIKE raw_logs INCLUDING ALL)")
         .await
         .unwrap();
-    let plain_started = Instant::now();
-    let mut from = 1i64;
-    while from <= logs {
-        let to = (from + slice - 1).min(logs);
-        c.execute(
-            "INSERT INTO bench_plain_logs (user_id, thread_id, message_type, content, created_at, user_seq)
+    let plain_s = insert_in_slices(
+        &c,
+        "INSERT INTO bench_plain_logs (user_id, thread_id, message_type, content, created_at, user_seq)
              SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g % $3), 12, '0'))::uuid,
                     ('00000000-0000-4000-9000-' || lpad(to_hex(g % ($3 * 4)), 12, '0'))::uuid,
                     CASE WHEN g % 2 = 0 THEN 'user_query' ELSE 'assistant_response' END,
                     'message ' || g || ' about gardening, travel plans and the weekly budget',
                     now(), g
              FROM generate_series($1::int8, $2::int8) g",
-            &[&from, &to, &users],
-        )
-        .await
-        .unwrap();
-        from = to + 1;
-    }
-    let plain_s = plain_started.elapsed().as_secs_f64();
+        logs,
+        users,
+    )
+    .await;
     c.batch_execute("DROP TABLE bench_plain_logs").await.unwrap();
     b.record(
         "archive_log_insert_plain_per_s",
@@ -627,7 +559,7 @@ async fn archivist(b: &mut Bench) {
     times.sort_by(f64::total_cmp);
     b.record(
         "archive_select_ms",
-        round(percentile(&times, 0.5), 2),
+        round(percentile(&times, 0.5).unwrap_or(f64::NAN), 2),
         &format!("candidate selection, median of 20 ({selected} of {users} users selected, page limit)"),
     );
     let explain = maas::repo::statement("archive_candidates")
@@ -690,13 +622,6 @@ async fn archivist(b: &mut Bench) {
     );
 }
 
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     // `cargo test --all-targets` runs bench binaries too, without `--bench`:
@@ -708,23 +633,8 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
     let only: Option<String> = args.iter().find_map(|a| a.strip_prefix("--only=").map(str::to_owned));
-    raise_fd_limit();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("maas-bench-pg");
-        let spec = ClusterSpec {
-            dir,
-            port: None,
-            durable: true,
-            max_connections: 300,
-        };
-        let cluster = tokio::task::spawn_blocking(move || Cluster::ensure(&spec))
-            .await
-            .unwrap()
-            .unwrap();
+    support::runtime().block_on(async move {
+        let cluster = support::start_cluster("maas-bench-pg", 300).await;
         let mut b = Bench {
             cluster,
             quick,
@@ -793,9 +703,6 @@ fn main() {
             println!("{}", Value::Object(obj));
         }
         // The cluster stays on disk for the next run, but not running.
-        let cluster = b.cluster;
-        if let Err(e) = tokio::task::spawn_blocking(move || cluster.stop(false)).await.unwrap() {
-            eprintln!("could not stop the benchmark cluster: {e}");
-        }
+        support::stop_cluster(b.cluster).await;
     });
 }

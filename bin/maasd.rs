@@ -28,20 +28,10 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Many concurrent provider calls need many sockets: lift the soft limit on
-/// open files to the hard one.
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
-        && soft < hard
-        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
-    {
-        tracing::warn!(error = %e, soft, hard, "cannot raise the open-file limit");
-    }
-}
-
 async fn run(args: Args) -> anyhow::Result<()> {
-    raise_fd_limit();
+    if let Err(e) = maas::sys::raise_fd_limit() {
+        tracing::warn!(error = %e.source, soft = e.soft, hard = e.hard, "cannot raise the open-file limit");
+    }
     let cfg = maas::config::Config::load(args.config.as_deref())?;
     let shutdown = maas::shutdown::on_signals()?;
     let (sd_cfg, sd_shutdown) = (std::sync::Arc::new(cfg.clone()), shutdown.clone());

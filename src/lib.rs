@@ -50,5 +50,6 @@ pub mod secret;
 pub mod service;
 pub mod shutdown;
 pub mod stage;
+pub mod sys;
 pub mod systemd;
 pub mod telemetry;

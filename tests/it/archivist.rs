@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
+use crate::support::cli::{NO_ENV, maasctl_async, tokio_command};
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::TestDb;
 use crate::support::fake_llm::{Api, FakeConfig, FakeLlm, Reply};
@@ -17,29 +18,6 @@ use crate::support::{count, wait_until};
 
 const KEY: &str = "sk-test-key-arch";
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Runs maasctl with `DATABASE_URL` and the given extra environment.
-async fn maasctl(url: &str, args: &[&str], env: &[(&str, String)]) -> (i32, String, String) {
-    let out = maasctl_cmd(url, args, env).output().await.unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn maasctl_cmd(url: &str, args: &[&str], env: &[(&str, String)]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_maasctl"));
-    cmd.args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", url)
-        .kill_on_drop(true);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd
-}
 
 /// The archivist on the fake provider (OpenAI shape).
 fn fake_env(fake: &FakeLlm) -> Vec<(&'static str, String)> {
@@ -178,7 +156,7 @@ async fn three_users_with_threads_get_the_right_records() {
         expect.entry(user).or_default().insert(ids);
     }
     let env = [("MAAS_ARCHIVIST__MIN_PENDING", "1".to_owned())];
-    let (code, out, err) = maasctl(&db.url, &["archivist", "run"], &env).await;
+    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("3 users, 3 archived, 13 logs, 5 records, 0 failed"),
@@ -205,10 +183,10 @@ async fn three_users_with_threads_get_the_right_records() {
     assert_eq!(bad_buckets, 0);
 
     // A second run with nothing new adds nothing, with or without --user.
-    let (code, out, err) = maasctl(&db.url, &["archivist", "run"], &env).await;
+    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("0 users"), "{out}");
-    let (code, out, _) = maasctl(&db.url, &["archivist", "run", "--user", &a.to_string()], &env).await;
+    let (code, out, _) = maasctl_async(&db.url, &["archivist", "run", "--user", &a.to_string()], &env).await;
     assert_eq!(code, 0);
     assert!(out.contains("nothing pending (memory version 2)"), "{out}");
     assert_eq!(count(&c, "SELECT count(*) FROM lsm_storage").await, 5);
@@ -236,16 +214,26 @@ async fn three_users_with_threads_get_the_right_records() {
     assert!(runs.iter().all(|r| r.get::<_, bool>(5) && r.get::<_, bool>(6)));
 
     // The memory version, shown by maasctl.
-    let (code, out, _) = maasctl(&db.url, &["--json", "archivist", "show", "--user", &b.to_string()], &[]).await;
+    let (code, out, _) = maasctl_async(
+        &db.url,
+        &["--json", "archivist", "show", "--user", &b.to_string()],
+        NO_ENV,
+    )
+    .await;
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["memory_version"], 2);
     assert_eq!(v["pending"], 0);
     // New logs: pending again, and the version moves on the next archive.
     log(&c, b, Some(t3), "one more", 0.0).await;
-    let (_, out, _) = maasctl(&db.url, &["archivist", "show", "--user", &b.to_string()], &[]).await;
+    let (_, out, _) = maasctl_async(&db.url, &["archivist", "show", "--user", &b.to_string()], NO_ENV).await;
     assert!(out.contains("7 logged, 6 archived, 1 pending"), "{out}");
-    let (code, out, _) = maasctl(&db.url, &["--json", "archivist", "run", "--user", &b.to_string()], &[]).await;
+    let (code, out, _) = maasctl_async(
+        &db.url,
+        &["--json", "archivist", "run", "--user", &b.to_string()],
+        NO_ENV,
+    )
+    .await;
     assert_eq!(code, 0, "{out}");
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["users"][0]["outcome"], "archived");
@@ -268,7 +256,7 @@ async fn a_long_thread_is_split_into_chunks_by_the_budget() {
         ("MAAS_ARCHIVIST__CHUNK_TOKENS", "300".to_owned()),
         ("MAAS_ARCHIVIST__BATCH_LOGS", "4".to_owned()),
     ];
-    let (code, out, err) = maasctl(&db.url, &["archivist", "run", "--user", &user.to_string()], &env).await;
+    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run", "--user", &user.to_string()], &env).await;
     assert_eq!(code, 0, "{out}{err}");
     let got = records(&c, user).await;
     // Batches of 4 then 2; each chunk holds two ~124-token messages.
@@ -305,7 +293,7 @@ async fn thresholds_activity_and_cooldown_decide_who_is_archived() {
     ];
 
     // A dry run names them and changes nothing.
-    let (code, out, err) = maasctl(&db.url, &["--json", "archivist", "run", "--dry-run"], &env).await;
+    let (code, out, err) = maasctl_async(&db.url, &["--json", "archivist", "run", "--dry-run"], &env).await;
     assert_eq!(code, 0, "{out}{err}");
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     let planned: BTreeSet<String> = v["users"]
@@ -318,7 +306,7 @@ async fn thresholds_activity_and_cooldown_decide_who_is_archived() {
     assert_eq!(count(&c, "SELECT count(*) FROM lsm_storage").await, 0);
     assert_eq!(count(&c, "SELECT count(*) FROM archive_runs").await, 0);
 
-    let (code, out, err) = maasctl(&db.url, &["archivist", "run"], &env).await;
+    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
     assert_eq!(code, 0, "{out}{err}");
     let archived: BTreeSet<Uuid> = c
         .query("SELECT DISTINCT user_id FROM lsm_storage", &[])
@@ -331,11 +319,11 @@ async fn thresholds_activity_and_cooldown_decide_who_is_archived() {
 
     // The cooldown holds even when N is reached again.
     logs(&c, many, None, 3, 0.0).await;
-    let (_, out, _) = maasctl(&db.url, &["archivist", "run"], &env).await;
+    let (_, out, _) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
     assert!(out.contains("0 users"), "{out}");
     // --user ignores thresholds and cooldown.
     for user in [few, many, cooled] {
-        let (code, out, _) = maasctl(&db.url, &["archivist", "run", "--user", &user.to_string()], &env).await;
+        let (code, out, _) = maasctl_async(&db.url, &["archivist", "run", "--user", &user.to_string()], &env).await;
         assert_eq!(code, 0, "{out}");
         assert!(out.contains("archived"), "{out}");
     }
@@ -433,7 +421,7 @@ async fn concurrent_runs_archive_each_log_once() {
         let (url, env) = (db.url.clone(), env.clone());
         async move {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            maasctl_cmd(&url, &args, &env).output().await
+            tokio_command(&url, &args, &env).output().await
         }
     };
     let mut children = Vec::new();
@@ -465,7 +453,7 @@ async fn concurrent_runs_archive_each_log_once() {
     }
     assert_exactly_once(&c, false).await;
     // One more run picks up whatever arrived after the others read.
-    let (code, out, err) = maasctl(&db.url, &["archivist", "run"], &env).await;
+    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
     assert_eq!(code, 0, "{out}{err}");
     assert_exactly_once(&c, true).await;
     let versions = count(
@@ -491,7 +479,7 @@ async fn a_run_killed_mid_way_resumes_without_duplicates() {
     let mut env = fake_env(&fake);
     env.push(("MAAS_ARCHIVIST__BATCH_LOGS", "2".to_owned()));
     env.push(("MAAS_ARCHIVIST__LEASE_SECS", "3".to_owned()));
-    let mut child = maasctl_cmd(&db.url, &["archivist", "run", "--user", &user.to_string()], &env)
+    let mut child = tokio_command(&db.url, &["archivist", "run", "--user", &user.to_string()], &env)
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -519,7 +507,7 @@ async fn a_run_killed_mid_way_resumes_without_duplicates() {
             == 1
     })
     .await;
-    let (code, out, err) = maasctl(&db.url, &["archivist", "run", "--user", &user.to_string()], &env).await;
+    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run", "--user", &user.to_string()], &env).await;
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(
         records(&c, user).await,
@@ -548,7 +536,7 @@ async fn one_users_failure_backs_off_that_user_and_not_the_others() {
     env.push(("MAAS_ARCHIVIST__MIN_PENDING", "1".to_owned()));
     env.push(("MAAS_ARCHIVIST__CONCURRENCY", "1".to_owned()));
     env.push(("MAAS_RETRY_BASE_MS", "60000".to_owned()));
-    let (code, out, err) = maasctl(&db.url, &["archivist", "run"], &env).await;
+    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
     assert_eq!(code, 1, "a failed user is a finding: {out}{err}");
     assert!(out.contains(&format!("user {first}: failed: server")), "{out}");
     assert!(out.contains("3 users, 2 archived"), "{out}");
@@ -571,15 +559,15 @@ async fn one_users_failure_backs_off_that_user_and_not_the_others() {
     assert_eq!(run.get::<_, i32>(0), 1);
     assert_eq!(run.get::<_, Value>(1)[0]["user_id"], first.to_string());
     // Backing off: the next run leaves it alone; --user does not wait.
-    let (code, out, _) = maasctl(&db.url, &["archivist", "run"], &env).await;
+    let (code, out, _) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
     assert_eq!(code, 0);
     assert!(out.contains("0 users"), "{out}");
     fake.push(Api::OpenAi, Reply::text("not json"));
     fake.push(Api::OpenAi, Reply::text("```json\n{\"summary\": \"no times\"}\n```"));
-    let (code, out, _) = maasctl(&db.url, &["archivist", "run", "--user", &first.to_string()], &env).await;
+    let (code, out, _) = maasctl_async(&db.url, &["archivist", "run", "--user", &first.to_string()], &env).await;
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("invalid_json"), "{out}");
-    let (code, out, _) = maasctl(&db.url, &["archivist", "run", "--user", &first.to_string()], &env).await;
+    let (code, out, _) = maasctl_async(&db.url, &["archivist", "run", "--user", &first.to_string()], &env).await;
     assert_eq!(code, 0, "{out}");
     assert_eq!(mark(&c, first).await, (2, 2, 1));
     let failures: i32 = c
@@ -603,7 +591,7 @@ async fn a_later_request_sees_its_own_users_new_memory_and_nobody_elses() {
     let (alice, bob) = (Uuid::new_v4(), Uuid::new_v4());
     log(&c, alice, None, "Alice planned a zebra safari in Kenya", 60.0).await;
     log(&c, bob, None, "Bob hides a walrus surprise party", 60.0).await;
-    let (code, out, err) = maasctl(
+    let (code, out, err) = maasctl_async(
         &db.url,
         &["archivist", "run"],
         &[("MAAS_ARCHIVIST__MIN_PENDING", "1".to_owned())],

@@ -4,22 +4,8 @@ use std::process::Command;
 
 use uuid::Uuid;
 
+use crate::support::cli::maasctl;
 use crate::support::db::TestDb;
-
-fn maasctl(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_maasctl"))
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", url)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[tokio::test]
 async fn migrate_installs_and_reports_the_schema() {

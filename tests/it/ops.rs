@@ -17,34 +17,12 @@ use serde_json::Value;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
+use crate::support::cli::{maasctl, maasctl_env};
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::TestDb;
 use crate::support::{count, wait_until};
 
 const GENEROUS: Duration = Duration::from_secs(60);
-
-/// Runs maasctl with `DATABASE_URL` and extra environment; (code, stdout, stderr).
-fn maasctl_env(url: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_maasctl"));
-    cmd.args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", url)
-        .env("MAAS_OPERATOR", "night-shift");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn maasctl(url: &str, args: &[&str]) -> (i32, String, String) {
-    maasctl_env(url, args, &[])
-}
 
 fn json(out: &str) -> Value {
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))

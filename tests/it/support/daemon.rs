@@ -122,6 +122,12 @@ impl Maasd {
     /// The address the HTTP server bound, read from the daemon's log line
     /// `http: listening addr=...` (waits for it, with a deadline).
     pub async fn http_addr(&mut self, within: Duration) -> std::net::SocketAddr {
+        self.wait_http_addr(within).await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Maasd::http_addr`], or what went wrong (with the log) when the
+    /// daemon exits or does not listen within `within`.
+    pub async fn wait_http_addr(&mut self, within: Duration) -> Result<std::net::SocketAddr, String> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let log = self.plain_log();
@@ -129,14 +135,15 @@ impl Maasd {
                 let addr = line
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("addr="))
-                    .unwrap_or_else(|| panic!("no addr= in {line:?}"));
-                return addr.parse().unwrap_or_else(|e| panic!("{addr:?}: {e}"));
+                    .ok_or_else(|| format!("no addr= in {line:?}"))?;
+                return addr.parse().map_err(|e| format!("{addr:?}: {e}"));
             }
-            assert!(self.is_running(), "maasd exited before listening:\n{log}");
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "maasd did not listen within {within:?}:\n{log}"
-            );
+            if !self.is_running() {
+                return Err(format!("maasd exited before listening:\n{log}"));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!("maasd did not listen within {within:?}:\n{log}"));
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

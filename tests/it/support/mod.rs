@@ -1,29 +1,26 @@
 //! Harness: real PostgreSQL, real processes, waits with deadlines.
 
+pub mod cli;
 pub mod daemon;
 pub mod db;
 pub mod fake_llm;
+pub mod poll;
 
 use std::future::Future;
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
+pub use poll::count;
+
 /// Polls `cond` until it holds or `within` passes; panics with `what` then.
-pub async fn wait_until<F, Fut>(within: Duration, what: &str, mut cond: F)
+pub async fn wait_until<F, Fut>(within: Duration, what: &str, cond: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if cond().await {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {within:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+    if !poll::poll_until(within, Duration::from_millis(25), cond).await {
+        panic!("timed out after {within:?} waiting for: {what}");
     }
 }
 
@@ -54,10 +51,6 @@ pub async fn insert_requests(c: &Client, n: i64, query: &str) -> Vec<uuid::Uuid>
     .iter()
     .map(|r| r.get(0))
     .collect()
-}
-
-pub async fn count(c: &Client, sql: &str) -> i64 {
-    c.query_one(sql, &[]).await.unwrap().get(0)
 }
 
 /// Waits until every request is terminal.

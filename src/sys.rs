@@ -1,0 +1,42 @@
+//! Process limits: what `maasd` and the benchmarks raise at start-up.
+
+use nix::sys::resource::{Resource, getrlimit, rlim_t, setrlimit};
+
+/// The soft open-file limit could not be raised to the hard one.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot raise the open-file limit (RLIMIT_NOFILE) from {soft} to {hard}: {source}")]
+pub struct FdLimitError {
+    pub soft: rlim_t,
+    pub hard: rlim_t,
+    #[source]
+    pub source: nix::Error,
+}
+
+/// Lifts the soft limit on open files to the hard one: many concurrent
+/// provider calls and connections need many sockets. Nothing is changed
+/// when the soft limit already equals the hard one, or when the limits
+/// cannot be read (the process then runs with what it has).
+pub fn raise_fd_limit() -> Result<(), FdLimitError> {
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return Ok(());
+    };
+    if soft >= hard {
+        return Ok(());
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|source| FdLimitError { soft, hard, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_open_file_limit_ends_at_the_hard_one() -> Result<(), Box<dyn std::error::Error>> {
+        raise_fd_limit()?;
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+        assert_eq!(soft, hard);
+        // A second call has nothing left to do.
+        raise_fd_limit()?;
+        Ok(())
+    }
+}
