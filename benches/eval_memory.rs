@@ -230,7 +230,7 @@ async fn insert_turns(db: &Client, c: &Conversation) {
     let ats: Vec<DateTime<Utc>> = c.turns.iter().map(|t| t.at).collect();
     db.execute(
         "INSERT INTO raw_logs (user_id, thread_id, message_type, content, created_at)
-         SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[])
+         SELECT u, th, k, c, at FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[])
              WITH ORDINALITY AS t(u, th, k, c, at, n)
          ORDER BY n",
         &[&users, &threads, &kinds, &contents, &ats],
@@ -329,7 +329,10 @@ fn pct<T: Copy + Ord + Default>(sorted: &[T], p: f64) -> T {
 fn passthrough_env() -> Vec<(String, String)> {
     std::env::vars()
         .filter(|(k, _)| {
-            (k.starts_with("MAAS_") || ["OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"].iter().any(|p| k.starts_with(p)))
+            (k.starts_with("MAAS_")
+                || ["OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"]
+                    .iter()
+                    .any(|p| k.starts_with(p)))
                 && !matches!(k.as_str(), "MAAS_HTTP_ADDR" | "MAAS_CONFIG" | "MAAS_ROOT")
         })
         .collect()
@@ -469,8 +472,7 @@ async fn run(args: Args) -> bool {
         )
         .await
         .unwrap();
-    let runs: HashMap<Uuid, (String, Option<String>)> =
-        rows.iter().map(|r| (r.get(0), (r.get(1), r.get(2)))).collect();
+    let runs: HashMap<Uuid, (String, Option<String>)> = rows.iter().map(|r| (r.get(0), (r.get(1), r.get(2)))).collect();
     let (mut all, mut any, mut completed) = (0usize, 0usize, 0usize);
     let mut per_cat: BTreeMap<u64, (usize, usize, usize)> = BTreeMap::new();
     let mut memory = Vec::new();
@@ -553,7 +555,7 @@ async fn run(args: Args) -> bool {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "eval-memory: {} users, {turns} turns, {records} records, {} questions ({} dropped: evidence names no turn), provider {provider}",
+            "eval-memory: {} users, {turns} turns, {records} records, {} questions ({} left out: no evidence, or evidence naming no turn), provider {provider}",
             conversations.len(),
             questions.len(),
             dropped
@@ -561,7 +563,8 @@ async fn run(args: Args) -> bool {
         let _ = writeln!(
             s,
             "recall (all evidence) {:.3}   recall (any evidence) {:.3}",
-            report["recall_all"], report["recall_any"]
+            ratio(all, questions.len()),
+            ratio(any, questions.len())
         );
         for (k, (a, y, t)) in &per_cat {
             let name = match k {

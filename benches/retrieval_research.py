@@ -17,7 +17,7 @@ line `Name (YYYY-MM-DD): text` plus its newline.
 
     pip install 'psycopg[binary]'
     python3 benches/retrieval_research.py --db postgresql://postgres@127.0.0.1:5432/postgres \
-        path/to/locomo-dev/*.json [--budget 2000] [--only NAME,...] [--json]
+        path/to/locomo-dev/*.json [--budget 2000] [--only NAME,...] [--extra] [--proposed] [--json]
 
 The database needs the contrib extension btree_gin (Debian: postgresql-contrib).
 The schema `memres` is dropped and made again on every run; nothing else is touched.
@@ -514,12 +514,125 @@ def evaluate_proposed(conn, questions, query, budget, hits, window, records):
     }
 
 
+# ------------------------------------------------ further packing experiments
+
+
+def extras(conn, users, questions, budget, report):
+    """Rank-dependent and question-aware windows, BM25 parameters, larger
+    budgets and passage scoring, over russian BM25 (BENCHMARKS.md)."""
+    import math
+
+    by_user = {u["id"]: u for u in users}
+
+    def run(name, rankings, packer):
+        a = y = 0
+        pc, sizes = {}, []
+        for q, sc in zip(questions, rankings):
+            u = by_user[q["user"]]
+            block = packer(u, sc)
+            sizes.append(tokens(block))
+            text = norm(block)
+            f = [e in text for e in q["ev"]]
+            a += all(f)
+            y += any(f)
+            c = pc.setdefault(q["cat"], [0, 0])
+            c[0] += all(f)
+            c[1] += 1
+        n = len(questions)
+        report({
+            "variant": name, "all": round(a / n, 3), "any": round(y / n, 3),
+            "per_category": {str(k): round(v[0] / v[1], 3) for k, v in sorted(pc.items())},
+            "memory_tokens_p50": int(statistics.median(sizes)), "memory_tokens_max": max(sizes), "sql_ms_p50": 0.0,
+        })
+
+    def windows(u, ids, schedule, size=budget, question_aware=None):
+        """schedule: [(up to rank, ±window)]; question_aware: ((before, after)
+        for a hit ending in '?', (before, after) otherwise)."""
+        turns = u["turns"]
+        used, taken, chosen = 0, set(), []
+        for r, tid in enumerate(ids):
+            t = u["by_id"][tid]
+            idx = t["idx"]
+            if question_aware:
+                b, a = question_aware[0] if t["text"].rstrip().endswith("?") else question_aware[1]
+            else:
+                b = a = next((w for upto, w in schedule if r < upto), schedule[-1][1])
+            group = [idx] + [
+                j for d in range(1, max(a, b) + 1) for j, ok in ((idx - d, d <= b), (idx + d, d <= a))
+                if ok and 0 <= j < len(turns) and turns[j]["thread"] == t["thread"]
+            ]
+            for j in group:
+                if j in taken:
+                    continue
+                c = tokens(line_of(turns[j])) + 1
+                if used + c > size:
+                    continue
+                used += c
+                taken.add(j)
+                chosen.append(j)
+            if used >= size - 8:
+                break
+        return "\n".join(line_of(turns[j]) for j in chosen)
+
+    sql = bm25_sql("tsv_russian", "russian")
+    base = [[i for i, _ in ranking(conn, sql, q)] for q in questions]
+    for k in (3, 5, 8, 12):
+        for w in (1, 0):
+            run(f"±2 for the best {k} hits, then ±{w}", base, lambda u, ids, k=k, w=w: windows(u, ids, [(k, 2), (10**9, w)]))
+    for qa, st in (((0, 2), (1, 1)), ((1, 2), (1, 1)), ((0, 2), (2, 1)), ((0, 1), (1, 0)), ((0, 2), (1, 0)), ((0, 3), (1, 1))):
+        run(f"question-aware: '?' -{qa[0]}+{qa[1]}, else -{st[0]}+{st[1]}", base,
+            lambda u, ids, qa=qa, st=st: windows(u, ids, [], question_aware=(qa, st)))
+    for size in (2500, 3000):
+        run(f"±2 at a {size}-token budget", base, lambda u, ids, size=size: windows(u, ids, [(10**9, 2)], size))
+    for k1, b in ((1.2, 0.3), (1.2, 1.0), (0.8, 0.75), (2.0, 0.75)):
+        sql2 = bm25_sql("tsv_russian", "russian", k1=k1, b=b)
+        r2 = [[i for i, _ in ranking(conn, sql2, q)] for q in questions]
+        run(f"BM25 k1 {k1} b {b} ±2", r2, lambda u, ids: windows(u, ids, [(10**9, 2)]))
+
+    # Passages: a hit scored by the query lexemes present in its window.
+    lex = {}
+    for u in users:
+        rows = conn.execute("SELECT id, array(SELECT lexeme FROM unnest(tsv_russian)) FROM memres.turns WHERE user_id = %s",
+                            (u["id"],)).fetchall()
+        lex.update({i: set(ls) for i, ls in rows})
+        df = {}
+        for t in u["turns"]:
+            for lx in lex[t["id"]]:
+                df[lx] = df.get(lx, 0) + 1
+        n = len(u["turns"])
+        u["idf"] = {lx: math.log(1 + (n - d + 0.5) / (d + 0.5)) for lx, d in df.items()}
+    qlex = [set(r[0]) for r in conn.execute(
+        "SELECT array(SELECT lexeme FROM unnest(to_tsvector('russian', x))) FROM unnest(%s::text[]) x",
+        ([q["q"] for q in questions],)).fetchall()]
+    for w, own in ((1, 0.0), (1, 0.5), (1, 1.0), (2, 0.0), (2, 0.5), (2, 1.0)):
+        rankings = []
+        for q, ql in zip(questions, qlex):
+            u = by_user[q["user"]]
+            turns, idf = u["turns"], u["idf"]
+            s = [sum(idf[lx] for lx in (ql & lex[t["id"]])) for t in turns]
+            out = []
+            for i, t in enumerate(turns):
+                if s[i] == 0:
+                    continue
+                seen = set(lex[t["id"]])
+                for d in range(1, w + 1):
+                    for j in (i - d, i + d):
+                        if 0 <= j < len(turns) and turns[j]["thread"] == t["thread"]:
+                            seen |= lex[turns[j]["id"]]
+                out.append((sum(idf[lx] for lx in (ql & seen)) + own * s[i], t["id"]))
+            out.sort(key=lambda x: -x[0])
+            rankings.append([i for _, i in out[:200]])
+        run(f"passages ±{w} (+{own} × own score), packed ±2", rankings, lambda u, ids: windows(u, ids, [(10**9, 2)]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", required=True, help="PostgreSQL URL (a scratch schema memres is made there)")
     ap.add_argument("--budget", type=int, default=2000, help="memory budget in estimated tokens")
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--extra", action="store_true",
+                    help="also the further packing experiments (windows by rank or by question, budgets, passages)")
     ap.add_argument("--proposed", action="store_true",
                     help="also run sql/queries/memory_search.sql verbatim on the draft migration (schema memprop)")
     ap.add_argument("--skip", default="", help="comma-separated name prefixes to leave out")
@@ -552,6 +665,17 @@ def main():
                     f"cat {r['per_category']}  sql p50 {r['sql_ms_p50']} ms",
                     flush=True,
                 )
+        if args.extra:
+            def report(r):
+                results.append(r)
+                if not args.json:
+                    print(
+                        f"{r['variant']:<34} all {r['all']:.3f}  any {r['any']:.3f}  "
+                        f"mem p50 {r['memory_tokens_p50']:>5} max {r['memory_tokens_max']:>5}  "
+                        f"cat {r['per_category']}",
+                        flush=True,
+                    )
+            extras(conn, users, questions, args.budget, report)
         if args.proposed:
             root = __file__.rsplit("/benches/", 1)[0]
             with open(f"{root}/sql/drafts/0008_memory_search.sql", encoding="utf-8") as f:
