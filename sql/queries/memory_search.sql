@@ -30,7 +30,7 @@ WITH q AS (
     LIMIT 32
 ), n AS (
     SELECT greatest(coalesce((SELECT m.logged_seq FROM archive_marks m WHERE m.user_id = $1::uuid), 0), 1)::float8 AS turns,
-           greatest((SELECT count(*) FROM lsm_storage s WHERE s.user_id = $1::uuid), 1)::float8 AS records
+           greatest(CASE WHEN $5::int > 0 THEN (SELECT count(*) FROM lsm_storage s WHERE s.user_id = $1::uuid) ELSE 0 END, 1)::float8 AS records
 ), w AS (
     SELECT q.lexeme,
            ln(1 + (n.turns - d.turns + 0.5) / (d.turns + 0.5)) AS idf_turn,
@@ -40,8 +40,11 @@ WITH q AS (
     CROSS JOIN LATERAL (
         SELECT (SELECT count(*) FROM raw_logs r
                 WHERE r.user_id = $1::uuid AND r.search @@ quote_literal(q.lexeme)::tsquery)::float8 AS turns,
-               (SELECT count(*) FROM lsm_storage s
-                WHERE s.user_id = $1::uuid AND s.search @@ quote_literal(q.lexeme)::tsquery)::float8 AS records
+               -- (no lookup at all when no record is wanted)
+               CASE WHEN $5::int > 0 THEN
+                   (SELECT count(*) FROM lsm_storage s
+                    WHERE s.user_id = $1::uuid AND s.search @@ quote_literal(q.lexeme)::tsquery)
+               ELSE 0 END::float8 AS records
     ) d
 ), anyq AS (
     SELECT string_agg(quote_literal(w.lexeme), ' | ')::tsquery AS tq FROM w
@@ -66,10 +69,18 @@ WITH q AS (
            abs(t.user_seq - k.user_seq) AS distance,
            t.thread_id, t.message_type, t.content, t.created_at
     FROM ranked k
-    JOIN raw_logs t
-      ON t.user_id = $1::uuid
-     AND t.user_seq BETWEEN k.user_seq - $4::int AND k.user_seq + $4::int
-     AND t.thread_id IS NOT DISTINCT FROM k.thread_id
+    -- A lateral lookup per hit (raw_logs_user_seq_idx), never a pass over
+    -- the user's whole history.
+    CROSS JOIN LATERAL (
+        SELECT n.id, n.user_seq, n.thread_id, n.message_type, n.content, n.created_at
+        FROM raw_logs n
+        WHERE n.user_id = $1::uuid
+          AND n.user_seq BETWEEN k.user_seq - $4::int AND k.user_seq + $4::int
+          AND n.thread_id IS NOT DISTINCT FROM k.thread_id
+        -- (a window holds at most this many; the LIMIT also keeps the
+        -- planner from flattening the lookup into a join)
+        LIMIT 2 * $4::int + 1
+    ) t
     ORDER BY t.id, k.rank, abs(t.user_seq - k.user_seq)
 ), records AS (
     SELECT 'record'::text AS kind, s.id, s.id AS hit_id, NULL::bigint AS rank,
