@@ -582,6 +582,22 @@ def extras(conn, users, questions, budget, report):
     for qa, st in (((0, 2), (1, 1)), ((1, 2), (1, 1)), ((0, 2), (2, 1)), ((0, 1), (1, 0)), ((0, 2), (1, 0)), ((0, 3), (1, 1))):
         run(f"question-aware: '?' -{qa[0]}+{qa[1]}, else -{st[0]}+{st[1]}", base,
             lambda u, ids, qa=qa, st=st: windows(u, ids, [], question_aware=(qa, st)))
+    for gamma in (0.1, 0.2, 0.35, 0.5):
+        # Thread diversity: each further hit of an already chosen thread
+        # counts (1 - gamma) times less, chosen greedily.
+        def diverse(u, ids, sc_all, gamma=gamma):
+            rem = list(sc_all[:200])
+            picked, per = [], {}
+            while rem and len(picked) < 60:
+                k = max(range(len(rem)), key=lambda k: rem[k][1] * (1 - gamma) ** per.get(u["by_id"][rem[k][0]]["thread"], 0))
+                i, _ = rem.pop(k)
+                picked.append(i)
+                th = u["by_id"][i]["thread"]
+                per[th] = per.get(th, 0) + 1
+            return picked
+        scored = [ranking(conn, sql, q) for q in questions]
+        div = [diverse(by_user[q["user"]], None, sc) for q, sc in zip(questions, scored)]
+        run(f"±2, thread diversity gamma {gamma}", div, lambda u, ids: windows(u, ids, [(10**9, 2)]))
     for size in (2500, 3000):
         run(f"±2 at a {size}-token budget", base, lambda u, ids, size=size: windows(u, ids, [(10**9, 2)], size))
     for k1, b in ((1.2, 0.3), (1.2, 1.0), (0.8, 0.75), (2.0, 0.75)):
