@@ -598,7 +598,7 @@ def extras(conn, users, questions, budget, report):
         scored = [ranking(conn, sql, q) for q in questions]
         div = [diverse(by_user[q["user"]], None, sc) for q, sc in zip(questions, scored)]
         run(f"±2, thread diversity gamma {gamma}", div, lambda u, ids: windows(u, ids, [(10**9, 2)]))
-    for size in (2500, 3000):
+    for size in (2500, 2640, 3000):
         run(f"±2 at a {size}-token budget", base, lambda u, ids, size=size: windows(u, ids, [(10**9, 2)], size))
     for k1, b in ((1.2, 0.3), (1.2, 1.0), (0.8, 0.75), (2.0, 0.75)):
         sql2 = bm25_sql("tsv_russian", "russian", k1=k1, b=b)
