@@ -640,6 +640,26 @@ def extras(conn, users, questions, budget, report):
             rankings.append([i for _, i in out[:200]])
         run(f"passages ±{w} (+{own} × own score), packed ±2", rankings, lambda u, ids: windows(u, ids, [(10**9, 2)]))
 
+    # Pseudo-relevance feedback: the `terms` highest-idf lexemes of the best
+    # `k` hits join the query with weight `alpha` (binary term frequency).
+    for k, terms, alpha in ((3, 5, 0.2), (5, 8, 0.3), (5, 8, 0.15), (10, 10, 0.2)):
+        rankings = []
+        for q, ql in zip(questions, qlex):
+            u = by_user[q["user"]]
+            turns, idf = u["turns"], u["idf"]
+            s = [sum(idf[lx] for lx in (ql & lex[t["id"]])) for t in turns]
+            order = sorted((i for i in range(len(s)) if s[i] > 0), key=lambda i: -s[i])
+            fb = {}
+            for i in order[:k]:
+                for lx in lex[turns[i]["id"]] - ql:
+                    fb[lx] = fb.get(lx, 0) + idf[lx]
+            extra = {lx for lx, _ in sorted(fb.items(), key=lambda kv: -kv[1])[:terms]}
+            s2 = [s[i] + alpha * sum(idf[lx] for lx in (lex[turns[i]["id"]] & extra)) for i in range(len(turns))]
+            order2 = sorted((i for i in range(len(s2)) if s2[i] > 0), key=lambda i: -s2[i])
+            rankings.append([turns[i]["id"] for i in order2[:200]])
+        run(f"feedback: {terms} lexemes of the best {k} hits, weight {alpha}, packed ±2", rankings,
+            lambda u, ids: windows(u, ids, [(10**9, 2)]))
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
