@@ -1,0 +1,103 @@
+-- DRAFT (not wired in yet; needs sql/drafts/0008_memory_search.sql).
+-- Long-term retrieval for one request: the user's turns and records that
+-- match the query, scored, with the neighbouring turns of each hit, in the
+-- order the assembler packs them. One statement; every scan is filtered by
+-- the user (invariant 7) and goes through the (user_id, search) GIN
+-- indexes, so another user's rows are never read.
+--
+-- $1 user_id (uuid)
+-- $2 query text (the request's query, plus the analysis' search_keywords)
+-- $3 hits: most matching turns (e.g. 40; the budget ends packing earlier)
+-- $4 window: same-thread neighbours each side of a hit (2 measured best)
+-- $5 records: most matching records (0 for none)
+--
+-- Scoring: Okapi BM25 (k1 1.2, b 0.75) with the user's own document
+-- frequencies (one GIN lookup per query lexeme, at most 32 lexemes), term
+-- frequency from the tsvector's positions, document length = distinct
+-- lexemes over an average of 13 (LoCoMo's chat turns). The query is an OR of
+-- its lexemes: an AND (plainto_tsquery) finds all words in one turn for 1 in
+-- 10 questions only. Ties: the newer turn first.
+--
+-- Rows: kind ('turn' | 'record'), id, hit_id (the turn whose window brought
+-- the row; its own id for a hit), rank (of that hit, 1 = best), score (of
+-- that hit), thread_id, message_type, content, created_at (a record's
+-- time_bucket_start), ordered for greedy packing: by the hit's score, then
+-- the hit before its neighbours, nearer neighbours first. A turn in several
+-- windows comes once, with its best hit.
+WITH q AS (
+    SELECT DISTINCT l.lexeme
+    FROM unnest(to_tsvector('maas_memory', $2::text)) AS l
+    LIMIT 32
+), n AS (
+    SELECT greatest(coalesce((SELECT m.logged_seq FROM archive_marks m WHERE m.user_id = $1::uuid), 0), 1)::float8 AS turns,
+           greatest(CASE WHEN $5::int > 0 THEN (SELECT count(*) FROM lsm_storage s WHERE s.user_id = $1::uuid) ELSE 0 END, 1)::float8 AS records
+), w AS (
+    SELECT q.lexeme,
+           ln(1 + (n.turns - d.turns + 0.5) / (d.turns + 0.5)) AS idf_turn,
+           ln(1 + (n.records - d.records + 0.5) / (d.records + 0.5)) AS idf_record
+    FROM q
+    CROSS JOIN n
+    CROSS JOIN LATERAL (
+        SELECT (SELECT count(*) FROM raw_logs r
+                WHERE r.user_id = $1::uuid AND r.search @@ quote_literal(q.lexeme)::tsquery)::float8 AS turns,
+               -- (no lookup at all when no record is wanted)
+               CASE WHEN $5::int > 0 THEN
+                   (SELECT count(*) FROM lsm_storage s
+                    WHERE s.user_id = $1::uuid AND s.search @@ quote_literal(q.lexeme)::tsquery)
+               ELSE 0 END::float8 AS records
+    ) d
+), anyq AS (
+    SELECT string_agg(quote_literal(w.lexeme), ' | ')::tsquery AS tq FROM w
+), hits AS (
+    SELECT r.id, r.thread_id, r.user_seq, r.created_at,
+           sum(w.idf_turn * (coalesce(array_length(x.positions, 1), 1) * 2.2)
+               / (coalesce(array_length(x.positions, 1), 1)
+                  + 1.2 * (0.25 + 0.75 * length(r.search) / 13.0))) AS score
+    FROM anyq
+    JOIN raw_logs r ON r.user_id = $1::uuid AND r.search @@ anyq.tq
+    CROSS JOIN LATERAL unnest(r.search) AS x
+    JOIN w ON w.lexeme = x.lexeme
+    GROUP BY r.id
+    ORDER BY score DESC, r.created_at DESC, r.id DESC
+    LIMIT $3::int
+), ranked AS (
+    SELECT h.*, row_number() OVER (ORDER BY h.score DESC, h.created_at DESC, h.id DESC) AS rank
+    FROM hits h
+), turns AS (
+    SELECT DISTINCT ON (t.id)
+           'turn'::text AS kind, t.id, k.id AS hit_id, k.rank, k.score,
+           abs(t.user_seq - k.user_seq) AS distance,
+           t.thread_id, t.message_type, t.content, t.created_at
+    FROM ranked k
+    -- A lateral lookup per hit (raw_logs_user_seq_idx), never a pass over
+    -- the user's whole history.
+    CROSS JOIN LATERAL (
+        SELECT n.id, n.user_seq, n.thread_id, n.message_type, n.content, n.created_at
+        FROM raw_logs n
+        WHERE n.user_id = $1::uuid
+          AND n.user_seq BETWEEN k.user_seq - $4::int AND k.user_seq + $4::int
+          AND n.thread_id IS NOT DISTINCT FROM k.thread_id
+        -- (a window holds at most this many; the LIMIT also keeps the
+        -- planner from flattening the lookup into a join)
+        LIMIT 2 * $4::int + 1
+    ) t
+    ORDER BY t.id, k.rank, abs(t.user_seq - k.user_seq)
+), records AS (
+    SELECT 'record'::text AS kind, s.id, s.id AS hit_id, NULL::bigint AS rank,
+           sum(w.idf_record * (coalesce(array_length(x.positions, 1), 1) * 2.2)
+               / (coalesce(array_length(x.positions, 1), 1)
+                  + 1.2 * (0.25 + 0.75 * length(s.search) / 13.0))) AS score,
+           0::bigint AS distance,
+           NULL::uuid AS thread_id, NULL::text AS message_type, s.summary AS content,
+           s.time_bucket_start AS created_at
+    FROM anyq
+    JOIN lsm_storage s ON s.user_id = $1::uuid AND s.search @@ anyq.tq
+    CROSS JOIN LATERAL unnest(s.search) AS x
+    JOIN w ON w.lexeme = x.lexeme
+    GROUP BY s.id
+    ORDER BY score DESC, s.time_bucket_start DESC
+    LIMIT $5::int
+)
+SELECT kind, id, hit_id, rank, score, thread_id, message_type, content, created_at
+FROM (SELECT * FROM turns UNION ALL SELECT * FROM records) items
+ORDER BY score DESC, hit_id DESC, distance, created_at
