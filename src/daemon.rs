@@ -39,20 +39,6 @@ pub enum DaemonError {
     Http(#[from] crate::http::HttpError),
 }
 
-/// A name for this process in leases and step history: host, pid and a
-/// random suffix, so a restarted process never reuses an old identity.
-pub fn worker_id() -> String {
-    // gethostname(2), not /proc/sys: systemd's ProcSubset=pid hides the latter.
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "host".into());
-    let suffix: u32 = rand::random();
-    format!("{host}:{}:{:08x}", std::process::id(), suffix)
-}
-
 /// Applies pending migrations (and missing triggers) under the advisory lock.
 pub async fn migrate_at_start(cfg: &Config) -> Result<migrate::Report, db::Error> {
     let pg = db::pg_config(cfg.database_url.expose(), "maasd-migrate")?;
@@ -96,7 +82,7 @@ pub async fn run(
         tracing::info!(applied = ?report.applied, triggers = ?report.triggers, "schema updated");
     }
     let pool = db::connect_pool(&cfg, "maasd")?;
-    let worker = worker_id();
+    let worker = crate::sys::worker_id();
     tracing::info!(worker = %worker, provider = %cfg.llm_provider, lease_secs = cfg.lease_secs,
         sweep_secs = cfg.sweep_secs, "maasd starting");
     let archivist = if cfg.archivist.enabled {

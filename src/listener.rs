@@ -272,8 +272,7 @@ async fn session(
     });
     let _abort = AbortOnDrop(driver);
 
-    let listen = format!("LISTEN {CHANNEL}");
-    match tokio::time::timeout(health_timeout(cfg), client.batch_execute(&listen)).await {
+    match tokio::time::timeout(health_timeout(cfg), crate::repo::stats::listen(&client, CHANNEL)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(fail(format!("LISTEN: {e}"))),
         Err(_) => return Err(fail("LISTEN timed out".into())),
@@ -311,7 +310,7 @@ async fn session(
                 None => return Err(ended("connection task ended".into())),
             },
             _ = health.tick() => {
-                match tokio::time::timeout(health_timeout(cfg), client.simple_query("SELECT 1")).await {
+                match tokio::time::timeout(health_timeout(cfg), crate::repo::stats::ping(&client)).await {
                     Ok(Ok(_)) => notifier.alive(),
                     Ok(Err(e)) => return Err(ended(format!("health query: {e}"))),
                     Err(_) => return Err(ended("health query timed out (backend frozen or network stalled)".into())),

@@ -14,9 +14,8 @@
 //! - **Backlog** ([`observe_backlog`], every `http.metrics_refresh_secs`):
 //!   one cheap query over partial indexes, requests by non-terminal status and
 //!   the number of `FAILED` requests (database-wide: the same in every daemon).
-//! - **Latency histograms** ([`observe_step`], same refresh): read from the
-//!   step history this daemon wrote since the last refresh, so they need no
-//!   hook in the dispatcher; they lag by at most one refresh interval.
+//! - **Latency histograms** ([`observe_result`], [`observe_stage`]): fed by
+//!   the dispatcher as each result is written, so they never lag.
 //! - **LLM calls**: recorded by the LLM layer itself, once per `Llm::chat`
 //!   ([`crate::llm::metrics`]); [`register_llm_provider`] makes the zero
 //!   series of the configured provider appear before any call. This module

@@ -1,4 +1,5 @@
-//! Process limits: what `maasd` and the benchmarks raise at start-up.
+//! The process and its host: the open-file limit `maasd` and the
+//! benchmarks raise at start-up, and the worker id a process claims under.
 
 use nix::sys::resource::{Resource, getrlimit, rlim_t, setrlimit};
 
@@ -24,6 +25,20 @@ pub fn raise_fd_limit() -> Result<(), FdLimitError> {
         return Ok(());
     }
     setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|source| FdLimitError { soft, hard, source })
+}
+
+/// A name for this process in leases and step history: host, pid and a
+/// random suffix, so a restarted process never reuses an old identity.
+pub fn worker_id() -> String {
+    // gethostname(2), not /proc/sys: systemd's ProcSubset=pid hides the latter.
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    let suffix: u32 = rand::random();
+    format!("{host}:{}:{:08x}", std::process::id(), suffix)
 }
 
 #[cfg(test)]

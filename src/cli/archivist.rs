@@ -145,7 +145,7 @@ async fn run_once(cfg: &Config, user: Option<Uuid>, dry_run: bool, json: bool) -
     let mut sized = cfg.clone();
     sized.pool_size = cfg.archivist.concurrency + 2;
     let pool = db::connect_pool(&sized, "maasctl-archivist")?;
-    let worker = format!("maasctl:{}", crate::daemon::worker_id());
+    let worker = format!("maasctl:{}", crate::sys::worker_id());
     let archivist = Archivist::new(pool, llm, Arc::new(cfg.clone()), worker);
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();

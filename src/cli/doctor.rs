@@ -11,7 +11,7 @@
 //! - leases: warn about expired leases nobody took back;
 //! - callbacks: fail when deliveries wait and no secret is configured, warn
 //!   about dead ones;
-//! - llm.<role>: the provider of each role is reachable (an authenticated
+//! - `llm.<role>`: the provider of each role is reachable (an authenticated
 //!   request listing models); keys are never printed.
 
 use std::path::Path;

@@ -123,7 +123,7 @@ impl Engine {
 
     /// Runs the assemble stage right after a successful analyze, when the
     /// pipeline says it can run on what the analyzer was given
-    /// ([`Pipeline::fuse_assemble`]; the engine does not read the analysis).
+    /// ([`Pipeline::fuse_assemble`](crate::stage::Pipeline::fuse_assemble); the engine does not read the analysis).
     /// Its result is written with the analysis in one statement (one commit
     /// and one row version fewer per request). When it cannot run here, or
     /// fails, the assemble stage runs on its own as usual.

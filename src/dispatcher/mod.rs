@@ -2,12 +2,12 @@
 //!
 //! Guarantees of the engine as a whole (each file states its own part):
 //! - A row is worked on only under a lease this process holds; every write
-//!   of a result is fenced on that lease's token ([`complete`]).
+//!   of a result is fenced on that lease's token (`complete.rs`).
 //! - Per-stage concurrency bounds all outstanding work of a stage, unwritten
-//!   results included ([`lease`]: a row holds its stage slot until its
+//!   results included (`lease.rs`: a row holds its stage slot until its
 //!   result is written).
 //! - A due row is claimed within one sweep interval even if every
-//!   notification was lost ([`sweep`]); a notification is only a doorbell.
+//!   notification was lost (`sweep.rs`); a notification is only a doorbell.
 //! - Retries are durable: the row waits in its ready status until
 //!   `run_after`; the in-memory timer that wakes us then is only a doorbell.
 //!   What an attempt's outcome does to its request is one pure function,
@@ -16,10 +16,10 @@
 //!   period, releases the leases of those that did not (without spending
 //!   their attempt) and writes every result before [`Engine::run`] returns.
 //!
-//! Files: [`claim`] (dispatch loops, claiming, the prompt cache),
-//! [`execute`] (one attempt under timeout and panic guard, its record),
-//! [`policy`] (the attempt policy), [`complete`] (group commit and
-//! chaining), [`lease`] (the in-flight map and the heartbeat), [`sweep`]
+//! Files: `claim.rs` (dispatch loops, claiming, the prompt cache),
+//! `execute.rs` (one attempt under timeout and panic guard, its record),
+//! `policy.rs` (the attempt policy), `complete.rs` (group commit and
+//! chaining), `lease.rs` (the in-flight map and the heartbeat), `sweep.rs`
 //! (the catch-up sweep, a [`crate::service::Service`]).
 
 mod claim;

@@ -1,5 +1,8 @@
 //! The `/api` routes: submit a query, read its status (long-poll), and
 //! follow it live over SSE or WebSocket.
+//!
+//! Size: the `/api` routes share one set of request and reply types and one
+//! follower; one file keeps each route's contract in one reading.
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -19,6 +19,10 @@
 //! - Intermediate statuses are pushed in the order of the notifications;
 //!   one that passed while a subscriber was re-reading may be skipped. The
 //!   terminal state is always delivered: it is read from the table.
+//!
+//! Size: the hub (one LISTEN feed fanned out to SSE and WebSocket
+//! followers, with the request → user cache) is one state machine; about
+//! 85 lines are its tests.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -34,6 +34,9 @@
 //! above the role timeout becomes a timeout error) and
 //! `fail_when_query_contains` makes calls whose last user message contains
 //! the marker fail with the retryable [`LlmError::Injected`].
+//!
+//! Size: the deterministic stand-in for every role (analyzer, responder,
+//! archivist) with its phrase tables; about 115 lines are tests.
 
 use std::collections::HashMap;
 use std::time::Duration;

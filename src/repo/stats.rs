@@ -173,3 +173,10 @@ pub async fn listen(client: &tokio_postgres::Client, channel: &str) -> Result<()
     client.batch_execute(&format!("LISTEN {channel}")).await?;
     Ok(())
 }
+
+/// A round trip on the simple protocol (`SELECT 1`): the LISTEN session's
+/// liveness check, which works through any pooler and prepares nothing.
+pub async fn ping(client: &tokio_postgres::Client) -> Result<(), Error> {
+    client.simple_query("SELECT 1").await?;
+    Ok(())
+}

@@ -5,6 +5,7 @@ mod archivist;
 mod cli;
 mod engine;
 mod http;
+mod layers;
 mod llm;
 mod ops;
 mod orchestrator;
