@@ -4,6 +4,7 @@ pub mod cli;
 pub mod daemon;
 pub mod db;
 pub mod fake_llm;
+pub mod ops;
 pub mod poll;
 
 use std::future::Future;
