@@ -7,6 +7,7 @@ use crate::support::cli::maasctl;
 use crate::support::count;
 use crate::support::daemon::Maasd;
 use crate::support::db::TestDb;
+use crate::support::db::column;
 use crate::support::ops::{GENEROUS, fast, wait_listening};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,12 +38,6 @@ async fn pause_stops_every_daemon_and_resume_restarts_them() {
     assert!(out.contains("resumed"), "{out}");
     crate::support::wait_all_terminal(&c, GENEROUS).await;
     crate::support::assert_completed(&c, 30).await;
-    let actions: Vec<String> = c
-        .query("SELECT action FROM operator_actions ORDER BY id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let actions: Vec<String> = column(&c, "SELECT action FROM operator_actions ORDER BY id", &[]).await;
     assert_eq!(actions, vec!["pause".to_owned(), "resume".to_owned()]);
 }

@@ -18,6 +18,7 @@ use maas::stage::{Pipeline, StageError, StageInput, StageOutput, StageSuccess, U
 use tokio_util::sync::CancellationToken;
 
 use crate::support::db::TestDb;
+use crate::support::db::rows;
 use crate::support::{count, insert_requests, wait_all_terminal};
 
 const GENEROUS: Duration = Duration::from_secs(60);
@@ -159,16 +160,13 @@ async fn a_retryable_failure_retries_up_to_max_attempts_then_fails() {
         assert_eq!(row.get::<_, String>(0), "FAILED");
         let error: String = row.get(1);
         assert!(error.contains("respond failed after 3 attempts"), "{error}");
-        let outcomes: Vec<(i32, String)> = c
-            .query(
-                "SELECT attempt, outcome FROM pipeline_steps WHERE run_id = $1 AND stage = 'respond' ORDER BY id",
-                &[id],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
+        let outcomes: Vec<(i32, String)> = rows(
+            &c,
+            "SELECT attempt, outcome FROM pipeline_steps WHERE run_id = $1 AND stage = 'respond' ORDER BY id",
+            &[id],
+            |r| (r.get(0), r.get(1)),
+        )
+        .await;
         assert_eq!(
             outcomes,
             [(1, "retrying".into()), (2, "retrying".into()), (3, "failed".into())]

@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::TestDb;
+use crate::support::db::column;
 use crate::support::{count, wait_until};
 
 const GENEROUS: Duration = Duration::from_secs(60);
@@ -175,16 +176,13 @@ fn metric(text: &str, series: &str) -> Option<f64> {
 /// Inserts a request that no stage will claim until [`release`] (it is not
 /// due for an hour), so tests can subscribe to it first.
 async fn insert_held(c: &tokio_postgres::Client, user: Uuid, n: i64) -> Vec<Uuid> {
-    c.query(
+    column(
+        c,
         "INSERT INTO pipeline_runs (user_id, user_query, run_after)
          SELECT $1, 'held #' || g, now() + interval '1 hour' FROM generate_series(1, $2::int8) g RETURNING id",
         &[&user, &n],
     )
     .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
 }
 
 /// Makes held requests due and rings the doorbell.

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, connect};
+use crate::support::db::{column, rows};
 use crate::support::{
     assert_completed, assert_each_stage_succeeded_once, count, insert_requests, wait_all_terminal, wait_until,
 };
@@ -256,16 +257,13 @@ async fn a_daemon_killed_mid_stage_is_recovered_after_its_lease() {
     assert_completed(&c, 10).await;
     assert_each_stage_succeeded_once(&c).await;
     for id in ids {
-        let steps: Vec<(String, String, i32, String)> = c
-            .query(
-                "SELECT stage, outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
-                &[&id],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-            .collect();
+        let steps: Vec<(String, String, i32, String)> = rows(
+            &c,
+            "SELECT stage, outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
+            &[&id],
+            |r| (r.get(0), r.get(1), r.get(2), r.get(3)),
+        )
+        .await;
         assert_eq!(steps.len(), 4, "{steps:?}");
         assert_eq!(
             (
@@ -328,16 +326,12 @@ async fn a_poison_row_fails_after_max_attempts_and_holds_nobody_back() {
         "{error}"
     );
     assert_eq!(row.get::<_, i32>(2), 3);
-    let outcomes: Vec<String> = c
-        .query(
-            "SELECT outcome FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
-            &[&poison],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let outcomes: Vec<String> = column(
+        &c,
+        "SELECT outcome FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
+        &[&poison],
+    )
+    .await;
     assert_eq!(outcomes, ["retrying", "retrying", "failed"]);
 }
 

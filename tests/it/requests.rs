@@ -12,6 +12,7 @@ use uuid::Uuid;
 use crate::support::cli::maasctl;
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::TestDb;
+use crate::support::db::column;
 use crate::support::ops::{GENEROUS, fast, insert_one, json, status_of, wait_listening, wait_status};
 use crate::support::{count, wait_until};
 
@@ -183,16 +184,12 @@ async fn retry_resumes_at_the_stage_that_failed() {
         wait_status(&c, id, "COMPLETED").await;
     }
     // The respond retry ran only the respond stage again.
-    let stages: Vec<String> = c
-        .query(
-            "SELECT stage FROM pipeline_steps WHERE run_id = $1 AND worker <> 'old' ORDER BY id",
-            &[&in_respond],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let stages: Vec<String> = column(
+        &c,
+        "SELECT stage FROM pipeline_steps WHERE run_id = $1 AND worker <> 'old' ORDER BY id",
+        &[&in_respond],
+    )
+    .await;
     assert_eq!(stages, vec!["respond".to_owned()]);
 }
 

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::support::count;
 use crate::support::db::{TestDb, connect};
+use crate::support::db::{column, rows};
 
 #[tokio::test]
 async fn a_plain_insert_is_all_another_application_needs() {
@@ -342,16 +343,13 @@ async fn a_stale_writer_is_fenced_out() {
     assert_eq!(row.get::<_, String>(0), "ANALYZED");
     assert_eq!(row.get::<_, String>(1), "b");
     assert_eq!(row.get::<_, i32>(2), 0, "attempts reset for the next stage");
-    let steps: Vec<(String, i32, String)> = c
-        .query(
-            "SELECT outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
+    let steps: Vec<(String, i32, String)> = rows(
+        &c,
+        "SELECT outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
+        &[&id],
+        |r| (r.get(0), r.get(1), r.get(2)),
+    )
+    .await;
     assert_eq!(
         steps,
         vec![
@@ -598,17 +596,13 @@ async fn a_many_row_update_rings_for_each_row_whose_status_changed() {
 async fn deleting_runs_deletes_their_steps() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let ids: Vec<Uuid> = c
-        .query(
-            "INSERT INTO pipeline_runs (user_id, user_query) SELECT gen_random_uuid(), 'q' || g
+    let ids: Vec<Uuid> = column(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query) SELECT gen_random_uuid(), 'q' || g
              FROM generate_series(1, 5) g RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        &[],
+    )
+    .await;
     c.execute(
         "INSERT INTO pipeline_steps (run_id, stage, attempt, worker, started_at, outcome)
          SELECT id, s.stage, 1, 'w', now(), 'succeeded'
@@ -704,16 +698,13 @@ async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
         ("READY".into(), Some(format!("context of {resting}")), false)
     );
     assert_eq!(state(debug).await, ("ANALYZED".into(), None, true));
-    let steps: Vec<(Uuid, String, i32, Option<i32>)> = c
-        .query(
-            "SELECT run_id, stage, attempt, prompt_tokens FROM pipeline_steps ORDER BY id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-        .collect();
+    let steps: Vec<(Uuid, String, i32, Option<i32>)> = rows(
+        &c,
+        "SELECT run_id, stage, attempt, prompt_tokens FROM pipeline_steps ORDER BY id",
+        &[],
+        |r| (r.get(0), r.get(1), r.get(2), r.get(3)),
+    )
+    .await;
     for id in [chained, resting] {
         let mine: Vec<(&str, i32)> = steps
             .iter()

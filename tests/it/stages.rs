@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::TestDb;
+use crate::support::db::rows;
 use crate::support::fake_llm::{Api, FakeLlm, Recorded, Reply};
 use crate::support::{summary, wait_until};
 
@@ -74,15 +75,13 @@ async fn wait_terminal(c: &Client, id: Uuid) -> (String, Option<String>, Option<
 
 /// (stage, attempt, outcome, error_class) of every step, in order.
 async fn steps(c: &Client, id: Uuid) -> Vec<(String, i32, String, Option<String>)> {
-    c.query(
+    rows(
+        c,
         "SELECT stage, attempt, outcome, error_class FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
         &[&id],
+        |r| (r.get(0), r.get(1), r.get(2), r.get(3)),
     )
     .await
-    .unwrap()
-    .iter()
-    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-    .collect()
 }
 
 fn step(stage: &str, attempt: i32, outcome: &str, class: Option<&str>) -> (String, i32, String, Option<String>) {
@@ -148,7 +147,7 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
     assert!(body_text(re).contains("<current_query>"));
 
     // The step history records model, tokens and latency.
-    let rows = c
+    let step_rows = c
         .query(
             "SELECT stage, model, prompt_tokens, completion_tokens, latency_ms FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
             &[&id],
@@ -156,7 +155,10 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
         .await
         .unwrap();
     type Usage = (String, Option<String>, Option<i32>, Option<i32>);
-    let got: Vec<Usage> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    let got: Vec<Usage> = step_rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
     assert_eq!(
         got[0],
         ("analyze".into(), Some("cheap-model".into()), Some(120), Some(30))
@@ -165,18 +167,15 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
         got[2],
         ("respond".into(), Some("strong-model".into()), Some(400), Some(12))
     );
-    assert!(rows.iter().all(|r| r.get::<_, Option<i32>>(4).is_some()));
+    assert!(step_rows.iter().all(|r| r.get::<_, Option<i32>>(4).is_some()));
     // Logged once each, with the request's ids.
-    let logs: Vec<(String, String)> = c
-        .query(
-            "SELECT message_type, content FROM raw_logs WHERE request_id = $1 AND user_id = $2 ORDER BY id",
-            &[&id, &user],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let logs: Vec<(String, String)> = rows(
+        &c,
+        "SELECT message_type, content FROM raw_logs WHERE request_id = $1 AND user_id = $2 ORDER BY id",
+        &[&id, &user],
+        |r| (r.get(0), r.get(1)),
+    )
+    .await;
     assert_eq!(
         logs,
         vec![

@@ -10,6 +10,7 @@ pub mod poll;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::support::db::column;
 use tokio_postgres::Client;
 
 pub use poll::count;
@@ -41,17 +42,14 @@ pub async fn forget_claim(c: &Client, id: uuid::Uuid) {
 
 /// Inserts `n` requests with plain SQL (as another application would).
 pub async fn insert_requests(c: &Client, n: i64, query: &str) -> Vec<uuid::Uuid> {
-    c.query(
+    column(
+        c,
         "INSERT INTO pipeline_runs (user_id, user_query)
          SELECT gen_random_uuid(), $2 || ' #' || g FROM generate_series(1, $1::int8) g
          RETURNING id",
         &[&n, &query],
     )
     .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
 }
 
 /// Waits until every request is terminal.
