@@ -12,8 +12,7 @@ use uuid::Uuid;
 
 use crate::support::cli::{NO_ENV, maasctl_async, tokio_command};
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::TestDb;
-use crate::support::db::column;
+use crate::support::db::{TestDb, column};
 use crate::support::fake_llm::{Api, FakeConfig, FakeLlm, Reply};
 use crate::support::{count, wait_until};
 

@@ -6,8 +6,7 @@ use std::time::Duration;
 use crate::support::cli::maasctl;
 use crate::support::count;
 use crate::support::daemon::Maasd;
-use crate::support::db::TestDb;
-use crate::support::db::column;
+use crate::support::db::{TestDb, column};
 use crate::support::ops::{GENEROUS, fast, wait_listening};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -17,11 +16,8 @@ use maas::model::StageKind;
 use maas::stage::{Pipeline, StageError, StageInput, StageOutput, StageSuccess, Usage};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::db::TestDb;
-use crate::support::db::rows;
-use crate::support::{count, insert_requests, wait_all_terminal};
-
-const GENEROUS: Duration = Duration::from_secs(60);
+use crate::support::db::{TestDb, rows};
+use crate::support::{GENEROUS, count, insert_requests, wait_all_terminal};
 
 /// What the respond stage does in a test.
 #[derive(Clone, Copy)]

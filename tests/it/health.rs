@@ -9,8 +9,8 @@ use uuid::Uuid;
 use crate::support::cli::{maasctl, maasctl_env};
 use crate::support::daemon::Maasd;
 use crate::support::db::TestDb;
-use crate::support::ops::{GENEROUS, fast, json, wait_listening};
-use crate::support::{count, wait_until};
+use crate::support::ops::{fast, json, wait_listening};
+use crate::support::wait_analyzing;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_shows_backlog_failure_rate_and_leases_by_daemon() {
@@ -26,10 +26,7 @@ async fn stats_shows_backlog_failure_rate_and_leases_by_daemon() {
     .unwrap();
     let _slow = Maasd::spawn(&db.url, fast().env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000));
     crate::support::insert_requests(&c, 5, "slow").await;
-    wait_until(GENEROUS, "five in flight", || async {
-        count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == 5
-    })
-    .await;
+    wait_analyzing(&c, 5, "five in flight").await;
     let (code, out, err) = maasctl(&db.url, &["--json", "stats", "--window", "15m"]);
     assert_eq!(code, 0, "{err}");
     let v = json(&out);

@@ -15,11 +15,8 @@ use tokio_tungstenite::tungstenite::{self, Message};
 use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::TestDb;
-use crate::support::db::column;
-use crate::support::{count, wait_until};
-
-const GENEROUS: Duration = Duration::from_secs(60);
+use crate::support::db::{TestDb, column};
+use crate::support::{GENEROUS, count, wait_until};
 
 /// A running daemon and a client for it.
 struct Api {

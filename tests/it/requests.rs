@@ -11,8 +11,7 @@ use uuid::Uuid;
 
 use crate::support::cli::maasctl;
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::TestDb;
-use crate::support::db::column;
+use crate::support::db::{TestDb, column};
 use crate::support::ops::{GENEROUS, fast, insert_one, json, status_of, wait_listening, wait_status};
 use crate::support::{count, wait_until};
 

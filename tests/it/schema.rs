@@ -7,8 +7,7 @@ use maas::repo;
 use uuid::Uuid;
 
 use crate::support::count;
-use crate::support::db::{TestDb, connect};
-use crate::support::db::{column, rows};
+use crate::support::db::{TestDb, column, connect, rows};
 
 #[tokio::test]
 async fn a_plain_insert_is_all_another_application_needs() {

@@ -8,8 +8,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::TestDb;
-use crate::support::db::rows;
+use crate::support::db::{TestDb, rows};
 use crate::support::fake_llm::{Api, FakeLlm, Recorded, Reply};
 use crate::support::{summary, wait_until};
 
@@ -412,15 +411,7 @@ async fn a_daemon_killed_during_a_slow_call_is_recovered_with_one_logged_answer(
     let (status, answer, _) = wait_terminal(&c, id).await;
     assert_eq!(status, "COMPLETED");
     assert_eq!(answer.as_deref(), Some("recovered answer"));
-    let logged: i64 = c
-        .query_one(
-            "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND message_type = 'assistant_response'",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(logged, 1);
+    crate::support::assert_one_answer_logged(&c, id).await;
     assert_eq!(
         steps(&c, id).await[2..],
         [

@@ -2,8 +2,6 @@
 //! callbacks, retention, systemd): one request inserted and watched by
 //! status, daemons counted by their LISTEN session, `--json` output parsed.
 
-use std::time::Duration;
-
 use serde_json::Value;
 use tokio_postgres::Client;
 use uuid::Uuid;
@@ -11,12 +9,14 @@ use uuid::Uuid;
 use crate::support::daemon::Opts;
 use crate::support::{count, wait_until};
 
-pub const GENEROUS: Duration = Duration::from_secs(60);
+pub use crate::support::GENEROUS;
 
+/// `maasctl --json` output, parsed; panics with the output if it is not JSON.
 pub fn json(out: &str) -> Value {
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }
 
+/// The status of request `id`.
 pub async fn status_of(c: &Client, id: Uuid) -> String {
     c.query_one("SELECT status FROM pipeline_runs WHERE id = $1", &[&id])
         .await
@@ -24,6 +24,7 @@ pub async fn status_of(c: &Client, id: Uuid) -> String {
         .get(0)
 }
 
+/// Waits until request `id` has status `want`.
 pub async fn wait_status(c: &Client, id: Uuid, want: &str) {
     wait_until(GENEROUS, &format!("{id} reaches {want}"), || async {
         status_of(c, id).await == want
@@ -31,6 +32,7 @@ pub async fn wait_status(c: &Client, id: Uuid, want: &str) {
     .await;
 }
 
+/// Inserts one request with plain SQL; returns its id.
 pub async fn insert_one(c: &Client, query: &str) -> Uuid {
     c.query_one(
         "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), $1) RETURNING id",
@@ -41,6 +43,7 @@ pub async fn insert_one(c: &Client, query: &str) -> Uuid {
     .get(0)
 }
 
+/// Waits until at least `n` daemons hold their LISTEN session.
 pub async fn wait_listening(c: &Client, n: i64) {
     wait_until(GENEROUS, "the daemons listen", || async {
         count(
@@ -53,6 +56,7 @@ pub async fn wait_listening(c: &Client, n: i64) {
     .await;
 }
 
+/// Daemon settings with a sweep every second.
 pub fn fast() -> Opts {
     Opts {
         sweep_secs: 1,
