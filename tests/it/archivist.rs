@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::support::cli::{NO_ENV, maasctl_async, tokio_command};
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, column};
+use crate::support::db::{TestDb, column, value};
 use crate::support::fake_llm::{Api, FakeConfig, FakeLlm, Reply};
 use crate::support::{count, wait_until};
 
@@ -560,11 +560,7 @@ async fn one_users_failure_backs_off_that_user_and_not_the_others() {
     let (code, out, _) = maasctl_async(&db.url, &["archivist", "run", "--user", &first.to_string()], &env).await;
     assert_eq!(code, 0, "{out}");
     assert_eq!(mark(&c, first).await, (2, 2, 1));
-    let failures: i32 = c
-        .query_one("SELECT failures FROM archive_marks WHERE user_id = $1", &[&first])
-        .await
-        .unwrap()
-        .get(0);
+    let failures: i32 = value(&c, "SELECT failures FROM archive_marks WHERE user_id = $1", &[&first]).await;
     assert_eq!(failures, 0, "a success clears the backoff");
     // What the archivist model was sent: the prompt and the messages.
     let req = &fake.requests_for(Api::OpenAi)[0];

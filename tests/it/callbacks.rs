@@ -12,11 +12,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use nix::sys::signal::Signal;
 use serde_json::Value;
+use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::cli::{maasctl, maasctl_env};
-use crate::support::daemon::Maasd;
-use crate::support::db::TestDb;
+use crate::support::daemon::{Maasd, Opts};
+use crate::support::db::{TestDb, value};
 use crate::support::ops::{GENEROUS, fast, json, wait_listening, wait_status};
 use crate::support::{count, wait_until};
 
@@ -72,15 +73,37 @@ async fn slow_callback_receiver(fail_first: usize, slow: Duration) -> (String, R
 
 const SECRET: &str = "cb-secret-for-tests";
 
+/// Daemon settings for callbacks: signed with [`SECRET`], polled every
+/// second, retried from 100 ms, sent with a 2 s timeout.
+fn callback_opts() -> Opts {
+    fast()
+        .env("MAAS_CALLBACKS__SECRET", SECRET)
+        .env("MAAS_CALLBACKS__POLL_SECS", 1)
+        .env("MAAS_CALLBACKS__RETRY_BASE_MS", 100)
+        .env("MAAS_CALLBACKS__TIMEOUT_SECS", 2)
+}
+
 fn callback_daemon(url: &str) -> Maasd {
-    Maasd::spawn(
-        url,
-        fast()
-            .env("MAAS_CALLBACKS__SECRET", SECRET)
-            .env("MAAS_CALLBACKS__POLL_SECS", 1)
-            .env("MAAS_CALLBACKS__RETRY_BASE_MS", 100)
-            .env("MAAS_CALLBACKS__TIMEOUT_SECS", 2),
+    Maasd::spawn(url, callback_opts())
+}
+
+/// Inserts `n` requests (`query 1`, `query 2`, ...) whose outcome is called back to `hook`.
+async fn insert_with_callback(c: &Client, hook: &str, query: &str, n: i64) {
+    c.execute(
+        "INSERT INTO pipeline_runs (user_id, user_query, callback_url)
+         SELECT gen_random_uuid(), $2 || ' ' || g, $1 FROM generate_series(1, $3::int8) g",
+        &[&hook, &query, &n],
     )
+    .await
+    .unwrap();
+}
+
+/// Waits `within` until `n` callbacks are delivered; panics with `what` then.
+async fn wait_delivered(c: &Client, n: i64, within: Duration, what: &str) {
+    wait_until(within, what, || async {
+        count(c, "SELECT count(*) FROM callback_outbox WHERE state = 'delivered'").await == n
+    })
+    .await;
 }
 
 fn verified(r: &Received) -> Value {
@@ -98,19 +121,9 @@ async fn callbacks_are_signed_retried_and_survive_restarts() {
     let c = db.client().await;
     let (hook, rx) = callback_receiver(2).await;
     let mut d = callback_daemon(&db.url);
-    let id: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, callback_url) VALUES (gen_random_uuid(), 'call me back', $1) RETURNING id",
-            &[&hook],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let id: Uuid = value(&c, "INSERT INTO pipeline_runs (user_id, user_query, callback_url) VALUES (gen_random_uuid(), 'call me back', $1) RETURNING id", &[&hook]).await;
     wait_status(&c, id, "COMPLETED").await;
-    wait_until(GENEROUS, "delivered after two 500s", || async {
-        count(&c, "SELECT count(*) FROM callback_outbox WHERE state = 'delivered'").await == 1
-    })
-    .await;
+    wait_delivered(&c, 1, GENEROUS, "delivered after two 500s").await;
     {
         let got = rx.got.lock().unwrap().clone();
         assert_eq!(got.len(), 3, "two failures, one success");
@@ -142,14 +155,7 @@ async fn callbacks_are_signed_retried_and_survive_restarts() {
     d.signal(Signal::SIGTERM);
     assert_eq!(d.wait_exit(GENEROUS).await, Some(0));
     c.execute("UPDATE maas_control SET paused = true", &[]).await.unwrap();
-    let late: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, callback_url) VALUES (gen_random_uuid(), 'cancelled by psql', $1) RETURNING id",
-            &[&hook],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let late: Uuid = value(&c, "INSERT INTO pipeline_runs (user_id, user_query, callback_url) VALUES (gen_random_uuid(), 'cancelled by psql', $1) RETURNING id", &[&hook]).await;
     c.execute("UPDATE pipeline_runs SET status = 'CANCELLED' WHERE id = $1", &[&late])
         .await
         .unwrap();
@@ -158,10 +164,7 @@ async fn callbacks_are_signed_retried_and_survive_restarts() {
         1
     );
     let _d2 = callback_daemon(&db.url);
-    wait_until(GENEROUS, "the restarted daemon delivers the cancel", || async {
-        count(&c, "SELECT count(*) FROM callback_outbox WHERE state = 'delivered'").await == 2
-    })
-    .await;
+    wait_delivered(&c, 2, GENEROUS, "the restarted daemon delivers the cancel").await;
     let got = rx.got.lock().unwrap().clone();
     let last = verified(got.last().unwrap());
     assert_eq!(last["id"], late.to_string());
@@ -176,26 +179,14 @@ async fn two_daemons_deliver_each_callback_once_and_give_up_on_dead_receivers() 
     let _a = callback_daemon(&db.url);
     let _b = Maasd::spawn(
         &db.url,
-        fast()
-            .env("MAAS_CALLBACKS__SECRET", SECRET)
-            .env("MAAS_CALLBACKS__POLL_SECS", 1)
+        callback_opts()
             .env("MAAS_CALLBACKS__RETRY_BASE_MS", 50)
-            .env("MAAS_CALLBACKS__MAX_ATTEMPTS", 2)
-            .env("MAAS_CALLBACKS__TIMEOUT_SECS", 2),
+            .env("MAAS_CALLBACKS__MAX_ATTEMPTS", 2),
     );
     wait_listening(&c, 2).await;
-    c.execute(
-        "INSERT INTO pipeline_runs (user_id, user_query, callback_url)
-         SELECT gen_random_uuid(), 'many ' || g, $1 FROM generate_series(1, 40) g",
-        &[&hook],
-    )
-    .await
-    .unwrap();
+    insert_with_callback(&c, &hook, "many", 40).await;
     crate::support::wait_all_terminal(&c, GENEROUS).await;
-    wait_until(GENEROUS, "forty deliveries", || async {
-        count(&c, "SELECT count(*) FROM callback_outbox WHERE state = 'delivered'").await == 40
-    })
-    .await;
+    wait_delivered(&c, 40, GENEROUS, "forty deliveries").await;
     let got = rx.got.lock().unwrap().clone();
     let mut ids: Vec<String> = got.iter().map(|r| r.headers["x-maas-delivery"].clone()).collect();
     ids.sort();
@@ -208,15 +199,13 @@ async fn two_daemons_deliver_each_callback_once_and_give_up_on_dead_receivers() 
 
     // A receiver that is gone: retried, then dead. Daemon b gives up after 2
     // attempts, daemon a after 12; whichever claims it, start it at 11.
-    let gone: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, callback_url, status)
+    let gone: Uuid = value(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query, callback_url, status)
              VALUES (gen_random_uuid(), 'nobody listens', 'http://127.0.0.1:1/hook', 'NEW') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        &[],
+    )
+    .await;
     wait_status(&c, gone, "COMPLETED").await;
     c.execute(
         "UPDATE callback_outbox SET attempts = greatest(attempts, 11) WHERE run_id = $1",
@@ -252,17 +241,8 @@ async fn a_worker_with_every_slot_busy_claims_again_when_one_frees() {
             .env("MAAS_CALLBACKS__CONCURRENCY", 1),
     );
     wait_listening(&c, 1).await;
-    c.execute(
-        "INSERT INTO pipeline_runs (user_id, user_query, callback_url)
-         SELECT gen_random_uuid(), 'one by one ' || g, $1 FROM generate_series(1, 10) g",
-        &[&hook],
-    )
-    .await
-    .unwrap();
+    insert_with_callback(&c, &hook, "one by one", 10).await;
     crate::support::wait_all_terminal(&c, GENEROUS).await;
-    wait_until(Duration::from_secs(20), "ten deliveries, one at a time", || async {
-        count(&c, "SELECT count(*) FROM callback_outbox WHERE state = 'delivered'").await == 10
-    })
-    .await;
+    wait_delivered(&c, 10, Duration::from_secs(20), "ten deliveries, one at a time").await;
     assert_eq!(rx.got.lock().unwrap().len(), 10);
 }

@@ -16,7 +16,7 @@ use maas::model::StageKind;
 use maas::stage::{Pipeline, StageError, StageInput, StageOutput, StageSuccess, Usage};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::db::{TestDb, rows};
+use crate::support::db::{TestDb, rows, value};
 use crate::support::{GENEROUS, count, insert_requests, wait_all_terminal};
 
 /// What the respond stage does in a test.
@@ -206,11 +206,7 @@ async fn a_permanent_failure_fails_at_once_and_invalid_output_retries_once() {
     let ids = insert_requests(&c, 1, "one retry").await;
     wait_all_terminal(&c, GENEROUS).await;
     stop(engine).await;
-    let error: String = c
-        .query_one("SELECT error FROM pipeline_runs WHERE id = $1", &[&ids[0]])
-        .await
-        .unwrap()
-        .get(0);
+    let error: String = value(&c, "SELECT error FROM pipeline_runs WHERE id = $1", &[&ids[0]]).await;
     assert!(error.contains("respond failed after 2 attempts"), "{error}");
     assert_eq!(pipeline.calls(StageKind::Respond), 2);
 }

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use crate::support::cli::{maasctl, maasctl_env};
 use crate::support::daemon::Maasd;
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, value};
 use crate::support::ops::{fast, json, wait_listening};
 use crate::support::wait_analyzing;
 
@@ -155,11 +155,7 @@ async fn doctor_passes_when_healthy_and_names_each_failed_check() {
     )
     .await
     .unwrap();
-    let cb: Uuid = c
-        .query_one("SELECT id FROM pipeline_runs WHERE callback_url IS NOT NULL", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let cb: Uuid = value(&c, "SELECT id FROM pipeline_runs WHERE callback_url IS NOT NULL", &[]).await;
     maasctl(&db.url, &["requests", "cancel", &cb.to_string(), "--reason", "test"]);
     let (code, out, _) = maasctl(&db.url, &["doctor"]);
     assert_eq!(code, 1, "{out}");

@@ -7,7 +7,7 @@ use nix::sys::signal::Signal;
 use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, column, connect, rows};
+use crate::support::db::{TestDb, column, connect, rows, value};
 use crate::support::{
     GENEROUS, assert_all_completed_once, assert_completed, assert_each_stage_succeeded_once, assert_no_lease_held,
     assert_one_answer_logged, count, insert_requests, wait_all_terminal, wait_analyzing, wait_until,
@@ -31,11 +31,7 @@ async fn two_hundred_rows_inserted_by_sql_all_complete_once() {
     assert_all_completed_once(&c, 200).await;
     // Exactly one step row per stage per request: nothing ran twice.
     assert_eq!(count(&c, "SELECT count(*) FROM pipeline_steps").await, 600);
-    let answer: String = c
-        .query_one("SELECT final_answer FROM pipeline_runs LIMIT 1", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let answer: String = value(&c, "SELECT final_answer FROM pipeline_runs LIMIT 1", &[]).await;
     assert!(answer.starts_with("[offline]"), "{answer}");
     // Leases are all released.
     assert_no_lease_held(&c).await;
@@ -216,11 +212,7 @@ async fn a_daemon_killed_mid_stage_is_recovered_after_its_lease() {
     let mut slow = Maasd::spawn(&db.url, short_lease().env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000));
     let ids = insert_requests(&c, 10, "interrupted").await;
     wait_analyzing(&c, 10, "all ten in flight in the slow daemon").await;
-    let owner: String = c
-        .query_one("SELECT DISTINCT lease_owner FROM pipeline_runs", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let owner: String = value(&c, "SELECT DISTINCT lease_owner FROM pipeline_runs", &[]).await;
     slow.kill();
     let _rescuer = Maasd::spawn(&db.url, short_lease());
     assert_all_completed_once(&c, 10).await;
@@ -261,14 +253,12 @@ async fn a_poison_row_fails_after_max_attempts_and_holds_nobody_back() {
         &db.url,
         Opts::default().env("MAAS_LLM__OFFLINE__FAIL_WHEN_QUERY_CONTAINS", "POISON"),
     );
-    let poison: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'this is POISON') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let poison: Uuid = value(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'this is POISON') RETURNING id",
+        &[],
+    )
+    .await;
     insert_requests(&c, 30, "healthy").await;
     wait_all_terminal(&c, GENEROUS).await;
     assert_completed(&c, 30).await;

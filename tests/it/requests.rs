@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::support::cli::maasctl;
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, column};
+use crate::support::db::{TestDb, column, value};
 use crate::support::ops::{GENEROUS, fast, insert_one, json, status_of, wait_listening, wait_status};
 use crate::support::{count, wait_until};
 
@@ -95,18 +95,16 @@ async fn a_failed_request_is_found_explained_and_retried() {
 
 /// A FAILED run made by hand with a step history ending in `stage`'s failure.
 async fn failed_run(c: &Client, stages_ok: &[&str], failed_stage: Option<&str>) -> Uuid {
-    let id: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, status, analysis_result, final_context_payload, error)
+    let id: Uuid = value(
+        c,
+        "INSERT INTO pipeline_runs (user_id, user_query, status, analysis_result, final_context_payload, error)
              VALUES (gen_random_uuid(), 'made by hand', 'FAILED',
                      CASE WHEN $1 THEN '{\"needs_context\": false}'::jsonb END,
                      CASE WHEN $2 THEN 'ctx' END, 'it broke')
              RETURNING id",
-            &[&stages_ok.contains(&"analyze"), &stages_ok.contains(&"assemble")],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        &[&stages_ok.contains(&"analyze"), &stages_ok.contains(&"assemble")],
+    )
+    .await;
     for s in stages_ok {
         c.execute(
             "INSERT INTO pipeline_steps (run_id, stage, attempt, worker, started_at, outcome)
@@ -275,14 +273,7 @@ async fn a_debug_run_rests_in_analyzed_and_ready_until_continued() {
     let c = db.client().await;
     let _d = Maasd::spawn(&db.url, fast());
     let plain = insert_one(&c, "not debugged").await;
-    let id: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'step by step', true) RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let id: Uuid = value(&c, "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'step by step', true) RETURNING id", &[]).await;
     wait_status(&c, plain, "COMPLETED").await;
     wait_status(&c, id, "ANALYZED").await;
     // It stays there through several sweeps and notifications.

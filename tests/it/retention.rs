@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use crate::support::count;
 use crate::support::daemon::Maasd;
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, value};
 use crate::support::ops::{GENEROUS, fast, status_of};
 use crate::support::wait_until;
 
@@ -29,15 +29,13 @@ async fn retention_deletes_old_finished_runs_in_batches() {
     .await
     .unwrap();
     // An unfinished run that is old is never deleted (held for debugging).
-    let old_open: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, status, debug, held, updated_at)
+    let old_open: Uuid = value(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query, status, debug, held, updated_at)
              VALUES (gen_random_uuid(), 'still open', 'READY', true, true, now() - interval '40 days') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        &[],
+    )
+    .await;
     let raw_logs = count(&c, "SELECT count(*) FROM raw_logs").await;
     let d = Maasd::spawn(
         &db.url,

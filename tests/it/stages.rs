@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, rows};
+use crate::support::db::{TestDb, rows, value};
 use crate::support::fake_llm::{Api, FakeLlm, Recorded, Reply};
 use crate::support::{summary, wait_until};
 
@@ -54,11 +54,7 @@ async fn submit(c: &Client, user: Uuid, query: &str) -> Uuid {
 
 async fn wait_terminal(c: &Client, id: Uuid) -> (String, Option<String>, Option<String>) {
     wait_until(WAIT, "the request is terminal", || async {
-        let st: String = c
-            .query_one("SELECT status FROM pipeline_runs WHERE id = $1", &[&id])
-            .await
-            .unwrap()
-            .get(0);
+        let st: String = value(c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&id]).await;
         matches!(st.as_str(), "COMPLETED" | "FAILED" | "CANCELLED")
     })
     .await;
@@ -345,12 +341,8 @@ async fn no_other_users_memory_reaches_the_provider() {
     let (alice, bob) = (Uuid::new_v4(), Uuid::new_v4());
     let insert = "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, tags, summary)
                   VALUES ($1, now() - interval '2 days', now() - interval '1 day', '{trip}', $2) RETURNING id";
-    let alice_rec: i64 = c
-        .query_one(insert, &[&alice, &"ALICE-went-to-Lisbon"])
-        .await
-        .unwrap()
-        .get(0);
-    let bob_rec: i64 = c.query_one(insert, &[&bob, &"BOB-secret-plans"]).await.unwrap().get(0);
+    let alice_rec: i64 = value(&c, insert, &[&alice, &"ALICE-went-to-Lisbon"]).await;
+    let bob_rec: i64 = value(&c, insert, &[&bob, &"BOB-secret-plans"]).await;
     // Alice's first analysis points at Bob's record (a confused model); the
     // second at her own.
     fake.push(Api::OpenAi, Reply::text(analysis(Some(bob_rec))));
@@ -436,15 +428,13 @@ async fn a_token_limit_truncates_the_history_and_tries_again() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let user = Uuid::new_v4();
-    let rec: i64 = c
-        .query_one(
-            "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, summary)
+    let rec: i64 = value(
+        &c,
+        "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, summary)
              VALUES ($1, now() - interval '1 day', now(), 'a long history') RETURNING id",
-            &[&user],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        &[&user],
+    )
+    .await;
     fake.push(Api::OpenAi, Reply::text(analysis(Some(rec))));
     fake.push(Api::OpenAi, Reply::token_limit(Api::OpenAi));
     fake.push(Api::OpenAi, Reply::text("short answer"));
@@ -489,21 +479,15 @@ async fn a_provider_outage_delays_requests_instead_of_failing_them() {
         .get(0)
     })
     .await;
-    let failed: i64 = c
-        .query_one("SELECT count(*) FROM pipeline_runs WHERE status = 'FAILED'", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let failed: i64 = value(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'FAILED'", &[]).await;
     assert_eq!(failed, 0, "requests failed during the outage");
-    let deferred: i64 = c
-        .query_one(
-            "SELECT count(DISTINCT run_id) FROM pipeline_steps
+    let deferred: i64 = value(
+        &c,
+        "SELECT count(DISTINCT run_id) FROM pipeline_steps
              WHERE outcome = 'deferred' AND error_class IN ('connect', 'throttled')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        &[],
+    )
+    .await;
     assert_eq!(deferred, 5, "every request waited for the provider");
     fake.come_back().await;
     for id in ids {

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::support::count;
 use crate::support::daemon::Maasd;
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, value};
 use crate::support::ops::{GENEROUS, fast};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -44,11 +44,7 @@ async fn maasd_is_ready_only_when_migrated_and_listening_and_feeds_the_watchdog(
         recv(&mut messages, &mut buf);
     }
     // At READY the schema is migrated and the LISTEN session exists.
-    let version: i32 = c
-        .query_one("SELECT max(version) FROM maas_migrations", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let version: i32 = value(&c, "SELECT max(version) FROM maas_migrations", &[]).await;
     assert_eq!(version, maas::db::migrate::latest_version());
     assert_eq!(
         count(

@@ -15,6 +15,12 @@ pub async fn rows<T>(c: &Client, sql: &str, params: &[&(dyn ToSql + Sync)], read
     c.query(sql, params).await.unwrap().iter().map(read).collect()
 }
 
+/// The first column of the one row `sql` returns; panics on a query error
+/// or when it returns no row or several.
+pub async fn value<T: for<'a> FromSql<'a>>(c: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> T {
+    c.query_one(sql, params).await.unwrap().get(0)
+}
+
 /// The first column of every row `sql` returns; panics on a query error.
 pub async fn column<T: for<'a> FromSql<'a>>(c: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Vec<T> {
     rows(c, sql, params, |r| r.get(0)).await

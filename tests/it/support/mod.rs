@@ -10,7 +10,7 @@ pub mod poll;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::support::db::column;
+use crate::support::db::{column, value};
 use tokio_postgres::Client;
 
 pub use poll::count;
@@ -146,14 +146,12 @@ pub async fn assert_no_lease_held(c: &Client) {
 
 /// Asserts that request `id` logged exactly one answer.
 pub async fn assert_one_answer_logged(c: &Client, id: uuid::Uuid) {
-    let answers: i64 = c
-        .query_one(
-            "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND message_type = 'assistant_response'",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let answers: i64 = value(
+        c,
+        "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND message_type = 'assistant_response'",
+        &[&id],
+    )
+    .await;
     assert_eq!(answers, 1, "answers logged for {id}");
 }
 
