@@ -252,13 +252,24 @@ async fn a_dropped_trigger_is_reinstalled_by_migrate() {
     assert!(migrate::state(&c).await.unwrap().is_current());
 }
 
-/// The daemon's kind of connection pool, on the test database.
-fn daemon_pool(db: &TestDb) -> maas::db::Pool {
+/// A fresh test database with the daemon's kind of connection pool on it,
+/// one connection from that pool and a plain client; the pool is returned
+/// so that it lives as long as the test.
+async fn daemon_setup() -> (
+    TestDb,
+    maas::db::Pool,
+    deadpool_postgres::Object,
+    tokio_postgres::Client,
+) {
+    let db = TestDb::new().await;
     let cfg = maas::config::Config {
         database_url: maas::config::Secret(db.url.clone()),
         ..Default::default()
     };
-    maas::db::connect_pool(&cfg, "test").unwrap()
+    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let client = pool.get().await.unwrap();
+    let c = db.client().await;
+    (db, pool, client, c)
 }
 
 /// The lease every claim in these tests takes.
@@ -289,10 +300,7 @@ async fn insert_run(c: &tokio_postgres::Client, debug: bool) -> Uuid {
 /// A writer whose lease was lost changes nothing.
 #[tokio::test]
 async fn a_stale_writer_is_fenced_out() {
-    let db = TestDb::new().await;
-    let pool = daemon_pool(&db);
-    let client = pool.get().await.unwrap();
-    let c = db.client().await;
+    let (_db, _pool, client, c) = daemon_setup().await;
     let id = insert_run(&c, false).await;
     let a = claim_analyze(&client, 10, "worker-a").await;
     assert_eq!(a.len(), 1);
@@ -359,10 +367,7 @@ async fn a_stale_writer_is_fenced_out() {
 /// lease has a new token, and the stale run's result is fenced out.
 #[tokio::test]
 async fn a_claim_forgotten_by_a_crash_never_lets_its_stale_result_in() {
-    let db = TestDb::new().await;
-    let pool = daemon_pool(&db);
-    let client = pool.get().await.unwrap();
-    let c = db.client().await;
+    let (_db, _pool, client, c) = daemon_setup().await;
     let id = insert_run(&c, false).await;
     let first = claim_analyze(&client, 10, "w").await;
     assert_eq!(first.len(), 1);
@@ -392,10 +397,7 @@ async fn a_claim_forgotten_by_a_crash_never_lets_its_stale_result_in() {
 /// session's setting is back once it commits.
 #[tokio::test]
 async fn the_lazy_commit_of_a_claim_stays_inside_its_transaction() {
-    let db = TestDb::new().await;
-    let pool = daemon_pool(&db);
-    let mut client = pool.get().await.unwrap();
-    let c = db.client().await;
+    let (_db, _pool, mut client, c) = daemon_setup().await;
     insert_run(&c, false).await;
     insert_run(&c, false).await;
     client.batch_execute("SET synchronous_commit = on").await.unwrap();
@@ -443,10 +445,7 @@ fn analyzed(row: &repo::Claimed) -> repo::Finished {
 #[tokio::test]
 async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
     use maas::model::StageKind;
-    let db = TestDb::new().await;
-    let pool = daemon_pool(&db);
-    let client = pool.get().await.unwrap();
-    let c = db.client().await;
+    let (db, _pool, client, c) = daemon_setup().await;
     let plain = insert_run(&c, false).await;
     let debug = insert_run(&c, true).await;
     let claimed = claim_analyze(&client, 10, "w").await;
@@ -607,10 +606,7 @@ async fn deleting_runs_deletes_their_steps() {
 #[tokio::test]
 async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
     use maas::model::StageKind;
-    let db = TestDb::new().await;
-    let pool = daemon_pool(&db);
-    let client = pool.get().await.unwrap();
-    let c = db.client().await;
+    let (db, _pool, client, c) = daemon_setup().await;
     let (chained, resting, debug) = (
         insert_run(&c, false).await,
         insert_run(&c, false).await,
