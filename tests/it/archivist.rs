@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::support::cli::{NO_ENV, maasctl_async, tokio_command};
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, column, value};
 use crate::support::fake_llm::{Api, FakeConfig, FakeLlm, Reply};
 use crate::support::{count, wait_until};
 
@@ -70,15 +70,12 @@ async fn logs(c: &Client, user: Uuid, thread: Option<Uuid>, n: usize, age_secs: 
 
 /// Every record of `user`: its raw_log_ids, in id order of the records.
 async fn records(c: &Client, user: Uuid) -> Vec<Vec<i64>> {
-    c.query(
+    column(
+        c,
         "SELECT raw_log_ids FROM lsm_storage WHERE user_id = $1 ORDER BY id",
         &[&user],
     )
     .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
 }
 
 /// No log is covered twice; every log is covered by a record of its own
@@ -308,12 +305,9 @@ async fn thresholds_activity_and_cooldown_decide_who_is_archived() {
 
     let (code, out, err) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
     assert_eq!(code, 0, "{out}{err}");
-    let archived: BTreeSet<Uuid> = c
-        .query("SELECT DISTINCT user_id FROM lsm_storage", &[])
+    let archived: BTreeSet<Uuid> = column::<Uuid>(&c, "SELECT DISTINCT user_id FROM lsm_storage", &[])
         .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
+        .into_iter()
         .collect();
     assert_eq!(archived, BTreeSet::from([many, old]), "{out}");
 
@@ -340,23 +334,19 @@ async fn candidate_selection_reads_the_marks_index_not_the_logs() {
     }
     c.batch_execute("ANALYZE; SET enable_seqscan = off").await.unwrap();
     let sql = maas::repo::statement("archive_candidates").unwrap();
-    let plan: Vec<String> = c
-        .query(
-            &format!(
-                "EXPLAIN {}",
-                sql.replace("$1", "20")
-                    .replace("$2", "86400")
-                    .replace("$3", "86400")
-                    .replace("$4", "3600")
-                    .replace("$5", "256")
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let plan: Vec<String> = column(
+        &c,
+        &format!(
+            "EXPLAIN {}",
+            sql.replace("$1", "20")
+                .replace("$2", "86400")
+                .replace("$3", "86400")
+                .replace("$4", "3600")
+                .replace("$5", "256")
+        ),
+        &[],
+    )
+    .await;
     let plan = plan.join("\n");
     assert!(!plan.contains("raw_logs"), "{plan}");
     assert!(plan.contains("archive_marks_pending_idx"), "{plan}");
@@ -570,11 +560,7 @@ async fn one_users_failure_backs_off_that_user_and_not_the_others() {
     let (code, out, _) = maasctl_async(&db.url, &["archivist", "run", "--user", &first.to_string()], &env).await;
     assert_eq!(code, 0, "{out}");
     assert_eq!(mark(&c, first).await, (2, 2, 1));
-    let failures: i32 = c
-        .query_one("SELECT failures FROM archive_marks WHERE user_id = $1", &[&first])
-        .await
-        .unwrap()
-        .get(0);
+    let failures: i32 = value(&c, "SELECT failures FROM archive_marks WHERE user_id = $1", &[&first]).await;
     assert_eq!(failures, 0, "a success clears the backoff");
     // What the archivist model was sent: the prompt and the messages.
     let req = &fake.requests_for(Api::OpenAi)[0];

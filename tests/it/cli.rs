@@ -5,7 +5,7 @@ use std::process::Command;
 use uuid::Uuid;
 
 use crate::support::cli::maasctl;
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, value};
 
 #[tokio::test]
 async fn migrate_installs_and_reports_the_schema() {
@@ -29,24 +29,13 @@ async fn sweep_reports_and_recovers_expired_leases() {
     let db = TestDb::new().await;
     let c = db.client().await;
     crate::support::insert_requests(&c, 3, "due").await;
-    let stuck: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, status, attempt, lease_owner, lease_expires_at, lease_token)
-             VALUES (gen_random_uuid(), 'stuck', 'RESPONDING', 1, 'gone:1:dead', now() - interval '1 minute', 1) RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let stuck: Uuid = value(&c, "INSERT INTO pipeline_runs (user_id, user_query, status, attempt, lease_owner, lease_expires_at, lease_token)
+             VALUES (gen_random_uuid(), 'stuck', 'RESPONDING', 1, 'gone:1:dead', now() - interval '1 minute', 1) RETURNING id", &[]).await;
     let (code, out, err) = maasctl(&db.url, &["sweep", "--dry-run"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("expired leases: 1"), "{out}");
     assert!(out.contains("found: 3 due"), "{out}");
-    let status: String = c
-        .query_one("SELECT status FROM pipeline_runs WHERE id = $1", &[&stuck])
-        .await
-        .unwrap()
-        .get(0);
+    let status: String = value(&c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&stuck]).await;
     assert_eq!(status, "RESPONDING", "a dry run changes nothing");
 
     let (code, out, err) = maasctl(&db.url, &["--json", "sweep"]);
@@ -62,14 +51,12 @@ async fn sweep_reports_and_recovers_expired_leases() {
 async fn requests_show_prints_the_run_and_its_steps() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let id: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'show me') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let id: Uuid = value(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'show me') RETURNING id",
+        &[],
+    )
+    .await;
     c.execute(
         "INSERT INTO pipeline_steps (run_id, stage, attempt, worker, started_at, outcome, error_class, error_message)
          VALUES ($1, 'analyze', 1, 'w1', now(), 'retrying', 'timeout', 'provider timed out')",

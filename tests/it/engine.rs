@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -17,10 +16,8 @@ use maas::model::StageKind;
 use maas::stage::{Pipeline, StageError, StageInput, StageOutput, StageSuccess, Usage};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::db::TestDb;
-use crate::support::{count, insert_requests, wait_all_terminal};
-
-const GENEROUS: Duration = Duration::from_secs(60);
+use crate::support::db::{TestDb, rows, value};
+use crate::support::{GENEROUS, count, insert_requests, wait_all_terminal};
 
 /// What the respond stage does in a test.
 #[derive(Clone, Copy)]
@@ -159,16 +156,13 @@ async fn a_retryable_failure_retries_up_to_max_attempts_then_fails() {
         assert_eq!(row.get::<_, String>(0), "FAILED");
         let error: String = row.get(1);
         assert!(error.contains("respond failed after 3 attempts"), "{error}");
-        let outcomes: Vec<(i32, String)> = c
-            .query(
-                "SELECT attempt, outcome FROM pipeline_steps WHERE run_id = $1 AND stage = 'respond' ORDER BY id",
-                &[id],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
+        let outcomes: Vec<(i32, String)> = rows(
+            &c,
+            "SELECT attempt, outcome FROM pipeline_steps WHERE run_id = $1 AND stage = 'respond' ORDER BY id",
+            &[id],
+            |r| (r.get(0), r.get(1)),
+        )
+        .await;
         assert_eq!(
             outcomes,
             [(1, "retrying".into()), (2, "retrying".into()), (3, "failed".into())]
@@ -212,11 +206,7 @@ async fn a_permanent_failure_fails_at_once_and_invalid_output_retries_once() {
     let ids = insert_requests(&c, 1, "one retry").await;
     wait_all_terminal(&c, GENEROUS).await;
     stop(engine).await;
-    let error: String = c
-        .query_one("SELECT error FROM pipeline_runs WHERE id = $1", &[&ids[0]])
-        .await
-        .unwrap()
-        .get(0);
+    let error: String = value(&c, "SELECT error FROM pipeline_runs WHERE id = $1", &[&ids[0]]).await;
     assert!(error.contains("respond failed after 2 attempts"), "{error}");
     assert_eq!(pipeline.calls(StageKind::Respond), 2);
 }

@@ -15,10 +15,8 @@ use tokio_tungstenite::tungstenite::{self, Message};
 use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::TestDb;
-use crate::support::{count, wait_until};
-
-const GENEROUS: Duration = Duration::from_secs(60);
+use crate::support::db::{TestDb, column, value};
+use crate::support::{GENEROUS, count, wait_until};
 
 /// A running daemon and a client for it.
 struct Api {
@@ -175,16 +173,19 @@ fn metric(text: &str, series: &str) -> Option<f64> {
 /// Inserts a request that no stage will claim until [`release`] (it is not
 /// due for an hour), so tests can subscribe to it first.
 async fn insert_held(c: &tokio_postgres::Client, user: Uuid, n: i64) -> Vec<Uuid> {
-    c.query(
+    column(
+        c,
         "INSERT INTO pipeline_runs (user_id, user_query, run_after)
          SELECT $1, 'held #' || g, now() + interval '1 hour' FROM generate_series(1, $2::int8) g RETURNING id",
         &[&user, &n],
     )
     .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+}
+
+/// Asserts that `resp` is an error answer with `status` and the JSON `code`.
+async fn assert_error(resp: reqwest::Response, status: StatusCode, code: &str) {
+    assert_eq!(resp.status(), status);
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], code);
 }
 
 /// Makes held requests due and rings the doorbell.
@@ -247,47 +248,44 @@ async fn http_submit_then_poll_to_completed() {
     assert_eq!(again, state);
 
     // A failed request shows its error; a cancelled one shows as failed.
-    let failed: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, status, error) VALUES ($1, 'x', 'FAILED', 'respond failed (timeout)') RETURNING id",
-            &[&user],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let (_, state) = api.status(failed, "0s").await;
+    // (status, stage, error) of the status answer for a request of `user`
+    // inserted already finished with `status` and `error`.
+    let answer = |status: &'static str, error: Option<&'static str>, wait: &'static str| {
+        let (c, api) = (&c, &api);
+        async move {
+            let id: Uuid = value(
+                c,
+                "INSERT INTO pipeline_runs (user_id, user_query, status, error) VALUES ($1, 'x', $2, $3) RETURNING id",
+                &[&user, &status, &error],
+            )
+            .await;
+            let (_, state) = api.status(id, wait).await;
+            let field = |k: &str| state[k].as_str().map(str::to_owned);
+            (field("status"), field("stage"), field("error"))
+        }
+    };
+    let some = |s: &str| Some(s.to_owned());
     assert_eq!(
-        (
-            state["status"].as_str(),
-            state["stage"].as_str(),
-            state["error"].as_str()
-        ),
-        (Some("failed"), Some("FAILED"), Some("respond failed (timeout)"))
+        answer("FAILED", Some("respond failed (timeout)"), "0s").await,
+        (some("failed"), some("FAILED"), some("respond failed (timeout)"))
     );
-    let cancelled: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, status) VALUES ($1, 'x', 'CANCELLED') RETURNING id",
-            &[&user],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let (_, state) = api.status(cancelled, "10s").await;
     assert_eq!(
-        (
-            state["status"].as_str(),
-            state["stage"].as_str(),
-            state["error"].as_str()
-        ),
-        (Some("failed"), Some("CANCELLED"), Some("cancelled"))
+        answer("CANCELLED", None, "10s").await,
+        (some("failed"), some("CANCELLED"), some("cancelled"))
     );
 
-    let unknown = api.get(&format!("/api/query/{}/status", Uuid::new_v4())).await;
-    assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
-    assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "not_found");
-    let malformed = api.get("/api/query/not-a-uuid/status").await;
-    assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(malformed.json::<Value>().await.unwrap()["code"], "invalid_id");
+    assert_error(
+        api.get(&format!("/api/query/{}/status", Uuid::new_v4())).await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+    assert_error(
+        api.get("/api/query/not-a-uuid/status").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_id",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -440,9 +438,12 @@ async fn http_bad_requests_get_clear_codes() {
 
     // Status: a malformed wait, and a wait past the cap (1 s here).
     let held = insert_held(&c, Uuid::new_v4(), 1).await[0];
-    let resp = api.get(&format!("/api/query/{held}/status?wait=soon")).await;
-    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "invalid_wait");
+    assert_error(
+        api.get(&format!("/api/query/{held}/status?wait=soon")).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_wait",
+    )
+    .await;
     let started = Instant::now();
     let (code, state) = api.status(held, "30s").await;
     let took = started.elapsed();
@@ -452,9 +453,7 @@ async fn http_bad_requests_get_clear_codes() {
         took >= Duration::from_millis(900) && took < Duration::from_secs(20),
         "{took:?}"
     );
-    let nowhere = api.get("/api/nowhere").await;
-    assert_eq!(nowhere.status(), StatusCode::NOT_FOUND);
-    assert_eq!(nowhere.json::<Value>().await.unwrap()["code"], "no_route");
+    assert_error(api.get("/api/nowhere").await, StatusCode::NOT_FOUND, "no_route").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1011,22 +1010,11 @@ async fn http_continue_steps_a_debug_run_through_its_stages() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let api = Api::start(&db, Opts::default()).await;
-    let id: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'step by step', true) RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let id: Uuid = value(&c, "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'step by step', true) RETURNING id", &[]).await;
     let status = |want: &'static str| {
         let c = &c;
         async move {
-            let st: String = c
-                .query_one("SELECT status FROM pipeline_runs WHERE id = $1", &[&id])
-                .await
-                .unwrap()
-                .get(0);
+            let st: String = value(c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&id]).await;
             st == want
         }
     };

@@ -2,14 +2,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
 mod archivist;
+mod callbacks;
 mod cli;
+mod control;
 mod engine;
+mod health;
 mod http;
 mod layers;
 mod llm;
-mod ops;
 mod orchestrator;
+mod prompts;
 mod props;
+mod requests;
+mod retention;
 mod schema;
 mod stages;
 mod support;
+mod systemd;

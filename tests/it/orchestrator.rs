@@ -7,12 +7,20 @@ use nix::sys::signal::Signal;
 use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, connect};
+use crate::support::db::{TestDb, column, connect, rows, value};
 use crate::support::{
-    assert_completed, assert_each_stage_succeeded_once, count, insert_requests, wait_all_terminal, wait_until,
+    GENEROUS, assert_all_completed_once, assert_completed, assert_each_stage_succeeded_once, assert_no_lease_held,
+    assert_one_answer_logged, count, insert_requests, wait_all_terminal, wait_analyzing, wait_until,
 };
 
-const GENEROUS: Duration = Duration::from_secs(60);
+/// A 2 s lease and a sweep every second: a lost daemon's work is due again soon.
+fn short_lease() -> Opts {
+    Opts {
+        lease_secs: 2,
+        sweep_secs: 1,
+        ..Opts::default()
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_rows_inserted_by_sql_all_complete_once() {
@@ -20,22 +28,13 @@ async fn two_hundred_rows_inserted_by_sql_all_complete_once() {
     let c = db.client().await;
     let _d = Maasd::spawn(&db.url, Opts::default());
     insert_requests(&c, 200, "what did we discuss").await;
-    wait_all_terminal(&c, GENEROUS).await;
-    assert_completed(&c, 200).await;
-    assert_each_stage_succeeded_once(&c).await;
+    assert_all_completed_once(&c, 200).await;
     // Exactly one step row per stage per request: nothing ran twice.
     assert_eq!(count(&c, "SELECT count(*) FROM pipeline_steps").await, 600);
-    let answer: String = c
-        .query_one("SELECT final_answer FROM pipeline_runs LIMIT 1", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let answer: String = value(&c, "SELECT final_answer FROM pipeline_runs LIMIT 1", &[]).await;
     assert!(answer.starts_with("[offline]"), "{answer}");
     // Leases are all released.
-    assert_eq!(
-        count(&c, "SELECT count(*) FROM pipeline_runs WHERE lease_owner IS NOT NULL").await,
-        0
-    );
+    assert_no_lease_held(&c).await;
 }
 
 /// Few slots per stage: rows chained into a full stage wait for a slot while
@@ -56,13 +55,8 @@ async fn with_one_slot_per_stage_freed_slots_alone_drive_every_row_to_completion
     .env("MAAS_CLAIM_BATCH", 1);
     let _d = Maasd::spawn(&db.url, opts);
     insert_requests(&c, 120, "a narrow pipeline").await;
-    wait_all_terminal(&c, GENEROUS).await;
-    assert_completed(&c, 120).await;
-    assert_each_stage_succeeded_once(&c).await;
-    assert_eq!(
-        count(&c, "SELECT count(*) FROM pipeline_runs WHERE lease_owner IS NOT NULL").await,
-        0
-    );
+    assert_all_completed_once(&c, 120).await;
+    assert_no_lease_held(&c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,9 +99,7 @@ async fn terminated_backends_reconnect_sweep_and_finish() {
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     assert!(terminated >= 6, "the daemon's backends were terminated ({terminated})");
-    wait_all_terminal(&c, GENEROUS).await;
-    assert_completed(&c, 150).await;
-    assert_each_stage_succeeded_once(&c).await;
+    assert_all_completed_once(&c, 150).await;
     wait_until(GENEROUS, "the listener is back on a new session", || async {
         matches!((listener_pid().await, first), (Some(now), Some(before)) if now != before)
     })
@@ -167,9 +159,7 @@ async fn two_daemons_on_one_database_never_run_a_stage_twice() {
     for _ in 0..4 {
         insert_requests(&c, 100, "shared").await;
     }
-    wait_all_terminal(&c, GENEROUS).await;
-    assert_completed(&c, 400).await;
-    assert_each_stage_succeeded_once(&c).await;
+    assert_all_completed_once(&c, 400).await;
     // Every attempt leaves a step row, so one row per (request, stage)
     // means no stage ran twice.
     assert_eq!(
@@ -204,14 +194,9 @@ async fn a_claim_the_database_forgot_is_claimed_again_and_runs_once() {
         .env("MAAS_LLM__OFFLINE__LATENCY_MS", 3000),
     );
     let id = insert_requests(&c, 1, "forgotten").await[0];
-    wait_until(GENEROUS, "the request is claimed", || async {
-        count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == 1
-    })
-    .await;
+    wait_analyzing(&c, 1, "the request is claimed").await;
     crate::support::forget_claim(&c, id).await;
-    wait_all_terminal(&c, GENEROUS).await;
-    assert_completed(&c, 1).await;
-    assert_each_stage_succeeded_once(&c).await;
+    assert_all_completed_once(&c, 1).await;
     assert_eq!(count(&c, "SELECT count(*) FROM pipeline_steps").await, 3);
     let log = d.plain_log();
     assert!(
@@ -224,48 +209,21 @@ async fn a_claim_the_database_forgot_is_claimed_again_and_runs_once() {
 async fn a_daemon_killed_mid_stage_is_recovered_after_its_lease() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let mut slow = Maasd::spawn(
-        &db.url,
-        Opts {
-            lease_secs: 2,
-            sweep_secs: 1,
-            ..Opts::default()
-        }
-        .env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000),
-    );
+    let mut slow = Maasd::spawn(&db.url, short_lease().env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000));
     let ids = insert_requests(&c, 10, "interrupted").await;
-    wait_until(GENEROUS, "all ten in flight in the slow daemon", || async {
-        count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == 10
-    })
-    .await;
-    let owner: String = c
-        .query_one("SELECT DISTINCT lease_owner FROM pipeline_runs", &[])
-        .await
-        .unwrap()
-        .get(0);
+    wait_analyzing(&c, 10, "all ten in flight in the slow daemon").await;
+    let owner: String = value(&c, "SELECT DISTINCT lease_owner FROM pipeline_runs", &[]).await;
     slow.kill();
-    let _rescuer = Maasd::spawn(
-        &db.url,
-        Opts {
-            lease_secs: 2,
-            sweep_secs: 1,
-            ..Opts::default()
-        },
-    );
-    wait_all_terminal(&c, GENEROUS).await;
-    assert_completed(&c, 10).await;
-    assert_each_stage_succeeded_once(&c).await;
+    let _rescuer = Maasd::spawn(&db.url, short_lease());
+    assert_all_completed_once(&c, 10).await;
     for id in ids {
-        let steps: Vec<(String, String, i32, String)> = c
-            .query(
-                "SELECT stage, outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
-                &[&id],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-            .collect();
+        let steps: Vec<(String, String, i32, String)> = rows(
+            &c,
+            "SELECT stage, outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
+            &[&id],
+            |r| (r.get(0), r.get(1), r.get(2), r.get(3)),
+        )
+        .await;
         assert_eq!(steps.len(), 4, "{steps:?}");
         assert_eq!(
             (
@@ -283,15 +241,7 @@ async fn a_daemon_killed_mid_stage_is_recovered_after_its_lease() {
             "attempt counted"
         );
         assert_ne!(steps[1].3, owner);
-        let answers: i64 = c
-            .query_one(
-                "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND message_type = 'assistant_response'",
-                &[&id],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(answers, 1);
+        assert_one_answer_logged(&c, id).await;
     }
 }
 
@@ -303,14 +253,12 @@ async fn a_poison_row_fails_after_max_attempts_and_holds_nobody_back() {
         &db.url,
         Opts::default().env("MAAS_LLM__OFFLINE__FAIL_WHEN_QUERY_CONTAINS", "POISON"),
     );
-    let poison: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'this is POISON') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let poison: Uuid = value(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'this is POISON') RETURNING id",
+        &[],
+    )
+    .await;
     insert_requests(&c, 30, "healthy").await;
     wait_all_terminal(&c, GENEROUS).await;
     assert_completed(&c, 30).await;
@@ -328,16 +276,12 @@ async fn a_poison_row_fails_after_max_attempts_and_holds_nobody_back() {
         "{error}"
     );
     assert_eq!(row.get::<_, i32>(2), 3);
-    let outcomes: Vec<String> = c
-        .query(
-            "SELECT outcome FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
-            &[&poison],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let outcomes: Vec<String> = column(
+        &c,
+        "SELECT outcome FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
+        &[&poison],
+    )
+    .await;
     assert_eq!(outcomes, ["retrying", "retrying", "failed"]);
 }
 
@@ -387,10 +331,7 @@ async fn sigterm_releases_running_stages_without_spending_attempts() {
             .env("MAAS_GRACE_SECS", 1),
     );
     insert_requests(&c, 5, "released").await;
-    wait_until(GENEROUS, "all five in flight", || async {
-        count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == 5
-    })
-    .await;
+    wait_analyzing(&c, 5, "all five in flight").await;
     slow.signal(Signal::SIGTERM);
     assert_eq!(
         slow.wait_exit(Duration::from_secs(30)).await,
@@ -428,29 +369,11 @@ async fn sigterm_releases_running_stages_without_spending_attempts() {
 async fn a_frozen_daemon_cannot_overwrite_what_another_did() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let frozen = Maasd::spawn(
-        &db.url,
-        Opts {
-            lease_secs: 2,
-            sweep_secs: 1,
-            ..Opts::default()
-        }
-        .env("MAAS_LLM__OFFLINE__LATENCY_MS", 1500),
-    );
+    let frozen = Maasd::spawn(&db.url, short_lease().env("MAAS_LLM__OFFLINE__LATENCY_MS", 1500));
     insert_requests(&c, 5, "frozen").await;
-    wait_until(GENEROUS, "all five in flight", || async {
-        count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == 5
-    })
-    .await;
+    wait_analyzing(&c, 5, "all five in flight").await;
     frozen.signal(Signal::SIGSTOP);
-    let _other = Maasd::spawn(
-        &db.url,
-        Opts {
-            lease_secs: 2,
-            sweep_secs: 1,
-            ..Opts::default()
-        },
-    );
+    let _other = Maasd::spawn(&db.url, short_lease());
     wait_all_terminal(&c, GENEROUS).await;
     frozen.signal(Signal::SIGCONT);
     // The woken daemon finishes its stale attempts; every one is fenced out.
@@ -517,9 +440,7 @@ async fn postgres_restarted_mid_run_the_daemon_reconnects_and_finishes() {
         .unwrap();
     let c = connect(&url).await;
     insert_requests(&c, 100, "after the restart").await;
-    wait_all_terminal(&c, GENEROUS).await;
-    assert_completed(&c, 200).await;
-    assert_each_stage_succeeded_once(&c).await;
+    assert_all_completed_once(&c, 200).await;
     assert!(d.is_running());
     drop(c);
     d.kill();

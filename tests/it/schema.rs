@@ -7,7 +7,7 @@ use maas::repo;
 use uuid::Uuid;
 
 use crate::support::count;
-use crate::support::db::{TestDb, connect};
+use crate::support::db::{TestDb, column, connect, rows, value};
 
 #[tokio::test]
 async fn a_plain_insert_is_all_another_application_needs() {
@@ -26,14 +26,7 @@ async fn a_plain_insert_is_all_another_application_needs() {
     assert_eq!(row.get::<_, i32>(2), 0);
     assert!(!row.get::<_, bool>(3));
     // The logger's first half: the query is in raw_logs, once.
-    let logged: i64 = c
-        .query_one(
-            "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND user_id = $2 AND message_type = 'user_query' AND content = 'hello'",
-            &[&id, &user],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let logged: i64 = value(&c, "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND user_id = $2 AND message_type = 'user_query' AND content = 'hello'", &[&id, &user]).await;
     assert_eq!(logged, 1);
 }
 
@@ -118,14 +111,12 @@ async fn the_trigger_rings_on_insert_and_status_change_only() {
     let db = TestDb::new().await;
     let (_listener, mut rx) = listen(&db).await;
     let c = db.client().await;
-    let id: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'q') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let id: Uuid = value(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), 'q') RETURNING id",
+        &[],
+    )
+    .await;
     c.execute("UPDATE pipeline_runs SET error = 'x' WHERE id = $1", &[&id])
         .await
         .unwrap();
@@ -261,13 +252,38 @@ async fn a_dropped_trigger_is_reinstalled_by_migrate() {
     assert!(migrate::state(&c).await.unwrap().is_current());
 }
 
-/// The daemon's kind of connection pool, on the test database.
-fn daemon_pool(db: &TestDb) -> maas::db::Pool {
+/// A fresh test database with the daemon's kind of connection pool on it,
+/// one connection from that pool and a plain client; the pool is returned
+/// so that it lives as long as the test.
+async fn daemon_setup() -> (
+    TestDb,
+    maas::db::Pool,
+    deadpool_postgres::Object,
+    tokio_postgres::Client,
+) {
+    let db = TestDb::new().await;
     let cfg = maas::config::Config {
         database_url: maas::config::Secret(db.url.clone()),
         ..Default::default()
     };
-    maas::db::connect_pool(&cfg, "test").unwrap()
+    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let client = pool.get().await.unwrap();
+    let c = db.client().await;
+    (db, pool, client, c)
+}
+
+/// The lease every claim in these tests takes.
+const LEASE: Duration = Duration::from_secs(30);
+
+/// Claims up to `limit` due requests for analyze as `worker`, with [`LEASE`].
+async fn claim_analyze(
+    client: &impl deadpool_postgres::GenericClient,
+    limit: usize,
+    worker: &str,
+) -> Vec<repo::Claimed> {
+    repo::claim_next(client, maas::model::StageKind::Analyze, limit, worker, LEASE, 20)
+        .await
+        .unwrap()
 }
 
 /// Inserts a request (a debug run if `debug`); returns its id.
@@ -284,15 +300,9 @@ async fn insert_run(c: &tokio_postgres::Client, debug: bool) -> Uuid {
 /// A writer whose lease was lost changes nothing.
 #[tokio::test]
 async fn a_stale_writer_is_fenced_out() {
-    use maas::model::StageKind;
-    let db = TestDb::new().await;
-    let pool = daemon_pool(&db);
-    let client = pool.get().await.unwrap();
-    let c = db.client().await;
+    let (_db, _pool, client, c) = daemon_setup().await;
     let id = insert_run(&c, false).await;
-    let a = repo::claim_next(&client, StageKind::Analyze, 10, "worker-a", Duration::from_secs(30), 20)
-        .await
-        .unwrap();
+    let a = claim_analyze(&client, 10, "worker-a").await;
     assert_eq!(a.len(), 1);
     // A's lease runs out; the sweep takes the row back; B claims it.
     c.execute(
@@ -304,9 +314,7 @@ async fn a_stale_writer_is_fenced_out() {
     let back = repo::reclaim_expired(&client, 3, 100).await.unwrap();
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].new_status, "NEW");
-    let b = repo::claim_next(&client, StageKind::Analyze, 10, "worker-b", Duration::from_secs(30), 20)
-        .await
-        .unwrap();
+    let b = claim_analyze(&client, 10, "worker-b").await;
     assert_eq!(b.len(), 1);
     assert_eq!(b[0].attempt, 2, "the expired attempt was counted");
     let result = |row: &repo::Claimed, text: &str| repo::Finished {
@@ -315,19 +323,14 @@ async fn a_stale_writer_is_fenced_out() {
         ..analyzed(row)
     };
     // A wakes up and writes late: nothing changes.
-    let lease = Duration::from_secs(30);
-    let applied = repo::finish_batch(&client, "worker-a", &[result(&a[0], "a")], |_| None, lease)
+    let applied = repo::finish_batch(&client, "worker-a", &[result(&a[0], "a")], |_| None, LEASE)
         .await
         .unwrap();
     assert!(applied.is_empty());
-    let status: String = c
-        .query_one("SELECT status FROM pipeline_runs WHERE id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0);
+    let status: String = value(&c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&id]).await;
     assert_eq!(status, "ANALYZING");
     // B's result applies.
-    let applied = repo::finish_batch(&client, "worker-b", &[result(&b[0], "b")], |_| None, lease)
+    let applied = repo::finish_batch(&client, "worker-b", &[result(&b[0], "b")], |_| None, LEASE)
         .await
         .unwrap();
     assert_eq!(applied.iter().map(|a| a.id).collect::<Vec<_>>(), vec![id]);
@@ -342,16 +345,13 @@ async fn a_stale_writer_is_fenced_out() {
     assert_eq!(row.get::<_, String>(0), "ANALYZED");
     assert_eq!(row.get::<_, String>(1), "b");
     assert_eq!(row.get::<_, i32>(2), 0, "attempts reset for the next stage");
-    let steps: Vec<(String, i32, String)> = c
-        .query(
-            "SELECT outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
+    let steps: Vec<(String, i32, String)> = rows(
+        &c,
+        "SELECT outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
+        &[&id],
+        |r| (r.get(0), r.get(1), r.get(2)),
+    )
+    .await;
     assert_eq!(
         steps,
         vec![
@@ -367,21 +367,12 @@ async fn a_stale_writer_is_fenced_out() {
 /// lease has a new token, and the stale run's result is fenced out.
 #[tokio::test]
 async fn a_claim_forgotten_by_a_crash_never_lets_its_stale_result_in() {
-    use maas::model::StageKind;
-    let db = TestDb::new().await;
-    let pool = daemon_pool(&db);
-    let client = pool.get().await.unwrap();
-    let c = db.client().await;
+    let (_db, _pool, client, c) = daemon_setup().await;
     let id = insert_run(&c, false).await;
-    let lease = Duration::from_secs(30);
-    let first = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
-        .await
-        .unwrap();
+    let first = claim_analyze(&client, 10, "w").await;
     assert_eq!(first.len(), 1);
     crate::support::forget_claim(&c, id).await;
-    let second = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
-        .await
-        .unwrap();
+    let second = claim_analyze(&client, 10, "w").await;
     assert_eq!(second.len(), 1);
     assert_eq!(second[0].attempt, first[0].attempt, "the same attempt, made again");
     assert!(
@@ -390,19 +381,15 @@ async fn a_claim_forgotten_by_a_crash_never_lets_its_stale_result_in() {
         second[0].lease_token,
         first[0].lease_token
     );
-    let stale = repo::finish_batch(&client, "w", &[analyzed(&first[0])], |_| None, lease)
+    let stale = repo::finish_batch(&client, "w", &[analyzed(&first[0])], |_| None, LEASE)
         .await
         .unwrap();
     assert!(stale.is_empty(), "the forgotten claim's result was applied");
-    let fresh = repo::finish_batch(&client, "w", &[analyzed(&second[0])], |_| None, lease)
+    let fresh = repo::finish_batch(&client, "w", &[analyzed(&second[0])], |_| None, LEASE)
         .await
         .unwrap();
     assert_eq!(fresh.iter().map(|a| a.id).collect::<Vec<_>>(), vec![id]);
-    let steps: i64 = c
-        .query_one("SELECT count(*) FROM pipeline_steps WHERE run_id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0);
+    let steps: i64 = value(&c, "SELECT count(*) FROM pipeline_steps WHERE run_id = $1", &[&id]).await;
     assert_eq!(steps, 1, "one attempt recorded, the applied one");
 }
 
@@ -410,27 +397,18 @@ async fn a_claim_forgotten_by_a_crash_never_lets_its_stale_result_in() {
 /// session's setting is back once it commits.
 #[tokio::test]
 async fn the_lazy_commit_of_a_claim_stays_inside_its_transaction() {
-    use maas::model::StageKind;
-    let db = TestDb::new().await;
-    let pool = daemon_pool(&db);
-    let mut client = pool.get().await.unwrap();
-    let c = db.client().await;
+    let (_db, _pool, mut client, c) = daemon_setup().await;
     insert_run(&c, false).await;
     insert_run(&c, false).await;
     client.batch_execute("SET synchronous_commit = on").await.unwrap();
     let setting = |r: tokio_postgres::Row| r.get::<_, String>(0);
-    let lease = Duration::from_secs(30);
     let tx = client.transaction().await.unwrap();
-    let claimed = repo::claim_next(&tx, StageKind::Analyze, 1, "w", lease, 20)
-        .await
-        .unwrap();
+    let claimed = claim_analyze(&tx, 1, "w").await;
     assert_eq!(claimed.len(), 1);
     let inside = setting(tx.query_one("SHOW synchronous_commit", &[]).await.unwrap());
     tx.commit().await.unwrap();
     assert_eq!(inside, "off", "the claiming transaction waits for its flush");
-    let claimed = repo::claim_next(&client, StageKind::Analyze, 1, "w", lease, 20)
-        .await
-        .unwrap();
+    let claimed = claim_analyze(&client, 1, "w").await;
     assert_eq!(claimed.len(), 1);
     let after = setting(client.query_one("SHOW synchronous_commit", &[]).await.unwrap());
     assert_eq!(after, "on", "the claim changed the session's setting");
@@ -467,20 +445,14 @@ fn analyzed(row: &repo::Claimed) -> repo::Finished {
 #[tokio::test]
 async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
     use maas::model::StageKind;
-    let db = TestDb::new().await;
-    let pool = daemon_pool(&db);
-    let client = pool.get().await.unwrap();
-    let c = db.client().await;
+    let (db, _pool, client, c) = daemon_setup().await;
     let plain = insert_run(&c, false).await;
     let debug = insert_run(&c, true).await;
-    let lease = Duration::from_secs(30);
-    let claimed = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
-        .await
-        .unwrap();
+    let claimed = claim_analyze(&client, 10, "w").await;
     assert_eq!(claimed.len(), 2);
     let (_listener, mut rx) = listen(&db).await;
     let batch: Vec<repo::Finished> = claimed.iter().map(analyzed).collect();
-    let applied = repo::finish_batch(&client, "w", &batch, |_| Some(StageKind::Assemble), lease)
+    let applied = repo::finish_batch(&client, "w", &batch, |_| Some(StageKind::Assemble), LEASE)
         .await
         .unwrap();
     assert_eq!(applied.len(), 2);
@@ -545,7 +517,7 @@ async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
         "nothing else rang"
     );
     // A late second write of the same results changes nothing.
-    let again = repo::finish_batch(&client, "w", &batch, |_| Some(StageKind::Assemble), lease)
+    let again = repo::finish_batch(&client, "w", &batch, |_| Some(StageKind::Assemble), LEASE)
         .await
         .unwrap();
     assert!(again.is_empty());
@@ -598,17 +570,13 @@ async fn a_many_row_update_rings_for_each_row_whose_status_changed() {
 async fn deleting_runs_deletes_their_steps() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let ids: Vec<Uuid> = c
-        .query(
-            "INSERT INTO pipeline_runs (user_id, user_query) SELECT gen_random_uuid(), 'q' || g
+    let ids: Vec<Uuid> = column(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query) SELECT gen_random_uuid(), 'q' || g
              FROM generate_series(1, 5) g RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        &[],
+    )
+    .await;
     c.execute(
         "INSERT INTO pipeline_steps (run_id, stage, attempt, worker, started_at, outcome)
          SELECT id, s.stage, 1, 'w', now(), 'succeeded'
@@ -622,14 +590,12 @@ async fn deleting_runs_deletes_their_steps() {
         .await
         .unwrap();
     assert_eq!(count(&c, "SELECT count(*) FROM pipeline_steps").await, 4);
-    let left: i64 = c
-        .query_one(
-            "SELECT count(*) FROM pipeline_steps WHERE run_id = ANY($1)",
-            &[&&ids[3..]],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let left: i64 = value(
+        &c,
+        "SELECT count(*) FROM pipeline_steps WHERE run_id = ANY($1)",
+        &[&&ids[3..]],
+    )
+    .await;
     assert_eq!(left, 4, "the other runs keep their history");
 }
 
@@ -640,19 +606,13 @@ async fn deleting_runs_deletes_their_steps() {
 #[tokio::test]
 async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
     use maas::model::StageKind;
-    let db = TestDb::new().await;
-    let pool = daemon_pool(&db);
-    let client = pool.get().await.unwrap();
-    let c = db.client().await;
+    let (db, _pool, client, c) = daemon_setup().await;
     let (chained, resting, debug) = (
         insert_run(&c, false).await,
         insert_run(&c, false).await,
         insert_run(&c, true).await,
     );
-    let lease = Duration::from_secs(30);
-    let claimed = repo::claim_next(&client, StageKind::Analyze, 10, "w", lease, 20)
-        .await
-        .unwrap();
+    let claimed = claim_analyze(&client, 10, "w").await;
     assert_eq!(claimed.len(), 3);
     let (_listener, mut rx) = listen(&db).await;
     let batch: Vec<repo::Finished> = claimed
@@ -671,7 +631,7 @@ async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
         "w",
         &batch,
         |f| (f.id == chained).then_some(StageKind::Respond),
-        lease,
+        LEASE,
     )
     .await
     .unwrap();
@@ -704,16 +664,13 @@ async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
         ("READY".into(), Some(format!("context of {resting}")), false)
     );
     assert_eq!(state(debug).await, ("ANALYZED".into(), None, true));
-    let steps: Vec<(Uuid, String, i32, Option<i32>)> = c
-        .query(
-            "SELECT run_id, stage, attempt, prompt_tokens FROM pipeline_steps ORDER BY id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-        .collect();
+    let steps: Vec<(Uuid, String, i32, Option<i32>)> = rows(
+        &c,
+        "SELECT run_id, stage, attempt, prompt_tokens FROM pipeline_steps ORDER BY id",
+        &[],
+        |r| (r.get(0), r.get(1), r.get(2), r.get(3)),
+    )
+    .await;
     for id in [chained, resting] {
         let mine: Vec<(&str, i32)> = steps
             .iter()

@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, rows, value};
 use crate::support::fake_llm::{Api, FakeLlm, Recorded, Reply};
 use crate::support::{summary, wait_until};
 
@@ -54,11 +54,7 @@ async fn submit(c: &Client, user: Uuid, query: &str) -> Uuid {
 
 async fn wait_terminal(c: &Client, id: Uuid) -> (String, Option<String>, Option<String>) {
     wait_until(WAIT, "the request is terminal", || async {
-        let st: String = c
-            .query_one("SELECT status FROM pipeline_runs WHERE id = $1", &[&id])
-            .await
-            .unwrap()
-            .get(0);
+        let st: String = value(c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&id]).await;
         matches!(st.as_str(), "COMPLETED" | "FAILED" | "CANCELLED")
     })
     .await;
@@ -74,15 +70,13 @@ async fn wait_terminal(c: &Client, id: Uuid) -> (String, Option<String>, Option<
 
 /// (stage, attempt, outcome, error_class) of every step, in order.
 async fn steps(c: &Client, id: Uuid) -> Vec<(String, i32, String, Option<String>)> {
-    c.query(
+    rows(
+        c,
         "SELECT stage, attempt, outcome, error_class FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
         &[&id],
+        |r| (r.get(0), r.get(1), r.get(2), r.get(3)),
     )
     .await
-    .unwrap()
-    .iter()
-    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-    .collect()
 }
 
 fn step(stage: &str, attempt: i32, outcome: &str, class: Option<&str>) -> (String, i32, String, Option<String>) {
@@ -148,7 +142,7 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
     assert!(body_text(re).contains("<current_query>"));
 
     // The step history records model, tokens and latency.
-    let rows = c
+    let step_rows = c
         .query(
             "SELECT stage, model, prompt_tokens, completion_tokens, latency_ms FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
             &[&id],
@@ -156,7 +150,10 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
         .await
         .unwrap();
     type Usage = (String, Option<String>, Option<i32>, Option<i32>);
-    let got: Vec<Usage> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    let got: Vec<Usage> = step_rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
     assert_eq!(
         got[0],
         ("analyze".into(), Some("cheap-model".into()), Some(120), Some(30))
@@ -165,18 +162,15 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
         got[2],
         ("respond".into(), Some("strong-model".into()), Some(400), Some(12))
     );
-    assert!(rows.iter().all(|r| r.get::<_, Option<i32>>(4).is_some()));
+    assert!(step_rows.iter().all(|r| r.get::<_, Option<i32>>(4).is_some()));
     // Logged once each, with the request's ids.
-    let logs: Vec<(String, String)> = c
-        .query(
-            "SELECT message_type, content FROM raw_logs WHERE request_id = $1 AND user_id = $2 ORDER BY id",
-            &[&id, &user],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let logs: Vec<(String, String)> = rows(
+        &c,
+        "SELECT message_type, content FROM raw_logs WHERE request_id = $1 AND user_id = $2 ORDER BY id",
+        &[&id, &user],
+        |r| (r.get(0), r.get(1)),
+    )
+    .await;
     assert_eq!(
         logs,
         vec![
@@ -347,12 +341,8 @@ async fn no_other_users_memory_reaches_the_provider() {
     let (alice, bob) = (Uuid::new_v4(), Uuid::new_v4());
     let insert = "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, tags, summary)
                   VALUES ($1, now() - interval '2 days', now() - interval '1 day', '{trip}', $2) RETURNING id";
-    let alice_rec: i64 = c
-        .query_one(insert, &[&alice, &"ALICE-went-to-Lisbon"])
-        .await
-        .unwrap()
-        .get(0);
-    let bob_rec: i64 = c.query_one(insert, &[&bob, &"BOB-secret-plans"]).await.unwrap().get(0);
+    let alice_rec: i64 = value(&c, insert, &[&alice, &"ALICE-went-to-Lisbon"]).await;
+    let bob_rec: i64 = value(&c, insert, &[&bob, &"BOB-secret-plans"]).await;
     // Alice's first analysis points at Bob's record (a confused model); the
     // second at her own.
     fake.push(Api::OpenAi, Reply::text(analysis(Some(bob_rec))));
@@ -413,15 +403,7 @@ async fn a_daemon_killed_during_a_slow_call_is_recovered_with_one_logged_answer(
     let (status, answer, _) = wait_terminal(&c, id).await;
     assert_eq!(status, "COMPLETED");
     assert_eq!(answer.as_deref(), Some("recovered answer"));
-    let logged: i64 = c
-        .query_one(
-            "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND message_type = 'assistant_response'",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(logged, 1);
+    crate::support::assert_one_answer_logged(&c, id).await;
     assert_eq!(
         steps(&c, id).await[2..],
         [
@@ -446,15 +428,13 @@ async fn a_token_limit_truncates_the_history_and_tries_again() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let user = Uuid::new_v4();
-    let rec: i64 = c
-        .query_one(
-            "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, summary)
+    let rec: i64 = value(
+        &c,
+        "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, summary)
              VALUES ($1, now() - interval '1 day', now(), 'a long history') RETURNING id",
-            &[&user],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        &[&user],
+    )
+    .await;
     fake.push(Api::OpenAi, Reply::text(analysis(Some(rec))));
     fake.push(Api::OpenAi, Reply::token_limit(Api::OpenAi));
     fake.push(Api::OpenAi, Reply::text("short answer"));
@@ -499,21 +479,15 @@ async fn a_provider_outage_delays_requests_instead_of_failing_them() {
         .get(0)
     })
     .await;
-    let failed: i64 = c
-        .query_one("SELECT count(*) FROM pipeline_runs WHERE status = 'FAILED'", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let failed: i64 = value(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'FAILED'", &[]).await;
     assert_eq!(failed, 0, "requests failed during the outage");
-    let deferred: i64 = c
-        .query_one(
-            "SELECT count(DISTINCT run_id) FROM pipeline_steps
+    let deferred: i64 = value(
+        &c,
+        "SELECT count(DISTINCT run_id) FROM pipeline_steps
              WHERE outcome = 'deferred' AND error_class IN ('connect', 'throttled')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        &[],
+    )
+    .await;
     assert_eq!(deferred, 5, "every request waited for the provider");
     fake.come_back().await;
     for id in ids {

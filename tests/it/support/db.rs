@@ -7,7 +7,24 @@ use std::sync::OnceLock;
 use maas::db::devdb::{Cluster, ClusterSpec, quote_ident};
 use maas::db::migrate;
 use tokio::sync::OnceCell;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::types::{FromSql, ToSql};
+use tokio_postgres::{Client, NoTls, Row};
+
+/// Every row `sql` returns, each read by `read`; panics on a query error.
+pub async fn rows<T>(c: &Client, sql: &str, params: &[&(dyn ToSql + Sync)], read: impl Fn(&Row) -> T) -> Vec<T> {
+    c.query(sql, params).await.unwrap().iter().map(read).collect()
+}
+
+/// The first column of the one row `sql` returns; panics on a query error
+/// or when it returns no row or several.
+pub async fn value<T: for<'a> FromSql<'a>>(c: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> T {
+    c.query_one(sql, params).await.unwrap().get(0)
+}
+
+/// The first column of every row `sql` returns; panics on a query error.
+pub async fn column<T: for<'a> FromSql<'a>>(c: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Vec<T> {
+    rows(c, sql, params, |r| r.get(0)).await
+}
 
 /// Admin URL (database `postgres`) of the cluster the tests use.
 pub fn admin_url() -> String {
@@ -70,16 +87,12 @@ async fn template(admin: &str) -> String {
             let name = template_name();
             let client = connect(admin).await;
             // Leftovers of earlier runs (tests that were killed).
-            let stale: Vec<String> = client
-                .query(
-                    "SELECT datname FROM pg_database WHERE datname LIKE 'maas\\_t\\_%' OR datname LIKE 'maas\\_tpltmp\\_%'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
+            let stale: Vec<String> = column(
+                &client,
+                "SELECT datname FROM pg_database WHERE datname LIKE 'maas\\_t\\_%' OR datname LIKE 'maas\\_tpltmp\\_%'",
+                &[],
+            )
+            .await;
             if std::env::var_os("MAAS_KEEP_TEST_DB").is_none() {
                 for db in stale {
                     let _ = client
@@ -108,7 +121,9 @@ async fn template(admin: &str) -> String {
                     .await
                     .is_err()
                 {
-                    let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {tmp} WITH (FORCE)")).await;
+                    let _ = client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {tmp} WITH (FORCE)"))
+                        .await;
                 }
             }
             name

@@ -4,14 +4,19 @@ pub mod cli;
 pub mod daemon;
 pub mod db;
 pub mod fake_llm;
+pub mod ops;
 pub mod poll;
 
 use std::future::Future;
 use std::time::Duration;
 
+use crate::support::db::{column, value};
 use tokio_postgres::Client;
 
 pub use poll::count;
+
+/// How long a test waits for what daemons do: long enough for a loaded CI.
+pub const GENEROUS: Duration = Duration::from_secs(60);
 
 /// Polls `cond` until it holds or `within` passes; panics with `what` then.
 pub async fn wait_until<F, Fut>(within: Duration, what: &str, cond: F)
@@ -40,17 +45,14 @@ pub async fn forget_claim(c: &Client, id: uuid::Uuid) {
 
 /// Inserts `n` requests with plain SQL (as another application would).
 pub async fn insert_requests(c: &Client, n: i64, query: &str) -> Vec<uuid::Uuid> {
-    c.query(
+    column(
+        c,
         "INSERT INTO pipeline_runs (user_id, user_query)
          SELECT gen_random_uuid(), $2 || ' #' || g FROM generate_series(1, $1::int8) g
          RETURNING id",
         &[&n, &query],
     )
     .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
 }
 
 /// Waits until every request is terminal.
@@ -123,4 +125,41 @@ pub async fn summary(c: &Client) -> String {
 pub async fn assert_completed(c: &Client, n: i64) {
     let done = count(c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await;
     assert_eq!(done, n, "completed requests; all: {}", summary(c).await);
+}
+
+/// Waits until every request is terminal, then asserts that `n` completed
+/// and that each stage's effects were written exactly once per request.
+pub async fn assert_all_completed_once(c: &Client, n: i64) {
+    wait_all_terminal(c, GENEROUS).await;
+    assert_completed(c, n).await;
+    assert_each_stage_succeeded_once(c).await;
+}
+
+/// Asserts that no request holds a lease.
+pub async fn assert_no_lease_held(c: &Client) {
+    assert_eq!(
+        count(c, "SELECT count(*) FROM pipeline_runs WHERE lease_owner IS NOT NULL").await,
+        0,
+        "a request still holds a lease"
+    );
+}
+
+/// Asserts that request `id` logged exactly one answer.
+pub async fn assert_one_answer_logged(c: &Client, id: uuid::Uuid) {
+    let answers: i64 = value(
+        c,
+        "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND message_type = 'assistant_response'",
+        &[&id],
+    )
+    .await;
+    assert_eq!(answers, 1, "answers logged for {id}");
+}
+
+/// Waits until `n` requests are ANALYZING (claimed, their stage running);
+/// panics with `what` after [`GENEROUS`].
+pub async fn wait_analyzing(c: &Client, n: i64, what: &str) {
+    wait_until(GENEROUS, what, || async {
+        count(c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == n
+    })
+    .await;
 }

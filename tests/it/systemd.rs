@@ -1,0 +1,113 @@
+//! systemd: `maasd` is READY only when migrated and listening, feeds the
+//! watchdog, says STOPPING, and its unit file passes the exposure bar.
+
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use uuid::Uuid;
+
+use crate::support::count;
+use crate::support::daemon::Maasd;
+use crate::support::db::{TestDb, value};
+use crate::support::ops::{GENEROUS, fast};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maasd_is_ready_only_when_migrated_and_listening_and_feeds_the_watchdog() {
+    use std::os::unix::net::UnixDatagram;
+    let db = TestDb::empty().await; // maasd must migrate it first
+    let c = db.client().await;
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("notify");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{}.sock", Uuid::new_v4().simple()));
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let mut d = Maasd::spawn(
+        &db.url,
+        fast()
+            .env("NOTIFY_SOCKET", path.display())
+            .env("WATCHDOG_USEC", 1_000_000),
+    );
+    let deadline = std::time::Instant::now() + GENEROUS;
+    let mut messages: Vec<String> = Vec::new();
+    let mut buf = [0u8; 4096];
+    let recv = |messages: &mut Vec<String>, buf: &mut [u8]| {
+        if let Ok(n) = sock.recv(buf) {
+            messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            true
+        } else {
+            false
+        }
+    };
+    while !messages.iter().any(|m| m.contains("READY=1")) {
+        assert!(std::time::Instant::now() < deadline, "no READY=1: {messages:?}");
+        recv(&mut messages, &mut buf);
+    }
+    // At READY the schema is migrated and the LISTEN session exists.
+    let version: i32 = value(&c, "SELECT max(version) FROM maas_migrations", &[]).await;
+    assert_eq!(version, maas::db::migrate::latest_version());
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'maasd-listener'"
+        )
+        .await,
+        1
+    );
+    // The watchdog is fed (every half interval).
+    let before = messages.iter().filter(|m| m.contains("WATCHDOG=1")).count();
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        recv(&mut messages, &mut buf);
+    }
+    let after = messages.iter().filter(|m| m.contains("WATCHDOG=1")).count();
+    assert!(after - before >= 3, "watchdog pings: {messages:?}");
+    d.signal(Signal::SIGTERM);
+    let deadline = std::time::Instant::now() + GENEROUS;
+    while !messages.iter().any(|m| m.contains("STOPPING=1")) {
+        assert!(std::time::Instant::now() < deadline, "no STOPPING=1: {messages:?}");
+        recv(&mut messages, &mut buf);
+    }
+    assert_eq!(d.wait_exit(GENEROUS).await, Some(0));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn the_unit_file_passes_the_exposure_bar() {
+    let unit = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/maasd.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    for line in ["Type=notify", "WatchdogSec=", "Restart=on-failure", "TimeoutStopSec=45"] {
+        assert!(text.contains(line), "{line} missing from the unit");
+    }
+    // TimeoutStopSec must exceed the default grace period.
+    assert!(45 > maas::config::Config::default().grace_secs);
+    let out = match Command::new("systemd-analyze")
+        .args(["security", "--offline=yes"])
+        .arg(&unit)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("SKIPPED the exposure check: systemd-analyze is not available ({e})");
+            return;
+        }
+    };
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let Some(level) = text
+        .lines()
+        .find_map(|l| l.split("Overall exposure level for maasd.service:").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<f64>().ok())
+    else {
+        if text.contains("--offline") || text.contains("unrecognized option") {
+            eprintln!("SKIPPED the exposure check: this systemd-analyze has no --offline mode:\n{text}");
+            return;
+        }
+        panic!("no exposure level in the output:\n{text}");
+    };
+    assert!(level <= 2.0, "exposure {level} is above 2.0:\n{text}");
+}
