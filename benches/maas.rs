@@ -275,9 +275,77 @@ async fn writes(c: &Client) -> i64 {
 
 /// One request at a time: insert commit → claim, insert commit → COMPLETED,
 /// both as seen by a LISTEN session.
+/// Words the generated memory is written in: enough of them that a query
+/// matches some turns of a user and not all.
+const MEMORY_WORDS: &str = "garden travel budget sister lisbon march paint pottery dog hiking \
+    concert piano school exam doctor recipe soup train flight hotel beach museum novel movie \
+    birthday gift wedding camera bicycle marathon yoga coffee office meeting project deadline \
+    salary rent apartment neighbour kitchen window winter summer autumn spring river mountain \
+    lake forest island friend brother mother father cousin nephew daughter son teacher library";
+
+/// Users with memory for the latency scenario: `users` users, each with
+/// `turns` turns over 20 threads and `records` records, inserted with SQL
+/// (the generated search columns and the archive trigger pay as for any
+/// producer). Returns the user ids and one thread of each.
+async fn load_memory(c: &Client, users: i64, turns: i64, records: i64) -> Vec<(Uuid, Uuid)> {
+    let started = Instant::now();
+    let words = MEMORY_WORDS.split_whitespace().collect::<Vec<_>>().join(" ");
+    c.execute(
+        "INSERT INTO raw_logs (user_id, thread_id, message_type, content, created_at)
+         SELECT ('00000000-0000-4000-a000-' || lpad(to_hex(u), 12, '0'))::uuid,
+                ('00000000-0000-4000-b000-' || lpad(to_hex(u * 20 + t % 20), 12, '0'))::uuid,
+                CASE WHEN t % 2 = 0 THEN 'user_query' ELSE 'assistant_response' END,
+                CASE WHEN t % 2 = 0 THEN 'Alex: ' ELSE 'Sam: ' END ||
+                (SELECT string_agg(w[1 + ((hashint8(u * 1000003 + t * 1009 + k)::int8 & 2147483647) % array_length(w, 1))], ' ')
+                 FROM generate_series(1, 14) k, (SELECT string_to_array($3, ' ') AS w) words),
+                now() - make_interval(mins => (turns.n - t)::int)
+         FROM generate_series(0, $1::int8 - 1) u, generate_series(0, $2::int8 - 1) t,
+              (SELECT $2::int8 AS n) turns",
+        &[&users, &turns, &words],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, tags, summary)
+         SELECT ('00000000-0000-4000-a000-' || lpad(to_hex(u), 12, '0'))::uuid,
+                now() - make_interval(days => r::int + 1), now() - make_interval(days => r::int),
+                ARRAY['bench'],
+                'The user talked about ' ||
+                (SELECT string_agg(w[1 + ((hashint8(u * 1000003 + r * 1009 + k + 500)::int8 & 2147483647) % array_length(w, 1))], ', ')
+                 FROM generate_series(1, 20) k, (SELECT string_to_array($3, ' ') AS w) words)
+         FROM generate_series(0, $1::int8 - 1) u, generate_series(0, $2::int8 - 1) r",
+        &[&users, &records, &words],
+    )
+    .await
+    .unwrap();
+    c.batch_execute("ANALYZE raw_logs; ANALYZE lsm_storage").await.unwrap();
+    eprintln!(
+        "latency: memory of {users} users ({} turns, {} records) loaded in {:.1} s",
+        users * turns,
+        users * records,
+        started.elapsed().as_secs_f64()
+    );
+    (0..users)
+        .map(|u| {
+            let user = Uuid::parse_str(&format!("00000000-0000-4000-a000-{u:012x}")).unwrap();
+            let thread = Uuid::parse_str(&format!("00000000-0000-4000-b000-{:012x}", u * 20)).unwrap();
+            (user, thread)
+        })
+        .collect()
+}
+
+/// Pickup and end-to-end latency of sequential requests; every other one
+/// is of a user with memory (in one of that user's threads, with words its
+/// turns contain), so retrieval's cost shows as the difference.
 async fn latency(b: &mut Bench) {
     let samples = if b.quick { 300 } else { 1000 };
+    let (users, turns, records) = if b.quick { (100, 2_000, 200) } else { (1_000, 2_000, 200) };
     let url = b.fresh_db("latency").await;
+    {
+        let mut c = connect(&url).await;
+        maas::db::migrate::migrate(&mut c, false).await.unwrap();
+    }
+    let with_memory = load_memory(&connect(&url).await, users, turns, records).await;
     let mut d = start_daemon(&url, Opts::default().env("RUST_LOG", "warn")).await;
     let (listener, mut conn) = url
         .parse::<tokio_postgres::Config>()
@@ -300,9 +368,22 @@ async fn latency(b: &mut Bench) {
         .prepare("INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, 'latency probe') RETURNING id")
         .await
         .unwrap();
-    let (mut pickup, mut e2e) = (Vec::new(), Vec::new());
-    for i in 0..samples + 20 {
-        let id: Uuid = c.query_one(&insert, &[&Uuid::new_v4()]).await.unwrap().get(0);
+    let insert_memory = c
+        .prepare(
+            "INSERT INTO pipeline_runs (user_id, thread_id, user_query)
+             VALUES ($1, $2, 'What did my sister say about the pottery class and the trip to Lisbon?') RETURNING id",
+        )
+        .await
+        .unwrap();
+    let (mut pickup, mut e2e, mut e2e_memory) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..2 * (samples + 20) {
+        let memory = i % 2 == 1;
+        let id: Uuid = if memory {
+            let (user, thread) = with_memory[(i / 2) % with_memory.len()];
+            c.query_one(&insert_memory, &[&user, &thread]).await.unwrap().get(0)
+        } else {
+            c.query_one(&insert, &[&Uuid::new_v4()]).await.unwrap().get(0)
+        };
         let t0 = Instant::now();
         let mut claimed = None;
         loop {
@@ -317,10 +398,15 @@ async fn latency(b: &mut Bench) {
             match ev.status.as_str() {
                 "ANALYZING" => claimed = Some(at),
                 "COMPLETED" => {
-                    if i >= 20 {
-                        // The first 20 warm up connections and caches.
-                        pickup.push(claimed.map_or(f64::NAN, |c| (c - t0).as_secs_f64() * 1000.0));
-                        e2e.push((at - t0).as_secs_f64() * 1000.0);
+                    if i >= 40 {
+                        // The first 20 of each kind warm up connections and caches.
+                        let ms = (at - t0).as_secs_f64() * 1000.0;
+                        if memory {
+                            e2e_memory.push(ms);
+                        } else {
+                            pickup.push(claimed.map_or(f64::NAN, |c| (c - t0).as_secs_f64() * 1000.0));
+                            e2e.push(ms);
+                        }
                     }
                     break;
                 }
@@ -347,6 +433,23 @@ async fn latency(b: &mut Bench) {
         "insert commit → COMPLETED",
     );
     b.record("e2e_p99_ms", round(percentile(&e2e, 0.99).unwrap_or(f64::NAN), 3), "");
+    e2e_memory.sort_by(f64::total_cmp);
+    let memory_p50 = percentile(&e2e_memory, 0.5).unwrap_or(f64::NAN);
+    b.record(
+        "e2e_memory_p50_ms",
+        round(memory_p50, 3),
+        &format!("users with memory: {users} × {turns} turns, {records} records"),
+    );
+    b.record(
+        "e2e_memory_p99_ms",
+        round(percentile(&e2e_memory, 0.99).unwrap_or(f64::NAN), 3),
+        "",
+    );
+    b.record(
+        "e2e_memory_delta_p50_ms",
+        round(memory_p50 - percentile(&e2e, 0.5).unwrap_or(f64::NAN), 3),
+        "with memory − without, interleaved in one run (must < 1)",
+    );
 }
 
 /// Requests against a provider that takes 1 s per call.
