@@ -12,8 +12,14 @@
 //!   `pipeline_runs.analysis`: the five keys, normalised as above, with
 //!   every other field of `context_found` kept as the model gave it and
 //!   `lsm_record_id` always present there. `from_json(&a.to_json()) == a`.
+//! - [`Analysis::time_range`] is a pure function of `time_scope` and the
+//!   request's time, never panics, and returns a non-empty half-open range
+//!   or `None`.
 //! - Nothing outside `stage` reads the analysis JSON: the dispatcher only
 //!   passes it along and asks [`Pipeline::fuse_assemble`](super::Pipeline::fuse_assemble).
+//!
+//! Over 500 lines because the `time_scope` reader (`scope`) and its test
+//! table belong to [`Analysis::time_range`] and to nothing else.
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
@@ -745,6 +751,36 @@ mod tests {
             }
         }
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn time_range_reads_what_the_offline_analyzer_writes() {
+        let queries = [
+            ("What did we decide last week?", ("2024-05-06", "2024-05-13")),
+            ("What did I do in May 2023?", ("2023-05-01", "2023-06-01")),
+            ("What happened on May 8, 2023?", ("2023-05-08", "2023-05-09")),
+            ("What did I read in 2022?", ("2022-01-01", "2023-01-01")),
+            ("Where did we go in summer 2023?", ("2023-06-01", "2023-09-01")),
+            ("What did I cook 3 days ago?", ("2024-05-12", "2024-05-13")),
+            ("Plans from the last 10 days", ("2024-05-05", "2024-05-16")),
+            ("Что мы решили на прошлой неделе?", ("2024-05-06", "2024-05-13")),
+            ("Что было в мае 2023?", ("2023-05-01", "2023-06-01")),
+            ("Что я писал за последние 3 дня?", ("2024-05-12", "2024-05-16")),
+        ];
+        for (query, (from, to)) in queries {
+            let text = crate::llm::offline::analyze(&crate::llm::ChatRequest::new(None, query)).to_string();
+            let a = Analysis::parse(&text).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(a.context_type(), "period", "{query}");
+            assert_eq!(
+                a.time_range(now()),
+                Some(range(from, to)),
+                "{query}: {}",
+                a.time_scope()
+            );
+        }
+        let when = crate::llm::offline::analyze(&crate::llm::ChatRequest::new(None, "When did I move?")).to_string();
+        let when = Analysis::parse(&when).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((when.context_type(), when.time_range(now())), ("period", None));
     }
 
     #[test]
