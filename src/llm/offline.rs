@@ -9,9 +9,9 @@
 //! exception: an archivist input that contains no timestamp at all gets the
 //! current time as its bucket.
 //!
-//! Over 500 lines because the analyzer reads the query's time itself (the
-//! offline provider cannot call into `stage`, which calls it), with tables
-//! of English and Russian words.
+//! Over 500 lines because the analyzer reads the query's time itself, with
+//! tables of English and Russian words (`stage` depends on `llm`, so using
+//! `stage`'s reader here would be an import circle).
 //!
 //! What each role returns:
 //! - **analyzer** — the analysis JSON of the Analyzer prompt:
