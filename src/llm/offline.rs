@@ -9,6 +9,10 @@
 //! exception: an archivist input that contains no timestamp at all gets the
 //! current time as its bucket.
 //!
+//! Over 500 lines because the analyzer reads the query's time itself, with
+//! tables of English and Russian words (`stage` depends on `llm`, so using
+//! `stage`'s reader here would be an import circle).
+//!
 //! What each role returns:
 //! - **analyzer** — the analysis JSON of the Analyzer prompt:
 //!   `needs_context`, `context_type` (`none` | `recent` | `topic` |
@@ -23,6 +27,17 @@
 //!   there are records; keywords are the query's distinct words of four or
 //!   more letters (stop words dropped, at most 8); the record sharing the
 //!   most keywords is `context_found` (ties: the first listed).
+//!   `time_scope` is a date the query names, in ISO form (`in May 2023` →
+//!   `2023-05`, `May 8, 2023` → `2023-05-08`, `in 2022` → `2022`,
+//!   `summer 2023` → `2023-06/2023-08`), else a relative phrase it uses, as
+//!   written (`last week`, `3 days ago`, `на прошлой неделе`: the request's
+//!   time decides them), else `none`; every one of them is a form
+//!   [`Analysis::time_range`](crate::stage::Analysis::time_range) reads.
+//!   `context_type` is `period` when there is such a scope or the query asks
+//!   when something happened ("when did …", "когда"), `recent` when it is
+//!   about the latest conversation ("what did I just say", "earlier",
+//!   "последн…"); otherwise `topic` when the record found shares a keyword,
+//!   `recent` when it shares none, `none` without records.
 //! - **archivist** — the Archivist prompt's JSON: `time_bucket_start` and
 //!   `time_bucket_end` (the earliest and latest timestamps in the input,
 //!   RFC 3339), `tags` (the five most frequent words) and `summary`.
@@ -190,24 +205,83 @@ const STOP_WORDS: &[&str] = &[
     "если",
 ];
 
-/// Phrases that tie a query to a period, checked in this order.
-const TIME_PHRASES: &[&str] = &[
+/// Relative phrases that tie a query to a period, kept as written (the
+/// request's time decides them); the longest match wins.
+const RELATIVE_PHRASES: &[&str] = &[
+    "day before yesterday",
     "yesterday",
     "today",
+    "tonight",
     "last week",
     "last month",
     "last year",
     "this week",
     "this month",
     "this year",
-    "last time",
+    "past week",
+    "past month",
+    "past year",
+    "previous week",
+    "previous month",
+    "previous year",
     "recently",
-    "earlier",
+    "lately",
+    "позавчера",
     "вчера",
     "сегодня",
     "на прошлой неделе",
+    "на этой неделе",
     "в прошлом месяце",
+    "в этом месяце",
+    "в прошлом году",
+    "в этом году",
+    "прошлую неделю",
+    "прошлый месяц",
+    "прошлый год",
+    "последнюю неделю",
+    "последний месяц",
+    "последний год",
     "недавно",
+];
+
+/// Phrases about the latest conversation: `context_type` `recent`.
+const RECENCY_PHRASES: &[&str] = &[
+    "just said",
+    "just told",
+    "just asked",
+    "just mentioned",
+    "did i just",
+    "a moment ago",
+    "earlier in this chat",
+    "earlier in this conversation",
+    "earlier",
+    "last time",
+    "previous message",
+    "только что",
+    "последн",
+    "ранее",
+];
+
+/// Questions about when something happened: temporal, with no range.
+const WHEN_PHRASES: &[&str] = &[
+    "when did",
+    "when was",
+    "when were",
+    "when is",
+    "when will",
+    "when do",
+    "when does",
+    "when had",
+    "what date",
+    "what year",
+    "which year",
+    "what month",
+    "which month",
+    "how long ago",
+    "когда",
+    "в каком году",
+    "в каком месяце",
+    "какого числа",
 ];
 
 /// Lower-cased words of four or more letters, stop words and numbers dropped.
@@ -352,8 +426,7 @@ pub(crate) fn analyze(req: &ChatRequest) -> Value {
     let query = query_of(req);
     let keywords = distinct_words(&query, 8);
     let records = records_of(req);
-    let lower = query.to_lowercase();
-    let time_phrase = TIME_PHRASES.iter().find(|p| lower.contains(*p)).copied();
+    let time = time_of(&query);
 
     let best = records
         .iter()
@@ -371,27 +444,262 @@ pub(crate) fn analyze(req: &ChatRequest) -> Value {
             } else {
                 (score as f64 / keywords.len() as f64 * 100.0).round() / 100.0
             };
-            let kind = if time_phrase.is_some() {
-                "period"
-            } else if score > 0 {
-                "topic"
-            } else {
-                "recent"
-            };
+            let kind = if score > 0 { "topic" } else { "recent" };
             (
                 kind,
                 json!({"lsm_record_id": record.id, "period": record.period, "relevance": relevance}),
             )
         }
     };
+    let (context_type, time_scope) = match time {
+        Some((kind, scope)) => (kind.as_str(), scope),
+        None => (context_type, "none".to_owned()),
+    };
     json!({
         "needs_context": !records.is_empty(),
         "context_type": context_type,
-        "time_scope": time_phrase.unwrap_or("none"),
+        "time_scope": time_scope,
         "search_keywords": keywords,
         "context_found": context_found,
         "offline": true,
     })
+}
+
+/// What a query says about time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum TimeKind {
+    /// A period, named or asked about: `context_type` `period`.
+    Period,
+    /// The latest conversation: `context_type` `recent`.
+    Recent,
+}
+
+impl TimeKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            TimeKind::Period => "period",
+            TimeKind::Recent => "recent",
+        }
+    }
+}
+
+/// The query's time, as the `context_type` it implies and a `time_scope`:
+/// an absolute date in ISO form (`2023-05-08`, `2023-05`, `2023`,
+/// `2023-06/2023-08` for a season), else a relative phrase as written
+/// (`last week`, `3 days ago`, `за последние 3 дня`), else `none` for the
+/// latest conversation (`recent`) or a "when did …" question (`period`).
+fn time_of(query: &str) -> Option<(TimeKind, String)> {
+    let lower = query.to_lowercase();
+    if let Some(scope) = absolute_scope(&lower).or_else(|| relative_scope(&lower)) {
+        return Some((TimeKind::Period, scope));
+    }
+    if RECENCY_PHRASES.iter().any(|p| lower.contains(p)) {
+        return Some((TimeKind::Recent, "none".to_owned()));
+    }
+    let padded = format!(" {} ", time_tokens(&lower).join(" "));
+    WHEN_PHRASES
+        .iter()
+        .any(|p| padded.contains(&format!(" {p} ")))
+        .then(|| (TimeKind::Period, "none".to_owned()))
+}
+
+/// Words of letters and digits, ordinal suffixes dropped (`8th` → `8`).
+fn time_tokens(lower: &str) -> Vec<&str> {
+    lower
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            ["st", "nd", "rd", "th"]
+                .iter()
+                .find_map(|s| w.strip_suffix(s).filter(|n| is_digits(n)))
+                .unwrap_or(w)
+        })
+        .collect()
+}
+
+fn is_digits(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A year a person would name: four digits, 1900–2199.
+fn year_of(tok: &str) -> Option<i32> {
+    (tok.len() == 4 && is_digits(tok))
+        .then(|| tok.parse().ok())
+        .flatten()
+        .filter(|y| (1900..2200).contains(y))
+}
+
+fn day_of(tok: &str) -> Option<u32> {
+    (tok.len() <= 2 && is_digits(tok))
+        .then(|| tok.parse().ok())
+        .flatten()
+        .filter(|d| (1..=31).contains(d))
+}
+
+/// The month a word names, English or Russian (any case form).
+fn month_of(word: &str) -> Option<u32> {
+    const MONTHS: [&[&str]; 12] = [
+        &["january", "jan", "январь", "января", "январе"],
+        &["february", "feb", "февраль", "февраля", "феврале"],
+        &["march", "mar", "март", "марта", "марте"],
+        &["april", "apr", "апрель", "апреля", "апреле"],
+        &["may", "май", "мая", "мае"],
+        &["june", "jun", "июнь", "июня", "июне"],
+        &["july", "jul", "июль", "июля", "июле"],
+        &["august", "aug", "август", "августа", "августе"],
+        &["september", "sep", "sept", "сентябрь", "сентября", "сентябре"],
+        &["october", "oct", "октябрь", "октября", "октябре"],
+        &["november", "nov", "ноябрь", "ноября", "ноябре"],
+        &["december", "dec", "декабрь", "декабря", "декабре"],
+    ];
+    MONTHS
+        .iter()
+        .zip(1..)
+        .find_map(|(forms, m)| forms.contains(&word).then_some(m))
+}
+
+/// An absolute date in the query, in ISO form. A month needs a year beside
+/// it and a bare year a preposition (`in 2022`, `в 2022`) or `году`.
+fn absolute_scope(lower: &str) -> Option<String> {
+    for word in lower.split_whitespace() {
+        let word = word.trim_matches(|c: char| !c.is_alphanumeric());
+        if let Ok(d) =
+            NaiveDate::parse_from_str(word, "%Y-%m-%d").or_else(|_| NaiveDate::parse_from_str(word, "%d.%m.%Y"))
+        {
+            return Some(d.format("%Y-%m-%d").to_string());
+        }
+        if let Some((y, m)) = word.split_once('-') {
+            let month = (1..=2).contains(&m.len()).then(|| m.parse::<u32>().ok()).flatten();
+            if let (Some(y), Some(m)) = (year_of(y), month.filter(|m| (1..=12).contains(m))) {
+                return Some(format!("{y:04}-{m:02}"));
+            }
+        }
+    }
+    const FILLERS: &[&str] = &["of", "the", "г", "го", "числа"];
+    let toks: Vec<&str> = time_tokens(lower)
+        .into_iter()
+        .filter(|t| !FILLERS.contains(t))
+        .collect();
+    let at = |i: usize| toks.get(i).copied().unwrap_or_default();
+    for (i, tok) in toks.iter().enumerate() {
+        if let Some(m) = month_of(tok) {
+            let before = i.checked_sub(1).and_then(|j| day_of(at(j)));
+            let after = day_of(at(i + 1)).filter(|_| before.is_none());
+            let Some(y) = year_of(at(i + 1 + usize::from(after.is_some()))) else {
+                continue;
+            };
+            match before.or(after) {
+                Some(d) if NaiveDate::from_ymd_opt(y, m, d).is_some() => return Some(format!("{y:04}-{m:02}-{d:02}")),
+                Some(_) => continue,
+                None => return Some(format!("{y:04}-{m:02}")),
+            }
+        }
+        let season = match *tok {
+            "spring" | "весна" | "весной" | "весну" => Some((0, 3, 5)),
+            "summer" | "лето" | "летом" => Some((0, 6, 8)),
+            "autumn" | "fall" | "осень" | "осенью" => Some((0, 9, 11)),
+            "winter" | "зима" | "зимой" | "зиму" => Some((1, 12, 2)),
+            _ => None,
+        };
+        if let (Some((back, first, last)), Some(y)) = (season, year_of(at(i + 1))) {
+            return Some(format!("{:04}-{first:02}/{y:04}-{last:02}", y - back));
+        }
+        if let Some(y) = year_of(tok) {
+            let before = i.checked_sub(1).map(at).unwrap_or_default();
+            if matches!(before, "in" | "during" | "в" | "во") || matches!(at(i + 1), "году" | "год") {
+                return Some(format!("{y:04}"));
+            }
+        }
+    }
+    None
+}
+
+/// A relative phrase in the query, as written with single spaces.
+fn relative_scope(lower: &str) -> Option<String> {
+    let toks = time_tokens(lower);
+    // `N units ago`, `неделю назад`.
+    if let Some(k) = toks.iter().position(|t| matches!(*t, "ago" | "назад")) {
+        if k >= 1 && is_time_unit(toks[k - 1]) {
+            let from = if k >= 2 && is_count(toks[k - 2]) { k - 2 } else { k - 1 };
+            return Some(toks[from..=k].join(" "));
+        }
+    }
+    // `last 3 days`, `за последние 3 дня`.
+    for (i, tok) in toks.iter().enumerate() {
+        if matches!(*tok, "last" | "past" | "последние" | "последних") {
+            if let (Some(n), Some(unit)) = (toks.get(i + 1), toks.get(i + 2)) {
+                if is_count(n) && is_time_unit(unit) {
+                    return Some(toks[i..=i + 2].join(" "));
+                }
+            }
+        }
+    }
+    let padded = format!(" {} ", toks.join(" "));
+    RELATIVE_PHRASES
+        .iter()
+        .filter(|p| padded.contains(&format!(" {p} ")))
+        .max_by_key(|p| p.len())
+        .map(|p| (*p).to_owned())
+}
+
+fn is_time_unit(word: &str) -> bool {
+    matches!(
+        word,
+        "day"
+            | "days"
+            | "week"
+            | "weeks"
+            | "month"
+            | "months"
+            | "year"
+            | "years"
+            | "день"
+            | "дня"
+            | "дней"
+            | "неделю"
+            | "недели"
+            | "недель"
+            | "месяц"
+            | "месяца"
+            | "месяцев"
+            | "год"
+            | "года"
+            | "лет"
+    )
+}
+
+fn is_count(word: &str) -> bool {
+    (is_digits(word) && word.len() <= 4)
+        || matches!(
+            word,
+            "a" | "an"
+                | "one"
+                | "two"
+                | "three"
+                | "four"
+                | "five"
+                | "six"
+                | "seven"
+                | "eight"
+                | "nine"
+                | "ten"
+                | "eleven"
+                | "twelve"
+                | "couple"
+                | "few"
+                | "один"
+                | "одну"
+                | "два"
+                | "две"
+                | "три"
+                | "четыре"
+                | "пять"
+                | "шесть"
+                | "семь"
+                | "восемь"
+                | "девять"
+                | "десять"
+        )
 }
 
 /// Whether a string is nothing but a timestamp.
@@ -643,6 +951,49 @@ mod tests {
             v["search_keywords"],
             json!(["recommend", "herbal", "drinks", "chamomile"])
         );
+    }
+
+    #[test]
+    fn analysis_reads_the_querys_time() {
+        let table: &[(&str, &str, &str)] = &[
+            ("What did we decide last week?", "period", "last week"),
+            ("What did I do in May 2023?", "period", "2023-05"),
+            ("What happened on May 8, 2023?", "period", "2023-05-08"),
+            ("What happened on the 8th of May 2023?", "period", "2023-05-08"),
+            ("Remind me of 2023-05-08", "period", "2023-05-08"),
+            ("Any notes from 2023-05?", "period", "2023-05"),
+            ("What did I read in 2022?", "period", "2022"),
+            ("Where did we go in summer 2023?", "period", "2023-06/2023-08"),
+            ("What did I cook 3 days ago?", "period", "3 days ago"),
+            ("What did I say two weeks ago?", "period", "two weeks ago"),
+            ("Plans from the last 10 days", "period", "last 10 days"),
+            ("Did I call mom yesterday?", "period", "yesterday"),
+            ("Have I recently mentioned Lisbon?", "period", "recently"),
+            ("Что я говорил вчера?", "period", "вчера"),
+            ("Что мы решили на прошлой неделе?", "period", "на прошлой неделе"),
+            ("Что было в мае 2023?", "period", "2023-05"),
+            ("Что было 8 мая 2023 года?", "period", "2023-05-08"),
+            ("Что я читал в 2022 году?", "period", "2022"),
+            ("Что я писал за последние 3 дня?", "period", "последние 3 дня"),
+            ("Что я сказал неделю назад?", "period", "неделю назад"),
+            ("When did Caroline go to the support group?", "period", "none"),
+            ("Когда я был в Лиссабоне?", "period", "none"),
+            ("What did I just say?", "recent", "none"),
+            ("What did we discuss earlier in this chat?", "recent", "none"),
+            ("Что было в последнем сообщении?", "recent", "none"),
+            ("What is the capital of France?", "none", "none"),
+            ("May I ask about gardening?", "none", "none"),
+            ("I paid 2022 euros for it", "none", "none"),
+        ];
+        let mut wrong = Vec::new();
+        for (query, context_type, time_scope) in table {
+            let v = analyze(&ChatRequest::new(None, *query));
+            if v["context_type"] != *context_type || v["time_scope"] != *time_scope {
+                wrong.push(format!("{query:?}: {} {}", v["context_type"], v["time_scope"]));
+            }
+            assert_eq!(analyze(&ChatRequest::new(None, *query)), v, "deterministic");
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 
     #[test]
