@@ -18,7 +18,7 @@
 //! - Nothing outside `stage` reads the analysis JSON: the dispatcher only
 //!   passes it along and asks [`Pipeline::fuse_assemble`](super::Pipeline::fuse_assemble).
 //!
-//! Over 500 lines because the `time_scope` reader (`scope`) and its test
+//! Size: over 500 lines because the `time_scope` reader (`scope`) and its test
 //! table belong to [`Analysis::time_range`] and to nothing else.
 
 use chrono::{DateTime, Utc};
