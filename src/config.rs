@@ -27,6 +27,29 @@ pub use crate::secret::Secret;
 
 mod archivist;
 mod http;
+
+/// Declares getters that read whole-seconds fields as `Duration`s, from one
+/// list of `getter: field`.
+macro_rules! secs_getters {
+    ($ty:ty { $($(#[$meta:meta])* $getter:ident: $field:ident),+ $(,)? }) => {
+        impl $ty {
+            $(
+                $(#[$meta])*
+                pub fn $getter(&self) -> std::time::Duration {
+                    std::time::Duration::from_secs(self.$field)
+                }
+            )+
+        }
+    };
+}
+use secs_getters;
+
+/// Delay before retry number `attempt` (1-based) of a section with
+/// `retry_base_ms` and `retry_max_secs`: exponential, capped, with jitter
+/// in [½, 1].
+fn retry_delay(base_ms: u64, max_secs: u64, attempt: u32) -> Duration {
+    crate::backoff::retry_delay(Duration::from_millis(base_ms), Duration::from_secs(max_secs), attempt)
+}
 pub use archivist::{ArchivistConfig, cron_schedule};
 pub use http::{HttpAddr, HttpConfig, exposed_without_tokens, is_loopback};
 
@@ -241,19 +264,13 @@ impl Default for CallbacksConfig {
     }
 }
 
-impl CallbacksConfig {
-    pub fn timeout(&self) -> Duration {
-        Duration::from_secs(self.timeout_secs)
-    }
+secs_getters!(CallbacksConfig { timeout: timeout_secs });
 
+impl CallbacksConfig {
     /// Delay before retrying after failed attempt `attempt` (1-based), with
     /// jitter in [½, 1].
     pub fn retry_delay(&self, attempt: u32) -> Duration {
-        crate::backoff::retry_delay(
-            Duration::from_millis(self.retry_base_ms),
-            Duration::from_secs(self.retry_max_secs),
-            attempt,
-        )
+        retry_delay(self.retry_base_ms, self.retry_max_secs, attempt)
     }
 }
 
@@ -448,30 +465,20 @@ impl Config {
         Ok(())
     }
 
-    pub fn lease(&self) -> Duration {
-        Duration::from_secs(self.lease_secs)
-    }
-    pub fn sweep_interval(&self) -> Duration {
-        Duration::from_secs(self.sweep_secs)
-    }
-    pub fn grace(&self) -> Duration {
-        Duration::from_secs(self.grace_secs)
-    }
-    pub fn stage_timeout(&self) -> Duration {
-        Duration::from_secs(self.stage_timeout_secs)
-    }
-
     /// Delay before retry number `attempt` (1-based): exponential from
     /// `retry_base_ms`, capped at `retry_max_secs`, with jitter in [½, 1] so
     /// rows that failed together do not return together.
     pub fn retry_delay(&self, attempt: u32) -> Duration {
-        crate::backoff::retry_delay(
-            Duration::from_millis(self.retry_base_ms),
-            Duration::from_secs(self.retry_max_secs),
-            attempt,
-        )
+        retry_delay(self.retry_base_ms, self.retry_max_secs, attempt)
     }
 }
+
+secs_getters!(Config {
+    lease: lease_secs,
+    sweep_interval: sweep_secs,
+    grace: grace_secs,
+    stage_timeout: stage_timeout_secs,
+});
 
 #[cfg(test)]
 mod tests {
