@@ -506,6 +506,14 @@ mod tests {
         })
     }
 
+    /// The error of loading with a database URL and `var=value`; empty when it loads.
+    fn refused(var: &str, value: &str) -> String {
+        load(None, &[("DATABASE_URL", "postgres://u@h/db"), (var, value)])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
     #[test]
     fn defaults_then_file_then_environment() {
         let cfg = load(
@@ -533,13 +541,7 @@ mod tests {
 
     #[test]
     fn http_addresses_parse_and_loopback_is_recognised() {
-        let err = load(
-            None,
-            &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_HTTP_ADDR", "nowhere")],
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        let err = refused("MAAS_HTTP_ADDR", "nowhere");
         assert!(err.contains("http_addr"), "{err}");
         // Whether an address may be bound without tokens is decided at bind.
         for ok in ["127.0.0.1:0", ":0", "[::1]:8080", "localhost:8080", "0.0.0.0:8080"] {
@@ -550,18 +552,9 @@ mod tests {
 
     #[test]
     fn a_bad_value_is_refused_by_name() {
-        let err = load(None, &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_LEASE_SECS", "0")])
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let err = refused("MAAS_LEASE_SECS", "0");
         assert!(err.contains("lease_secs"), "{err}");
-        let err = load(
-            None,
-            &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_LEASE_SECS", "soon")],
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        let err = refused("MAAS_LEASE_SECS", "soon");
         assert!(err.to_lowercase().contains("lease_secs"), "{err}");
         let err = load(None, &[]).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("DATABASE_URL"), "{err}");
@@ -611,13 +604,7 @@ mod tests {
         assert_eq!(cfg.archivist.schedule, "0 */10 * * * *");
         assert_eq!(cfg.archivist.max_pending_age_secs, 86_400, "default");
         for bad in ["0 */6 * * *", "0 0 */6 * * * *", "every six hours x y z"] {
-            let err = load(
-                None,
-                &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_ARCHIVIST__SCHEDULE", bad)],
-            )
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+            let err = refused("MAAS_ARCHIVIST__SCHEDULE", bad);
             assert!(err.contains("archivist.schedule"), "{bad}: {err}");
         }
     }
@@ -661,13 +648,7 @@ mod tests {
             RetentionConfig::default().keep(),
             Some(Duration::from_secs(30 * 86_400))
         );
-        let err = load(
-            None,
-            &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_RETENTION__BATCH", "0")],
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        let err = refused("MAAS_RETENTION__BATCH", "0");
         assert!(err.contains("retention.batch"), "{err}");
     }
 

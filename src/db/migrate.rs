@@ -262,6 +262,19 @@ fn describe(e: &tokio_postgres::Error) -> String {
 mod tests {
     use super::*;
 
+    /// The names of the files in folder `dir` of the crate, sorted.
+    fn files_in(dir: &str) -> Vec<String> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     #[test]
     fn migrations_are_numbered_without_gaps_and_match_sql_dir() {
         for (i, m) in MIGRATIONS.iter().enumerate() {
@@ -269,29 +282,14 @@ mod tests {
             assert_eq!(m.version, expected, "{} out of sequence", m.name);
             assert!(m.name.starts_with(&format!("{:04}_", m.version)), "{}", m.name);
         }
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sql");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".sql"))
-            .collect();
-        on_disk.sort();
+        let on_disk: Vec<String> = files_in("sql").into_iter().filter(|n| n.ends_with(".sql")).collect();
         let embedded: Vec<&str> = MIGRATIONS.iter().map(|m| m.name).collect();
         assert_eq!(on_disk, embedded, "every file in sql/ must be embedded, in order");
     }
 
     #[test]
     fn trigger_files_match_triggers_dir() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("triggers");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        on_disk.sort();
+        let on_disk = files_in("triggers");
         let embedded: Vec<&str> = TRIGGERS.iter().map(|t| t.name).collect();
         assert_eq!(on_disk, embedded);
         for t in TRIGGERS {
