@@ -9,7 +9,9 @@
 //! `MAAS_API_TOKENS`, `MAAS_LLM_PROVIDER`, `MAAS_LEASE_SECS`, `MAAS_SWEEP_SECS`.
 //!
 //! Sections with no tie to the loading live beside this file
-//! (`config/archivist.rs`, `config/http.rs`) and import nothing of the crate.
+//! (`config/archivist.rs`, `config/http.rs`) and import nothing of the crate
+//! outside this module (only its `secs_getters!`, which declares the
+//! `Duration` getters of whole-seconds keys).
 //! This file is over 500 lines only by its tests (about 200); the code is
 //! under 500.
 

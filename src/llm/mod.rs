@@ -15,6 +15,9 @@
 //!   answer is labelled as such (see [`offline`]). It is the default, so a
 //!   fresh install runs end to end without credentials.
 //!
+//! Each HTTP provider shapes a call (URL, headers, body); one sender in
+//! `wire` posts it, so the headers and the JSON body are set up in one place.
+//!
 //! Invariants:
 //! - **The client never retries.** A failure comes back as an [`LlmError`]
 //!   whose [`LlmError::disposition`] tells the caller what to do; the caller

@@ -3,14 +3,17 @@
 //!
 //! Guarantees:
 //! - No SQL text leaves this module: statements are private to their file
-//!   (embedded from `sql/queries/` at build time) and callers see only
-//!   functions and row types. [`all`] lists every statement for the test
-//!   that prepares them against the schema.
+//!   (embedded from `sql/queries/` at build time, declared with
+//!   `statements!` so a file's constants and its list cannot disagree) and
+//!   callers see only functions and row types. [`all`] lists every
+//!   statement for the test that prepares them against the schema.
 //! - Each statement is prepared once per connection and cached
 //!   (`prepare_cached`); a function makes the round trips its doc says,
 //!   usually one.
 //! - Rows are read by column name into small typed structs ([`FromRow`]),
 //!   never by position; a renamed or missing column is an error naming it.
+//!   A plain row struct and its reading are one `row_struct!` declaration,
+//!   and the `query_*` helpers prepare, run and read in one call.
 //! - Statements with many inputs bind them from a struct declared with
 //!   `statement_params!`, whose field order a unit test checks against the
 //!   `-- $n name` comments of the SQL.
