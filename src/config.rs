@@ -9,7 +9,9 @@
 //! `MAAS_API_TOKENS`, `MAAS_LLM_PROVIDER`, `MAAS_LEASE_SECS`, `MAAS_SWEEP_SECS`.
 //!
 //! Sections with no tie to the loading live beside this file
-//! (`config/archivist.rs`, `config/http.rs`) and import nothing of the crate.
+//! (`config/archivist.rs`, `config/http.rs`) and import nothing of the crate
+//! outside this module (only its `secs_getters!`, which declares the
+//! `Duration` getters of whole-seconds keys).
 //! This file is over 500 lines only by its tests (about 200); the code is
 //! under 500.
 //!
@@ -30,6 +32,29 @@ pub use crate::secret::Secret;
 
 mod archivist;
 mod http;
+
+/// Declares getters that read whole-seconds fields as `Duration`s, from one
+/// list of `getter: field`.
+macro_rules! secs_getters {
+    ($ty:ty { $($(#[$meta:meta])* $getter:ident: $field:ident),+ $(,)? }) => {
+        impl $ty {
+            $(
+                $(#[$meta])*
+                pub fn $getter(&self) -> std::time::Duration {
+                    std::time::Duration::from_secs(self.$field)
+                }
+            )+
+        }
+    };
+}
+use secs_getters;
+
+/// Delay before retry number `attempt` (1-based) of a section with
+/// `retry_base_ms` and `retry_max_secs`: exponential, capped, with jitter
+/// in [½, 1].
+fn retry_delay(base_ms: u64, max_secs: u64, attempt: u32) -> Duration {
+    crate::backoff::retry_delay(Duration::from_millis(base_ms), Duration::from_secs(max_secs), attempt)
+}
 pub use archivist::{ArchivistConfig, cron_schedule};
 pub use http::{HttpAddr, HttpConfig, exposed_without_tokens, is_loopback};
 
@@ -244,19 +269,13 @@ impl Default for CallbacksConfig {
     }
 }
 
-impl CallbacksConfig {
-    pub fn timeout(&self) -> Duration {
-        Duration::from_secs(self.timeout_secs)
-    }
+secs_getters!(CallbacksConfig { timeout: timeout_secs });
 
+impl CallbacksConfig {
     /// Delay before retrying after failed attempt `attempt` (1-based), with
     /// jitter in [½, 1].
     pub fn retry_delay(&self, attempt: u32) -> Duration {
-        crate::backoff::retry_delay(
-            Duration::from_millis(self.retry_base_ms),
-            Duration::from_secs(self.retry_max_secs),
-            attempt,
-        )
+        retry_delay(self.retry_base_ms, self.retry_max_secs, attempt)
     }
 }
 
@@ -451,30 +470,20 @@ impl Config {
         Ok(())
     }
 
-    pub fn lease(&self) -> Duration {
-        Duration::from_secs(self.lease_secs)
-    }
-    pub fn sweep_interval(&self) -> Duration {
-        Duration::from_secs(self.sweep_secs)
-    }
-    pub fn grace(&self) -> Duration {
-        Duration::from_secs(self.grace_secs)
-    }
-    pub fn stage_timeout(&self) -> Duration {
-        Duration::from_secs(self.stage_timeout_secs)
-    }
-
     /// Delay before retry number `attempt` (1-based): exponential from
     /// `retry_base_ms`, capped at `retry_max_secs`, with jitter in [½, 1] so
     /// rows that failed together do not return together.
     pub fn retry_delay(&self, attempt: u32) -> Duration {
-        crate::backoff::retry_delay(
-            Duration::from_millis(self.retry_base_ms),
-            Duration::from_secs(self.retry_max_secs),
-            attempt,
-        )
+        retry_delay(self.retry_base_ms, self.retry_max_secs, attempt)
     }
 }
+
+secs_getters!(Config {
+    lease: lease_secs,
+    sweep_interval: sweep_secs,
+    grace: grace_secs,
+    stage_timeout: stage_timeout_secs,
+});
 
 #[cfg(test)]
 mod tests {
@@ -500,6 +509,14 @@ mod tests {
                 problem: "jail did not run".into(),
             })
         })
+    }
+
+    /// The error of loading with a database URL and `var=value`; empty when it loads.
+    fn refused(var: &str, value: &str) -> String {
+        load(None, &[("DATABASE_URL", "postgres://u@h/db"), (var, value)])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
     }
 
     #[test]
@@ -529,13 +546,7 @@ mod tests {
 
     #[test]
     fn http_addresses_parse_and_loopback_is_recognised() {
-        let err = load(
-            None,
-            &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_HTTP_ADDR", "nowhere")],
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        let err = refused("MAAS_HTTP_ADDR", "nowhere");
         assert!(err.contains("http_addr"), "{err}");
         // Whether an address may be bound without tokens is decided at bind.
         for ok in ["127.0.0.1:0", ":0", "[::1]:8080", "localhost:8080", "0.0.0.0:8080"] {
@@ -546,18 +557,9 @@ mod tests {
 
     #[test]
     fn a_bad_value_is_refused_by_name() {
-        let err = load(None, &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_LEASE_SECS", "0")])
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let err = refused("MAAS_LEASE_SECS", "0");
         assert!(err.contains("lease_secs"), "{err}");
-        let err = load(
-            None,
-            &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_LEASE_SECS", "soon")],
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        let err = refused("MAAS_LEASE_SECS", "soon");
         assert!(err.to_lowercase().contains("lease_secs"), "{err}");
         let err = load(None, &[]).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("DATABASE_URL"), "{err}");
@@ -607,13 +609,7 @@ mod tests {
         assert_eq!(cfg.archivist.schedule, "0 */10 * * * *");
         assert_eq!(cfg.archivist.max_pending_age_secs, 86_400, "default");
         for bad in ["0 */6 * * *", "0 0 */6 * * * *", "every six hours x y z"] {
-            let err = load(
-                None,
-                &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_ARCHIVIST__SCHEDULE", bad)],
-            )
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+            let err = refused("MAAS_ARCHIVIST__SCHEDULE", bad);
             assert!(err.contains("archivist.schedule"), "{bad}: {err}");
         }
     }
@@ -657,13 +653,7 @@ mod tests {
             RetentionConfig::default().keep(),
             Some(Duration::from_secs(30 * 86_400))
         );
-        let err = load(
-            None,
-            &[("DATABASE_URL", "postgres://u@h/db"), ("MAAS_RETENTION__BATCH", "0")],
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        let err = refused("MAAS_RETENTION__BATCH", "0");
         assert!(err.contains("retention.batch"), "{err}");
     }
 

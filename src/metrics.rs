@@ -67,71 +67,158 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
     Ok(handle)
 }
 
-fn describe() {
-    describe_gauge!(
+/// What a described series is.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    /// A histogram of seconds.
+    Seconds,
+}
+
+/// Every series this process exports: (kind, name, help).
+const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
+    (
+        Kind::Gauge,
         "maas_backlog_requests",
-        "Requests not yet terminal, by status (database-wide)"
-    );
-    describe_gauge!("maas_failed_requests", "Requests in status FAILED (database-wide)");
-    describe_histogram!(
+        "Requests not yet terminal, by status (database-wide)",
+    ),
+    (
+        Kind::Gauge,
+        "maas_failed_requests",
+        "Requests in status FAILED (database-wide)",
+    ),
+    (
+        Kind::Seconds,
         "maas_request_duration_seconds",
-        metrics::Unit::Seconds,
-        "End to end: submitted to completed or failed, for requests this daemon finished"
-    );
-    describe_histogram!(
+        "End to end: submitted to completed or failed, for requests this daemon finished",
+    ),
+    (
+        Kind::Seconds,
         "maas_stage_duration_seconds",
-        metrics::Unit::Seconds,
-        "One stage attempt, by stage and outcome (this daemon)"
-    );
-    describe_counter!(
+        "One stage attempt, by stage and outcome (this daemon)",
+    ),
+    (
+        Kind::Counter,
         "maas_requests_completed_total",
-        "Requests this daemon completed (throughput: rate() of it)"
-    );
-    describe_counter!("maas_requests_failed_total", "Requests this daemon moved to FAILED");
-    describe_counter!("maas_stage_claims_total", "Stage attempts claimed, by stage");
-    describe_counter!("maas_stage_succeeded_total", "Stage attempts that succeeded, by stage");
-    describe_counter!(
+        "Requests this daemon completed (throughput: rate() of it)",
+    ),
+    (
+        Kind::Counter,
+        "maas_requests_failed_total",
+        "Requests this daemon moved to FAILED",
+    ),
+    (
+        Kind::Counter,
+        "maas_stage_claims_total",
+        "Stage attempts claimed, by stage",
+    ),
+    (
+        Kind::Counter,
+        "maas_stage_succeeded_total",
+        "Stage attempts that succeeded, by stage",
+    ),
+    (
+        Kind::Counter,
         "maas_stage_retries_total",
-        "Stage attempts that failed and were scheduled again"
-    );
-    describe_counter!("maas_leases_lost_total", "Results discarded because the lease was lost");
-    describe_counter!("maas_leases_reclaimed_total", "Expired leases the sweep took back");
-    describe_counter!("maas_leases_released_total", "Leases given back at shutdown");
-    describe_counter!(
+        "Stage attempts that failed and were scheduled again",
+    ),
+    (
+        Kind::Counter,
+        "maas_leases_lost_total",
+        "Results discarded because the lease was lost",
+    ),
+    (
+        Kind::Counter,
+        "maas_leases_reclaimed_total",
+        "Expired leases the sweep took back",
+    ),
+    (
+        Kind::Counter,
+        "maas_leases_released_total",
+        "Leases given back at shutdown",
+    ),
+    (
+        Kind::Counter,
         "maas_sweep_recovered_total",
-        "Rows the sweep found due that no notification had delivered"
-    );
-    describe_counter!("maas_listener_notifications_total", "Valid notifications received");
-    describe_counter!("maas_listener_junk_total", "Notifications skipped as junk");
-    describe_counter!("maas_listener_reconnects_total", "Reconnects of the LISTEN session");
-    describe_gauge!("maas_listener_connected", "1 while the LISTEN session is up");
-    describe_counter!(
+        "Rows the sweep found due that no notification had delivered",
+    ),
+    (
+        Kind::Counter,
+        "maas_listener_notifications_total",
+        "Valid notifications received",
+    ),
+    (
+        Kind::Counter,
+        "maas_listener_junk_total",
+        "Notifications skipped as junk",
+    ),
+    (
+        Kind::Counter,
+        "maas_listener_reconnects_total",
+        "Reconnects of the LISTEN session",
+    ),
+    (
+        Kind::Gauge,
+        "maas_listener_connected",
+        "1 while the LISTEN session is up",
+    ),
+    (
+        Kind::Counter,
         "maas_llm_calls_total",
-        "LLM calls by provider, role and outcome (ok or error class)"
-    );
-    describe_counter!(
+        "LLM calls by provider, role and outcome (ok or error class)",
+    ),
+    (
+        Kind::Counter,
         "maas_llm_tokens_total",
-        "LLM tokens by provider, role and kind (prompt, completion)"
-    );
-    describe_counter!("maas_llm_rate_limited_total", "LLM calls refused by a rate limit");
-    describe_counter!("maas_llm_timeouts_total", "LLM calls that timed out");
-    describe_histogram!(
+        "LLM tokens by provider, role and kind (prompt, completion)",
+    ),
+    (
+        Kind::Counter,
+        "maas_llm_rate_limited_total",
+        "LLM calls refused by a rate limit",
+    ),
+    (Kind::Counter, "maas_llm_timeouts_total", "LLM calls that timed out"),
+    (
+        Kind::Seconds,
         "maas_llm_call_duration_seconds",
-        metrics::Unit::Seconds,
-        "Latency of successful LLM calls"
-    );
-    describe_counter!("maas_http_requests_total", "HTTP requests by route and status code");
-    describe_histogram!(
+        "Latency of successful LLM calls",
+    ),
+    (
+        Kind::Counter,
+        "maas_http_requests_total",
+        "HTTP requests by route and status code",
+    ),
+    (
+        Kind::Seconds,
         "maas_http_request_duration_seconds",
-        metrics::Unit::Seconds,
-        "Time to produce an HTTP response (streams: until their headers)"
-    );
-    describe_gauge!("maas_http_open_streams", "Open live streams by kind (websocket, sse)");
-    describe_gauge!("maas_http_waiting_long_polls", "Long-polls waiting for their request");
-    describe_counter!(
+        "Time to produce an HTTP response (streams: until their headers)",
+    ),
+    (
+        Kind::Gauge,
+        "maas_http_open_streams",
+        "Open live streams by kind (websocket, sse)",
+    ),
+    (
+        Kind::Gauge,
+        "maas_http_waiting_long_polls",
+        "Long-polls waiting for their request",
+    ),
+    (
+        Kind::Counter,
         "maas_live_resyncs_total",
-        "Live subscribers re-read from the database (lag, listener reconnect)"
-    );
+        "Live subscribers re-read from the database (lag, listener reconnect)",
+    ),
+];
+
+fn describe() {
+    for &(kind, name, help) in DESCRIPTIONS {
+        match kind {
+            Kind::Counter => describe_counter!(name, help),
+            Kind::Gauge => describe_gauge!(name, help),
+            Kind::Seconds => describe_histogram!(name, metrics::Unit::Seconds, help),
+        }
+    }
 }
 
 /// Makes the HTTP gauges visible (at zero) before any stream opens.
@@ -170,38 +257,42 @@ pub fn observe_engine(stats: &Stats, listening: bool) {
         counter!("maas_stage_claims_total", "stage" => stage.as_str()).absolute(get(&stats.claimed[i]));
         counter!("maas_stage_succeeded_total", "stage" => stage.as_str()).absolute(get(&stats.succeeded[i]));
     }
-    counter!("maas_requests_completed_total").absolute(get(&stats.succeeded[StageKind::Respond.index()]));
-    counter!("maas_requests_failed_total").absolute(get(&stats.failed));
-    counter!("maas_stage_retries_total").absolute(get(&stats.retried));
-    counter!("maas_leases_lost_total").absolute(get(&stats.lease_lost));
-    counter!("maas_leases_reclaimed_total").absolute(get(&stats.reclaimed));
-    counter!("maas_leases_released_total").absolute(get(&stats.released));
-    counter!("maas_sweep_recovered_total").absolute(get(&stats.sweep_recovered));
-    counter!("maas_listener_notifications_total").absolute(get(&stats.notifications));
-    counter!("maas_listener_junk_total").absolute(get(&stats.junk_payloads));
-    counter!("maas_listener_reconnects_total").absolute(get(&stats.listener_reconnects));
+    let totals: [(&'static str, &AtomicU64); 10] = [
+        (
+            "maas_requests_completed_total",
+            &stats.succeeded[StageKind::Respond.index()],
+        ),
+        ("maas_requests_failed_total", &stats.failed),
+        ("maas_stage_retries_total", &stats.retried),
+        ("maas_leases_lost_total", &stats.lease_lost),
+        ("maas_leases_reclaimed_total", &stats.reclaimed),
+        ("maas_leases_released_total", &stats.released),
+        ("maas_sweep_recovered_total", &stats.sweep_recovered),
+        ("maas_listener_notifications_total", &stats.notifications),
+        ("maas_listener_junk_total", &stats.junk_payloads),
+        ("maas_listener_reconnects_total", &stats.listener_reconnects),
+    ];
+    for (name, c) in totals {
+        counter!(name).absolute(get(c));
+    }
     gauge!("maas_listener_connected").set(if listening { 1.0 } else { 0.0 });
 }
 
 /// Sets the backlog gauges from `count_backlog` rows; statuses absent from
 /// the rows are zero.
 pub fn observe_backlog(rows: &[(String, i64)]) {
-    let count = |st: &str| rows.iter().filter(|(s, _)| s == st).map(|(_, n)| *n).sum::<i64>();
-    for st in Status::ALL {
-        if st.is_terminal() {
-            continue;
-        }
-        #[allow(
-            clippy::cast_precision_loss,
-            reason = "a gauge is a float; counts stay far below 2^52"
-        )]
-        gauge!("maas_backlog_requests", "status" => st.as_str()).set(count(st.as_str()) as f64);
-    }
     #[allow(
         clippy::cast_precision_loss,
         reason = "a gauge is a float; counts stay far below 2^52"
     )]
-    gauge!("maas_failed_requests").set(count(Status::Failed.as_str()) as f64);
+    let count = |st: &str| rows.iter().filter(|(s, _)| s == st).map(|(_, n)| *n).sum::<i64>() as f64;
+    for st in Status::ALL {
+        if st.is_terminal() {
+            continue;
+        }
+        gauge!("maas_backlog_requests", "status" => st.as_str()).set(count(st.as_str()));
+    }
+    gauge!("maas_failed_requests").set(count(Status::Failed.as_str()));
 }
 
 /// Records one applied stage result in the latency histograms: how long the

@@ -2,55 +2,89 @@
 //! stages, step outcomes and prompt roles. Every type here maps to the
 //! exact strings the database stores.
 
-use std::fmt;
-use std::str::FromStr;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// Status of a request (`pipeline_runs.status`), as enforced by the
-/// `pipeline_runs_status_valid` constraint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Status {
-    New,
-    Analyzing,
-    Analyzed,
-    Assembling,
-    Ready,
-    Responding,
-    Completed,
-    Failed,
-    Cancelled,
+/// Declares a fieldless enum whose every value has one name, from one list
+/// of `Variant = "name"`: the enum, `ALL` (every value, in that order),
+/// `as_str` (the name), `index` (the position in `ALL`), `Display` (the
+/// name) and, with `parse_error = ErrorType` after the list, a `FromStr`
+/// that takes exactly the names and reports anything else as
+/// `ErrorType(text)`. A value cannot lack a name nor be missing from `ALL`.
+macro_rules! named_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+
+        }
+        $(parse_error = $err:ident;)?
+    ) => {
+        $(#[$meta])*
+        $vis enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: [$name; [$($text),+].len()] = [$($name::$variant),+];
+
+            /// The name of this value (see the type's docs for where it is used).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            /// The position of this value in `ALL`.
+            #[allow(dead_code)]
+            pub fn index(self) -> usize {
+                self as usize
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        $(
+            impl std::str::FromStr for $name {
+                type Err = $err;
+
+                /// Exactly the names (case-sensitive).
+                fn from_str(s: &str) -> Result<Self, Self::Err> {
+                    $name::ALL
+                        .into_iter()
+                        .find(|v| v.as_str() == s)
+                        .ok_or_else(|| $err(s.to_owned()))
+                }
+            }
+        )?
+    };
+}
+pub(crate) use named_enum;
+
+named_enum! {
+    /// Status of a request (`pipeline_runs.status`), as enforced by the
+    /// `pipeline_runs_status_valid` constraint.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+    pub enum Status {
+        New = "NEW",
+        Analyzing = "ANALYZING",
+        Analyzed = "ANALYZED",
+        Assembling = "ASSEMBLING",
+        Ready = "READY",
+        Responding = "RESPONDING",
+        Completed = "COMPLETED",
+        Failed = "FAILED",
+        Cancelled = "CANCELLED",
+    }
+    parse_error = UnknownStatus;
 }
 
 impl Status {
-    pub const ALL: [Status; 9] = [
-        Status::New,
-        Status::Analyzing,
-        Status::Analyzed,
-        Status::Assembling,
-        Status::Ready,
-        Status::Responding,
-        Status::Completed,
-        Status::Failed,
-        Status::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::New => "NEW",
-            Status::Analyzing => "ANALYZING",
-            Status::Analyzed => "ANALYZED",
-            Status::Assembling => "ASSEMBLING",
-            Status::Ready => "READY",
-            Status::Responding => "RESPONDING",
-            Status::Completed => "COMPLETED",
-            Status::Failed => "FAILED",
-            Status::Cancelled => "CANCELLED",
-        }
-    }
-
     /// The stage that picks up a row in this status, if it is dispatchable.
     pub fn dispatches(self) -> Option<StageKind> {
         match self {
@@ -76,57 +110,25 @@ impl Status {
     }
 }
 
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 #[error("unknown status {0:?}")]
 pub struct UnknownStatus(pub String);
 
-impl FromStr for Status {
-    type Err = UnknownStatus;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Status::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| UnknownStatus(s.to_owned()))
+named_enum! {
+    /// One of the three stages of the fast path (`pipeline_steps.stage`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum StageKind {
+        Analyze = "analyze",
+        Assemble = "assemble",
+        /// The last stage: the answer. Its prompt role is
+        /// [`PromptRole::Responder`] (stored `FinalResponder`), its model role
+        /// `llm::Role::Responder`.
+        Respond = "respond",
     }
-}
-
-/// One of the three stages of the fast path (`pipeline_steps.stage`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StageKind {
-    Analyze,
-    Assemble,
-    /// The last stage: the answer. Its prompt role is
-    /// [`PromptRole::Responder`] (stored `FinalResponder`), its model role
-    /// `llm::Role::Responder`.
-    Respond,
 }
 
 impl StageKind {
-    pub const ALL: [StageKind; 3] = [StageKind::Analyze, StageKind::Assemble, StageKind::Respond];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StageKind::Analyze => "analyze",
-            StageKind::Assemble => "assemble",
-            StageKind::Respond => "respond",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        match self {
-            StageKind::Analyze => 0,
-            StageKind::Assemble => 1,
-            StageKind::Respond => 2,
-        }
-    }
-
     /// The status a row waits in before this stage claims it.
     pub fn ready_status(self) -> Status {
         match self {
@@ -164,39 +166,22 @@ impl StageKind {
     }
 }
 
-impl fmt::Display for StageKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// How a stage attempt ended (`pipeline_steps.outcome`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Succeeded,
-    /// Failed for good: the row is `FAILED`.
-    Failed,
-    /// Failed; the row waits in its ready status until `run_after`.
-    Retrying,
-    /// Turned back before any request was sent (a provider cooling down
-    /// after rate limiting us); waits until `run_after`, attempt not spent.
-    Deferred,
-    /// The worker stopped renewing its lease; the sweep took the row back.
-    LeaseExpired,
-    /// Given back at shutdown without spending the attempt.
-    Released,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Succeeded => "succeeded",
-            Outcome::Failed => "failed",
-            Outcome::Retrying => "retrying",
-            Outcome::Deferred => "deferred",
-            Outcome::LeaseExpired => "lease_expired",
-            Outcome::Released => "released",
-        }
+named_enum! {
+    /// How a stage attempt ended (`pipeline_steps.outcome`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Outcome {
+        Succeeded = "succeeded",
+        /// Failed for good: the row is `FAILED`.
+        Failed = "failed",
+        /// Failed; the row waits in its ready status until `run_after`.
+        Retrying = "retrying",
+        /// Turned back before any request was sent (a provider cooling down
+        /// after rate limiting us); waits until `run_after`, attempt not spent.
+        Deferred = "deferred",
+        /// The worker stopped renewing its lease; the sweep took the row back.
+        LeaseExpired = "lease_expired",
+        /// Given back at shutdown without spending the attempt.
+        Released = "released",
     }
 }
 
@@ -212,71 +197,39 @@ pub struct MemoryRecord {
     pub summary: String,
 }
 
-/// Whose system prompt a `system_prompts` row is.
-///
-/// Inside the crate the last stage is called *respond* ([`StageKind::Respond`])
-/// and its prompt's role *responder* (this enum, `llm::Role::Responder`,
-/// [`Prompts::responder`]). Its stored name in `system_prompts.role_name`
-/// is `FinalResponder`, kept as it is for producers and operators
-/// ([`PromptRole::as_str`]); `maasctl prompts` shows that name too.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PromptRole {
-    /// The analyze stage's prompt (stored `Analyzer`).
-    Analyzer,
-    /// The history block's introduction in the assembled context (stored
-    /// `Assembler`).
-    Assembler,
-    /// The respond stage's system prompt (stored `FinalResponder`).
-    Responder,
-    /// The archivist's prompt (stored `Archivist`).
-    Archivist,
+named_enum! {
+    /// Whose system prompt a `system_prompts` row is.
+    ///
+    /// Inside the crate the last stage is called *respond* ([`StageKind::Respond`])
+    /// and its prompt's role *responder* (this enum, `llm::Role::Responder`,
+    /// [`Prompts::responder`]). Its stored name in `system_prompts.role_name`
+    /// is `FinalResponder`, kept as it is for producers and operators
+    /// ([`PromptRole::as_str`]); `maasctl prompts` shows that name too.
+    /// Declared in the order `maasctl prompts list` shows them.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum PromptRole {
+        /// The analyze stage's prompt (stored `Analyzer`).
+        Analyzer = "Analyzer",
+        /// The history block's introduction in the assembled context (stored
+        /// `Assembler`).
+        Assembler = "Assembler",
+        /// The respond stage's system prompt (stored `FinalResponder`).
+        Responder = "FinalResponder",
+        /// The archivist's prompt (stored `Archivist`).
+        Archivist = "Archivist",
+    }
+    parse_error = UnknownPromptRole;
 }
 
 impl PromptRole {
-    /// Every role, in the order `maasctl prompts list` shows them.
-    pub const ALL: [PromptRole; 4] = [
-        PromptRole::Analyzer,
-        PromptRole::Assembler,
-        PromptRole::Responder,
-        PromptRole::Archivist,
-    ];
-
     /// The stored names (`system_prompts.role_name`), in the order of [`PromptRole::ALL`].
     pub const NAMES: [&'static str; 4] = ["Analyzer", "Assembler", "FinalResponder", "Archivist"];
-
-    /// The name stored in `system_prompts.role_name`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PromptRole::Analyzer => "Analyzer",
-            PromptRole::Assembler => "Assembler",
-            PromptRole::Responder => "FinalResponder",
-            PromptRole::Archivist => "Archivist",
-        }
-    }
-}
-
-impl fmt::Display for PromptRole {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 /// The text was not one of the stored role names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown prompt role {0:?} (one of Analyzer, Assembler, FinalResponder, Archivist)")]
 pub struct UnknownPromptRole(pub String);
-
-impl FromStr for PromptRole {
-    type Err = UnknownPromptRole;
-
-    /// Exactly the stored names (case-sensitive), as the database holds them.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        PromptRole::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| UnknownPromptRole(s.to_owned()))
-    }
-}
 
 /// The active prompt of each role (`system_prompts`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

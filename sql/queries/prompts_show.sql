@@ -1,5 +1,5 @@
 -- One prompt of role $1: version $2, or the active one when $2 is NULL.
-SELECT version, is_active, created_at, prompt_template
+SELECT role_name, version, is_active, created_at, prompt_template
 FROM system_prompts
 WHERE role_name = $1 AND ($2::int4 IS NULL AND is_active OR version = $2::int4)
 ORDER BY version DESC

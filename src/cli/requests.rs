@@ -372,30 +372,52 @@ async fn retry(
     })
 }
 
-async fn cancel(cfg: &Config, ids: &[String], actor: &str, reason: &str, json: bool) -> Result<Outcome, CliError> {
+/// Runs `act` on each of `ids` in turn and prints each outcome with `say`,
+/// or with `json` all of them as one array at the end. A finding when any
+/// outcome is not `done`.
+async fn act_on_each<T: serde::Serialize>(
+    cfg: &Config,
+    ids: &[String],
+    json: bool,
+    mut act: impl AsyncFnMut(&deadpool_postgres::Object, Uuid) -> Result<T, control::Error>,
+    say: impl Fn(Uuid, &T),
+    done: impl Fn(&T) -> bool,
+) -> Result<Outcome, CliError> {
     let ids = parse_ids(ids)?;
     let client = connect(cfg).await?;
     let mut results = Vec::new();
     let mut finding = false;
     for id in ids {
-        let outcome = control::cancel(&client, id, actor, Some(reason)).await?;
+        let outcome = act(&client, id).await?;
         if !json {
-            match outcome {
-                CancelOutcome::Cancelled { was } if was.in_flight_stage().is_some() => println!(
-                    "cancelled {id} (was {was}: its running stage loses its lease; a late result is discarded)"
-                ),
-                CancelOutcome::Cancelled { was } => println!("cancelled {id} (was {was})"),
-                CancelOutcome::AlreadyFinished { status } => eprintln!("not cancelled {id}: already {status}"),
-                CancelOutcome::NotFound => eprintln!("no request {id}"),
-            }
+            say(id, &outcome);
         }
-        finding |= !matches!(outcome, CancelOutcome::Cancelled { .. });
+        finding |= !done(&outcome);
         results.push(serde_json::json!({"id": id, "result": outcome}));
     }
     if json {
         println!("{}", serde_json::Value::Array(results));
     }
     Ok(if finding { Outcome::Finding } else { Outcome::Ok })
+}
+
+async fn cancel(cfg: &Config, ids: &[String], actor: &str, reason: &str, json: bool) -> Result<Outcome, CliError> {
+    act_on_each(
+        cfg,
+        ids,
+        json,
+        async |client, id| control::cancel(client, id, actor, Some(reason)).await,
+        |id, outcome| match outcome {
+            CancelOutcome::Cancelled { was } if was.in_flight_stage().is_some() => {
+                println!("cancelled {id} (was {was}: its running stage loses its lease; a late result is discarded)")
+            }
+            CancelOutcome::Cancelled { was } => println!("cancelled {id} (was {was})"),
+            CancelOutcome::AlreadyFinished { status } => eprintln!("not cancelled {id}: already {status}"),
+            CancelOutcome::NotFound => eprintln!("no request {id}"),
+        },
+        |outcome| matches!(outcome, CancelOutcome::Cancelled { .. }),
+    )
+    .await
 }
 
 async fn continue_(
@@ -405,32 +427,25 @@ async fn continue_(
     reason: Option<&str>,
     json: bool,
 ) -> Result<Outcome, CliError> {
-    let ids = parse_ids(ids)?;
-    let client = connect(cfg).await?;
-    let mut results = Vec::new();
-    let mut finding = false;
-    for id in ids {
-        let outcome = control::continue_run(&client, id, actor, reason).await?;
-        if !json {
-            match outcome {
-                ContinueOutcome::Released { status, next } => {
-                    println!("continued {id}: the {next} stage will pick it up from {status}");
-                }
-                ContinueOutcome::NotHeld { status, debug: false } => {
-                    eprintln!("not held {id}: it is {status} and not in debug mode")
-                }
-                ContinueOutcome::NotHeld { status, debug: true } => eprintln!(
-                    "not held {id}: it is {status}; a debug request rests only in ANALYZED and READY \
-                     after a stage succeeds"
-                ),
-                ContinueOutcome::NotFound => eprintln!("no request {id}"),
+    act_on_each(
+        cfg,
+        ids,
+        json,
+        async |client, id| control::continue_run(client, id, actor, reason).await,
+        |id, outcome| match outcome {
+            ContinueOutcome::Released { status, next } => {
+                println!("continued {id}: the {next} stage will pick it up from {status}");
             }
-        }
-        finding |= !matches!(outcome, ContinueOutcome::Released { .. });
-        results.push(serde_json::json!({"id": id, "result": outcome}));
-    }
-    if json {
-        println!("{}", serde_json::Value::Array(results));
-    }
-    Ok(if finding { Outcome::Finding } else { Outcome::Ok })
+            ContinueOutcome::NotHeld { status, debug: false } => {
+                eprintln!("not held {id}: it is {status} and not in debug mode")
+            }
+            ContinueOutcome::NotHeld { status, debug: true } => eprintln!(
+                "not held {id}: it is {status}; a debug request rests only in ANALYZED and READY \
+                 after a stage succeeds"
+            ),
+            ContinueOutcome::NotFound => eprintln!("no request {id}"),
+        },
+        |outcome| matches!(outcome, ContinueOutcome::Released { .. }),
+    )
+    .await
 }

@@ -5,7 +5,6 @@
 //! what is wrong with anything else. Imports nothing of the crate.
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -51,26 +50,14 @@ impl Default for HttpConfig {
     }
 }
 
-impl HttpConfig {
-    pub fn request_timeout(&self) -> Duration {
-        Duration::from_secs(self.request_timeout_secs)
-    }
-    pub fn max_wait(&self) -> Duration {
-        Duration::from_secs(self.max_wait_secs)
-    }
-    pub fn idempotency_ttl(&self) -> Duration {
-        Duration::from_secs(self.idempotency_ttl_secs)
-    }
-    pub fn metrics_refresh(&self) -> Duration {
-        Duration::from_secs(self.metrics_refresh_secs)
-    }
-    pub fn stream_keepalive(&self) -> Duration {
-        Duration::from_secs(self.stream_keepalive_secs)
-    }
-    pub fn stream_send_timeout(&self) -> Duration {
-        Duration::from_secs(self.stream_send_timeout_secs)
-    }
-}
+super::secs_getters!(HttpConfig {
+    request_timeout: request_timeout_secs,
+    max_wait: max_wait_secs,
+    idempotency_ttl: idempotency_ttl_secs,
+    metrics_refresh: metrics_refresh_secs,
+    stream_keepalive: stream_keepalive_secs,
+    stream_send_timeout: stream_send_timeout_secs,
+});
 
 /// The address to bind, parsed from `http_addr`.
 #[derive(Debug, Clone, PartialEq, Eq)]

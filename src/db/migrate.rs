@@ -34,70 +34,45 @@ pub struct TriggerFile {
     pub creates: &'static [&'static str],
 }
 
-pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "0001_pipeline.sql",
-        sql: include_str!("../../sql/0001_pipeline.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "0002_memory.sql",
-        sql: include_str!("../../sql/0002_memory.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "0003_http.sql",
-        sql: include_str!("../../sql/0003_http.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "0004_ops.sql",
-        sql: include_str!("../../sql/0004_ops.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "0005_archivist.sql",
-        sql: include_str!("../../sql/0005_archivist.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "0006_steps_without_fk.sql",
-        sql: include_str!("../../sql/0006_steps_without_fk.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "0007_assembler_memory.sql",
-        sql: include_str!("../../sql/0007_assembler_memory.sql"),
-    },
+/// Embeds each `sql/` file as a [`Migration`] of the version written before it.
+macro_rules! migrations {
+    ($($version:literal => $file:literal,)+) => {
+        &[$(Migration {
+            version: $version,
+            name: $file,
+            sql: include_str!(concat!("../../sql/", $file)),
+        }),+]
+    };
+}
+
+/// Embeds each `triggers/` file as a [`TriggerFile`] creating the triggers
+/// listed after it.
+macro_rules! trigger_files {
+    ($($file:literal => [$($trigger:literal),+],)+) => {
+        &[$(TriggerFile {
+            name: $file,
+            sql: include_str!(concat!("../../triggers/", $file)),
+            creates: &[$($trigger),+],
+        }),+]
+    };
+}
+
+pub const MIGRATIONS: &[Migration] = migrations![
+    1 => "0001_pipeline.sql",
+    2 => "0002_memory.sql",
+    3 => "0003_http.sql",
+    4 => "0004_ops.sql",
+    5 => "0005_archivist.sql",
+    6 => "0006_steps_without_fk.sql",
+    7 => "0007_assembler_memory.sql",
 ];
 
-pub const TRIGGERS: &[TriggerFile] = &[
-    TriggerFile {
-        name: "0001_notify_pipeline_change.sql",
-        sql: include_str!("../../triggers/0001_notify_pipeline_change.sql"),
-        creates: &["pipeline_runs_notify_insert", "pipeline_runs_notify_update"],
-    },
-    TriggerFile {
-        name: "0002_log_user_query.sql",
-        sql: include_str!("../../triggers/0002_log_user_query.sql"),
-        creates: &["pipeline_runs_log_user_query"],
-    },
-    TriggerFile {
-        name: "0003_callback_outbox.sql",
-        sql: include_str!("../../triggers/0003_callback_outbox.sql"),
-        creates: &["pipeline_runs_enqueue_callback"],
-    },
-    TriggerFile {
-        name: "0004_track_raw_logs.sql",
-        sql: include_str!("../../triggers/0004_track_raw_logs.sql"),
-        creates: &["raw_logs_track"],
-    },
-    TriggerFile {
-        name: "0005_delete_run_steps.sql",
-        sql: include_str!("../../triggers/0005_delete_run_steps.sql"),
-        creates: &["pipeline_runs_delete_steps"],
-    },
+pub const TRIGGERS: &[TriggerFile] = trigger_files![
+    "0001_notify_pipeline_change.sql" => ["pipeline_runs_notify_insert", "pipeline_runs_notify_update"],
+    "0002_log_user_query.sql" => ["pipeline_runs_log_user_query"],
+    "0003_callback_outbox.sql" => ["pipeline_runs_enqueue_callback"],
+    "0004_track_raw_logs.sql" => ["raw_logs_track"],
+    "0005_delete_run_steps.sql" => ["pipeline_runs_delete_steps"],
 ];
 
 /// What a migration run did.
@@ -120,6 +95,22 @@ impl SchemaState {
     pub fn is_current(&self) -> bool {
         self.current_version == self.latest_version && self.missing_triggers.is_empty()
     }
+}
+
+/// The recorded migrations (version, name, checksum), in order, checked
+/// against this binary's ([`verify_applied`]).
+async fn read_applied(client: &impl tokio_postgres::GenericClient) -> Result<Vec<(i32, String, String)>, Error> {
+    let applied: Vec<(i32, String, String)> = client
+        .query(
+            "SELECT version, name, checksum FROM maas_migrations ORDER BY version",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get("version")?, r.try_get("name")?, r.try_get("checksum")?)))
+        .collect::<Result<_, Error>>()?;
+    verify_applied(&applied)?;
+    Ok(applied)
 }
 
 pub fn checksum(sql: &str) -> String {
@@ -149,16 +140,7 @@ pub async fn migrate(client: &mut Client, force_triggers: bool) -> Result<Report
     )
     .await?;
 
-    let applied: Vec<(i32, String, String)> = tx
-        .query(
-            "SELECT version, name, checksum FROM maas_migrations ORDER BY version",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| Ok((r.try_get("version")?, r.try_get("name")?, r.try_get("checksum")?)))
-        .collect::<Result<_, Error>>()?;
-    verify_applied(&applied)?;
+    let applied = read_applied(&tx).await?;
 
     let mut report = Report::default();
     let done = applied.len();
@@ -210,17 +192,7 @@ pub async fn state(client: &Client) -> Result<SchemaState, Error> {
         .await?
         .try_get("installed")?;
     let current_version = if exists {
-        let applied: Vec<(i32, String, String)> = client
-            .query(
-                "SELECT version, name, checksum FROM maas_migrations ORDER BY version",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get("version")?, r.try_get("name")?, r.try_get("checksum")?)))
-            .collect::<Result<_, Error>>()?;
-        verify_applied(&applied)?;
-        applied.last().map_or(0, |a| a.0)
+        read_applied(client).await?.last().map_or(0, |a| a.0)
     } else {
         0
     };
@@ -290,6 +262,19 @@ fn describe(e: &tokio_postgres::Error) -> String {
 mod tests {
     use super::*;
 
+    /// The names of the files in folder `dir` of the crate, sorted.
+    fn files_in(dir: &str) -> Vec<String> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     #[test]
     fn migrations_are_numbered_without_gaps_and_match_sql_dir() {
         for (i, m) in MIGRATIONS.iter().enumerate() {
@@ -297,29 +282,14 @@ mod tests {
             assert_eq!(m.version, expected, "{} out of sequence", m.name);
             assert!(m.name.starts_with(&format!("{:04}_", m.version)), "{}", m.name);
         }
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sql");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".sql"))
-            .collect();
-        on_disk.sort();
+        let on_disk: Vec<String> = files_in("sql").into_iter().filter(|n| n.ends_with(".sql")).collect();
         let embedded: Vec<&str> = MIGRATIONS.iter().map(|m| m.name).collect();
         assert_eq!(on_disk, embedded, "every file in sql/ must be embedded, in order");
     }
 
     #[test]
     fn trigger_files_match_triggers_dir() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("triggers");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        on_disk.sort();
+        let on_disk = files_in("triggers");
         let embedded: Vec<&str> = TRIGGERS.iter().map(|t| t.name).collect();
         assert_eq!(on_disk, embedded);
         for t in TRIGGERS {

@@ -6,10 +6,20 @@
 use serde_json::{Value, json};
 
 fn error_response(description: &str) -> Value {
+    json_response(description, json!({ "$ref": "#/components/schemas/Error" }))
+}
+
+/// A response whose JSON body has `schema`.
+fn json_response(description: &str, schema: Value) -> Value {
     json!({
         "description": description,
-        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } }
+        "content": { "application/json": { "schema": schema } }
     })
+}
+
+/// A response whose JSON body is an object with `properties`.
+fn object_response(description: &str, properties: Value) -> Value {
+    json_response(description, json!({ "type": "object", "properties": properties }))
 }
 
 fn id_param() -> Value {
@@ -46,10 +56,7 @@ pub fn document() -> Value {
                         "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Submit" } } }
                     },
                     "responses": {
-                        "202": {
-                            "description": "Accepted; follow it at the Location header. A replay carries `Idempotent-Replayed: true`.",
-                            "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Accepted" } } }
-                        },
+                        "202": json_response("Accepted; follow it at the Location header. A replay carries `Idempotent-Replayed: true`.", json!({ "$ref": "#/components/schemas/Accepted" })),
                         "400": error_response("Malformed JSON, a malformed id or Idempotency-Key"),
                         "401": error_response("Missing or wrong bearer token"),
                         "413": error_response("Body larger than http.max_body_bytes"),
@@ -69,10 +76,7 @@ pub fn document() -> Value {
                         "schema": { "type": "string", "examples": ["30s"] }
                     }],
                     "responses": {
-                        "200": {
-                            "description": "The request's state",
-                            "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RequestState" } } }
-                        },
+                        "200": json_response("The request's state", json!({ "$ref": "#/components/schemas/RequestState" })),
                         "400": error_response("Malformed id or wait"),
                         "401": error_response("Missing or wrong bearer token"),
                         "404": error_response("No such request")
@@ -85,17 +89,14 @@ pub fn document() -> Value {
                     "security": secured,
                     "parameters": [id_param()],
                     "responses": {
-                        "200": {
-                            "description": "Released: the next stage will claim the run",
-                            "content": { "application/json": { "schema": {
-                                "type": "object",
-                                "properties": {
-                                    "request_id": { "type": "string", "format": "uuid" },
-                                    "status": { "type": "string" },
-                                    "next_stage": { "type": "string", "enum": ["analyze", "assemble", "respond"] }
-                                }
-                            } } }
-                        },
+                        "200": object_response(
+                            "Released: the next stage will claim the run",
+                            json!({
+                                "request_id": { "type": "string", "format": "uuid" },
+                                "status": { "type": "string" },
+                                "next_stage": { "type": "string", "enum": ["analyze", "assemble", "respond"] }
+                            })
+                        ),
                         "400": error_response("Malformed id"),
                         "401": error_response("Missing or wrong bearer token"),
                         "404": error_response("No such request"),
@@ -109,16 +110,13 @@ pub fn document() -> Value {
                     "security": secured,
                     "parameters": [{ "name": "id", "in": "path", "required": true, "description": "The user id", "schema": { "type": "string", "format": "uuid" } }],
                     "responses": {
-                        "200": {
-                            "description": "The memory version (0 before any record)",
-                            "content": { "application/json": { "schema": {
-                                "type": "object",
-                                "properties": {
-                                    "user_id": { "type": "string", "format": "uuid" },
-                                    "memory_version": { "type": "integer" }
-                                }
-                            } } }
-                        },
+                        "200": object_response(
+                            "The memory version (0 before any record)",
+                            json!({
+                                "user_id": { "type": "string", "format": "uuid" },
+                                "memory_version": { "type": "integer" }
+                            })
+                        ),
                         "400": error_response("Malformed id"),
                         "401": error_response("Missing or wrong bearer token")
                     }
@@ -162,15 +160,15 @@ pub fn document() -> Value {
             "/healthz": {
                 "get": {
                     "summary": "Liveness: the process serves HTTP",
-                    "responses": { "200": { "description": "Alive", "content": { "application/json": { "schema": { "type": "object" } } } } }
+                    "responses": { "200": json_response("Alive", json!({ "type": "object" })) }
                 }
             },
             "/readyz": {
                 "get": {
                     "summary": "Readiness: database reachable, listener connected, migrations current",
                     "responses": {
-                        "200": { "description": "Ready", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Ready" } } } },
-                        "503": { "description": "Not ready; `reason` says why", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Ready" } } } }
+                        "200": json_response("Ready", json!({ "$ref": "#/components/schemas/Ready" })),
+                        "503": json_response("Not ready; `reason` says why", json!({ "$ref": "#/components/schemas/Ready" }))
                     }
                 }
             },
@@ -183,7 +181,7 @@ pub fn document() -> Value {
             "/openapi.json": {
                 "get": {
                     "summary": "This document",
-                    "responses": { "200": { "description": "OpenAPI 3.1", "content": { "application/json": { "schema": { "type": "object" } } } } }
+                    "responses": { "200": json_response("OpenAPI 3.1", json!({ "type": "object" })) }
                 }
             }
         },

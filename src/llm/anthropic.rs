@@ -11,42 +11,32 @@ use serde_json::json;
 use super::ChatRequest;
 use super::client::Completion;
 use super::config::{Endpoint, RoleSettings};
+use super::wire::{Outgoing, chat_body, role_content_messages};
 
 /// The API version this client speaks.
 pub(crate) const API_VERSION: &str = "2023-06-01";
 
 const JSON_INSTRUCTION: &str = "Respond with a single JSON object and nothing else: no prose, no code fences.";
 
-pub(crate) fn request(
-    http: &reqwest::Client,
-    endpoint: &Endpoint,
-    settings: &RoleSettings,
-    req: &ChatRequest,
-) -> reqwest::RequestBuilder {
-    let messages: Vec<_> = req
-        .messages
-        .iter()
-        .map(|m| json!({"role": m.role.as_str(), "content": m.content}))
-        .collect();
+pub(crate) fn request(endpoint: &Endpoint, settings: &RoleSettings, req: &ChatRequest) -> Outgoing {
     let system = match (&req.system, req.json_mode) {
         (Some(system), true) => Some(format!("{system}\n\n{JSON_INSTRUCTION}")),
         (Some(system), false) => Some(system.clone()),
         (None, true) => Some(JSON_INSTRUCTION.to_owned()),
         (None, false) => None,
     };
-    let mut body = json!({
-        "model": settings.model,
-        "messages": messages,
-        "temperature": settings.temperature,
-        "max_tokens": settings.max_tokens,
-    });
+    let mut body = chat_body(settings, role_content_messages(req).collect());
     if let Some(system) = system {
         body["system"] = json!(system);
     }
-    http.post(format!("{}/v1/messages", endpoint.base_url))
-        .header("x-api-key", endpoint.api_key.expose())
-        .header("anthropic-version", API_VERSION)
-        .json(&body)
+    Outgoing {
+        url: format!("{}/v1/messages", endpoint.base_url),
+        headers: vec![
+            ("x-api-key", endpoint.api_key.expose().to_owned()),
+            ("anthropic-version", API_VERSION.to_owned()),
+        ],
+        body,
+    }
 }
 
 #[derive(Deserialize)]

@@ -180,15 +180,15 @@ impl Llm {
         let http = &self.http;
         let result = match &client.backend {
             Backend::OpenAi(ep) => {
-                let builder = openai::request(http, ep, settings, &req);
+                let builder = openai::request(ep, settings, &req).build(http);
                 exchange(settings, ep, builder, openai::parse).await
             }
             Backend::Anthropic(ep) => {
-                let builder = anthropic::request(http, ep, settings, &req);
+                let builder = anthropic::request(ep, settings, &req).build(http);
                 exchange(settings, ep, builder, anthropic::parse).await
             }
             Backend::Gemini(ep) => {
-                let builder = gemini::request(http, ep, settings, &req);
+                let builder = gemini::request(ep, settings, &req).build(http);
                 exchange(settings, ep, builder, gemini::parse).await
             }
             Backend::Offline => self.offline.chat(role, settings, &req).await,

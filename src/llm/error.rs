@@ -290,7 +290,7 @@ impl LlmError {
 ///
 /// `now` is the wall clock for `Retry-After` HTTP dates; `key` is scrubbed
 /// from the provider's text.
-pub(crate) fn classify_status(
+pub fn classify_status(
     provider: ProviderKind,
     status: u16,
     headers: &HeaderMap,

@@ -11,14 +11,10 @@ use serde_json::json;
 
 use super::client::Completion;
 use super::config::{Endpoint, RoleSettings};
+use super::wire::Outgoing;
 use super::{ChatRequest, MessageRole};
 
-pub(crate) fn request(
-    http: &reqwest::Client,
-    endpoint: &Endpoint,
-    settings: &RoleSettings,
-    req: &ChatRequest,
-) -> reqwest::RequestBuilder {
+pub(crate) fn request(endpoint: &Endpoint, settings: &RoleSettings, req: &ChatRequest) -> Outgoing {
     let contents: Vec<_> = req
         .messages
         .iter()
@@ -43,9 +39,11 @@ pub(crate) fn request(
     }
     // Accept "models/gemini-…" as well as the bare name.
     let model = settings.model.strip_prefix("models/").unwrap_or(&settings.model);
-    http.post(format!("{}/v1beta/models/{model}:generateContent", endpoint.base_url))
-        .header("x-goog-api-key", endpoint.api_key.expose())
-        .json(&body)
+    Outgoing {
+        url: format!("{}/v1beta/models/{model}:generateContent", endpoint.base_url),
+        headers: vec![("x-goog-api-key", endpoint.api_key.expose().to_owned())],
+        body,
+    }
 }
 
 #[derive(Deserialize)]

@@ -15,6 +15,9 @@
 //!   answer is labelled as such (see [`offline`]). It is the default, so a
 //!   fresh install runs end to end without credentials.
 //!
+//! Each HTTP provider shapes a call (URL, headers, body); one sender in
+//! `wire` posts it, so the headers and the JSON body are set up in one place.
+//!
 //! Invariants:
 //! - **The client never retries.** A failure comes back as an [`LlmError`]
 //!   whose [`LlmError::disposition`] tells the caller what to do; the caller
@@ -48,8 +51,8 @@ pub mod offline;
 mod openai;
 pub mod text;
 pub mod tokens;
+mod wire;
 
-use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -67,13 +70,6 @@ pub use tokens::TokenCounter;
 /// from outside the crate so that property tests (`tests/it/props.rs`) can
 /// feed them arbitrary bytes: none of them may panic on any input.
 pub mod parse {
-    use std::time::SystemTime;
-
-    use reqwest::header::HeaderMap;
-
-    use super::{LlmError, ProviderKind};
-    use crate::secret::Secret;
-
     /// What a parser made of a successful (2xx) body.
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct Parsed {
@@ -113,54 +109,22 @@ pub mod parse {
 
     /// Classifies a non-success HTTP answer (status, headers, body) the way
     /// the client does.
-    pub fn classify_status(
-        provider: ProviderKind,
-        status: u16,
-        headers: &HeaderMap,
-        body: &[u8],
-        now: SystemTime,
-        key: Option<&Secret>,
-    ) -> LlmError {
-        super::error::classify_status(provider, status, headers, body, now, key)
-    }
+    pub use super::error::classify_status;
 }
 
-/// The API a role talks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ProviderKind {
-    /// OpenAI chat completions and every server that speaks that shape.
-    OpenAi,
-    /// Anthropic Messages API.
-    Anthropic,
-    /// Google Gemini `generateContent`.
-    Gemini,
-    /// The built-in deterministic provider; no network.
-    Offline,
-}
-
-impl ProviderKind {
-    /// Every provider, in a stable order.
-    pub const ALL: [ProviderKind; 4] = [
-        ProviderKind::OpenAi,
-        ProviderKind::Anthropic,
-        ProviderKind::Gemini,
-        ProviderKind::Offline,
-    ];
-
-    /// The name used in configuration, logs, metrics and errors.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderKind::OpenAi => "openai",
-            ProviderKind::Anthropic => "anthropic",
-            ProviderKind::Gemini => "gemini",
-            ProviderKind::Offline => "offline",
-        }
-    }
-}
-
-impl fmt::Display for ProviderKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::model::named_enum! {
+    /// The API a role talks to; its name is the one used in configuration,
+    /// logs, metrics and errors.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum ProviderKind {
+        /// OpenAI chat completions and every server that speaks that shape.
+        OpenAi = "openai",
+        /// Anthropic Messages API.
+        Anthropic = "anthropic",
+        /// Google Gemini `generateContent`.
+        Gemini = "gemini",
+        /// The built-in deterministic provider; no network.
+        Offline = "offline",
     }
 }
 
@@ -182,42 +146,17 @@ impl FromStr for ProviderKind {
     }
 }
 
-/// Who is calling: each role has its own provider, model and limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    /// Decides whether a query needs long-term memory; a cheap model, JSON out.
-    Analyzer,
-    /// Writes the final answer; a strong model.
-    Responder,
-    /// Compresses raw chat logs into LSM records; a cheap model, JSON out.
-    Archivist,
-}
-
-impl Role {
-    /// Every role: analyzer, responder, archivist.
-    pub const ALL: [Role; 3] = [Role::Analyzer, Role::Responder, Role::Archivist];
-
-    /// The name used in configuration (`llm.<name>`), logs and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Analyzer => "analyzer",
-            Role::Responder => "responder",
-            Role::Archivist => "archivist",
-        }
-    }
-
-    pub(crate) fn index(self) -> usize {
-        match self {
-            Role::Analyzer => 0,
-            Role::Responder => 1,
-            Role::Archivist => 2,
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::model::named_enum! {
+    /// Who is calling: each role has its own provider, model and limits. Its
+    /// name is the one used in configuration (`llm.<name>`), logs and metrics.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Role {
+        /// Decides whether a query needs long-term memory; a cheap model, JSON out.
+        Analyzer = "analyzer",
+        /// Writes the final answer; a strong model.
+        Responder = "responder",
+        /// Compresses raw chat logs into LSM records; a cheap model, JSON out.
+        Archivist = "archivist",
     }
 }
 

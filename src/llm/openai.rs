@@ -11,34 +11,23 @@ use serde_json::{Value, json};
 use super::ChatRequest;
 use super::client::Completion;
 use super::config::{Endpoint, RoleSettings};
+use super::wire::{Outgoing, chat_body, role_content_messages};
 
-pub(crate) fn request(
-    http: &reqwest::Client,
-    endpoint: &Endpoint,
-    settings: &RoleSettings,
-    req: &ChatRequest,
-) -> reqwest::RequestBuilder {
+pub(crate) fn request(endpoint: &Endpoint, settings: &RoleSettings, req: &ChatRequest) -> Outgoing {
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if let Some(system) = &req.system {
         messages.push(json!({"role": "system", "content": system}));
     }
-    messages.extend(
-        req.messages
-            .iter()
-            .map(|m| json!({"role": m.role.as_str(), "content": m.content})),
-    );
-    let mut body = json!({
-        "model": settings.model,
-        "messages": messages,
-        "temperature": settings.temperature,
-        "max_tokens": settings.max_tokens,
-    });
+    messages.extend(role_content_messages(req));
+    let mut body = chat_body(settings, messages);
     if req.json_mode {
         body["response_format"] = json!({"type": "json_object"});
     }
-    http.post(format!("{}/chat/completions", endpoint.base_url))
-        .bearer_auth(endpoint.api_key.expose())
-        .json(&body)
+    Outgoing {
+        url: format!("{}/chat/completions", endpoint.base_url),
+        headers: vec![("authorization", format!("Bearer {}", endpoint.api_key.expose()))],
+        body,
+    }
 }
 
 #[derive(Deserialize)]

@@ -12,44 +12,29 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
-use tokio_postgres::Row;
 use uuid::Uuid;
 
-use super::{FromRow, as_limit, row_as, rows_as, secs};
+use tokio_postgres::types::ToSql;
+
+use super::{as_limit, secs};
 use crate::db::Error;
 
-const CANDIDATES: &str = include_str!("../../sql/queries/archive_candidates.sql");
-const CLAIM: &str = include_str!("../../sql/queries/archive_claim.sql");
-const EXTEND: &str = include_str!("../../sql/queries/archive_extend.sql");
-const RELEASE: &str = include_str!("../../sql/queries/archive_release.sql");
-const PENDING: &str = include_str!("../../sql/queries/archive_pending.sql");
-const COMMIT: &str = include_str!("../../sql/queries/archive_commit.sql");
-const FAIL: &str = include_str!("../../sql/queries/archive_fail.sql");
-const MARK: &str = include_str!("../../sql/queries/archive_mark.sql");
-const RUN_START: &str = include_str!("../../sql/queries/archive_run_start.sql");
-const RUN_FINISH: &str = include_str!("../../sql/queries/archive_run_finish.sql");
-const TICK: &str = include_str!("../../sql/queries/archive_tick.sql");
-const SCHEDULE_INIT: &str = include_str!("../../sql/queries/archive_schedule_init.sql");
-const TRY_LOCK_RUNS: &str = "SELECT pg_try_advisory_lock($1) AS locked";
-const UNLOCK_RUNS: &str = "SELECT pg_advisory_unlock($1) AS unlocked";
-
-/// This file's statements, for [`super::all`].
-pub(super) const STATEMENTS: &[(&str, &str)] = &[
-    ("archive_candidates", CANDIDATES),
-    ("archive_claim", CLAIM),
-    ("archive_extend", EXTEND),
-    ("archive_release", RELEASE),
-    ("archive_pending", PENDING),
-    ("archive_commit", COMMIT),
-    ("archive_fail", FAIL),
-    ("archive_mark", MARK),
-    ("archive_run_start", RUN_START),
-    ("archive_run_finish", RUN_FINISH),
-    ("archive_tick", TICK),
-    ("archive_schedule_init", SCHEDULE_INIT),
-    ("archive_try_lock_runs", TRY_LOCK_RUNS),
-    ("archive_unlock_runs", UNLOCK_RUNS),
-];
+super::statements! {
+    CANDIDATES = "archive_candidates",
+    CLAIM = "archive_claim",
+    EXTEND = "archive_extend",
+    RELEASE = "archive_release",
+    PENDING = "archive_pending",
+    COMMIT = "archive_commit",
+    FAIL = "archive_fail",
+    MARK = "archive_mark",
+    RUN_START = "archive_run_start",
+    RUN_FINISH = "archive_run_finish",
+    TICK = "archive_tick",
+    SCHEDULE_INIT = "archive_schedule_init",
+    TRY_LOCK_RUNS = "archive_try_lock_runs": "SELECT pg_try_advisory_lock($1) AS locked",
+    UNLOCK_RUNS = "archive_unlock_runs": "SELECT pg_advisory_unlock($1) AS unlocked",
+}
 
 /// The thresholds of candidate selection (seed 004).
 #[derive(Debug, Clone, Copy)]
@@ -64,11 +49,13 @@ pub struct Thresholds {
     pub cooldown: Duration,
 }
 
-/// A user due for archiving and how many logs are pending.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Candidate {
-    pub user_id: Uuid,
-    pub pending: i64,
+super::row_struct! {
+    /// A user due for archiving and how many logs are pending.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Candidate {
+        pub user_id: Uuid,
+        pub pending: i64,
+    }
 }
 
 /// Up to `limit` users due for archiving, oldest pending first.
@@ -77,41 +64,28 @@ pub async fn select_candidates(
     t: &Thresholds,
     limit: usize,
 ) -> Result<Vec<Candidate>, Error> {
-    let stmt = client.prepare_cached(CANDIDATES).await?;
     let n = i64::try_from(t.min_pending).unwrap_or(i64::MAX);
-    let rows = client
-        .query(
-            &stmt,
-            &[
-                &n,
-                &secs(t.max_pending_age),
-                &secs(t.active_within),
-                &secs(t.cooldown),
-                &as_limit(limit),
-            ],
-        )
-        .await?;
-    rows_as(&rows)
+    let params: [&(dyn ToSql + Sync); 5] = [
+        &n,
+        &secs(t.max_pending_age),
+        &secs(t.active_within),
+        &secs(t.cooldown),
+        &as_limit(limit),
+    ];
+    super::query_as(client, CANDIDATES, &params).await
 }
 
-impl FromRow for Candidate {
-    fn from_row(r: &Row) -> Result<Candidate, Error> {
-        Ok(Candidate {
-            user_id: r.try_get("user_id")?,
-            pending: r.try_get("pending")?,
-        })
+super::row_struct! {
+    /// The mark and sequence of a claimed user: logs with
+    /// `archived_seq < user_seq <= logged_seq` are pending and all committed.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Claim {
+        pub archived_seq: i64,
+        pub logged_seq: i64,
+        /// Failed attempts since the last success (for the backoff).
+        pub failures: i32,
+        pub memory_version: i64,
     }
-}
-
-/// The mark and sequence of a claimed user: logs with
-/// `archived_seq < user_seq <= logged_seq` are pending and all committed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
-    pub archived_seq: i64,
-    pub logged_seq: i64,
-    /// Failed attempts since the last success (for the backoff).
-    pub failures: i32,
-    pub memory_version: i64,
 }
 
 /// Leases `user` to `owner`; `None` when another runner holds a live lease
@@ -122,19 +96,7 @@ pub async fn claim_user(
     owner: &str,
     lease: Duration,
 ) -> Result<Option<Claim>, Error> {
-    let stmt = client.prepare_cached(CLAIM).await?;
-    row_as(client.query_opt(&stmt, &[&user, &owner, &secs(lease)]).await?)
-}
-
-impl FromRow for Claim {
-    fn from_row(r: &Row) -> Result<Claim, Error> {
-        Ok(Claim {
-            archived_seq: r.try_get("archived_seq")?,
-            logged_seq: r.try_get("logged_seq")?,
-            failures: r.try_get("failures")?,
-            memory_version: r.try_get("memory_version")?,
-        })
-    }
+    super::query_opt_as(client, CLAIM, &[&user, &owner, &secs(lease)]).await
 }
 
 /// Renews the lease; false when it was lost.
@@ -144,26 +106,26 @@ pub async fn extend_user_lease(
     owner: &str,
     lease: Duration,
 ) -> Result<bool, Error> {
-    let stmt = client.prepare_cached(EXTEND).await?;
-    Ok(client.query_opt(&stmt, &[&user, &owner, &secs(lease)]).await?.is_some())
+    super::query_found(client, EXTEND, &[&user, &owner, &secs(lease)]).await
 }
 
 pub async fn release_user(client: &impl GenericClient, user: Uuid, owner: &str) -> Result<(), Error> {
-    let stmt = client.prepare_cached(RELEASE).await?;
-    client.execute(&stmt, &[&user, &owner]).await?;
+    super::execute(client, RELEASE, &[&user, &owner]).await?;
     Ok(())
 }
 
-/// One raw log as the archivist reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingLog {
-    pub id: i64,
-    pub user_seq: i64,
-    pub thread_id: Option<Uuid>,
-    pub request_id: Option<Uuid>,
-    pub message_type: String,
-    pub content: String,
-    pub created_at: DateTime<Utc>,
+super::row_struct! {
+    /// One raw log as the archivist reads it.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct PendingLog {
+        pub id: i64,
+        pub user_seq: i64,
+        pub thread_id: Option<Uuid>,
+        pub request_id: Option<Uuid>,
+        pub message_type: String,
+        pub content: String,
+        pub created_at: DateTime<Utc>,
+    }
 }
 
 /// Up to `limit` pending logs after `after`, up to `through`, in order.
@@ -174,25 +136,7 @@ pub async fn pending_logs(
     through: i64,
     limit: usize,
 ) -> Result<Vec<PendingLog>, Error> {
-    let stmt = client.prepare_cached(PENDING).await?;
-    let rows = client
-        .query(&stmt, &[&user, &after, &through, &as_limit(limit)])
-        .await?;
-    rows_as(&rows)
-}
-
-impl FromRow for PendingLog {
-    fn from_row(r: &Row) -> Result<PendingLog, Error> {
-        Ok(PendingLog {
-            id: r.try_get("id")?,
-            user_seq: r.try_get("user_seq")?,
-            thread_id: r.try_get("thread_id")?,
-            request_id: r.try_get("request_id")?,
-            message_type: r.try_get("message_type")?,
-            content: r.try_get("content")?,
-            created_at: r.try_get("created_at")?,
-        })
-    }
+    super::query_as(client, PENDING, &[&user, &after, &through, &as_limit(limit)]).await
 }
 
 /// One LSM record to write.
@@ -244,55 +188,34 @@ pub async fn fail_user(
     retry_in: Duration,
     counts: bool,
 ) -> Result<Option<i32>, Error> {
-    let stmt = client.prepare_cached(FAIL).await?;
     let ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
-    let row = client.query_opt(&stmt, &[&user, &owner, &error, &ms, &counts]).await?;
-    Ok(row.map(|r| r.try_get("failures")).transpose()?)
+    super::query_opt_value(client, FAIL, &[&user, &owner, &error, &ms, &counts], "failures").await
 }
 
-/// One user's archive state: what `maasctl archivist show` prints and what
-/// the status API serves (`memory_version` lets clients drop caches).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct MarkView {
-    pub user_id: Uuid,
-    pub logged_seq: i64,
-    pub archived_seq: i64,
-    pub pending: i64,
-    pub pending_since: Option<DateTime<Utc>>,
-    pub last_active_at: Option<DateTime<Utc>>,
-    pub last_archived_at: Option<DateTime<Utc>>,
-    pub memory_version: i64,
-    pub lease_owner: Option<String>,
-    pub lease_expires_at: Option<DateTime<Utc>>,
-    pub failures: i32,
-    pub retry_after: Option<DateTime<Utc>>,
-    pub last_error: Option<String>,
+super::row_struct! {
+    /// One user's archive state: what `maasctl archivist show` prints and what
+    /// the status API serves (`memory_version` lets clients drop caches).
+    #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+    pub struct MarkView {
+        pub user_id: Uuid,
+        pub logged_seq: i64,
+        pub archived_seq: i64,
+        pub pending: i64,
+        pub pending_since: Option<DateTime<Utc>>,
+        pub last_active_at: Option<DateTime<Utc>>,
+        pub last_archived_at: Option<DateTime<Utc>>,
+        pub memory_version: i64,
+        pub lease_owner: Option<String>,
+        pub lease_expires_at: Option<DateTime<Utc>>,
+        pub failures: i32,
+        pub retry_after: Option<DateTime<Utc>>,
+        pub last_error: Option<String>,
+    }
 }
 
 /// The archive state of `user`; `None` if the user never logged anything.
 pub async fn show_mark(client: &impl GenericClient, user: Uuid) -> Result<Option<MarkView>, Error> {
-    let stmt = client.prepare_cached(MARK).await?;
-    row_as(client.query_opt(&stmt, &[&user]).await?)
-}
-
-impl FromRow for MarkView {
-    fn from_row(r: &Row) -> Result<MarkView, Error> {
-        Ok(MarkView {
-            user_id: r.try_get("user_id")?,
-            logged_seq: r.try_get("logged_seq")?,
-            archived_seq: r.try_get("archived_seq")?,
-            pending: r.try_get("pending")?,
-            pending_since: r.try_get("pending_since")?,
-            last_active_at: r.try_get("last_active_at")?,
-            last_archived_at: r.try_get("last_archived_at")?,
-            memory_version: r.try_get("memory_version")?,
-            lease_owner: r.try_get("lease_owner")?,
-            lease_expires_at: r.try_get("lease_expires_at")?,
-            failures: r.try_get("failures")?,
-            retry_after: r.try_get("retry_after")?,
-            last_error: r.try_get("last_error")?,
-        })
-    }
+    super::query_opt_as(client, MARK, &[&user]).await
 }
 
 /// The memory version of `user` (0 when the user has no records yet): a
@@ -310,11 +233,7 @@ pub async fn start_run(
     only_user: Option<Uuid>,
     tick: Option<DateTime<Utc>>,
 ) -> Result<i64, Error> {
-    let stmt = client.prepare_cached(RUN_START).await?;
-    Ok(client
-        .query_one(&stmt, &[&trigger, &worker, &only_user, &tick])
-        .await?
-        .try_get("id")?)
+    super::query_one_value(client, RUN_START, &[&trigger, &worker, &only_user, &tick], "id").await
 }
 
 /// The totals of a run.
@@ -344,7 +263,6 @@ super::statement_params! {
 
 /// Closes run record `id` with its totals.
 pub async fn finish_run(client: &impl GenericClient, id: i64, t: &RunTotals) -> Result<(), Error> {
-    let stmt = client.prepare_cached(RUN_FINISH).await?;
     let params = RunFinishParams {
         id,
         users: t.users,
@@ -354,21 +272,19 @@ pub async fn finish_run(client: &impl GenericClient, id: i64, t: &RunTotals) -> 
         failures: t.failures,
         errors: &t.errors,
     };
-    client.execute(&stmt, &params.params()).await?;
+    super::execute(client, RUN_FINISH, &params.params()).await?;
     Ok(())
 }
 
 /// Claims cron tick `tick` of `schedule`; true for exactly one caller per tick.
 pub async fn claim_tick(client: &impl GenericClient, schedule: &str, tick: DateTime<Utc>) -> Result<bool, Error> {
-    let stmt = client.prepare_cached(TICK).await?;
-    Ok(client.query_opt(&stmt, &[&schedule, &tick]).await?.is_some())
+    super::query_found(client, TICK, &[&schedule, &tick]).await
 }
 
 /// Records `tick` as the schedule's last tick if the schedule has no row
 /// yet; true when it did (a fresh install has missed no tick).
 pub async fn init_schedule(client: &impl GenericClient, schedule: &str, tick: DateTime<Utc>) -> Result<bool, Error> {
-    let stmt = client.prepare_cached(SCHEDULE_INIT).await?;
-    Ok(client.query_opt(&stmt, &[&schedule, &tick]).await?.is_some())
+    super::query_found(client, SCHEDULE_INIT, &[&schedule, &tick]).await
 }
 
 /// Takes the cluster-wide archive-run lock for this session (released by
@@ -376,13 +292,11 @@ pub async fn init_schedule(client: &impl GenericClient, schedule: &str, tick: Da
 /// when another session holds it. Needs a direct or session-pooled
 /// connection, not PgBouncer in transaction mode.
 pub async fn try_lock_runs(client: &impl GenericClient) -> Result<bool, Error> {
-    let stmt = client.prepare_cached(TRY_LOCK_RUNS).await?;
-    Ok(client.query_one(&stmt, &[&RUN_LOCK_KEY]).await?.try_get("locked")?)
+    super::query_one_value(client, TRY_LOCK_RUNS, &[&RUN_LOCK_KEY], "locked").await
 }
 
 pub async fn unlock_runs(client: &impl GenericClient) -> Result<(), Error> {
-    let stmt = client.prepare_cached(UNLOCK_RUNS).await?;
-    client.execute(&stmt, &[&RUN_LOCK_KEY]).await?;
+    super::execute(client, UNLOCK_RUNS, &[&RUN_LOCK_KEY]).await?;
     Ok(())
 }
 

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::{FromRow, rows_as, secs};
@@ -113,19 +114,13 @@ pub async fn claim_next(
     lease: Duration,
     memory_records: usize,
 ) -> Result<Vec<Claimed>, Error> {
-    let stmt = client.prepare_cached(claim_sql(stage)).await?;
-    let rows = client
-        .query(
-            &stmt,
-            &[
-                &super::as_limit(limit),
-                &owner,
-                &secs(lease),
-                &super::as_limit(memory_records),
-            ],
-        )
-        .await?;
-    rows_as(&rows)
+    let params: [&(dyn ToSql + Sync); 4] = [
+        &super::as_limit(limit),
+        &owner,
+        &secs(lease),
+        &super::as_limit(memory_records),
+    ];
+    super::query_as(client, claim_sql(stage), &params).await
 }
 
 /// The result of one stage attempt, to be written by [`finish_batch`].
@@ -313,28 +308,18 @@ pub async fn extend_leases(
     held: &[(Uuid, i64)],
     lease: Duration,
 ) -> Result<Vec<Uuid>, Error> {
-    let stmt = client.prepare_cached(HEARTBEAT).await?;
     let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
     let tokens: Vec<i64> = held.iter().map(|h| h.1).collect();
-    let rows = client.query(&stmt, &[&ids, &tokens, &secs(lease)]).await?;
-    rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
+    super::query_column(client, HEARTBEAT, &[&ids, &tokens, &secs(lease)], "id").await
 }
 
-/// A row the sweep took back from an expired lease.
-#[derive(Debug, Clone)]
-pub struct Reclaimed {
-    pub id: Uuid,
-    pub new_status: String,
-    pub was: String,
-}
-
-impl FromRow for Reclaimed {
-    fn from_row(r: &Row) -> Result<Reclaimed, Error> {
-        Ok(Reclaimed {
-            id: r.try_get("id")?,
-            new_status: r.try_get("new_status")?,
-            was: r.try_get("was")?,
-        })
+super::row_struct! {
+    /// A row the sweep took back from an expired lease.
+    #[derive(Debug, Clone)]
+    pub struct Reclaimed {
+        pub id: Uuid,
+        pub new_status: String,
+        pub was: String,
     }
 }
 
@@ -344,10 +329,8 @@ pub async fn reclaim_expired(
     max_attempts: u32,
     limit: usize,
 ) -> Result<Vec<Reclaimed>, Error> {
-    let stmt = client.prepare_cached(RECLAIM_EXPIRED).await?;
     let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
-    let rows = client.query(&stmt, &[&max, &super::as_limit(limit)]).await?;
-    rows_as(&rows)
+    super::query_as(client, RECLAIM_EXPIRED, &[&max, &super::as_limit(limit)]).await
 }
 
 #[cfg(test)]

@@ -7,17 +7,14 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde::Serialize;
 use serde_json::Value;
-use tokio_postgres::Row;
 use uuid::Uuid;
 
-use super::{FromRow, rows_as};
 use crate::db::Error;
 
-const RECORD: &str = include_str!("../../sql/queries/record_action.sql");
-const FOR_REQUEST: &str = include_str!("../../sql/queries/show_actions.sql");
-
-/// This file's statements, for [`super::all`].
-pub(super) const STATEMENTS: &[(&str, &str)] = &[("record_action", RECORD), ("show_actions", FOR_REQUEST)];
+super::statements! {
+    RECORD = "record_action",
+    FOR_REQUEST = "show_actions",
+}
 
 /// Records an operator action that concerns no single request.
 pub async fn record(
@@ -27,39 +24,25 @@ pub async fn record(
     reason: Option<&str>,
     detail: &Value,
 ) -> Result<(), Error> {
-    let stmt = client.prepare_cached(RECORD).await?;
-    client.execute(&stmt, &[&action, &actor, &reason, detail]).await?;
+    super::execute(client, RECORD, &[&action, &actor, &reason, detail]).await?;
     Ok(())
 }
 
-/// One operator action on a request.
-#[derive(Debug, Clone, Serialize)]
-pub struct Action {
-    pub action: String,
-    pub actor: String,
-    pub reason: Option<String>,
-    pub from_status: Option<String>,
-    pub to_status: Option<String>,
-    pub detail: Option<Value>,
-    pub at: DateTime<Utc>,
-}
-
-impl FromRow for Action {
-    fn from_row(r: &Row) -> Result<Action, Error> {
-        Ok(Action {
-            action: r.try_get("action")?,
-            actor: r.try_get("actor")?,
-            reason: r.try_get("reason")?,
-            from_status: r.try_get("from_status")?,
-            to_status: r.try_get("to_status")?,
-            detail: r.try_get("detail")?,
-            at: r.try_get("at")?,
-        })
+super::row_struct! {
+    /// One operator action on a request.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Action {
+        pub action: String,
+        pub actor: String,
+        pub reason: Option<String>,
+        pub from_status: Option<String>,
+        pub to_status: Option<String>,
+        pub detail: Option<Value>,
+        pub at: DateTime<Utc>,
     }
 }
 
 /// The actions on one request, in order.
 pub async fn for_request(client: &impl GenericClient, id: Uuid) -> Result<Vec<Action>, Error> {
-    let stmt = client.prepare_cached(FOR_REQUEST).await?;
-    rows_as(&client.query(&stmt, &[&id]).await?)
+    super::query_as(client, FOR_REQUEST, &[&id]).await
 }

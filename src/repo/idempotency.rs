@@ -11,16 +11,11 @@ use super::requests::NewRequest;
 use super::secs;
 use crate::db::Error;
 
-const SUBMIT: &str = include_str!("../../sql/queries/submit_idempotent.sql");
-const FIND: &str = include_str!("../../sql/queries/find_idempotent.sql");
-const EXPIRE: &str = include_str!("../../sql/queries/expire_idempotency_keys.sql");
-
-/// This file's statements, for [`super::all`].
-pub(super) const STATEMENTS: &[(&str, &str)] = &[
-    ("submit_idempotent", SUBMIT),
-    ("find_idempotent", FIND),
-    ("expire_idempotency_keys", EXPIRE),
-];
+super::statements! {
+    SUBMIT = "submit_idempotent",
+    FIND = "find_idempotent",
+    EXPIRE = "expire_idempotency_keys",
+}
 
 super::statement_params! {
     /// The inputs of `submit_idempotent.sql`, `$1` to `$6` in field order.
@@ -43,7 +38,6 @@ pub async fn submit(
     fingerprint: &str,
     ttl: Duration,
 ) -> Result<Option<Uuid>, Error> {
-    let stmt = client.prepare_cached(SUBMIT).await?;
     let params = SubmitParams {
         user_id: req.user_id,
         thread_id: req.thread_id,
@@ -52,34 +46,27 @@ pub async fn submit(
         fingerprint,
         ttl_secs: secs(ttl),
     };
-    let row = client.query_opt(&stmt, &params.params()).await?;
-    Ok(row.map(|r| r.try_get("id")).transpose()?)
+    super::query_opt_value(client, SUBMIT, &params.params(), "id").await
 }
 
-/// The first request of a key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Keyed {
-    pub request_id: Uuid,
-    /// What the first submission carried (see `http::api`).
-    pub fingerprint: String,
+super::row_struct! {
+    /// The first request of a key.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Keyed {
+        pub request_id: Uuid,
+        /// What the first submission carried (see `http::api`).
+        pub fingerprint: String,
+    }
 }
 
 /// The first request of a key and its fingerprint.
 pub async fn find(client: &impl GenericClient, user_id: Uuid, key: &str) -> Result<Option<Keyed>, Error> {
-    let stmt = client.prepare_cached(FIND).await?;
-    let Some(r) = client.query_opt(&stmt, &[&user_id, &key]).await? else {
-        return Ok(None);
-    };
-    Ok(Some(Keyed {
-        request_id: r.try_get("request_id")?,
-        fingerprint: r.try_get("fingerprint")?,
-    }))
+    super::query_opt_as(client, FIND, &[&user_id, &key]).await
 }
 
 /// Deletes up to `limit` keys older than `ttl`; returns how many.
 pub async fn expire(client: &impl GenericClient, ttl: Duration, limit: i64) -> Result<u64, Error> {
-    let stmt = client.prepare_cached(EXPIRE).await?;
-    Ok(client.execute(&stmt, &[&secs(ttl), &limit]).await?)
+    super::execute(client, EXPIRE, &[&secs(ttl), &limit]).await
 }
 
 #[cfg(test)]

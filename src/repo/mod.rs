@@ -3,14 +3,17 @@
 //!
 //! Guarantees:
 //! - No SQL text leaves this module: statements are private to their file
-//!   (embedded from `sql/queries/` at build time) and callers see only
-//!   functions and row types. [`all`] lists every statement for the test
-//!   that prepares them against the schema.
+//!   (embedded from `sql/queries/` at build time, declared with
+//!   `statements!` so a file's constants and its list cannot disagree) and
+//!   callers see only functions and row types. [`all`] lists every
+//!   statement for the test that prepares them against the schema.
 //! - Each statement is prepared once per connection and cached
 //!   (`prepare_cached`); a function makes the round trips its doc says,
 //!   usually one.
 //! - Rows are read by column name into small typed structs ([`FromRow`]),
 //!   never by position; a renamed or missing column is an error naming it.
+//!   A plain row struct and its reading are one `row_struct!` declaration,
+//!   and the `query_*` helpers prepare, run and read in one call.
 //! - Statements with many inputs bind them from a struct declared with
 //!   `statement_params!`, whose field order a unit test checks against the
 //!   `-- $n name` comments of the SQL.
@@ -27,9 +30,14 @@
 
 use std::time::Duration;
 
+use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
+use tokio_postgres::types::{FromSqlOwned, ToSql};
 
 use crate::db::Error;
+
+/// The values a statement binds, `$1` first.
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 pub mod archive;
 pub mod attempts;
@@ -74,6 +82,147 @@ fn secs(d: Duration) -> f64 {
 /// A count as a `LIMIT`.
 fn as_limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Prepares (cached) and runs `sql`, reading every row as `T`.
+async fn query_as<T: FromRow>(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<Vec<T>, Error> {
+    let stmt = client.prepare_cached(sql).await?;
+    rows_as(&client.query(&stmt, params).await?)
+}
+
+/// Prepares (cached) and runs `sql`, reading its row, if any, as `T`.
+async fn query_opt_as<T: FromRow>(
+    client: &impl GenericClient,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Option<T>, Error> {
+    let stmt = client.prepare_cached(sql).await?;
+    row_as(client.query_opt(&stmt, params).await?)
+}
+
+/// Prepares (cached) and runs `sql`, reading its one row as `T`.
+async fn query_one_as<T: FromRow>(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<T, Error> {
+    let stmt = client.prepare_cached(sql).await?;
+    T::from_row(&client.query_one(&stmt, params).await?)
+}
+
+/// Prepares (cached) and runs `sql`, reading column `column` of every row.
+async fn query_column<T: FromSqlOwned>(
+    client: &impl GenericClient,
+    sql: &str,
+    params: Params<'_>,
+    column: &str,
+) -> Result<Vec<T>, Error> {
+    let stmt = client.prepare_cached(sql).await?;
+    let rows = client.query(&stmt, params).await?;
+    rows.iter().map(|r| Ok(r.try_get(column)?)).collect()
+}
+
+/// Prepares (cached) and runs `sql`, reading column `column` of its row, if any.
+async fn query_opt_value<T: FromSqlOwned>(
+    client: &impl GenericClient,
+    sql: &str,
+    params: Params<'_>,
+    column: &str,
+) -> Result<Option<T>, Error> {
+    let stmt = client.prepare_cached(sql).await?;
+    Ok(client
+        .query_opt(&stmt, params)
+        .await?
+        .map(|r| r.try_get(column))
+        .transpose()?)
+}
+
+/// Prepares (cached) and runs `sql`, reading column `column` of its one row.
+async fn query_one_value<T: FromSqlOwned>(
+    client: &impl GenericClient,
+    sql: &str,
+    params: Params<'_>,
+    column: &str,
+) -> Result<T, Error> {
+    let stmt = client.prepare_cached(sql).await?;
+    Ok(client.query_one(&stmt, params).await?.try_get(column)?)
+}
+
+/// Prepares (cached) and runs `sql`; true when it returned a row.
+async fn query_found(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<bool, Error> {
+    let stmt = client.prepare_cached(sql).await?;
+    Ok(client.query_opt(&stmt, params).await?.is_some())
+}
+
+/// Prepares (cached) and executes `sql`; returns the rows it changed.
+async fn execute(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<u64, Error> {
+    let stmt = client.prepare_cached(sql).await?;
+    Ok(client.execute(&stmt, params).await?)
+}
+
+/// Declares a file's statements from one list of `CONST = "name"`: each
+/// constant holds `sql/queries/<name>.sql` (or, with `: "SQL"`, that text),
+/// and `STATEMENTS` pairs every name with its text for [`all`].
+macro_rules! statements {
+    ($($const:ident = $name:literal $(: $sql:literal)?,)+) => {
+        $(const $const: &str = $crate::repo::statements!(@text $name $($sql)?);)+
+
+        /// This file's statements, for [`super::all`].
+        pub(super) const STATEMENTS: &[(&str, &str)] = &[$(($name, $const)),+];
+    };
+    (@text $name:literal) => {
+        include_str!(concat!("../../sql/queries/", $name, ".sql"))
+    };
+    (@text $name:literal $sql:literal) => {
+        $sql
+    };
+}
+pub(crate) use statements;
+
+/// Declares a row type and its [`FromRow`] from one field list: each field
+/// is read with `try_get` from the column of its name, or from the column
+/// written after it as `field = "column"`. A field cannot be left out of
+/// the reading, nor read from a column it does not name.
+macro_rules! row_struct {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $($(#[$fmeta:meta])* $fvis:vis $field:ident $(= $col:literal)?: $ty:ty,)+
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($(#[$fmeta])* $fvis $field: $ty,)+
+        }
+
+        impl $crate::repo::FromRow for $name {
+            fn from_row(r: &tokio_postgres::Row) -> Result<$name, $crate::db::Error> {
+                Ok($name {
+                    $($field: r.try_get({
+                        #[allow(unused_variables)]
+                        let column = stringify!($field);
+                        $(let column = $col;)?
+                        column
+                    })?,)+
+                })
+            }
+        }
+    };
+}
+pub(crate) use row_struct;
+
+row_struct! {
+    /// A row of a statement that counts by status.
+    struct StatusCount {
+        status: String,
+        n: i64,
+    }
+}
+
+/// Prepares (cached) and runs `sql`, a count by status: (status, count).
+async fn status_counts(
+    client: &impl GenericClient,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<(String, i64)>, Error> {
+    let rows: Vec<StatusCount> = query_as(client, sql, params).await?;
+    Ok(rows.into_iter().map(|r| (r.status, r.n)).collect())
 }
 
 /// Declares the inputs of a statement as a struct whose fields are its

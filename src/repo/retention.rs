@@ -9,28 +9,19 @@ use deadpool_postgres::GenericClient;
 use super::{as_limit, secs};
 use crate::db::Error;
 
-const REQUESTS: &str = include_str!("../../sql/queries/retention_runs.sql");
-const ACTIONS: &str = include_str!("../../sql/queries/retention_actions.sql");
-
-/// This file's statements, for [`super::all`].
-pub(super) const STATEMENTS: &[(&str, &str)] = &[("retention_runs", REQUESTS), ("retention_actions", ACTIONS)];
+super::statements! {
+    REQUESTS = "retention_runs",
+    ACTIONS = "retention_actions",
+}
 
 /// Deletes up to `batch` terminal requests finished more than `keep` ago;
 /// returns how many.
 pub async fn delete_requests(client: &impl GenericClient, keep: Duration, batch: usize) -> Result<i64, Error> {
-    let stmt = client.prepare_cached(REQUESTS).await?;
-    Ok(client
-        .query_one(&stmt, &[&secs(keep), &as_limit(batch)])
-        .await?
-        .try_get("deleted")?)
+    super::query_one_value(client, REQUESTS, &[&secs(keep), &as_limit(batch)], "deleted").await
 }
 
 /// Deletes up to `batch` request-less operator actions older than `keep`;
 /// returns how many.
 pub async fn delete_actions(client: &impl GenericClient, keep: Duration, batch: usize) -> Result<i64, Error> {
-    let stmt = client.prepare_cached(ACTIONS).await?;
-    Ok(client
-        .query_one(&stmt, &[&secs(keep), &as_limit(batch)])
-        .await?
-        .try_get("deleted")?)
+    super::query_one_value(client, ACTIONS, &[&secs(keep), &as_limit(batch)], "deleted").await
 }
