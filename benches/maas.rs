@@ -339,7 +339,11 @@ async fn load_memory(c: &Client, users: i64, turns: i64, records: i64) -> Vec<(U
 /// turns contain), so retrieval's cost shows as the difference.
 async fn latency(b: &mut Bench) {
     let samples = if b.quick { 300 } else { 1000 };
-    let (users, turns, records) = if b.quick { (100, 2_000, 200) } else { (1_000, 2_000, 200) };
+    let (users, turns, records) = if b.quick {
+        (100, 2_000, 200)
+    } else {
+        (1_000, 2_000, 200)
+    };
     let url = b.fresh_db("latency").await;
     {
         let mut c = connect(&url).await;

@@ -87,23 +87,39 @@ pub async fn run(pool: Pool, cfg: Arc<Config>, shutdown: CancellationToken) {
 /// One pass: deletes batches until none is full (or `stop` fires).
 pub async fn pass(pool: &Pool, keep: Duration, batch: usize, stop: &CancellationToken) -> Result<Removed, db::Error> {
     let client = pool.get().await?;
-    let mut removed = Removed::default();
+    Ok(Removed {
+        runs: drain(&client, Table::Requests, keep, batch, stop).await?,
+        actions: drain(&client, Table::Actions, keep, batch, stop).await?,
+    })
+}
+
+/// The tables a pass deletes from, in this order.
+#[derive(Debug, Clone, Copy)]
+enum Table {
+    Requests,
+    Actions,
+}
+
+/// Deletes batches from one table until one is not full (or `stop` fires);
+/// returns how many rows went.
+async fn drain(
+    client: &deadpool_postgres::Client,
+    table: Table,
+    keep: Duration,
+    batch: usize,
+    stop: &CancellationToken,
+) -> Result<i64, db::Error> {
     let full = i64::try_from(batch).unwrap_or(i64::MAX);
+    let mut removed = 0;
     loop {
-        let n = repo::retention::delete_requests(&client, keep, batch).await?;
-        removed.runs += n;
+        let n = match table {
+            Table::Requests => repo::retention::delete_requests(client, keep, batch).await?,
+            Table::Actions => repo::retention::delete_actions(client, keep, batch).await?,
+        };
+        removed += n;
         if n < full || stop.is_cancelled() {
-            break;
+            return Ok(removed);
         }
         tokio::time::sleep(BETWEEN_BATCHES).await;
     }
-    loop {
-        let n = repo::retention::delete_actions(&client, keep, batch).await?;
-        removed.actions += n;
-        if n < full || stop.is_cancelled() {
-            break;
-        }
-        tokio::time::sleep(BETWEEN_BATCHES).await;
-    }
-    Ok(removed)
 }

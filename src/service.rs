@@ -46,6 +46,28 @@ pub fn start(services: Vec<Arc<dyn Service>>, shutdown: &CancellationToken) -> T
     tasks
 }
 
+/// Waits for the next tick of a periodic service; false once `shutdown`
+/// fires (the service then returns).
+pub async fn next_tick(tick: &mut tokio::time::Interval, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tick.tick() => true,
+    }
+}
+
+/// A pooled connection for one pass of the service `name`, or `None` when
+/// the database is out of reach: the pass is skipped (logged at debug) and
+/// the next tick tries again.
+pub async fn connection(pool: &crate::db::Pool, name: &str) -> Option<deadpool_postgres::Object> {
+    match pool.get().await {
+        Ok(client) => Some(client),
+        Err(e) => {
+            tracing::debug!(service = name, error = %e, "no database connection; this pass is skipped");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::db::Pool;
 use crate::listener::Notifier;
 use crate::metrics::Stats;
-use crate::service::Service;
+use crate::service::{self, Service};
 
 /// How often expired idempotency keys are deleted.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
@@ -57,18 +57,13 @@ impl MetricsRefresh {
         let mut tick = tokio::time::interval(self.cfg.http.metrics_refresh());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
+            if !service::next_tick(&mut tick, &shutdown).await {
+                return;
             }
             self.handle.run_upkeep();
             crate::metrics::observe_engine(&self.stats, self.notifier.is_listening());
-            let client = match self.pool.get().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::debug!(error = %e, "metrics: no database connection; refresh skipped");
-                    continue;
-                }
+            let Some(client) = service::connection(&self.pool, self.name()).await else {
+                continue;
             };
             match crate::repo::requests::count_backlog(&client).await {
                 Ok(rows) => crate::metrics::observe_backlog(&rows),
@@ -104,16 +99,11 @@ impl IdempotencyExpiry {
         let mut tick = tokio::time::interval_at(start, EXPIRY_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
+            if !service::next_tick(&mut tick, &shutdown).await {
+                return;
             }
-            let client = match self.pool.get().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::debug!(error = %e, "http: no database connection; idempotency key expiry skipped");
-                    continue;
-                }
+            let Some(client) = service::connection(&self.pool, self.name()).await else {
+                continue;
             };
             let ttl = self.cfg.http.idempotency_ttl();
             match crate::repo::idempotency::expire(&client, ttl, EXPIRY_BATCH).await {
