@@ -166,7 +166,7 @@ impl Analysis {
     /// The period `time_scope` names, as a half-open UTC range
     /// `[start, end)`; `now` is the request's time, which decides relative
     /// phrases. `None` when it names no period. The forms read are those of
-    /// [`timescope::range`](crate::timescope::range).
+    /// [`timescope::range`](crate::timescope::range()).
     pub fn time_range(&self, now: DateTime<Utc>) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
         crate::timescope::range(&self.time_scope, now)
     }

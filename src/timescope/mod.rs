@@ -1,13 +1,13 @@
 //! Time phrases, English and Russian: finding the time a query names
-//! ([`find`]) and reading a `time_scope` into a UTC range ([`range`]).
+//! ([`find`]) and reading a `time_scope` into a UTC range ([`range()`]).
 //!
 //! Guarantees:
 //! - A leaf: no crate imports, so the analyzers (`llm`) and the stages
 //!   (`stage`) share one reader.
-//! - Both are pure functions that never panic; [`range`] returns a
+//! - Both are pure functions that never panic; [`range()`] returns a
 //!   non-empty half-open range or `None`.
 //! - One set of word tables (months, seasons, units, counts) serves both,
-//!   so every scope [`find`] writes is in a form [`range`] reads.
+//!   so every scope [`find`] writes is in a form [`range()`] reads.
 
 mod query;
 mod range;

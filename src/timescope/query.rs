@@ -1,7 +1,7 @@
 //! Finding what a query says about time: [`find`].
 //!
 //! Guarantees: a pure function of the query; never panics; every scope it
-//! returns other than `"none"` is written in a form [`range`](super::range)
+//! returns other than `"none"` is written in a form [`range()`](super::range())
 //! reads (the words it knows are the range reader's, [`super::words`]).
 
 use chrono::NaiveDate;

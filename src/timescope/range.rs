@@ -1,4 +1,4 @@
-//! Reading a time scope into a half-open UTC range: [`range`].
+//! Reading a time scope into a half-open UTC range: [`range()`].
 //!
 //! Guarantees: a pure function of the scope and `now`; never panics (every
 //! date step is checked); a range it returns is non-empty; a scope longer

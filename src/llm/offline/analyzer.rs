@@ -8,8 +8,8 @@
 //!   one); `context_found` is the record sharing the most keywords (ties:
 //!   the first listed).
 //! - `time_scope` and a `period`/`recent` `context_type` come from
-//!   [`timescope::find`](crate::timescope::find), so every scope written is
-//!   one [`Analysis::time_range`](crate::stage::Analysis::time_range) reads.
+//!   [`timescope::find`], so every scope written is one
+//!   [`Analysis::time_range`](crate::stage::Analysis::time_range) reads.
 
 use serde_json::{Value, json};
 
