@@ -52,7 +52,8 @@
 //!
 //! 0. Leaves, no crate imports: [`model`] (statuses, stages, prompt roles,
 //!    the memory shapes), [`error`] (what a failure means for the request),
-//!    [`secret`], [`backoff`], [`sys`], [`shutdown`], [`telemetry`].
+//!    [`secret`], [`backoff`], [`sys`], [`shutdown`], [`telemetry`],
+//!    [`timescope`].
 //! 1. [`llm`] — providers (OpenAI-compatible, Anthropic, Gemini, offline),
 //!    rate limits, token counting, fence stripping, error mapping.
 //! 2. [`config`] — typed settings, loaded once (defaults → file →
@@ -105,3 +106,4 @@ pub mod stage;
 pub mod sys;
 pub mod systemd;
 pub mod telemetry;
+pub mod timescope;

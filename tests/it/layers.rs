@@ -9,7 +9,16 @@ use std::path::{Path, PathBuf};
 
 /// The layers of `src/lib.rs`'s map, lowest first.
 const LAYERS: &[&[&str]] = &[
-    &["model", "error", "secret", "backoff", "sys", "shutdown", "telemetry"],
+    &[
+        "model",
+        "error",
+        "secret",
+        "backoff",
+        "sys",
+        "shutdown",
+        "telemetry",
+        "timescope",
+    ],
     &["llm"],
     &["config"],
     &["db"],
