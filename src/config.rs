@@ -27,8 +27,10 @@ pub use crate::secret::Secret;
 
 mod archivist;
 mod http;
+mod memory;
 pub use archivist::{ArchivistConfig, cron_schedule};
 pub use http::{HttpAddr, HttpConfig, exposed_without_tokens, is_loopback};
+pub use memory::MemoryConfig;
 
 /// Everything `maasd` and `maasctl` read from configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -101,6 +103,9 @@ pub struct Config {
     /// The archivist's schedule, thresholds and budgets (`[archivist]`, see
     /// [`ArchivistConfig`]).
     pub archivist: ArchivistConfig,
+    /// Retrieval and packing of the user's memory (`[memory]`, see
+    /// [`MemoryConfig`]).
+    pub memory: MemoryConfig,
 }
 
 /// Per-stage concurrency limits. A notification that finds no free slot is
@@ -316,6 +321,7 @@ impl Default for Config {
             callbacks: CallbacksConfig::default(),
             retention: RetentionConfig::default(),
             archivist: ArchivistConfig::default(),
+            memory: MemoryConfig::default(),
         }
     }
 }
@@ -443,6 +449,9 @@ impl Config {
             );
         }
         if let Some((key, problem)) = self.archivist.problem() {
+            return invalid(key, &problem);
+        }
+        if let Some((key, problem)) = self.memory.problem() {
             return invalid(key, &problem);
         }
         Ok(())

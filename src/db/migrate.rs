@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_assembler_memory.sql",
         sql: include_str!("../../sql/0007_assembler_memory.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_memory_search.sql",
+        sql: include_str!("../../sql/0008_memory_search.sql"),
+    },
 ];
 
 pub const TRIGGERS: &[TriggerFile] = &[

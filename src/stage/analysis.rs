@@ -15,6 +15,7 @@
 //! - Nothing outside `stage` reads the analysis JSON: the dispatcher only
 //!   passes it along and asks [`Pipeline::fuse_assemble`](super::Pipeline::fuse_assemble).
 
+use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
 
 use crate::llm::text::strip_fence;
@@ -157,6 +158,13 @@ impl Analysis {
     /// them.
     pub fn assembles_from(&self, memory: &[MemoryRecord]) -> bool {
         self.record_id().is_none_or(|id| memory.iter().any(|m| m.id == id))
+    }
+
+    /// The period `time_scope` names, relative to `now`, if it names one.
+    /// (Stub: no phrase is read yet; a colleague's change fills it in.)
+    pub fn time_range(&self, now: DateTime<Utc>) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+        let _ = now;
+        None
     }
 }
 

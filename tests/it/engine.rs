@@ -66,6 +66,7 @@ impl Pipeline for TestPipeline {
             output.map(|output| StageSuccess {
                 output,
                 usage: Usage::default(),
+                context_sources: None,
             })
         }
         .boxed()
