@@ -25,6 +25,7 @@ use crate::model::Status;
 
 const SUBMIT: &str = include_str!("../../sql/queries/submit_request.sql");
 const GET: &str = include_str!("../../sql/queries/show_run.sql");
+const CONTEXT: &str = include_str!("../../sql/queries/run_context.sql");
 const LIST: &str = include_str!("../../sql/queries/list_runs.sql");
 const STATES: &str = include_str!("../../sql/queries/request_states.sql");
 const USER_STATES: &str = include_str!("../../sql/queries/user_states.sql");
@@ -42,6 +43,7 @@ const RING_DUE: &str = include_str!("../../sql/queries/ring_due.sql");
 pub(super) const STATEMENTS: &[(&str, &str)] = &[
     ("submit_request", SUBMIT),
     ("show_run", GET),
+    ("run_context", CONTEXT),
     ("list_runs", LIST),
     ("request_states", STATES),
     ("user_states", USER_STATES),
@@ -102,6 +104,8 @@ pub struct Request {
     /// Debug mode: resting until an operator continues it.
     pub held: bool,
     pub callback_url: Option<String>,
+    /// The memory its context holds: `[{kind, id, score, why}]`.
+    pub context_sources: Option<Value>,
 }
 
 impl FromRow for Request {
@@ -126,6 +130,7 @@ impl FromRow for Request {
             updated_at: r.try_get("updated_at")?,
             held: r.try_get("held")?,
             callback_url: r.try_get("callback_url")?,
+            context_sources: r.try_get("context_sources")?,
         })
     }
 }
@@ -133,6 +138,29 @@ impl FromRow for Request {
 /// One request, `None` for an unknown id.
 pub async fn get(client: &impl GenericClient, id: Uuid) -> Result<Option<Request>, Error> {
     let stmt = client.prepare_cached(GET).await?;
+    row_as(client.query_opt(&stmt, &[&id]).await?)
+}
+
+/// A run's assembled context and the memory it holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunContext {
+    pub context: Option<String>,
+    /// `[{kind, id, score, why}]`, `None` before the assemble stage.
+    pub context_sources: Option<Value>,
+}
+
+impl FromRow for RunContext {
+    fn from_row(r: &Row) -> Result<RunContext, Error> {
+        Ok(RunContext {
+            context: r.try_get("final_context_payload")?,
+            context_sources: r.try_get("context_sources")?,
+        })
+    }
+}
+
+/// One run's context and its sources, `None` for an unknown id.
+pub async fn context_of(client: &impl GenericClient, id: Uuid) -> Result<Option<RunContext>, Error> {
+    let stmt = client.prepare_cached(CONTEXT).await?;
     row_as(client.query_opt(&stmt, &[&id]).await?)
 }
 

@@ -6,6 +6,7 @@ mod cli;
 mod engine;
 mod http;
 mod llm;
+mod memory;
 mod ops;
 mod orchestrator;
 mod props;
