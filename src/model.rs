@@ -226,6 +226,9 @@ pub struct MemoryItem {
     pub why: String,
     /// The score of its hit (BM25; 0 for a thread turn).
     pub score: f64,
+    /// The hit whose window brought it (its own id for a hit, a thread
+    /// turn or a record).
+    pub hit_id: i64,
     pub thread_id: Option<uuid::Uuid>,
     /// `user_query` or `assistant_response`; `None` for a record.
     pub message_type: Option<String>,

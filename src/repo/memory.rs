@@ -65,6 +65,7 @@ impl FromRow for MemoryItem {
             id: r.try_get("id")?,
             why: r.try_get("why")?,
             score: r.try_get("score")?,
+            hit_id: r.try_get("hit_id")?,
             thread_id: r.try_get("thread_id")?,
             message_type: r.try_get("message_type")?,
             content: r.try_get("content")?,

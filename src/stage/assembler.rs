@@ -123,22 +123,50 @@ fn speaker(item: &MemoryItem) -> (&str, &str) {
     (who, item.content.as_str())
 }
 
-/// One item's line (without its newline).
-pub fn line(item: &MemoryItem) -> String {
+/// One item's line (without its newline), with or without its date.
+pub fn line(item: &MemoryItem, dated: bool) -> String {
     let date = item.created_at.format("%Y-%m-%d");
     if item.is_record() {
         return format!("Record ({date}): {}", quote(&item.content));
     }
     let (name, text) = speaker(item);
-    format!("{} ({date}): {}", quote(name), quote(text))
+    if dated {
+        format!("{} ({date}): {}", quote(name), quote(text))
+    } else {
+        format!("{}: {}", quote(name), quote(text))
+    }
 }
 
 fn source(item: &MemoryItem) -> Value {
     json!({"kind": item.kind, "id": item.id, "score": item.score, "why": item.why})
 }
 
+/// What a turn's date costs on its line (` (2023-05-08)`).
+fn date_cost(counter: &TokenCounter) -> usize {
+    counter.count(" (2023-05-08)")
+}
+
+/// Turns shown together, oldest first, the date on the first line and
+/// again where it changes.
+fn render_run(items: &mut [&MemoryItem], out: &mut String) {
+    items.sort_by_key(|i| (i.created_at, i.id));
+    let mut last = None;
+    for item in items.iter() {
+        let date = item.created_at.date_naive();
+        out.push_str(&line(item, last != Some(date)));
+        out.push('\n');
+        last = Some(date);
+    }
+}
+
 /// Builds the pie within `max_tokens` (the query whole even beyond it), and
 /// the sources of its memory.
+///
+/// Packing: the thread's turns newest first, then the long-term items in
+/// their order; an item whose line does not fit is skipped. A turn costs its
+/// line without the date, plus the date once per window (the turns a hit
+/// brought) or per day of the thread: the turns of a window are shown
+/// together, oldest first, dated once.
 pub fn assemble(
     counter: &TokenCounter,
     max_tokens: usize,
@@ -177,6 +205,7 @@ pub fn assemble(
     let mut body = String::new();
     let mut sources = Vec::new();
     let mut used: HashSet<(bool, i64)> = HashSet::new();
+    let dated = date_cost(counter);
 
     if let Some(record) = memory.record {
         let period = format!(
@@ -202,40 +231,54 @@ pub fn assemble(
 
     // Short-term: newest first until the thread budget is spent; shown in
     // the order they were said.
-    let mut thread_lines = Vec::new();
+    let mut thread: Vec<&MemoryItem> = Vec::new();
+    let mut days = HashSet::new();
     for item in memory.items.iter().filter(|i| i.why == MemoryItem::THREAD) {
-        let l = format!("{}\n", line(item));
-        let cost = counter.count(&l);
+        let day = item.created_at.date_naive();
+        let extra = if days.contains(&day) { 0 } else { dated };
+        let cost = counter.count(&line(item, false)) + 1 + extra;
         if cost > thread_room.min(total_room) || !used.insert((item.is_record(), item.id)) {
             continue;
         }
+        days.insert(day);
         thread_room -= cost;
         total_room -= cost;
         if memory.recent {
             long_room = long_room.saturating_sub(cost);
         }
-        thread_lines.push(l);
+        thread.push(item);
         sources.push(source(item));
     }
-    for l in thread_lines.iter().rev() {
-        body.push_str(l);
-    }
+    render_run(&mut thread, &mut body);
 
-    // Long-term: most relevant first.
+    // Long-term: most relevant first, each hit's window shown together.
+    let mut windows: Vec<(i64, Vec<&MemoryItem>)> = Vec::new();
     for item in memory.items.iter().filter(|i| i.why != MemoryItem::THREAD) {
         if used.contains(&(item.is_record(), item.id)) {
             continue;
         }
-        let l = format!("{}\n", line(item));
-        let cost = counter.count(&l);
+        let window = windows
+            .iter()
+            .position(|(hit, _)| !item.is_record() && *hit == item.hit_id);
+        let cost = if item.is_record() {
+            counter.count(&line(item, true)) + 1
+        } else {
+            counter.count(&line(item, false)) + 1 + if window.is_some() { 0 } else { dated }
+        };
         if cost > long_room.min(total_room) {
             continue;
         }
         used.insert((item.is_record(), item.id));
         long_room -= cost;
         total_room -= cost;
-        body.push_str(&l);
+        match window {
+            Some(w) => windows[w].1.push(item),
+            None => windows.push((if item.is_record() { -item.id } else { item.hit_id }, vec![item])),
+        }
         sources.push(source(item));
+    }
+    for (_, mut items) in windows {
+        render_run(&mut items, &mut body);
     }
     if body.is_empty() {
         return bare();
@@ -276,6 +319,7 @@ mod tests {
             id,
             why: why.into(),
             score: 2.5,
+            hit_id: id,
             thread_id: None,
             message_type: Some("user_query".into()),
             content: content.into(),
@@ -338,8 +382,14 @@ mod tests {
             turn(6, "thread", "Assistant text", 2),
             turn(1, "hit", "Melanie: I painted a sunrise", 8),
             turn(7, "hit", "Olga moves to Lisbon in March", 3),
-            turn(2, "neighbour", &big, 8),
-            turn(3, "neighbour", "Caroline: nice!", 8),
+            MemoryItem {
+                hit_id: 1,
+                ..turn(2, "neighbour", &big, 8)
+            },
+            MemoryItem {
+                hit_id: 1,
+                ..turn(3, "neighbour", "Caroline: nice!", 8)
+            },
             MemoryItem {
                 kind: "record".into(),
                 id: 7,
@@ -356,7 +406,10 @@ mod tests {
         };
         let (pie, sources) = assemble(&c, 10_000, "SYS", "", &memory, "Where is my sister moving?");
         assert!(pie.contains("User (2023-05-02): Assistant text\nUser (2023-05-03): Olga moves to Lisbon in March\n"));
-        assert!(pie.contains("Melanie (2023-05-08): I painted a sunrise\nCaroline (2023-05-08): nice!\n"));
+        assert!(
+            pie.contains("Melanie (2023-05-08): I painted a sunrise\nCaroline: nice!\n"),
+            "{pie}"
+        );
         assert!(pie.contains("Record (2023-05-01): a summary"));
         assert!(!pie.contains("word word"), "a line that does not fit is skipped");
         assert_eq!(pie.matches("Olga").count(), 1, "an item is used once");

@@ -135,6 +135,7 @@ mod tests {
             id,
             why: why.into(),
             score: 1.0,
+            hit_id: id,
             thread_id: None,
             message_type: Some("user_query".into()),
             content: String::new(),
