@@ -141,6 +141,13 @@ fn source(item: &MemoryItem) -> Value {
     json!({"kind": item.kind, "id": item.id, "score": item.score, "why": item.why})
 }
 
+/// What an item's line costs with its newline.
+fn lined(counter: &TokenCounter, item: &MemoryItem, dated: bool) -> usize {
+    let mut l = line(item, dated);
+    l.push('\n');
+    counter.count(&l)
+}
+
 /// What a turn's date costs on its line (` (2023-05-08)`).
 fn date_cost(counter: &TokenCounter) -> usize {
     counter.count(" (2023-05-08)")
@@ -236,7 +243,7 @@ pub fn assemble(
     for item in memory.items.iter().filter(|i| i.why == MemoryItem::THREAD) {
         let day = item.created_at.date_naive();
         let extra = if days.contains(&day) { 0 } else { dated };
-        let cost = counter.count(&line(item, false)) + 1 + extra;
+        let cost = lined(counter, item, false) + extra;
         if cost > thread_room.min(total_room) || !used.insert((item.is_record(), item.id)) {
             continue;
         }
@@ -261,9 +268,9 @@ pub fn assemble(
             .iter()
             .position(|(hit, _)| !item.is_record() && *hit == item.hit_id);
         let cost = if item.is_record() {
-            counter.count(&line(item, true)) + 1
+            lined(counter, item, true)
         } else {
-            counter.count(&line(item, false)) + 1 + if window.is_some() { 0 } else { dated }
+            lined(counter, item, false) + if window.is_some() { 0 } else { dated }
         };
         if cost > long_room.min(total_room) {
             continue;
