@@ -11,6 +11,11 @@
 //!   message, and hands that to the completer exactly once per attempt.
 //! - A successful analyze may run the assemble stage at once on the same
 //!   input ([`Engine::fuse`]); whatever fusing does, the analysis stands.
+//! - Before an assemble stage (fused or not) the request's memory is read
+//!   as the stage layer plans it (`stage::memory::plan_for`): one
+//!   statement, none when the plan needs none; the engine does not read
+//!   the analysis itself. A failed read is a retryable stage error (a
+//!   fused assemble is then left to the assemble stage).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
