@@ -55,8 +55,10 @@ use secs_getters;
 fn retry_delay(base_ms: u64, max_secs: u64, attempt: u32) -> Duration {
     crate::backoff::retry_delay(Duration::from_millis(base_ms), Duration::from_secs(max_secs), attempt)
 }
+mod memory;
 pub use archivist::{ArchivistConfig, cron_schedule};
 pub use http::{HttpAddr, HttpConfig, exposed_without_tokens, is_loopback};
+pub use memory::MemoryConfig;
 
 /// Everything `maasd` and `maasctl` read from configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -129,6 +131,9 @@ pub struct Config {
     /// The archivist's schedule, thresholds and budgets (`[archivist]`, see
     /// [`ArchivistConfig`]).
     pub archivist: ArchivistConfig,
+    /// Retrieval and packing of the user's memory (`[memory]`, see
+    /// [`MemoryConfig`]).
+    pub memory: MemoryConfig,
 }
 
 /// Per-stage concurrency limits. A notification that finds no free slot is
@@ -338,6 +343,7 @@ impl Default for Config {
             callbacks: CallbacksConfig::default(),
             retention: RetentionConfig::default(),
             archivist: ArchivistConfig::default(),
+            memory: MemoryConfig::default(),
         }
     }
 }
@@ -465,6 +471,9 @@ impl Config {
             );
         }
         if let Some((key, problem)) = self.archivist.problem() {
+            return invalid(key, &problem);
+        }
+        if let Some((key, problem)) = self.memory.problem() {
             return invalid(key, &problem);
         }
         Ok(())

@@ -62,7 +62,9 @@ pub fn pipeline(cfg: &Config) -> Result<Arc<dyn Pipeline>, DaemonError> {
             "llm role"
         );
     }
-    Ok(Arc::new(LlmPipeline::new(llm, cfg.context_max_tokens)))
+    Ok(Arc::new(
+        LlmPipeline::new(llm, cfg.context_max_tokens).with_memory(cfg.memory.clone()),
+    ))
 }
 
 /// Runs the daemon until `shutdown`; `ready` is called once migrated and

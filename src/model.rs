@@ -197,6 +197,43 @@ pub struct MemoryRecord {
     pub summary: String,
 }
 
+/// One item of a request's memory, as the retrieval found it: a turn
+/// (`raw_logs`) or a record (`lsm_storage`), always of the request's user.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryItem {
+    /// `turn` or `record`.
+    pub kind: String,
+    /// The row's id in its table.
+    pub id: i64,
+    /// Why it was found: `thread` (a turn of the request's own thread),
+    /// `hit` (it matched the query), `neighbour` (next to a hit in its
+    /// thread) or `record`.
+    pub why: String,
+    /// The score of its hit (BM25; 0 for a thread turn).
+    pub score: f64,
+    /// The hit whose window brought it (its own id for a hit, a thread
+    /// turn or a record).
+    pub hit_id: i64,
+    pub thread_id: Option<uuid::Uuid>,
+    /// `user_query` or `assistant_response`; `None` for a record.
+    pub message_type: Option<String>,
+    pub content: String,
+    /// A turn's time, a record's period start.
+    pub created_at: DateTime<Utc>,
+    /// A record's period end.
+    pub period_end: Option<DateTime<Utc>>,
+}
+
+impl MemoryItem {
+    pub const TURN: &'static str = "turn";
+    pub const RECORD: &'static str = "record";
+    pub const THREAD: &'static str = "thread";
+
+    pub fn is_record(&self) -> bool {
+        self.kind == Self::RECORD
+    }
+}
+
 named_enum! {
     /// Whose system prompt a `system_prompts` row is.
     ///

@@ -25,6 +25,7 @@
 -- $22 fused_in  (carries a fused assemble result)
 -- $23 fused_tokens  (the fused assemble step's tokens)
 -- $24 fused_latency_ms  (the fused assemble step's latency)
+-- $25 context_sources  (the memory the context holds, written with it)
 --
 -- Records a batch of finished stage attempts in one statement. Each result
 -- is fenced: it applies only while the row is still in that stage's
@@ -57,11 +58,13 @@ WITH input AS (
     FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[],
                 $7::int4[], $8::timestamptz[], $9::jsonb[], $10::text[], $11::text[],
                 $12::text[], $13::text[], $14::int8[], $15::text[], $16::int4[],
-                $17::int4[], $18::int4[], $20::text[], $22::bool[], $23::int4[], $24::int4[])
+                $17::int4[], $18::int4[], $20::text[], $22::bool[], $23::int4[], $24::int4[],
+                $25::jsonb[])
         AS t(id, token, stage, in_flight, new_status, outcome,
              attempt, started_at, analysis, context, answer,
              error_class, error_message, delay_ms, model, prompt_tokens,
-             completion_tokens, latency_ms, chain_to, fused_in, fused_tokens, fused_latency_ms)
+             completion_tokens, latency_ms, chain_to, fused_in, fused_tokens, fused_latency_ms,
+             context_sources)
     CROSS JOIN (SELECT EXISTS (SELECT 1 FROM maas_control WHERE paused) AS on) paused
 ),
 done AS (
@@ -74,6 +77,10 @@ done AS (
         final_context_payload = coalesce(CASE WHEN i.stage <> 'analyze' OR (i.fused AND NOT r.debug)
                                               THEN i.context END,
                                          r.final_context_payload),
+        context_sources       = CASE WHEN i.context IS NOT NULL
+                                      AND (i.stage <> 'analyze' OR (i.fused AND NOT r.debug))
+                                     THEN i.context_sources
+                                     ELSE r.context_sources END,
         final_answer          = coalesce(i.answer, r.final_answer),
         error                 = CASE i.outcome
                                     WHEN 'succeeded' THEN NULL

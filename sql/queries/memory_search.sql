@@ -1,29 +1,37 @@
--- DRAFT (not wired in yet; needs sql/drafts/0008_memory_search.sql).
--- Long-term retrieval for one request: the user's turns and records that
--- match the query, scored, with the neighbouring turns of each hit, in the
--- order the assembler packs them. One statement; every scan is filtered by
--- the user (invariant 7) and goes through the (user_id, search) GIN
--- indexes, so another user's rows are never read.
+-- The memory of one request, short-term and long-term, in one statement
+-- (src/repo/memory.rs). Every scan is filtered by the user (invariant 7)
+-- and goes through an index that leads with user_id: the (user_id, search)
+-- GIN indexes for the search, raw_logs_user_seq_idx for the neighbours,
+-- raw_logs_thread_idx for the thread; another user's rows are never read.
+-- The request's own turns (its query, logged on submit) are never returned.
 --
 -- $1 user_id (uuid)
--- $2 query text (the request's query, plus the analysis' search_keywords)
--- $3 hits: most matching turns (e.g. 40; the budget ends packing earlier)
--- $4 window: same-thread neighbours each side of a hit (2 measured best)
--- $5 records: most matching records (0 for none)
+-- $2 query (the request's query, plus the analysis' search_keywords; empty: no long-term search)
+-- $3 hits (most matching turns, e.g. 40; 0: no long-term turns)
+-- $4 window (same-thread neighbours each side of a hit; 2 measured best)
+-- $5 records (most matching records; 0 for none)
+-- $6 thread_id (the request's thread; NULL: no short-term turns)
+-- $7 thread_turns (newest turns of that thread)
+-- $8 request_id (the request itself, whose turns are left out)
 --
--- Scoring: Okapi BM25 (k1 1.2, b 0.75) with the user's own document
+-- Short-term: the newest $7 turns of the thread $6, archived or not, why
+-- 'thread', score 0, newest first.
+--
+-- Long-term scoring: Okapi BM25 (k1 1.2, b 0.75) with the user's own document
 -- frequencies (one GIN lookup per query lexeme, at most 32 lexemes), term
 -- frequency from the tsvector's positions, document length = distinct
 -- lexemes over an average of 13 (LoCoMo's chat turns). The query is an OR of
 -- its lexemes: an AND (plainto_tsquery) finds all words in one turn for 1 in
 -- 10 questions only. Ties: the newer turn first.
 --
--- Rows: kind ('turn' | 'record'), id, hit_id (the turn whose window brought
--- the row; its own id for a hit), rank (of that hit, 1 = best), score (of
--- that hit), thread_id, message_type, content, created_at (a record's
--- time_bucket_start), ordered for greedy packing: by the hit's score, then
--- the hit before its neighbours, nearer neighbours first. A turn in several
--- windows comes once, with its best hit.
+-- Rows: kind ('turn' | 'record'), id, why ('thread' | 'hit' | 'neighbour' |
+-- 'record'), hit_id (the turn whose window brought the row; its own id for a
+-- hit), score (of that hit), thread_id, message_type, content, created_at (a
+-- record's time_bucket_start), period_end (a record's time_bucket_end).
+-- Order: the thread's turns first (newest first), then the long-term items
+-- in the order the assembler packs them: by the hit's score, then the hit
+-- before its neighbours, nearer neighbours first. A turn in several windows
+-- comes once, with its best hit.
 WITH q AS (
     SELECT DISTINCT l.lexeme
     FROM unnest(to_tsvector('maas_memory', $2::text)) AS l
@@ -38,8 +46,10 @@ WITH q AS (
     FROM q
     CROSS JOIN n
     CROSS JOIN LATERAL (
-        SELECT (SELECT count(*) FROM raw_logs r
-                WHERE r.user_id = $1::uuid AND r.search @@ quote_literal(q.lexeme)::tsquery)::float8 AS turns,
+        SELECT CASE WHEN $3::int > 0 THEN
+                   (SELECT count(*) FROM raw_logs r
+                    WHERE r.user_id = $1::uuid AND r.search @@ quote_literal(q.lexeme)::tsquery)
+               ELSE 0 END::float8 AS turns,
                -- (no lookup at all when no record is wanted)
                CASE WHEN $5::int > 0 THEN
                    (SELECT count(*) FROM lsm_storage s
@@ -55,6 +65,7 @@ WITH q AS (
                   + 1.2 * (0.25 + 0.75 * length(r.search) / 13.0))) AS score
     FROM anyq
     JOIN raw_logs r ON r.user_id = $1::uuid AND r.search @@ anyq.tq
+                   AND r.request_id IS DISTINCT FROM $8::uuid
     CROSS JOIN LATERAL unnest(r.search) AS x
     JOIN w ON w.lexeme = x.lexeme
     GROUP BY r.id
@@ -65,9 +76,11 @@ WITH q AS (
     FROM hits h
 ), turns AS (
     SELECT DISTINCT ON (t.id)
-           'turn'::text AS kind, t.id, k.id AS hit_id, k.rank, k.score,
+           'turn'::text AS kind, t.id,
+           CASE WHEN t.id = k.id THEN 'hit' ELSE 'neighbour' END AS why,
+           k.id AS hit_id, k.rank, k.score,
            abs(t.user_seq - k.user_seq) AS distance,
-           t.thread_id, t.message_type, t.content, t.created_at
+           t.thread_id, t.message_type, t.content, t.created_at, NULL::timestamptz AS period_end
     FROM ranked k
     -- A lateral lookup per hit (raw_logs_user_seq_idx), never a pass over
     -- the user's whole history.
@@ -77,19 +90,20 @@ WITH q AS (
         WHERE n.user_id = $1::uuid
           AND n.user_seq BETWEEN k.user_seq - $4::int AND k.user_seq + $4::int
           AND n.thread_id IS NOT DISTINCT FROM k.thread_id
+          AND n.request_id IS DISTINCT FROM $8::uuid
         -- (a window holds at most this many; the LIMIT also keeps the
         -- planner from flattening the lookup into a join)
         LIMIT 2 * $4::int + 1
     ) t
     ORDER BY t.id, k.rank, abs(t.user_seq - k.user_seq)
 ), records AS (
-    SELECT 'record'::text AS kind, s.id, s.id AS hit_id, NULL::bigint AS rank,
+    SELECT 'record'::text AS kind, s.id, 'record'::text AS why, s.id AS hit_id, NULL::bigint AS rank,
            sum(w.idf_record * (coalesce(array_length(x.positions, 1), 1) * 2.2)
                / (coalesce(array_length(x.positions, 1), 1)
                   + 1.2 * (0.25 + 0.75 * length(s.search) / 13.0))) AS score,
            0::bigint AS distance,
            NULL::uuid AS thread_id, NULL::text AS message_type, s.summary AS content,
-           s.time_bucket_start AS created_at
+           s.time_bucket_start AS created_at, s.time_bucket_end AS period_end
     FROM anyq
     JOIN lsm_storage s ON s.user_id = $1::uuid AND s.search @@ anyq.tq
     CROSS JOIN LATERAL unnest(s.search) AS x
@@ -97,7 +111,18 @@ WITH q AS (
     GROUP BY s.id
     ORDER BY score DESC, s.time_bucket_start DESC
     LIMIT $5::int
+), thread AS (
+    SELECT 'turn'::text AS kind, t.id, 'thread'::text AS why, t.id AS hit_id, NULL::bigint AS rank,
+           0::float8 AS score, 0::bigint AS distance,
+           t.thread_id, t.message_type, t.content, t.created_at, NULL::timestamptz AS period_end
+    FROM raw_logs t
+    WHERE $6::uuid IS NOT NULL AND t.user_id = $1::uuid AND t.thread_id = $6::uuid
+      AND t.request_id IS DISTINCT FROM $8::uuid
+    ORDER BY t.user_seq DESC
+    LIMIT $7::int
 )
-SELECT kind, id, hit_id, rank, score, thread_id, message_type, content, created_at
-FROM (SELECT * FROM turns UNION ALL SELECT * FROM records) items
-ORDER BY score DESC, hit_id DESC, distance, created_at
+SELECT kind, id, why, hit_id, score, thread_id, message_type, content, created_at, period_end
+FROM (SELECT 0 AS part, * FROM thread
+      UNION ALL SELECT 1, * FROM turns
+      UNION ALL SELECT 1, * FROM records) items
+ORDER BY part, score DESC, hit_id DESC, distance, created_at

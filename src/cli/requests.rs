@@ -238,6 +238,21 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
     if let Some(c) = &run.final_context_payload {
         println!("context   {} characters", c.chars().count());
     }
+    if let Some(sources) = run.context_sources.as_ref().and_then(|v| v.as_array()) {
+        println!("memory    {} items in the context", sources.len());
+        for s in sources {
+            let score = s["score"]
+                .as_f64()
+                .map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
+            println!(
+                "  {:<6} {:>10}  score {:>8}  {}",
+                s["kind"].as_str().unwrap_or("?"),
+                s["id"],
+                score,
+                s["why"].as_str().unwrap_or("?")
+            );
+        }
+    }
     if let Some(a) = &run.final_answer {
         println!("answer    {}", one_line(a, 500));
     }

@@ -65,6 +65,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     5 => "0005_archivist.sql",
     6 => "0006_steps_without_fk.sql",
     7 => "0007_assembler_memory.sql",
+    8 => "0008_memory_search.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

@@ -11,6 +11,11 @@
 //!   message, and hands that to the completer exactly once per attempt.
 //! - A successful analyze may run the assemble stage at once on the same
 //!   input ([`Engine::fuse`]); whatever fusing does, the analysis stands.
+//! - Before an assemble stage (fused or not) the request's memory is read
+//!   as the stage layer plans it (`stage::memory::plan_for`): one
+//!   statement, none when the plan needs none; the engine does not read
+//!   the analysis itself. A failed read is a retryable stage error (a
+//!   fused assemble is then left to the assemble stage).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -24,7 +29,7 @@ use super::policy::{ClaimFacts, Decision, StageOutcome, decide};
 use super::{Engine, bump, millis};
 use crate::model::{Outcome, Prompts, StageKind};
 use crate::repo::{self, Claimed, Finished};
-use crate::stage::{StageError, StageInput, StageOutput, StageSuccess};
+use crate::stage::{StageError, StageInput, StageOutput, StageSuccess, memory};
 
 enum Attempt {
     Succeeded(StageSuccess),
@@ -79,7 +84,7 @@ impl Engine {
             self.freed(from);
         }
         let span = tracing::debug_span!("stage", request.id = %row.id, %stage, attempt = row.attempt);
-        let input = StageInput {
+        let mut input = StageInput {
             request_id: row.id,
             user_id: row.user_id,
             thread_id: row.thread_id,
@@ -88,12 +93,18 @@ impl Engine {
             analysis: row.analysis.clone(),
             context: row.context.clone(),
             memory: std::mem::take(&mut row.memory),
+            retrieved: Vec::new(),
             prompts,
         };
         let started = Instant::now();
         let result = async {
             tokio::select! {
-                r = self.run_guarded(stage, &input) => Some(r),
+                r = async {
+                    if stage == StageKind::Assemble {
+                        self.retrieve(&mut input).await?;
+                    }
+                    self.run_guarded(stage, &input).await
+                } => Some(r),
                 _ = cancel.cancelled() => None,
             }
         }
@@ -128,21 +139,70 @@ impl Engine {
     /// and one row version fewer per request). When it cannot run here, or
     /// fails, the assemble stage runs on its own as usual.
     async fn fuse(&self, input: StageInput, analysis: Option<serde_json::Value>) -> Option<repo::FusedAssemble> {
-        let input = self.pipeline.fuse_assemble(input, analysis)?;
+        let mut input = self.pipeline.fuse_assemble(input, analysis)?;
         let started = Instant::now();
+        self.retrieve(&mut input).await.ok()?;
         let out = self.run_guarded(StageKind::Assemble, &input).await;
         let latency_ms = i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX);
         match out {
             Ok(StageSuccess {
                 output: StageOutput::Context(context),
                 usage,
+                context_sources,
             }) => Some(repo::FusedAssemble {
                 context,
+                context_sources,
                 tokens: usage.prompt_tokens.and_then(|t| i32::try_from(t).ok()),
                 latency_ms,
             }),
             _ => None,
         }
+    }
+
+    /// Reads the memory the assemble stage packs, as the stage layer plans
+    /// it from the input ([`memory::plan_for`]): one statement, none when
+    /// the plan needs none (no long-term search and no thread). A failure
+    /// is a retryable stage error.
+    async fn retrieve(&self, input: &mut StageInput) -> Result<(), StageError> {
+        let plan = memory::plan_for(input, chrono::Utc::now());
+        if !plan.needs_statement() {
+            return Ok(());
+        }
+        let m = &self.cfg.memory;
+        let search = repo::memory::MemorySearch {
+            user_id: input.user_id,
+            request_id: input.request_id,
+            thread_id: plan.thread_id,
+            thread_turns: m.thread_turns,
+            query: &plan.query,
+            hits: m.hits,
+            window: m.window,
+            records: m.records,
+        };
+        let read = async {
+            let client = self.pool.get().await?;
+            repo::memory::search(&client, &search).await
+        };
+        let items = match tokio::time::timeout(self.cfg.stage_timeout(), read).await {
+            Ok(Ok(items)) => items,
+            Ok(Err(e)) => {
+                return Err(StageError::retry(
+                    "memory_search",
+                    format!("reading the memory failed: {e}"),
+                ));
+            }
+            Err(_) => {
+                return Err(StageError::retry(
+                    "memory_search",
+                    format!(
+                        "reading the memory did not finish within {} s",
+                        self.cfg.stage_timeout_secs
+                    ),
+                ));
+            }
+        };
+        input.retrieved = plan.arrange(items);
+        Ok(())
     }
 
     /// Runs one stage within the stage timeout; a timeout or a panic is a
@@ -187,6 +247,7 @@ impl Engine {
             started_at: row.claimed_at,
             analysis: None,
             context: None,
+            context_sources: None,
             answer: None,
             error_class: None,
             error_message: None,
@@ -198,10 +259,17 @@ impl Engine {
             fused: None,
         };
         let usage = match attempt {
-            Attempt::Succeeded(StageSuccess { output, usage }) => {
+            Attempt::Succeeded(StageSuccess {
+                output,
+                usage,
+                context_sources,
+            }) => {
                 match (stage, output) {
                     (StageKind::Analyze, StageOutput::Analysis(v)) => f.analysis = Some(v),
-                    (StageKind::Assemble, StageOutput::Context(c)) => f.context = Some(c),
+                    (StageKind::Assemble, StageOutput::Context(c)) => {
+                        f.context = Some(c);
+                        f.context_sources = context_sources;
+                    }
                     (StageKind::Respond, StageOutput::Answer(a)) => f.answer = Some(a),
                     (_, other) => {
                         return self.record(

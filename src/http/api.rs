@@ -256,14 +256,48 @@ pub fn parse_wait(raw: &str) -> Option<Duration> {
     Duration::try_from_secs_f64(secs).ok()
 }
 
-/// `GET /api/query/{id}/status[?wait=30s]`.
+/// `GET /api/query/{id}/status[?wait=30s][&include=context]`: the state;
+/// with `include=context` also `context` and `context_sources` (the memory
+/// it holds), read after the state.
 pub async fn status(
     State(app): State<AppState>,
     Path(id): Path<String>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Result<Json<RequestState>, ApiError> {
+) -> Result<Json<serde_json::Value>, ApiError> {
     let id = parse_id(&id)?;
     let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let with_context = match params.get("include").map(String::as_str) {
+        None => false,
+        Some("context") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "invalid_include",
+                format!("include={other:?}: the only value is context"),
+            ));
+        }
+    };
+    let state = state_after_wait(&app, id, &params).await?;
+    let mut body = serde_json::to_value(&state)
+        .map_err(|e| ApiError::from(crate::db::Error::Unexpected(format!("status of {id}: {e}"))))?;
+    if with_context && let Some(obj) = body.as_object_mut() {
+        let client = app.pool.get().await?;
+        let run = crate::repo::requests::context_of(&client, id).await?;
+        let (context, sources) = run.map_or((None, None), |r| (r.context, r.context_sources));
+        obj.insert(
+            "context".into(),
+            context.map_or(serde_json::Value::Null, serde_json::Value::String),
+        );
+        obj.insert("context_sources".into(), sources.unwrap_or(serde_json::Value::Null));
+    }
+    Ok(Json(body))
+}
+
+/// The state of `id`, after waiting as `?wait=` asks.
+async fn state_after_wait(
+    app: &AppState,
+    id: Uuid,
+    params: &HashMap<String, String>,
+) -> Result<RequestState, ApiError> {
     let wait = match params.get("wait") {
         None => Duration::ZERO,
         Some(w) => parse_wait(w)
@@ -281,7 +315,7 @@ pub async fn status(
         .pop()
         .ok_or_else(|| ApiError::not_found(format!("no request {id}")))?;
     if state.is_terminal() || wait.is_zero() {
-        return Ok(Json(state));
+        return Ok(state);
     }
     let _waiting = StreamGauge::long_poll();
     let deadline = tokio::time::Instant::now() + wait;
@@ -303,7 +337,7 @@ pub async fn status(
             },
         }
     }
-    Ok(Json(state))
+    Ok(state)
 }
 
 /// `POST /api/query/{id}/continue`: releases the next stage of a debug run

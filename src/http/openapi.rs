@@ -74,10 +74,14 @@ pub fn document() -> Value {
                         "name": "wait", "in": "query", "required": false,
                         "description": "Long-poll: return as soon as the request is terminal, or when this much time has passed (e.g. 30s, 500ms, 2m; capped at http.max_wait_secs).",
                         "schema": { "type": "string", "examples": ["30s"] }
+                    }, {
+                        "name": "include", "in": "query", "required": false,
+                        "description": "context: also return the assembled context and the memory it holds (context, context_sources).",
+                        "schema": { "type": "string", "enum": ["context"] }
                     }],
                     "responses": {
-                        "200": json_response("The request's state", json!({ "$ref": "#/components/schemas/RequestState" })),
-                        "400": error_response("Malformed id or wait"),
+                        "200": json_response("The request's state (with include=context, also context and context_sources)", json!({ "$ref": "#/components/schemas/RequestState" })),
+                        "400": error_response("Malformed id, wait or include"),
                         "401": error_response("Missing or wrong bearer token"),
                         "404": error_response("No such request")
                     }
@@ -214,7 +218,21 @@ pub fn document() -> Value {
                         "status": { "enum": ["processing", "completed", "failed"] },
                         "stage": { "enum": ["NEW", "ANALYZING", "ANALYZED", "ASSEMBLING", "READY", "RESPONDING", "COMPLETED", "FAILED", "CANCELLED"] },
                         "answer": { "type": "string" },
-                        "error": { "type": "string" }
+                        "error": { "type": "string" },
+                        "context": { "type": ["string", "null"], "description": "With include=context: the assembled context (null before the assemble stage)" },
+                        "context_sources": {
+                            "type": ["array", "null"],
+                            "description": "With include=context: the memory the context holds, most relevant first within each part",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "kind": { "enum": ["turn", "record"] },
+                                    "id": { "type": "integer" },
+                                    "score": { "type": ["number", "null"] },
+                                    "why": { "enum": ["thread", "hit", "neighbour", "record", "analysis"] }
+                                }
+                            }
+                        }
                     }
                 },
                 "Ready": {

@@ -136,6 +136,8 @@ pub struct Finished {
     pub started_at: DateTime<Utc>,
     pub analysis: Option<Value>,
     pub context: Option<String>,
+    /// The memory the context holds (`pipeline_runs.context_sources`).
+    pub context_sources: Option<Value>,
     pub answer: Option<String>,
     pub error_class: Option<String>,
     pub error_message: Option<String>,
@@ -155,6 +157,8 @@ pub struct Finished {
 #[derive(Debug, Clone)]
 pub struct FusedAssemble {
     pub context: String,
+    /// The memory the context holds (`pipeline_runs.context_sources`).
+    pub context_sources: Option<Value>,
     pub tokens: Option<i32>,
     pub latency_ms: i32,
 }
@@ -171,9 +175,9 @@ impl Finished {
 }
 
 super::statement_params! {
-    /// The inputs of `finish.sql`, `$1` to `$24` in field order: one array
+    /// The inputs of `finish.sql`, `$1` to `$25` in field order: one array
     /// per column of the batch, then the worker, the lease of a chained
-    /// claim and the fused assemble results.
+    /// claim, the fused assemble results and the context's sources.
     struct FinishParams<'a> {
         id: Vec<Uuid>,
         token: Vec<i64>,
@@ -199,6 +203,7 @@ super::statement_params! {
         fused_in: Vec<bool>,
         fused_tokens: Vec<Option<i32>>,
         fused_latency_ms: Vec<Option<i32>>,
+        context_sources: Vec<Option<&'a Value>>,
     }
 }
 
@@ -243,6 +248,14 @@ impl<'a> FinishParams<'a> {
             fused_in: batch.iter().map(|f| f.fused.is_some()).collect(),
             fused_tokens: batch.iter().map(|f| f.fused.as_ref().and_then(|a| a.tokens)).collect(),
             fused_latency_ms: batch.iter().map(|f| f.fused.as_ref().map(|a| a.latency_ms)).collect(),
+            context_sources: batch
+                .iter()
+                .map(|f| {
+                    f.context_sources
+                        .as_ref()
+                        .or(f.fused.as_ref().and_then(|a| a.context_sources.as_ref()))
+                })
+                .collect(),
         }
     }
 }

@@ -25,7 +25,8 @@
 //! lease renewal, finish, reclaim — the dispatcher's hot path), [`steps`],
 //! [`prompts`], [`control`], [`audit`] (`operator_actions`), [`callbacks`]
 //! (`callback_outbox`), [`retention`], [`idempotency`], [`archive`]
-//! (`archive_*`, `raw_logs`, `lsm_storage`), [`stats`] (aggregates and
+//! (`archive_*`, `raw_logs`, `lsm_storage`), [`memory`] (a request's
+//! memory from `raw_logs` and `lsm_storage`, read only), [`stats`] (aggregates and
 //! server state for `maasctl stats` and `doctor`).
 
 use std::time::Duration;
@@ -45,6 +46,7 @@ pub mod audit;
 pub mod callbacks;
 pub mod control;
 pub mod idempotency;
+pub mod memory;
 pub mod prompts;
 pub mod requests;
 pub mod retention;
@@ -269,6 +271,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         retention::STATEMENTS,
         idempotency::STATEMENTS,
         archive::STATEMENTS,
+        memory::STATEMENTS,
         stats::STATEMENTS,
     ] {
         all.extend_from_slice(file);

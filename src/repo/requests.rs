@@ -31,6 +31,7 @@ super::statements! {
     LIST = "list_runs",
     STATES = "request_states",
     USER_STATES = "user_states",
+    CONTEXT = "run_context",
     STATUS = "run_status",
     FAILED_IDS = "failed_ids",
     CANCEL = "cancel_run",
@@ -85,12 +86,29 @@ super::row_struct! {
         /// Debug mode: resting until an operator continues it.
         pub held: bool,
         pub callback_url: Option<String>,
+        /// The memory its context holds: `[{kind, id, score, why}]`.
+        pub context_sources: Option<Value>,
     }
 }
 
 /// One request, `None` for an unknown id.
 pub async fn get(client: &impl GenericClient, id: Uuid) -> Result<Option<Request>, Error> {
     super::query_opt_as(client, GET, &[&id]).await
+}
+
+super::row_struct! {
+    /// A request's assembled context and the memory it holds.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct RequestContext {
+        pub context = "final_context_payload": Option<String>,
+        /// `[{kind, id, score, why}]`, `None` before the assemble stage.
+        pub context_sources: Option<Value>,
+    }
+}
+
+/// One request's context and its sources, `None` for an unknown id.
+pub async fn context_of(client: &impl GenericClient, id: Uuid) -> Result<Option<RequestContext>, Error> {
+    super::query_opt_as(client, CONTEXT, &[&id]).await
 }
 
 /// Filters of `maasctl requests list`; `None` means any.

@@ -43,6 +43,7 @@ pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageErr
                     Ok(analysis) => Ok(StageSuccess {
                         output: StageOutput::Analysis(analysis.to_json()),
                         usage,
+                        context_sources: None,
                     }),
                     Err(problem) => Err(StageError {
                         class: "invalid_json".into(),

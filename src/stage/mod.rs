@@ -18,6 +18,7 @@
 pub mod analysis;
 pub mod analyzer;
 pub mod assembler;
+pub mod memory;
 pub mod responder;
 
 use std::borrow::Cow;
@@ -29,9 +30,10 @@ use uuid::Uuid;
 
 pub use analysis::Analysis;
 
+use crate::config::MemoryConfig;
 use crate::error::Disposition;
 use crate::llm::{Failure, Llm, LlmError, Role, TokenCounter};
-use crate::model::{MemoryRecord, Prompts, StageKind};
+use crate::model::{MemoryItem, MemoryRecord, Prompts, StageKind};
 
 /// What a stage sees of a claimed request.
 #[derive(Debug, Clone)]
@@ -51,6 +53,10 @@ pub struct StageInput {
     /// the record the analysis refers to for the assembler. Always the
     /// requesting user's own.
     pub memory: Vec<MemoryRecord>,
+    /// The memory retrieved for the assemble stage ([`memory::MemoryPlan`]):
+    /// the thread's newest turns, then the long-term items in packing
+    /// order. Always the requesting user's own; empty for other stages.
+    pub retrieved: Vec<MemoryItem>,
     /// The active prompts.
     pub prompts: Arc<Prompts>,
 }
@@ -85,6 +91,9 @@ pub struct Usage {
 pub struct StageSuccess {
     pub output: StageOutput,
     pub usage: Usage,
+    /// For a context: the memory it holds, a JSON array of `{kind, id,
+    /// score, why}` (`pipeline_runs.context_sources`).
+    pub context_sources: Option<Value>,
 }
 
 /// A failed attempt: its class (for the step history and metrics), a message
@@ -182,6 +191,7 @@ pub struct LlmPipeline {
     llm: Llm,
     counter: TokenCounter,
     context_max_tokens: usize,
+    memory: MemoryConfig,
 }
 
 impl LlmPipeline {
@@ -191,7 +201,14 @@ impl LlmPipeline {
             llm,
             counter,
             context_max_tokens,
+            memory: MemoryConfig::default(),
         }
+    }
+
+    /// The memory budgets of the assembler (`[memory]`).
+    pub fn with_memory(mut self, memory: MemoryConfig) -> LlmPipeline {
+        self.memory = memory;
+        self
     }
 
     pub fn llm(&self) -> &Llm {
@@ -204,9 +221,13 @@ impl Pipeline for LlmPipeline {
         use futures_util::FutureExt;
         match stage {
             StageKind::Analyze => analyzer::run(&self.llm, input).boxed(),
-            StageKind::Assemble => {
-                futures_util::future::ready(assembler::run(&self.counter, self.context_max_tokens, input)).boxed()
-            }
+            StageKind::Assemble => futures_util::future::ready(assembler::run(
+                &self.counter,
+                self.context_max_tokens,
+                &self.memory,
+                input,
+            ))
+            .boxed(),
             StageKind::Respond => responder::run(&self.llm, input).boxed(),
         }
     }
@@ -237,6 +258,7 @@ mod tests {
                     summary: String::new(),
                 })
                 .collect(),
+            retrieved: Vec::new(),
             prompts: Arc::new(Prompts::default()),
         }
     }

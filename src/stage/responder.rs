@@ -26,6 +26,7 @@ pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageErr
                         prompt_tokens: resp.prompt_tokens,
                         completion_tokens: resp.completion_tokens,
                     },
+                    context_sources: None,
                 });
             }
             // Too long for the model: drop the history block and try once more.

@@ -63,6 +63,7 @@ impl Pipeline for TestPipeline {
             output.map(|output| StageSuccess {
                 output,
                 usage: Usage::default(),
+                context_sources: None,
             })
         }
         .boxed()

@@ -10,6 +10,7 @@ mod health;
 mod http;
 mod layers;
 mod llm;
+mod memory;
 mod orchestrator;
 mod prompts;
 mod props;

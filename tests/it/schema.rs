@@ -427,6 +427,7 @@ fn analyzed(row: &repo::Claimed) -> repo::Finished {
         started_at: row.claimed_at,
         analysis: Some(serde_json::json!({"needs_context": false})),
         context: None,
+        context_sources: None,
         answer: None,
         error_class: None,
         error_message: None,
@@ -620,6 +621,7 @@ async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
         .map(|r| repo::Finished {
             fused: Some(repo::FusedAssemble {
                 context: format!("context of {}", r.id),
+                context_sources: None,
                 tokens: Some(12),
                 latency_ms: 1,
             }),

@@ -1,7 +1,3 @@
--- DRAFT (not embedded yet: src/db/migrate.rs lists every file of sql/, so
--- this waits in sql/drafts/ until the retrieval is wired in; give it the
--- next free number then).
---
 -- Full-text search over a user's whole memory: turns (raw_logs) and
 -- records (lsm_storage), for sql/queries/memory_search.sql.
 --
@@ -49,3 +45,11 @@ ALTER TABLE lsm_storage
         to_tsvector('maas_memory', summary) || to_tsvector('maas_memory', maas_tags_text(tags))
     ) STORED;
 CREATE INDEX lsm_storage_search_idx ON lsm_storage USING gin (user_id, search);
+
+-- Short-term memory: the newest turns of one thread of a user.
+CREATE INDEX raw_logs_thread_idx ON raw_logs (user_id, thread_id, user_seq DESC) WHERE thread_id IS NOT NULL;
+
+-- Provenance: which turns and records went into a request's context, with
+-- their scores (a JSON array of {kind, id, score, why}); NULL before the
+-- assemble stage, and for requests assembled before this migration.
+ALTER TABLE pipeline_runs ADD COLUMN context_sources jsonb;

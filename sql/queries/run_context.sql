@@ -1,0 +1,3 @@
+-- The assembled context of one run and the memory it holds (no row:
+-- unknown id). For `GET /api/query/{id}/status?include=context`.
+SELECT final_context_payload, context_sources FROM pipeline_runs WHERE id = $1

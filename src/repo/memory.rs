@@ -1,0 +1,104 @@
+//! A request's memory (`raw_logs` and `lsm_storage`, read only): the newest
+//! turns of its thread and the turns and records its query finds, in one
+//! statement (`memory_search.sql`).
+//!
+//! Guarantees: every scan is filtered by the request's user and goes
+//! through an index that leads with `user_id` (invariant 7); the request's
+//! own turns are never returned; one round trip.
+
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::{FromRow, as_limit, rows_as};
+use crate::db::Error;
+use crate::model::MemoryItem;
+
+super::statements! {
+    SEARCH = "memory_search",
+}
+
+/// What to retrieve for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemorySearch<'a> {
+    pub user_id: Uuid,
+    /// The request itself: its own turns are left out.
+    pub request_id: Uuid,
+    /// The request's thread, for the short-term turns (`None`: none).
+    pub thread_id: Option<Uuid>,
+    /// Most turns of the thread.
+    pub thread_turns: usize,
+    /// The search text; empty: no long-term search.
+    pub query: &'a str,
+    /// Most matching turns.
+    pub hits: usize,
+    /// Same-thread neighbours each side of a hit.
+    pub window: usize,
+    /// Most matching records.
+    pub records: usize,
+}
+
+super::statement_params! {
+    /// The inputs of `memory_search.sql`, `$1` to `$8` in field order.
+    struct SearchParams<'a> {
+        user_id: Uuid,
+        query: &'a str,
+        hits: i32,
+        window: i32,
+        records: i32,
+        thread_id: Option<Uuid>,
+        thread_turns: i32,
+        request_id: Uuid,
+    }
+}
+
+fn int(n: usize) -> i32 {
+    i32::try_from(as_limit(n)).unwrap_or(i32::MAX)
+}
+
+impl FromRow for MemoryItem {
+    /// A row of `memory_search.sql`.
+    fn from_row(r: &Row) -> Result<MemoryItem, Error> {
+        Ok(MemoryItem {
+            kind: r.try_get("kind")?,
+            id: r.try_get("id")?,
+            why: r.try_get("why")?,
+            score: r.try_get("score")?,
+            hit_id: r.try_get("hit_id")?,
+            thread_id: r.try_get("thread_id")?,
+            message_type: r.try_get("message_type")?,
+            content: r.try_get("content")?,
+            created_at: r.try_get("created_at")?,
+            period_end: r.try_get("period_end")?,
+        })
+    }
+}
+
+/// The thread's newest turns (newest first), then the long-term items in
+/// packing order (see `memory_search.sql`). One round trip.
+pub async fn search(client: &impl GenericClient, s: &MemorySearch<'_>) -> Result<Vec<MemoryItem>, Error> {
+    let stmt = client.prepare_cached(SEARCH).await?;
+    let long_term = !s.query.trim().is_empty();
+    let params = SearchParams {
+        user_id: s.user_id,
+        query: if long_term { s.query } else { "" },
+        hits: if long_term { int(s.hits) } else { 0 },
+        window: int(s.window),
+        records: if long_term { int(s.records) } else { 0 },
+        thread_id: s.thread_id,
+        thread_turns: int(s.thread_turns),
+        request_id: s.request_id,
+    };
+    rows_as(&client.query(&stmt, &params.params()).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::params_check::check;
+    use super::*;
+
+    #[test]
+    fn search_params_are_in_the_order_the_sql_documents() {
+        check(SEARCH, SearchParams::NAMES);
+    }
+}

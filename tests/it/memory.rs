@@ -1,0 +1,201 @@
+//! Memory in the context (issue 14): the turns of a request's own thread at
+//! once, the user's long-term memory found by search and never another
+//! user's, and the provenance of a context (status API, `maasctl`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use crate::support::cli::maasctl_async;
+use crate::support::daemon::{Maasd, Opts};
+use crate::support::db::TestDb;
+use crate::support::wait_until;
+
+const GENEROUS: Duration = Duration::from_secs(60);
+
+struct Api {
+    _d: Maasd,
+    addr: SocketAddr,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn start(db: &TestDb) -> Api {
+        // The offline provider (no provider is configured), archivist off.
+        let mut d = Maasd::spawn(&db.url, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false"));
+        let mut addr = d.http_addr(GENEROUS).await;
+        if addr.ip().is_unspecified() {
+            addr.set_ip([127, 0, 0, 1].into());
+        }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap();
+        let api = Api { _d: d, addr, http };
+        wait_until(GENEROUS, "the daemon is ready", || async {
+            api.http
+                .get(format!("http://{}/readyz", api.addr))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == StatusCode::OK)
+        })
+        .await;
+        api
+    }
+
+    /// Submits and follows the request to its end; returns its id.
+    async fn ask(&self, user: Uuid, thread: Option<Uuid>, query: &str) -> Uuid {
+        let resp = self
+            .http
+            .post(format!("http://{}/api/query", self.addr))
+            .json(&json!({ "user_id": user, "thread_id": thread, "query": query }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::ACCEPTED);
+        let body: Value = resp.json().await.unwrap();
+        let id: Uuid = body["request_id"].as_str().unwrap().parse().unwrap();
+        let state = self.status(id, "wait=60s").await;
+        assert_eq!(state["status"], "completed", "{state}");
+        id
+    }
+
+    async fn status(&self, id: Uuid, query: &str) -> Value {
+        let resp = self
+            .http
+            .get(format!("http://{}/api/query/{id}/status?{query}", self.addr))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.json().await.unwrap()
+    }
+}
+
+async fn log_turn(c: &Client, user: Uuid, thread: Uuid, kind: &str, content: &str) {
+    c.execute(
+        "INSERT INTO raw_logs (user_id, thread_id, message_type, content) VALUES ($1, $2, $3, $4)",
+        &[&user, &thread, &kind, &content],
+    )
+    .await
+    .unwrap();
+}
+
+/// A follow-up in the same thread sees the previous turns at once, before
+/// any archivist run; the status API and `maasctl requests show` name them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_in_the_same_thread_sees_the_previous_turns_with_their_provenance() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db).await;
+    let (user, thread) = (Uuid::new_v4(), Uuid::new_v4());
+    let first = api
+        .ask(
+            user,
+            Some(thread),
+            "My sister Olga moves to Lisbon in March; remember that.",
+        )
+        .await;
+    let second = api.ask(user, Some(thread), "Where is my sister moving?").await;
+    let records: i64 = c
+        .query_one("SELECT count(*) FROM lsm_storage WHERE user_id = $1", &[&user])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(records, 0, "no archivist run");
+
+    let state = api.status(second, "include=context").await;
+    let context = state["context"].as_str().unwrap_or_default();
+    assert!(
+        context.contains("): My sister Olga moves to Lisbon in March; remember that."),
+        "{context}"
+    );
+    assert!(
+        !context.contains("): Where is my sister moving?"),
+        "the request's own query is not memory: {context}"
+    );
+    let sources = state["context_sources"].as_array().cloned().unwrap_or_default();
+    let first_turn: i64 = c
+        .query_one(
+            "SELECT id FROM raw_logs WHERE request_id = $1 AND message_type = 'user_query'",
+            &[&first],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        sources
+            .iter()
+            .any(|s| s["kind"] == "turn" && s["id"] == json!(first_turn) && s["why"] == "thread"),
+        "{sources:?}"
+    );
+    // Without include, the shape is unchanged.
+    let plain = api.status(second, "").await;
+    assert!(
+        plain.get("context").is_none() && plain.get("context_sources").is_none(),
+        "{plain}"
+    );
+
+    let (code, out, err) = maasctl_async::<&str>(&db.url, &["requests", "show", &second.to_string()], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("memory "), "{out}");
+    assert!(
+        out.contains(&format!("{first_turn}")) && out.contains("thread"),
+        "{out}"
+    );
+    let (code, out, err) =
+        maasctl_async::<&str>(&db.url, &["--json", "requests", "show", &second.to_string()], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["request"]["context_sources"], json!(sources));
+}
+
+/// Two users who use the same words: each finds only their own turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_users_sharing_words_never_see_each_others_memory() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (alice, bob) = (Uuid::new_v4(), Uuid::new_v4());
+    log_turn(
+        &c,
+        alice,
+        Uuid::new_v4(),
+        "user_query",
+        "Alice: my pottery class moved to Tuesday ALICE-ONLY",
+    )
+    .await;
+    log_turn(
+        &c,
+        bob,
+        Uuid::new_v4(),
+        "user_query",
+        "Bob: my pottery class moved to Friday BOB-ONLY",
+    )
+    .await;
+    // A record each, so that the offline analyzer says the query needs context.
+    for (user, text) in [(alice, "Alice talks about pottery"), (bob, "Bob talks about pottery")] {
+        c.execute(
+            "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, tags, summary)
+             VALUES ($1, now() - interval '2 days', now() - interval '1 day', '{pottery}', $2)",
+            &[&user, &text],
+        )
+        .await
+        .unwrap();
+    }
+    let api = Api::start(&db).await;
+    for (user, mine, theirs) in [(bob, "BOB-ONLY", "ALICE-ONLY"), (alice, "ALICE-ONLY", "BOB-ONLY")] {
+        let id = api.ask(user, None, "When is my pottery class?").await;
+        let state = api.status(id, "include=context").await;
+        let context = state["context"].as_str().unwrap_or_default();
+        assert!(context.contains(mine), "their own turn is found: {context}");
+        assert!(!context.contains(theirs), "another user's memory: {context}");
+        assert!(!context.contains("Alice talks") || user == alice, "{context}");
+        assert!(!context.contains("Bob talks") || user == bob, "{context}");
+        let sources = state["context_sources"].as_array().cloned().unwrap_or_default();
+        assert!(sources.iter().any(|s| s["why"] == "hit"), "{sources:?}");
+    }
+}
