@@ -39,23 +39,26 @@ WITH q AS (
 ), n AS (
     SELECT greatest(coalesce((SELECT m.logged_seq FROM archive_marks m WHERE m.user_id = $1::uuid), 0), 1)::float8 AS turns,
            greatest(CASE WHEN $5::int > 0 THEN (SELECT count(*) FROM lsm_storage s WHERE s.user_id = $1::uuid) ELSE 0 END, 1)::float8 AS records
-), w AS (
+), df AS MATERIALIZED (
+    -- The user's document frequency of each query lexeme, counted once
+    -- (MATERIALIZED: inlined, each count ran once per reference below).
     SELECT q.lexeme,
-           ln(1 + (n.turns - d.turns + 0.5) / (d.turns + 0.5)) AS idf_turn,
-           ln(1 + (n.records - d.records + 0.5) / (d.records + 0.5)) AS idf_record
+           CASE WHEN $3::int > 0 THEN
+               (SELECT count(*) FROM raw_logs r
+                WHERE r.user_id = $1::uuid AND r.search @@ quote_literal(q.lexeme)::tsquery)
+           ELSE 0 END::float8 AS turns,
+           -- (no lookup at all when no record is wanted)
+           CASE WHEN $5::int > 0 THEN
+               (SELECT count(*) FROM lsm_storage s
+                WHERE s.user_id = $1::uuid AND s.search @@ quote_literal(q.lexeme)::tsquery)
+           ELSE 0 END::float8 AS records
     FROM q
+), w AS (
+    SELECT df.lexeme,
+           ln(1 + (n.turns - df.turns + 0.5) / (df.turns + 0.5)) AS idf_turn,
+           ln(1 + (n.records - df.records + 0.5) / (df.records + 0.5)) AS idf_record
+    FROM df
     CROSS JOIN n
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN $3::int > 0 THEN
-                   (SELECT count(*) FROM raw_logs r
-                    WHERE r.user_id = $1::uuid AND r.search @@ quote_literal(q.lexeme)::tsquery)
-               ELSE 0 END::float8 AS turns,
-               -- (no lookup at all when no record is wanted)
-               CASE WHEN $5::int > 0 THEN
-                   (SELECT count(*) FROM lsm_storage s
-                    WHERE s.user_id = $1::uuid AND s.search @@ quote_literal(q.lexeme)::tsquery)
-               ELSE 0 END::float8 AS records
-    ) d
 ), anyq AS (
     SELECT string_agg(quote_literal(w.lexeme), ' | ')::tsquery AS tq FROM w
 ), hits AS (
