@@ -237,27 +237,8 @@ impl Engine {
     /// The record of one attempt: what [`decide`] made of its outcome, the
     /// message an operator reads, and the model's usage.
     fn record(&self, stage: StageKind, row: &Claimed, attempt: Attempt, latency: Duration) -> Finished {
-        let mut f = Finished {
-            id: row.id,
-            lease_token: row.lease_token,
-            stage,
-            outcome: Outcome::Succeeded,
-            new_status: stage.done_status(),
-            attempt: row.attempt,
-            started_at: row.claimed_at,
-            analysis: None,
-            context: None,
-            context_sources: None,
-            answer: None,
-            error_class: None,
-            error_message: None,
-            delay: Duration::ZERO,
-            model: None,
-            prompt_tokens: None,
-            completion_tokens: None,
-            latency_ms: Some(i32::try_from(latency.as_millis()).unwrap_or(i32::MAX)),
-            fused: None,
-        };
+        let latency_ms = Some(i32::try_from(latency.as_millis()).unwrap_or(i32::MAX));
+        let mut f = Finished::succeeded(stage, row, latency_ms);
         let usage = match attempt {
             Attempt::Succeeded(StageSuccess {
                 output,

@@ -164,6 +164,32 @@ pub struct FusedAssemble {
 }
 
 impl Finished {
+    /// A successful attempt of `stage` on `row`, with no output yet: the
+    /// caller fills in what the stage produced (or turns it into a failure).
+    pub fn succeeded(stage: StageKind, row: &Claimed, latency_ms: Option<i32>) -> Finished {
+        Finished {
+            id: row.id,
+            lease_token: row.lease_token,
+            stage,
+            outcome: Outcome::Succeeded,
+            new_status: stage.done_status(),
+            attempt: row.attempt,
+            started_at: row.claimed_at,
+            analysis: None,
+            context: None,
+            context_sources: None,
+            answer: None,
+            error_class: None,
+            error_message: None,
+            delay: Duration::ZERO,
+            model: None,
+            prompt_tokens: None,
+            completion_tokens: None,
+            latency_ms,
+            fused: None,
+        }
+    }
+
     /// The stage this result leads to when it succeeds.
     pub fn next_stage(&self) -> Option<StageKind> {
         if self.fused.is_some() {

@@ -3,7 +3,6 @@
 //! hand-read SSE stream.
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -14,64 +13,12 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
 use uuid::Uuid;
 
+use crate::support::api::Api;
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, column, value};
 use crate::support::{GENEROUS, count, wait_until};
 
-/// A running daemon and a client for it.
-struct Api {
-    d: Maasd,
-    addr: SocketAddr,
-    http: reqwest::Client,
-    token: Option<String>,
-}
-
 impl Api {
-    async fn start(db: &TestDb, opts: Opts) -> Api {
-        let mut d = Maasd::spawn(&db.url, opts);
-        let mut addr = d.http_addr(GENEROUS).await;
-        if addr.ip().is_unspecified() {
-            addr.set_ip([127, 0, 0, 1].into());
-        }
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(120))
-            .build()
-            .unwrap();
-        let api = Api {
-            d,
-            addr,
-            http,
-            token: None,
-        };
-        wait_until(GENEROUS, "the daemon is ready", || async {
-            api.get("/readyz").await.status() == StatusCode::OK
-        })
-        .await;
-        api
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn authed(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.token {
-            Some(t) => rb.bearer_auth(t),
-            None => rb,
-        }
-    }
-
-    async fn get(&self, path: &str) -> reqwest::Response {
-        self.authed(self.http.get(self.url(path))).send().await.unwrap()
-    }
-
-    async fn submit(&self, body: &Value) -> reqwest::Response {
-        self.authed(self.http.post(self.url("/api/query")).json(body))
-            .send()
-            .await
-            .unwrap()
-    }
-
     async fn submit_ok(&self, user: Uuid, query: &str) -> Uuid {
         let resp = self.submit(&json!({ "user_id": user, "query": query })).await;
         assert_eq!(resp.status(), StatusCode::ACCEPTED);

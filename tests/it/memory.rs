@@ -2,75 +2,38 @@
 //! once, the user's long-term memory found by search and never another
 //! user's, and the provenance of a context (status API, `maasctl`).
 
-use std::net::SocketAddr;
-use std::time::Duration;
-
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
+use crate::support::api::Api;
 use crate::support::cli::maasctl_async;
-use crate::support::daemon::{Maasd, Opts};
+use crate::support::daemon::Opts;
 use crate::support::db::TestDb;
-use crate::support::wait_until;
 
-const GENEROUS: Duration = Duration::from_secs(60);
-
-struct Api {
-    _d: Maasd,
-    addr: SocketAddr,
-    http: reqwest::Client,
+/// A daemon with the offline provider (no provider is configured) and the
+/// archivist off.
+async fn start(db: &TestDb) -> Api {
+    Api::start(db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await
 }
 
 impl Api {
-    async fn start(db: &TestDb) -> Api {
-        // The offline provider (no provider is configured), archivist off.
-        let mut d = Maasd::spawn(&db.url, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false"));
-        let mut addr = d.http_addr(GENEROUS).await;
-        if addr.ip().is_unspecified() {
-            addr.set_ip([127, 0, 0, 1].into());
-        }
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(120))
-            .build()
-            .unwrap();
-        let api = Api { _d: d, addr, http };
-        wait_until(GENEROUS, "the daemon is ready", || async {
-            api.http
-                .get(format!("http://{}/readyz", api.addr))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == StatusCode::OK)
-        })
-        .await;
-        api
-    }
-
     /// Submits and follows the request to its end; returns its id.
     async fn ask(&self, user: Uuid, thread: Option<Uuid>, query: &str) -> Uuid {
         let resp = self
-            .http
-            .post(format!("http://{}/api/query", self.addr))
-            .json(&json!({ "user_id": user, "thread_id": thread, "query": query }))
-            .send()
-            .await
-            .unwrap();
+            .submit(&json!({ "user_id": user, "thread_id": thread, "query": query }))
+            .await;
         assert_eq!(resp.status(), StatusCode::ACCEPTED);
         let body: Value = resp.json().await.unwrap();
         let id: Uuid = body["request_id"].as_str().unwrap().parse().unwrap();
-        let state = self.status(id, "wait=60s").await;
+        let state = self.status_with(id, "wait=60s").await;
         assert_eq!(state["status"], "completed", "{state}");
         id
     }
 
-    async fn status(&self, id: Uuid, query: &str) -> Value {
-        let resp = self
-            .http
-            .get(format!("http://{}/api/query/{id}/status?{query}", self.addr))
-            .send()
-            .await
-            .unwrap();
+    async fn status_with(&self, id: Uuid, query: &str) -> Value {
+        let resp = self.get(&format!("/api/query/{id}/status?{query}")).await;
         assert_eq!(resp.status(), StatusCode::OK);
         resp.json().await.unwrap()
     }
@@ -91,7 +54,7 @@ async fn log_turn(c: &Client, user: Uuid, thread: Uuid, kind: &str, content: &st
 async fn a_follow_up_in_the_same_thread_sees_the_previous_turns_with_their_provenance() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let api = Api::start(&db).await;
+    let api = start(&db).await;
     let (user, thread) = (Uuid::new_v4(), Uuid::new_v4());
     let first = api
         .ask(
@@ -108,7 +71,7 @@ async fn a_follow_up_in_the_same_thread_sees_the_previous_turns_with_their_prove
         .get(0);
     assert_eq!(records, 0, "no archivist run");
 
-    let state = api.status(second, "include=context").await;
+    let state = api.status_with(second, "include=context").await;
     let context = state["context"].as_str().unwrap_or_default();
     assert!(
         context.contains("): My sister Olga moves to Lisbon in March; remember that."),
@@ -134,7 +97,7 @@ async fn a_follow_up_in_the_same_thread_sees_the_previous_turns_with_their_prove
         "{sources:?}"
     );
     // Without include, the shape is unchanged.
-    let plain = api.status(second, "").await;
+    let plain = api.status_with(second, "").await;
     assert!(
         plain.get("context").is_none() && plain.get("context_sources").is_none(),
         "{plain}"
@@ -186,10 +149,10 @@ async fn two_users_sharing_words_never_see_each_others_memory() {
         .await
         .unwrap();
     }
-    let api = Api::start(&db).await;
+    let api = start(&db).await;
     for (user, mine, theirs) in [(bob, "BOB-ONLY", "ALICE-ONLY"), (alice, "ALICE-ONLY", "BOB-ONLY")] {
         let id = api.ask(user, None, "When is my pottery class?").await;
-        let state = api.status(id, "include=context").await;
+        let state = api.status_with(id, "include=context").await;
         let context = state["context"].as_str().unwrap_or_default();
         assert!(context.contains(mine), "their own turn is found: {context}");
         assert!(!context.contains(theirs), "another user's memory: {context}");

@@ -416,27 +416,9 @@ async fn the_lazy_commit_of_a_claim_stays_inside_its_transaction() {
 
 /// The result of one successful analyze attempt of `row`.
 fn analyzed(row: &repo::Claimed) -> repo::Finished {
-    use maas::model::{Outcome, StageKind, Status};
     repo::Finished {
-        id: row.id,
-        lease_token: row.lease_token,
-        stage: StageKind::Analyze,
-        outcome: Outcome::Succeeded,
-        new_status: Status::Analyzed,
-        attempt: row.attempt,
-        started_at: row.claimed_at,
         analysis: Some(serde_json::json!({"needs_context": false})),
-        context: None,
-        context_sources: None,
-        answer: None,
-        error_class: None,
-        error_message: None,
-        delay: Duration::ZERO,
-        model: None,
-        prompt_tokens: None,
-        completion_tokens: None,
-        latency_ms: Some(3),
-        fused: None,
+        ..repo::Finished::succeeded(maas::model::StageKind::Analyze, row, Some(3))
     }
 }
 

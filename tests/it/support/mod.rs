@@ -1,5 +1,6 @@
 //! Harness: real PostgreSQL, real processes, waits with deadlines.
 
+pub mod api;
 pub mod cli;
 pub mod daemon;
 pub mod db;

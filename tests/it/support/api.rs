@@ -1,0 +1,68 @@
+//! A running `maasd` with its HTTP address and a client for it, for the
+//! tests that talk to the API.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use super::daemon::{Maasd, Opts};
+use super::db::TestDb;
+use super::{GENEROUS, wait_until};
+
+/// A running daemon and a client for it.
+pub struct Api {
+    pub d: Maasd,
+    pub addr: SocketAddr,
+    pub http: reqwest::Client,
+    /// Sent as a bearer token when set.
+    pub token: Option<String>,
+}
+
+impl Api {
+    pub async fn start(db: &TestDb, opts: Opts) -> Api {
+        let mut d = Maasd::spawn(&db.url, opts);
+        let mut addr = d.http_addr(GENEROUS).await;
+        if addr.ip().is_unspecified() {
+            addr.set_ip([127, 0, 0, 1].into());
+        }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap();
+        let api = Api {
+            d,
+            addr,
+            http,
+            token: None,
+        };
+        wait_until(GENEROUS, "the daemon is ready", || async {
+            api.get("/readyz").await.status() == StatusCode::OK
+        })
+        .await;
+        api
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn authed(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => rb.bearer_auth(t),
+            None => rb,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.authed(self.http.get(self.url(path))).send().await.unwrap()
+    }
+
+    pub async fn submit(&self, body: &Value) -> reqwest::Response {
+        self.authed(self.http.post(self.url("/api/query")).json(body))
+            .send()
+            .await
+            .unwrap()
+    }
+}
