@@ -322,19 +322,44 @@ def ranking(conn, sql, q):
     return CACHE[key]
 
 
+def score(name, questions, blocks, millis=None):
+    """The figures of one variant: `blocks[i]` is the memory block packed
+    for `questions[i]`; a question scores when every (all) or one (any) of
+    its evidence turns is in its block."""
+    all_hit = any_hit = 0
+    per_cat, sizes = {}, []
+    for q, block in zip(questions, blocks):
+        sizes.append(tokens(block))
+        text = norm(block)
+        found = [e in text for e in q["ev"]]
+        all_hit += all(found)
+        any_hit += any(found)
+        c = per_cat.setdefault(q["cat"], [0, 0])
+        c[0] += all(found)
+        c[1] += 1
+    n = len(questions)
+    return {
+        "variant": name,
+        "all": round(all_hit / n, 3),
+        "any": round(any_hit / n, 3),
+        "per_category": {str(k): round(v[0] / v[1], 3) for k, v in sorted(per_cat.items())},
+        "memory_tokens_p50": int(statistics.median(sizes)),
+        "memory_tokens_max": max(sizes),
+        "sql_ms_p50": round(statistics.median(millis), 2) if millis else 0.0,
+    }
+
+
 def evaluate(conn, users, questions, variant, budget):
     by_user = {u["id"]: u for u in users}
     sql = variant["sql"]
-    all_hit = any_hit = 0
-    per_cat = {}
-    sizes, millis = [], []
+    blocks, millis = [], []
     for q in questions:
         u = by_user[q["user"]]
         t0 = time.perf_counter()
         scored = ranking(conn, sql, q)
         millis.append((time.perf_counter() - t0) * 1000)
         ids = boost_sessions(u, scored, variant.get("beta", 0.0))
-        block = pack(
+        blocks.append(pack(
             u,
             ids,
             variant.get("budget", budget),
@@ -342,26 +367,8 @@ def evaluate(conn, users, questions, variant, budget):
             before=variant.get("before"),
             after=variant.get("after"),
             compact=variant.get("compact", False),
-        )
-        sizes.append(tokens(block))
-        text = norm(block)
-        found = [e in text for e in q["ev"]]
-        a = all(found)
-        all_hit += a
-        any_hit += any(found)
-        c = per_cat.setdefault(q["cat"], [0, 0])
-        c[0] += a
-        c[1] += 1
-    n = len(questions)
-    return {
-        "variant": variant["name"],
-        "all": round(all_hit / n, 3),
-        "any": round(any_hit / n, 3),
-        "per_category": {str(k): round(v[0] / v[1], 3) for k, v in sorted(per_cat.items())},
-        "memory_tokens_p50": int(statistics.median(sizes)),
-        "memory_tokens_max": max(sizes),
-        "sql_ms_p50": round(statistics.median(millis), 2),
-    }
+        ))
+    return score(variant["name"], questions, blocks, millis)
 
 
 def variants():
@@ -414,6 +421,8 @@ CREATE TABLE lsm_storage (
     tags text[] NOT NULL DEFAULT '{}', summary text NOT NULL, raw_log_ids bigint[] NOT NULL DEFAULT '{}',
     created_at timestamptz NOT NULL DEFAULT now());
 CREATE INDEX lsm_storage_user_idx ON lsm_storage (user_id, time_bucket_start DESC);
+-- (the migration also gives requests their context_sources column)
+CREATE TABLE pipeline_runs (id uuid PRIMARY KEY);
 """
 
 STOP = {"about", "after", "also", "been", "from", "have", "just", "like", "that", "their", "them", "then",
@@ -466,7 +475,7 @@ def pack_rows(rows, budget):
     (YYYY-MM-DD): summary` for a record; a line that does not fit is skipped,
     never cut; the block is then shown most relevant first."""
     used, lines, seen = 0, [], set()
-    for kind, rid, _hit, _rank, _score, _thread, mtype, content, at in rows:
+    for kind, rid, _why, _hit, _score, _thread, mtype, content, at, _end in rows:
         if (kind, rid) in seen:
             continue
         seen.add((kind, rid))
@@ -484,34 +493,21 @@ def pack_rows(rows, budget):
     return "\n".join(lines)
 
 
+# The statement leaves a request's own turns out; the research asks as no request.
+NO_REQUEST = "00000000-0000-0000-0000-000000000000"
+
+
 def evaluate_proposed(conn, questions, query, budget, hits, window, records):
     conn.execute("SET search_path = memprop, public")
     sql = re.sub(r"\$(\d)", lambda m: "%(p" + m.group(1) + ")s", query)
-    all_hit = any_hit = 0
-    per_cat, sizes, millis = {}, [], []
+    blocks, millis = [], []
     for q in questions:
         t0 = time.perf_counter()
-        rows = conn.execute(sql, {"p1": q["user"], "p2": q["q"], "p3": hits, "p4": window, "p5": records}).fetchall()
+        rows = conn.execute(sql, {"p1": q["user"], "p2": q["q"], "p3": hits, "p4": window, "p5": records,
+                                  "p6": None, "p7": 0, "p8": NO_REQUEST}).fetchall()
         millis.append((time.perf_counter() - t0) * 1000)
-        block = pack_rows(rows, budget)
-        sizes.append(tokens(block))
-        text = norm(block)
-        found = [e in text for e in q["ev"]]
-        all_hit += all(found)
-        any_hit += any(found)
-        c = per_cat.setdefault(q["cat"], [0, 0])
-        c[0] += all(found)
-        c[1] += 1
-    n = len(questions)
-    return {
-        "variant": f"proposed: memory_search.sql hits {hits} window ±{window} records {records}",
-        "all": round(all_hit / n, 3),
-        "any": round(any_hit / n, 3),
-        "per_category": {str(k): round(v[0] / v[1], 3) for k, v in sorted(per_cat.items())},
-        "memory_tokens_p50": int(statistics.median(sizes)),
-        "memory_tokens_max": max(sizes),
-        "sql_ms_p50": round(statistics.median(millis), 2),
-    }
+        blocks.append(pack_rows(rows, budget))
+    return score(f"proposed: memory_search.sql hits {hits} window ±{window} records {records}", questions, blocks, millis)
 
 
 # ------------------------------------------------ further packing experiments
@@ -525,25 +521,8 @@ def extras(conn, users, questions, budget, report):
     by_user = {u["id"]: u for u in users}
 
     def run(name, rankings, packer):
-        a = y = 0
-        pc, sizes = {}, []
-        for q, sc in zip(questions, rankings):
-            u = by_user[q["user"]]
-            block = packer(u, sc)
-            sizes.append(tokens(block))
-            text = norm(block)
-            f = [e in text for e in q["ev"]]
-            a += all(f)
-            y += any(f)
-            c = pc.setdefault(q["cat"], [0, 0])
-            c[0] += all(f)
-            c[1] += 1
-        n = len(questions)
-        report({
-            "variant": name, "all": round(a / n, 3), "any": round(y / n, 3),
-            "per_category": {str(k): round(v[0] / v[1], 3) for k, v in sorted(pc.items())},
-            "memory_tokens_p50": int(statistics.median(sizes)), "memory_tokens_max": max(sizes), "sql_ms_p50": 0.0,
-        })
+        blocks = [packer(by_user[q["user"]], sc) for q, sc in zip(questions, rankings)]
+        report(score(name, questions, blocks))
 
     def windows(u, ids, schedule, size=budget, question_aware=None):
         """schedule: [(up to rank, ±window)]; question_aware: ((before, after)
@@ -714,7 +693,7 @@ def main():
             extras(conn, users, questions, args.budget, report)
         if args.proposed:
             root = __file__.rsplit("/benches/", 1)[0]
-            with open(f"{root}/sql/drafts/0008_memory_search.sql", encoding="utf-8") as f:
+            with open(f"{root}/sql/0008_memory_search.sql", encoding="utf-8") as f:
                 migration = f.read()
             with open(f"{root}/sql/queries/memory_search.sql", encoding="utf-8") as f:
                 query = f.read()
