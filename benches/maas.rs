@@ -275,13 +275,44 @@ async fn writes(c: &Client) -> i64 {
 
 /// One request at a time: insert commit → claim, insert commit → COMPLETED,
 /// both as seen by a LISTEN session.
-/// Words the generated memory is written in: enough of them that a query
-/// matches some turns of a user and not all.
+/// Words of everyday topics, placed at ranks 50–113 of the generated
+/// vocabulary (each in about 2–3 % of a user's turns); the memory request's
+/// query asks about some of them.
 const MEMORY_WORDS: &str = "garden travel budget sister lisbon march paint pottery dog hiking \
     concert piano school exam doctor recipe soup train flight hotel beach museum novel movie \
     birthday gift wedding camera bicycle marathon yoga coffee office meeting project deadline \
     salary rent apartment neighbour kitchen window winter summer autumn spring river mountain \
     lake forest island friend brother mother father cousin nephew daughter son teacher library";
+
+/// The vocabulary the generated turns are written in: `size` words, the
+/// everyday ones of [`MEMORY_WORDS`] at ranks 50–113, made-up words of two
+/// syllables elsewhere. Turns draw from it log-uniformly (the word of rank
+/// r with a probability ∝ 1/r, Zipf's law of natural text), so a few words
+/// are in most turns and most words in few — as in a chat history, where a
+/// query's topic words are rare and the speakers' names are everywhere.
+fn memory_vocabulary(size: usize) -> String {
+    const CONSONANTS: &[u8] = b"bcdfghjklmnprstvz";
+    const VOWELS: &[u8] = b"aeiou";
+    let syllable = |i: usize| {
+        let c = CONSONANTS[i % CONSONANTS.len()] as char;
+        let v = VOWELS[(i / CONSONANTS.len()) % VOWELS.len()] as char;
+        format!("{c}{v}")
+    };
+    let everyday: Vec<&str> = MEMORY_WORDS.split_whitespace().collect();
+    let per = CONSONANTS.len() * VOWELS.len();
+    (1..=size)
+        .map(|rank| match rank.checked_sub(50).and_then(|i| everyday.get(i)) {
+            Some(w) => (*w).to_owned(),
+            None => format!(
+                "{}{}{}",
+                syllable(rank),
+                syllable(rank / per),
+                syllable(rank / per / per)
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
 
 /// Users with memory for the latency scenario: `users` users, each with
 /// `turns` turns over 20 threads and `records` records, inserted with SQL
@@ -289,14 +320,14 @@ const MEMORY_WORDS: &str = "garden travel budget sister lisbon march paint potte
 /// producer). Returns the user ids and one thread of each.
 async fn load_memory(c: &Client, users: i64, turns: i64, records: i64) -> Vec<(Uuid, Uuid)> {
     let started = Instant::now();
-    let words = MEMORY_WORDS.split_whitespace().collect::<Vec<_>>().join(" ");
+    let words = memory_vocabulary(4_000);
     c.execute(
         "INSERT INTO raw_logs (user_id, thread_id, message_type, content, created_at)
          SELECT ('00000000-0000-4000-a000-' || lpad(to_hex(u), 12, '0'))::uuid,
                 ('00000000-0000-4000-b000-' || lpad(to_hex(u * 20 + t % 20), 12, '0'))::uuid,
                 CASE WHEN t % 2 = 0 THEN 'user_query' ELSE 'assistant_response' END,
                 CASE WHEN t % 2 = 0 THEN 'Alex: ' ELSE 'Sam: ' END ||
-                (SELECT string_agg(w[1 + ((hashint8(u * 1000003 + t * 1009 + k)::int8 & 2147483647) % array_length(w, 1))], ' ')
+                (SELECT string_agg(w[least(array_length(w, 1), floor(exp((hashint8(u * 1000003 + t * 1009 + k)::int8 & 2147483647) / 2147483648.0 * ln(array_length(w, 1) + 1)))::int)], ' ')
                  FROM generate_series(1, 14) k, (SELECT string_to_array($3, ' ') AS w) words),
                 now() - make_interval(mins => (turns.n - t)::int)
          FROM generate_series(0, $1::int8 - 1) u, generate_series(0, $2::int8 - 1) t,
@@ -311,7 +342,7 @@ async fn load_memory(c: &Client, users: i64, turns: i64, records: i64) -> Vec<(U
                 now() - make_interval(days => r::int + 1), now() - make_interval(days => r::int),
                 ARRAY['bench'],
                 'The user talked about ' ||
-                (SELECT string_agg(w[1 + ((hashint8(u * 1000003 + r * 1009 + k + 500)::int8 & 2147483647) % array_length(w, 1))], ', ')
+                (SELECT string_agg(w[least(array_length(w, 1), floor(exp((hashint8(u * 1000003 + r * 1009 + k + 500)::int8 & 2147483647) / 2147483648.0 * ln(array_length(w, 1) + 1)))::int)], ', ')
                  FROM generate_series(1, 20) k, (SELECT string_to_array($3, ' ') AS w) words)
          FROM generate_series(0, $1::int8 - 1) u, generate_series(0, $2::int8 - 1) r",
         &[&users, &records, &words],

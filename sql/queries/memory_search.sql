@@ -18,11 +18,19 @@
 -- 'thread', score 0, newest first.
 --
 -- Long-term scoring: Okapi BM25 (k1 1.2, b 0.75) with the user's own document
--- frequencies (one GIN lookup per query lexeme, at most 32 lexemes), term
--- frequency from the tsvector's positions, document length = distinct
--- lexemes over an average of 13 (LoCoMo's chat turns). The query is an OR of
--- its lexemes: an AND (plainto_tsquery) finds all words in one turn for 1 in
--- 10 questions only. Ties: the newer turn first.
+-- frequencies, term frequency from the tsvector's positions, document
+-- length = distinct lexemes over an average of 13 (LoCoMo's chat turns). The
+-- query is an OR of its lexemes (at most 32): an AND (plainto_tsquery) finds
+-- all words in one turn for 1 in 10 questions only. Ties: the newer turn
+-- first.
+--
+-- Bounded work, whatever the size of the user's history: each lexeme's
+-- document frequency is counted up to 256 turns (one GIN lookup each); a
+-- lexeme found that often is common (a speaker's name, "go", "like") and
+-- scores with the idf of 256. The turns scored are those that match a rarer
+-- lexeme, and only when fewer than 40 do, the newest 256 turns matching any
+-- lexeme besides. On LoCoMo this picks the same hits as scoring every
+-- matching turn recalls (BENCHMARKS.md) and scores a tenth as many turns.
 --
 -- Rows: kind ('turn' | 'record'), id, why ('thread' | 'hit' | 'neighbour' |
 -- 'record'), hit_id (the turn whose window brought the row; its own id for a
@@ -40,39 +48,53 @@ WITH q AS (
     SELECT greatest(coalesce((SELECT m.logged_seq FROM archive_marks m WHERE m.user_id = $1::uuid), 0), 1)::float8 AS turns,
            greatest(CASE WHEN $5::int > 0 THEN (SELECT count(*) FROM lsm_storage s WHERE s.user_id = $1::uuid) ELSE 0 END, 1)::float8 AS records
 ), df AS MATERIALIZED (
-    -- The user's document frequency of each query lexeme, counted once
-    -- (MATERIALIZED: inlined, each count ran once per reference below).
     SELECT q.lexeme,
            CASE WHEN $3::int > 0 THEN
-               (SELECT count(*) FROM raw_logs r
-                WHERE r.user_id = $1::uuid AND r.search @@ quote_literal(q.lexeme)::tsquery)
+               (SELECT count(*) FROM (
+                    SELECT FROM raw_logs r
+                    WHERE r.user_id = $1::uuid AND r.search @@ quote_literal(q.lexeme)::tsquery
+                    LIMIT 256) c)
            ELSE 0 END::float8 AS turns,
-           -- (no lookup at all when no record is wanted)
            CASE WHEN $5::int > 0 THEN
                (SELECT count(*) FROM lsm_storage s
                 WHERE s.user_id = $1::uuid AND s.search @@ quote_literal(q.lexeme)::tsquery)
            ELSE 0 END::float8 AS records
     FROM q
 ), w AS (
-    SELECT df.lexeme,
+    SELECT df.lexeme, df.turns,
            ln(1 + (n.turns - df.turns + 0.5) / (df.turns + 0.5)) AS idf_turn,
            ln(1 + (n.records - df.records + 0.5) / (df.records + 0.5)) AS idf_record
     FROM df
     CROSS JOIN n
 ), anyq AS (
-    SELECT string_agg(quote_literal(w.lexeme), ' | ')::tsquery AS tq FROM w
-), hits AS (
-    SELECT r.id, r.thread_id, r.user_seq, r.created_at,
-           sum(w.idf_turn * (coalesce(array_length(x.positions, 1), 1) * 2.2)
-               / (coalesce(array_length(x.positions, 1), 1)
-                  + 1.2 * (0.25 + 0.75 * length(r.search) / 13.0))) AS score
+    SELECT string_agg(quote_literal(w.lexeme), ' | ')::tsquery AS tq,
+           string_agg(quote_literal(w.lexeme), ' | ') FILTER (WHERE w.turns > 0 AND w.turns < 256)::tsquery AS rare
+    FROM w
+), rare AS MATERIALIZED (
+    SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search
+    FROM anyq
+    JOIN raw_logs r ON r.user_id = $1::uuid AND r.search @@ anyq.rare
+                   AND r.request_id IS DISTINCT FROM $8::uuid
+), common AS (
+    SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search
     FROM anyq
     JOIN raw_logs r ON r.user_id = $1::uuid AND r.search @@ anyq.tq
                    AND r.request_id IS DISTINCT FROM $8::uuid
-    CROSS JOIN LATERAL unnest(r.search) AS x
+    WHERE (SELECT count(*) FROM rare) < 40
+    ORDER BY r.user_seq DESC
+    LIMIT 256
+), candidates AS (
+    SELECT DISTINCT ON (u.id) u.* FROM (SELECT * FROM rare UNION ALL SELECT * FROM common) u
+), hits AS (
+    SELECT c.id, c.thread_id, c.user_seq, c.created_at,
+           sum(w.idf_turn * (coalesce(array_length(x.positions, 1), 1) * 2.2)
+               / (coalesce(array_length(x.positions, 1), 1)
+                  + 1.2 * (0.25 + 0.75 * length(c.search) / 13.0))) AS score
+    FROM candidates c
+    CROSS JOIN LATERAL unnest(c.search) AS x
     JOIN w ON w.lexeme = x.lexeme
-    GROUP BY r.id
-    ORDER BY score DESC, r.created_at DESC, r.id DESC
+    GROUP BY c.id, c.thread_id, c.user_seq, c.created_at
+    ORDER BY score DESC, c.created_at DESC, c.id DESC
     LIMIT $3::int
 ), ranked AS (
     SELECT h.*, row_number() OVER (ORDER BY h.score DESC, h.created_at DESC, h.id DESC) AS rank
