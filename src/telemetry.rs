@@ -99,6 +99,16 @@ impl Visit for Fields<'_> {
         self.0.insert(key(field.name()), Value::from(value));
     }
 
+    fn record_i128(&mut self, field: &Field, value: i128) {
+        let v = i64::try_from(value).map_or_else(|_| Value::from(value.to_string()), Value::from);
+        self.0.insert(key(field.name()), v);
+    }
+
+    fn record_u128(&mut self, field: &Field, value: u128) {
+        let v = u64::try_from(value).map_or_else(|_| Value::from(value.to_string()), Value::from);
+        self.0.insert(key(field.name()), v);
+    }
+
     fn record_bool(&mut self, field: &Field, value: bool) {
         self.0.insert(key(field.name()), Value::from(value));
     }
