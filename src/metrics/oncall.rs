@@ -12,7 +12,7 @@
 //!   views and partial indexes on the metrics refresh's schedule, never from
 //!   a `count(*)` over a big table at scrape time; every daemon exports the
 //!   same value, so a dashboard takes their `max`.
-//! - The stage layer records its own two series (`maas_analyses_total`,
+//! - The stage layer records its own series (`maas_analyses_total`,
 //!   `maas_context_tokens`, `maas_contexts_total`) through the facade, like
 //!   the LLM layer; they are only described here.
 
