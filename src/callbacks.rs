@@ -21,6 +21,8 @@
 //! - The worker wakes when the LISTEN session reports a terminal status, and
 //!   polls every `callbacks.poll_secs` otherwise (retries, missed wakes).
 //! - It runs as the daemon service [`Callbacks`].
+//! - Every attempt is counted by outcome (`maas_callback_deliveries_total`:
+//!   delivered, failed, dead).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -288,6 +290,7 @@ impl Worker {
         let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let (status, error) = match sent {
             Ok(resp) if resp.status().is_success() => {
+                crate::metrics::callback_delivery("delivered", started.elapsed());
                 let status = i32::from(resp.status().as_u16());
                 tracing::debug!(delivery = d.id, request.id = %d.run_id, %host, status, ms, "callback delivered");
                 self.record(|c| async move { outbox::delivered(&c, d.id, status).await })
@@ -304,6 +307,7 @@ impl Worker {
         let attempts = u32::try_from(d.attempt).unwrap_or(u32::MAX);
         let dead = attempts >= self.cb().max_attempts;
         let retry_in = self.cb().retry_delay(attempts);
+        crate::metrics::callback_delivery(if dead { "dead" } else { "failed" }, started.elapsed());
         if dead {
             tracing::warn!(delivery = d.id, request.id = %d.run_id, %host, attempt = attempts, error = %error,
                 "callback failed; attempts exhausted, delivery is dead");

@@ -22,6 +22,9 @@
 //!   only describes them; it does not depend on the LLM types.
 //! - **HTTP** ([`http_request`], [`StreamGauge`]): requests by route and code,
 //!   open streams, waiting long-polls.
+//! - **On-call series** (`oncall.rs`): table sizes, the claim loop's polls,
+//!   failures by class, memory found, context size, callbacks, archivist
+//!   runs, and the database-wide gauges the alert rules use.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +36,9 @@ use chrono::{DateTime, Utc};
 
 use crate::model::{Outcome, StageKind, Status};
 use crate::repo::Finished;
+
+mod oncall;
+pub use oncall::*;
 
 /// Content type of [`PrometheusHandle::render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -60,9 +66,12 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
         .map_err(|e| MetricsError(e.to_string()))?
+        .set_buckets_for_metric(Matcher::Suffix("_tokens".into()), oncall::TOKEN_BUCKETS)
+        .map_err(|e| MetricsError(e.to_string()))?
         .install_recorder()
         .map_err(|e| MetricsError(e.to_string()))?;
     describe();
+    oncall::register();
     *slot = Some(handle.clone());
     Ok(handle)
 }
@@ -74,6 +83,8 @@ enum Kind {
     Gauge,
     /// A histogram of seconds.
     Seconds,
+    /// A histogram of tokens.
+    Tokens,
 }
 
 /// Every series this process exports: (kind, name, help).
@@ -121,7 +132,7 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
     (
         Kind::Counter,
         "maas_stage_retries_total",
-        "Stage attempts that failed and were scheduled again",
+        "Stage attempts that failed or were deferred and were scheduled again, by stage",
     ),
     (
         Kind::Counter,
@@ -212,11 +223,12 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
 ];
 
 fn describe() {
-    for &(kind, name, help) in DESCRIPTIONS {
+    for &(kind, name, help) in DESCRIPTIONS.iter().chain(oncall::DESCRIPTIONS) {
         match kind {
             Kind::Counter => describe_counter!(name, help),
             Kind::Gauge => describe_gauge!(name, help),
             Kind::Seconds => describe_histogram!(name, metrics::Unit::Seconds, help),
+            Kind::Tokens => describe_histogram!(name, help),
         }
     }
 }
@@ -237,7 +249,8 @@ pub fn register_http() {
 pub struct Stats {
     pub claimed: [AtomicU64; 3],
     pub succeeded: [AtomicU64; 3],
-    pub retried: AtomicU64,
+    /// By stage, like `claimed`.
+    pub retried: [AtomicU64; 3],
     pub failed: AtomicU64,
     pub released: AtomicU64,
     pub lease_lost: AtomicU64,
@@ -256,14 +269,14 @@ pub fn observe_engine(stats: &Stats, listening: bool) {
         let i = stage.index();
         counter!("maas_stage_claims_total", "stage" => stage.as_str()).absolute(get(&stats.claimed[i]));
         counter!("maas_stage_succeeded_total", "stage" => stage.as_str()).absolute(get(&stats.succeeded[i]));
+        counter!("maas_stage_retries_total", "stage" => stage.as_str()).absolute(get(&stats.retried[i]));
     }
-    let totals: [(&'static str, &AtomicU64); 10] = [
+    let totals: [(&'static str, &AtomicU64); 9] = [
         (
             "maas_requests_completed_total",
             &stats.succeeded[StageKind::Respond.index()],
         ),
         ("maas_requests_failed_total", &stats.failed),
-        ("maas_stage_retries_total", &stats.retried),
         ("maas_leases_lost_total", &stats.lease_lost),
         ("maas_leases_reclaimed_total", &stats.reclaimed),
         ("maas_leases_released_total", &stats.released),

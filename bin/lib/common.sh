@@ -36,6 +36,20 @@ ensure_postgres() {
     have_pg_server || { say "PostgreSQL server binaries still missing after apt-get"; return 1; }
 }
 
+# Installs promtool (Debian's `prometheus` package) when missing, for the
+# alert rules' tests. Returns 1, with a message, where it cannot be
+# installed (no root, no apt-get): the caller skips those tests then.
+# (The package also installs a Prometheus server; the tests do not use it.)
+ensure_promtool() {
+    command -v promtool >/dev/null 2>&1 && return 0
+    command -v apt-get >/dev/null 2>&1 || { say "promtool missing and no apt-get to install it"; return 1; }
+    say "promtool is not installed; installing Debian's prometheus package with apt-get"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq || return 1
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null ||
+        return 1
+    command -v promtool >/dev/null 2>&1
+}
+
 ensure_cargo() {
     if ! command -v cargo >/dev/null 2>&1; then
         # shellcheck disable=SC1091

@@ -130,6 +130,21 @@ pub enum UserOutcome {
     Planned,
 }
 
+impl UserOutcome {
+    /// The word of its JSON and of `maas_archivist_users_total{outcome}`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UserOutcome::Archived => "archived",
+            UserOutcome::Nothing => "nothing",
+            UserOutcome::Busy => "busy",
+            UserOutcome::Raced => "raced",
+            UserOutcome::Failed => "failed",
+            UserOutcome::Cancelled => "cancelled",
+            UserOutcome::Planned => "planned",
+        }
+    }
+}
+
 /// One user's part of a run.
 #[derive(Debug, Clone, Serialize)]
 pub struct UserReport {

@@ -77,6 +77,34 @@ impl Archivist {
         cancel: &CancellationToken,
     ) -> Result<RunReport, ArchivistError> {
         let started = Instant::now();
+        let result = self.run_counted(opts, progress, cancel).await;
+        if !opts.dry_run {
+            let users: Vec<&'static str> = result
+                .as_ref()
+                .map(|r| r.users.iter().map(|u| u.outcome.as_str()).collect())
+                .unwrap_or_default();
+            let r = result.as_ref().ok();
+            crate::metrics::archive_run(&crate::metrics::ArchiveRun {
+                trigger: opts.trigger.as_str(),
+                finished: r.is_some(),
+                users: &users,
+                logs: r.map_or(0, |r| r.logs),
+                records: r.map_or(0, |r| r.records),
+                failures: r.map_or(0, |r| r.failures),
+                took: started.elapsed(),
+            });
+        }
+        result
+    }
+
+    /// [`Archivist::run`] before its metrics.
+    async fn run_counted(
+        &self,
+        opts: RunOptions,
+        progress: &dyn Progress,
+        cancel: &CancellationToken,
+    ) -> Result<RunReport, ArchivistError> {
+        let started = Instant::now();
         let client = self.pool.get().await?;
         let prompt = repo::active_prompts(&client)
             .await?

@@ -80,6 +80,7 @@ impl Engine {
                     break;
                 };
                 // Prompts first: a row is only claimed when its stage can run.
+                let polled = Instant::now();
                 let claimed = match (self.prompts().await, self.pool.get().await) {
                     (Err(e), _) => Err(e),
                     (Ok(prompts), Ok(client)) => repo::claim_next(
@@ -94,6 +95,8 @@ impl Engine {
                     .map(|rows| (rows, prompts)),
                     (Ok(_), Err(e)) => Err(e.into()),
                 };
+                let rows = claimed.as_ref().ok().map(|(rows, _)| rows.len());
+                crate::metrics::claim_poll(stage, rows, polled.elapsed());
                 match claimed {
                     Ok((rows, prompts)) => {
                         backoff = backoff_builder.build();

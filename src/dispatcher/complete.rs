@@ -153,10 +153,14 @@ impl Engine {
                     }
                 }
                 Outcome::Retrying | Outcome::Deferred => {
-                    bump(&self.stats.retried);
+                    bump(&self.stats.retried[f.stage.index()]);
+                    crate::metrics::stage_failure(f.stage, f.outcome, f.error_class.as_deref());
                     self.wake_later(f.stage, f.delay);
                 }
-                Outcome::Failed => bump(&self.stats.failed),
+                Outcome::Failed => {
+                    bump(&self.stats.failed);
+                    crate::metrics::stage_failure(f.stage, f.outcome, f.error_class.as_deref());
+                }
                 Outcome::Released | Outcome::LeaseExpired => {}
             }
         }

@@ -83,7 +83,9 @@ impl Engine {
             drop(previous);
             self.freed(from);
         }
-        let span = tracing::debug_span!("stage", request.id = %row.id, %stage, attempt = row.attempt);
+        // Every line of the attempt (the LLM layer's included) carries the
+        // request id: one request's path is one `request_id` in the logs.
+        let span = tracing::info_span!("stage", request.id = %row.id, %stage, attempt = row.attempt);
         let mut input = StageInput {
             request_id: row.id,
             user_id: row.user_id,
@@ -123,10 +125,8 @@ impl Engine {
         };
         let mut finished = self.record(stage, &row, result, latency);
         if stage == StageKind::Analyze && finished.outcome == Outcome::Succeeded && !row.debug {
-            finished.fused = self
-                .fuse(input, finished.analysis.clone())
-                .instrument(span.clone())
-                .await;
+            let fused = tracing::info_span!("stage", request.id = %row.id, stage = %StageKind::Assemble, fused = true);
+            finished.fused = self.fuse(input, finished.analysis.clone()).instrument(fused).await;
         }
         let _guard = span.enter();
         self.hand_over(finished);
@@ -144,6 +144,11 @@ impl Engine {
         self.retrieve(&mut input).await.ok()?;
         let out = self.run_guarded(StageKind::Assemble, &input).await;
         let latency_ms = i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX);
+        match &out {
+            Ok(_) => tracing::debug!(latency_ms, "stage succeeded (fused with analyze)"),
+            Err(e) => tracing::debug!(class = %e.class, error = %e.message,
+                "fused assemble failed; the assemble stage runs on its own"),
+        }
         match out {
             Ok(StageSuccess {
                 output: StageOutput::Context(context),

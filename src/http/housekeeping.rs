@@ -1,9 +1,12 @@
 //! The HTTP side's background upkeep, as two daemon services.
 //!
 //! - [`MetricsRefresh`]: every `http.metrics_refresh_secs`, the exporter's
-//!   upkeep, the engine counters and the backlog gauges (the latency
-//!   histograms are fed as results are written). A database that cannot be
-//!   read skips the backlog until the next tick; the counters still update.
+//!   upkeep, the engine counters, the backlog gauges and the on-call gauges
+//!   (table sizes from the statistics views, the oldest due request, expired
+//!   leases, the notification queue, the callback outbox, the last archive
+//!   run; the latency histograms are fed as results are written). A
+//!   database that cannot be read skips the gauges until the next tick; the
+//!   counters still update.
 //! - [`IdempotencyExpiry`]: every minute, deletes idempotency keys older
 //!   than `http.idempotency_ttl_secs`, at most 10,000 per pass.
 
@@ -69,7 +72,33 @@ impl MetricsRefresh {
                 Ok(rows) => crate::metrics::observe_backlog(&rows),
                 Err(e) => tracing::debug!(error = %e, "metrics: backlog query failed"),
             }
+            let figures = database_figures(&client).await;
+            crate::metrics::observe_database(&figures, self.cfg.archivist.enabled);
         }
+    }
+}
+
+/// The on-call gauges' database-wide figures: statistics views, partial
+/// indexes and one-row reads only. A failed read leaves its gauge as it was.
+async fn database_figures(client: &deadpool_postgres::Object) -> crate::metrics::DatabaseFigures {
+    use crate::repo::{gauges, requests, stats};
+    fn ok<T>(r: Result<T, crate::db::Error>, what: &str) -> Option<T> {
+        r.map_err(|e| tracing::debug!(error = %e, "metrics: {what} query failed"))
+            .ok()
+    }
+    let tables = ok(gauges::table_sizes(client).await, "table size")
+        .map(|rows| rows.into_iter().map(|t| (t.table_name, t.live_rows, t.bytes)).collect());
+    let oldest_due = ok(requests::due_counts(client).await, "due count")
+        .map(|rows| rows.into_iter().map(|(status, _, secs)| (status, secs)).collect());
+    let callbacks = ok(stats::callbacks(client).await, "callback").map(|c| (c.pending, c.dead, c.oldest_pending_secs));
+    crate::metrics::DatabaseFigures {
+        tables,
+        oldest_due,
+        leases_expired: ok(requests::count_expired_leases(client).await, "expired lease"),
+        notification_queue_usage: ok(stats::notification_queue_usage(client).await, "notification queue"),
+        callbacks,
+        last_archive_run: ok(gauges::last_archive_run(client).await, "archive run")
+            .map(|r| r.map(|r| (r.finished_at, r.failures))),
     }
 }
 

@@ -27,7 +27,8 @@
 //! (`callback_outbox`), [`retention`], [`idempotency`], [`archive`]
 //! (`archive_*`, `raw_logs`, `lsm_storage`), [`memory`] (a request's
 //! memory from `raw_logs` and `lsm_storage`, read only), [`stats`] (aggregates and
-//! server state for `maasctl stats` and `doctor`).
+//! server state for `maasctl stats` and `doctor`), [`gauges`] (table sizes
+//! and the last archive run, for the metrics).
 
 use std::time::Duration;
 
@@ -45,6 +46,7 @@ pub mod attempts;
 pub mod audit;
 pub mod callbacks;
 pub mod control;
+pub mod gauges;
 pub mod idempotency;
 pub mod memory;
 pub mod prompts;
@@ -273,6 +275,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         archive::STATEMENTS,
         memory::STATEMENTS,
         stats::STATEMENTS,
+        gauges::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

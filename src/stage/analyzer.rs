@@ -40,11 +40,14 @@ pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageErr
                     completion_tokens: resp.completion_tokens,
                 };
                 return match Analysis::parse(&resp.text) {
-                    Ok(analysis) => Ok(StageSuccess {
-                        output: StageOutput::Analysis(analysis.to_json()),
-                        usage,
-                        context_sources: None,
-                    }),
+                    Ok(analysis) => {
+                        super::metrics::analysis(&analysis);
+                        Ok(StageSuccess {
+                            output: StageOutput::Analysis(analysis.to_json()),
+                            usage,
+                            context_sources: None,
+                        })
+                    }
                     Err(problem) => Err(StageError {
                         class: "invalid_json".into(),
                         message: format!("the analyzer's output was not valid JSON: {problem}"),

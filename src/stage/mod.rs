@@ -19,6 +19,7 @@ pub mod analysis;
 pub mod analyzer;
 pub mod assembler;
 pub mod memory;
+pub mod metrics;
 pub mod responder;
 
 use std::borrow::Cow;

@@ -11,6 +11,7 @@ mod http;
 mod layers;
 mod llm;
 mod memory;
+mod observability;
 mod orchestrator;
 mod prompts;
 mod props;

@@ -132,6 +132,12 @@ impl Maasd {
         loop {
             let log = self.plain_log();
             if let Some(line) = log.lines().find(|l| l.contains("http: listening")) {
+                // A JSON line (MAAS_LOG_FORMAT=json) names it as a field.
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(line)
+                    && let Some(addr) = v["addr"].as_str()
+                {
+                    return addr.parse().map_err(|e| format!("{addr:?}: {e}"));
+                }
                 let addr = line
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("addr="))
