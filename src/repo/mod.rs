@@ -52,6 +52,7 @@ pub mod requests;
 pub mod retention;
 pub mod stats;
 pub mod steps;
+pub mod users;
 
 // The dispatcher's statements, at the paths it calls them by.
 pub use attempts::{
@@ -273,6 +274,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         archive::STATEMENTS,
         memory::STATEMENTS,
         stats::STATEMENTS,
+        users::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }
