@@ -30,6 +30,10 @@ pub enum UsersCommand {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
+    /// Everything held about a user as one JSON document on stdout
+    /// (requests with their steps, turns, records, archive state), written
+    /// as it is read.
+    Export { id: String },
     /// Forget a user: erase its requests (in flight too), steps, turns,
     /// records, archive state, idempotency keys and callbacks, leaving one
     /// tombstone; later requests for the user are refused.
@@ -51,6 +55,7 @@ fn parse_user(s: &str) -> Result<UserKey, CliError> {
 pub async fn run(cfg: &Config, command: UsersCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
     match command {
         UsersCommand::Show { id, q, before, limit } => show(cfg, parse_user(&id)?, q, before, limit, json).await,
+        UsersCommand::Export { id } => export(cfg, parse_user(&id)?).await,
         UsersCommand::Forget { id, reason } => forget(cfg, parse_user(&id)?, actor, &reason, json).await,
     }
 }
@@ -196,4 +201,37 @@ async fn forget(cfg: &Config, user: UserKey, actor: &str, reason: &str, json: bo
         println!("user {user} forgotten: erased {}", parts.join(", "));
     }
     Ok(Outcome::Ok)
+}
+
+async fn export(cfg: &Config, user: UserKey) -> Result<Outcome, CliError> {
+    use std::io::Write;
+    let mut one = cfg.clone();
+    one.pool_size = 1;
+    let pool = db::connect_pool(&one, "maasctl")?;
+    if let Err(e) = users::export::check(&pool, user).await {
+        return finding(e);
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel(users::export::QUEUE);
+    let producer = tokio::spawn(async move { users::export::export(&pool, user, tx).await });
+    // The CLI does nothing else meanwhile: a blocking write is fine.
+    let mut out = std::io::stdout().lock();
+    while let Some(chunk) = rx.recv().await {
+        match chunk {
+            Ok(bytes) => out.write_all(&bytes)?,
+            Err(_) => break,
+        }
+    }
+    out.flush()?;
+    drop(rx);
+    match producer.await {
+        Ok(Ok(counts)) => {
+            eprintln!(
+                "user {user}: exported {} requests, {} steps, {} turns, {} records",
+                counts.requests, counts.steps, counts.turns, counts.records
+            );
+            Ok(Outcome::Ok)
+        }
+        Ok(Err(e)) => finding(e),
+        Err(e) => Err(CliError::Usage(format!("export of user {user} stopped: {e}"))),
+    }
 }

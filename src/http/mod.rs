@@ -143,6 +143,7 @@ pub fn routes() -> Routes {
         .delete("/api/users/{id}/memory/{record}", users::delete_record)
         .delete("/api/users/{id}/turns/{turn}", users::delete_turn)
         .delete("/api/users/{id}", users::forget)
+        .get("/api/users/{id}/export", users::export)
         .get("/api/query/{id}/events", api::events)
         .get("/api/ws", api::ws);
     let api = Routes {

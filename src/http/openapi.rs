@@ -192,6 +192,27 @@ pub fn document() -> Value {
                     "responses": correction_responses()
                 }
             },
+            "/api/users/{id}/export": {
+                "get": {
+                    "summary": "Everything held about a user (requests with their steps, turns, records, archive state) as one JSON document, streamed",
+                    "security": secured,
+                    "parameters": [user_param()],
+                    "responses": {
+                        "200": object_response("The document; a cut one (the connection closed early) means the export failed", json!({
+                            "user_id": { "type": "string", "format": "uuid" },
+                            "exported_at": { "type": "string" },
+                            "archive_state": { "type": ["object", "null"] },
+                            "requests": { "type": "array" },
+                            "turns": { "type": "array" },
+                            "records": { "type": "array" },
+                            "counts": { "type": "object" } })),
+                        "400": error_response("Malformed id"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("Nothing is held about the user, or it was forgotten"),
+                        "409": error_response("The user is being forgotten")
+                    }
+                }
+            },
             "/api/users/{id}": {
                 "delete": {
                     "summary": "Forget a user: erase every request, turn, record and archive mark of the user, leaving one tombstone; later requests for the user are refused (410)",

@@ -106,13 +106,10 @@ pub async fn memory(
     }
     let limit = match int_param(&params, "limit")? {
         None => DEFAULT_LIMIT,
-        Some(n) if n >= 1 && n <= MAX_LIMIT as i64 => n as usize,
-        Some(n) => {
-            return Err(ApiError::bad_request(
-                "invalid_query",
-                format!("limit={n}: expected 1 to {MAX_LIMIT}"),
-            ));
-        }
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_LIMIT).contains(n))
+            .ok_or_else(|| ApiError::bad_request("invalid_query", format!("limit={n}: expected 1 to {MAX_LIMIT}")))?,
     };
     let page = Page {
         before: int_param(&params, "before")?,
@@ -228,4 +225,36 @@ pub async fn forget(
         Json(json!({ "user_id": user, "status": "erasing" })),
     )
         .into_response())
+}
+
+/// `GET /api/users/{id}/export`: everything held about the user as one JSON
+/// document (see [`users::export`]), streamed as it is read. A cut
+/// document (the connection closes early) means the export failed.
+pub async fn export(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let user = parse_user(&id)?;
+    if let Err(e) = users::export::check(&app.pool, user).await {
+        return Ok(user_error(user.user_id, e));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(users::export::QUEUE);
+    let pool = app.pool.clone();
+    tokio::spawn(async move {
+        match users::export::export(&pool, user, tx).await {
+            Ok(c) => {
+                tracing::info!(user = %user, requests = c.requests, turns = c.turns, records = c.records, "users: exported")
+            }
+            Err(e) => tracing::warn!(user = %user, error = %e, "users: export failed; the document was cut"),
+        }
+    });
+    let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|c| (c.map(axum::body::Bytes::from), rx))
+    });
+    let mut resp = axum::body::Body::from_stream(chunks).into_response();
+    resp.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = axum::http::HeaderValue::from_str(&format!("attachment; filename=\"user-{user}.json\"")) {
+        resp.headers_mut().insert(axum::http::header::CONTENT_DISPOSITION, v);
+    }
+    Ok(resp)
 }

@@ -38,6 +38,10 @@ super::statements! {
     ERASE_KEYS = "users_erase_keys",
     ERASE_ACTIONS = "users_erase_actions",
     ERASE_MARK = "users_erase_mark",
+    EXPORT_REQUESTS = "users_export_requests",
+    EXPORT_STEPS = "users_export_steps",
+    EXPORT_TURNS = "users_export_turns",
+    EXPORT_RECORDS = "users_export_records",
 }
 
 /// Whose data a statement reads or changes: today a user id; a tenant
@@ -282,4 +286,92 @@ pub async fn erase_batch(
         EraseTable::Mark => ERASE_MARK,
     };
     super::query_one_value(client, sql, &[&user.user_id, &as_limit(batch)], "deleted").await
+}
+
+// ---- export ----------------------------------------------------------------
+
+/// Up to `limit` requests of `user` after `after` (`(created_at, id)` of
+/// the last one of the previous page; `None`: from the first), oldest first.
+pub async fn export_requests(
+    client: &impl GenericClient,
+    user: UserKey,
+    after: Option<(DateTime<Utc>, Uuid)>,
+    limit: usize,
+) -> Result<Vec<super::requests::Request>, Error> {
+    let (at, id) = (after.map(|a| a.0), after.map(|a| a.1));
+    super::query_as(client, EXPORT_REQUESTS, &[&user.user_id, &at, &id, &as_limit(limit)]).await
+}
+
+super::row_struct! {
+    /// One stage attempt of an exported request.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct ExportStep {
+        #[serde(skip)]
+        pub run_id: Uuid,
+        pub stage: String,
+        pub attempt: i32,
+        pub worker: String,
+        pub started_at: DateTime<Utc>,
+        pub finished_at: DateTime<Utc>,
+        pub outcome: String,
+        pub error_class: Option<String>,
+        pub error_message: Option<String>,
+        pub model: Option<String>,
+        pub prompt_tokens: Option<i32>,
+        pub completion_tokens: Option<i32>,
+        pub latency_ms: Option<i32>,
+    }
+}
+
+/// The steps of `runs` (requests of `user`), by request and in order.
+pub async fn export_steps(client: &impl GenericClient, user: UserKey, runs: &[Uuid]) -> Result<Vec<ExportStep>, Error> {
+    super::query_as(client, EXPORT_STEPS, &[&user.user_id, &runs]).await
+}
+
+super::row_struct! {
+    /// One turn in the export.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct ExportTurn {
+        pub id: i64,
+        pub user_seq: i64,
+        pub request_id: Option<Uuid>,
+        pub thread_id: Option<Uuid>,
+        pub message_type: String,
+        pub content: String,
+        pub created_at: DateTime<Utc>,
+    }
+}
+
+/// Up to `limit` turns of `user` with `user_seq` above `after`, in order.
+pub async fn export_turns(
+    client: &impl GenericClient,
+    user: UserKey,
+    after: i64,
+    limit: usize,
+) -> Result<Vec<ExportTurn>, Error> {
+    super::query_as(client, EXPORT_TURNS, &[&user.user_id, &after, &as_limit(limit)]).await
+}
+
+super::row_struct! {
+    /// One record in the export.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct ExportRecord {
+        pub id: i64,
+        pub time_bucket_start: DateTime<Utc>,
+        pub time_bucket_end: DateTime<Utc>,
+        pub tags: Vec<String>,
+        pub summary: String,
+        pub raw_log_ids: Vec<i64>,
+        pub created_at: DateTime<Utc>,
+    }
+}
+
+/// Up to `limit` records of `user` with an id above `after`, oldest first.
+pub async fn export_records(
+    client: &impl GenericClient,
+    user: UserKey,
+    after: i64,
+    limit: usize,
+) -> Result<Vec<ExportRecord>, Error> {
+    super::query_as(client, EXPORT_RECORDS, &[&user.user_id, &after, &as_limit(limit)]).await
 }

@@ -557,3 +557,108 @@ async fn maasctl_users_forget_erases_and_leaves_the_tombstone() {
     .await;
     assert_eq!(code, 1);
 }
+
+/// Resident and peak resident memory of a process, in KiB (from /proc).
+fn rss_kib(pid: i32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Export: a user with 10,000 turns streams as one JSON document whose
+/// counts match the tables (HTTP and `maasctl users export`); the daemon's
+/// memory is logged, not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exporting_a_user_with_ten_thousand_turns_streams_one_document() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    c.execute(
+        "INSERT INTO raw_logs (user_id, thread_id, message_type, content)
+         SELECT $1, NULL, 'user_query', 'turn ' || g || ' ' || repeat('lorem ipsum dolor sit amet ', 8)
+         FROM generate_series(1, 10000) g",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    for i in 0..40 {
+        add_record(&c, user, 40 - i, &["t"], &format!("record {i}"), &[i64::from(i) + 1]).await;
+    }
+    let api = start(&db, 0).await;
+    for i in 0..3 {
+        api.ask_context(user, &format!("question {i}")).await;
+    }
+    let pid = api.d.pid().as_raw();
+    let (rss_before, _) = rss_kib(pid);
+    let mut resp = api
+        .authed(api.http.get(api.url(&format!("/api/users/{user}/export"))))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "application/json");
+    let mut body = Vec::new();
+    let (mut chunks, mut rss_max) = (0, 0);
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        body.extend_from_slice(&chunk);
+        chunks += 1;
+        rss_max = rss_max.max(rss_kib(pid).0);
+    }
+    let (rss_after, hwm) = rss_kib(pid);
+    println!(
+        "export: {} bytes in {chunks} chunks; maasd RSS before {rss_before} KiB, max while streaming {rss_max} KiB, after {rss_after} KiB, peak (VmHWM) {hwm} KiB",
+        body.len()
+    );
+    let doc: Value = serde_json::from_slice(&body).unwrap();
+    let turns = count(&c, &format!("SELECT count(*) FROM raw_logs WHERE user_id = '{user}'")).await;
+    let steps = count(
+        &c,
+        &format!(
+            "SELECT count(*) FROM pipeline_steps s JOIN pipeline_runs r ON r.id = s.run_id WHERE r.user_id = '{user}'"
+        ),
+    )
+    .await;
+    assert_eq!(turns, 10_006);
+    assert_eq!(i64::try_from(doc["turns"].as_array().unwrap().len()).unwrap(), turns);
+    assert_eq!(doc["records"].as_array().unwrap().len(), 40);
+    let requests = doc["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 3);
+    let exported_steps: usize = requests.iter().map(|r| r["steps"].as_array().unwrap().len()).sum();
+    assert_eq!(i64::try_from(exported_steps).unwrap(), steps);
+    assert!(steps >= 6, "{steps}");
+    assert!(requests.iter().all(|r| r["final_answer"].is_string()));
+    assert_eq!(doc["counts"]["turns"], json!(turns));
+    assert_eq!(doc["archive_state"]["logged_seq"], json!(turns));
+    // Turns in the user's order, each once.
+    let seqs: Vec<i64> = doc["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["user_seq"].as_i64().unwrap())
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+
+    // maasctl writes the same document to stdout.
+    let out = tokio_command(
+        &db.url,
+        &["users", "export", &user.to_string()],
+        crate::support::cli::NO_ENV,
+    )
+    .output()
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cli["counts"], doc["counts"]);
+    assert_eq!(cli["turns"], doc["turns"]);
+
+    let (status, body) = api.get_json(&format!("/api/users/{}/export", Uuid::new_v4())).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}

@@ -18,6 +18,8 @@
 //!   (a crash) is resumed by [`Eraser`] or by calling [`erase`] again: every
 //!   step is idempotent.
 
+pub mod export;
+
 use std::sync::Arc;
 use std::time::Duration;
 
