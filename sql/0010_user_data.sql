@@ -100,3 +100,10 @@ CREATE INDEX operator_actions_user_idx ON operator_actions ((detail ->> 'user_id
     WHERE detail ? 'user_id';
 -- Memory listing newest first, by keyset on id.
 CREATE INDEX lsm_storage_user_id_idx ON lsm_storage (user_id, id DESC);
+
+-- Memory retention (retention.logs_keep_days, retention.memory_keep_days;
+-- off by default): turns by age, records by the end of their period. BRIN
+-- for raw_logs: its rows arrive in time order, the index is a few pages and
+-- costs the insert path next to nothing.
+CREATE INDEX raw_logs_created_brin ON raw_logs USING brin (created_at);
+CREATE INDEX lsm_storage_end_idx ON lsm_storage (time_bucket_end);

@@ -662,3 +662,55 @@ async fn exporting_a_user_with_ten_thousand_turns_streams_one_document() {
     let (status, body) = api.get_json(&format!("/api/users/{}/export", Uuid::new_v4())).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 }
+
+/// Memory retention (off by default): turns older than
+/// `retention.logs_keep_days` and records whose period ended more than
+/// `retention.memory_keep_days` ago are deleted in batches, the rest stay,
+/// and the users' memory versions move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_retention_deletes_old_turns_and_records_in_batches() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    c.execute(
+        "INSERT INTO raw_logs (user_id, message_type, content, created_at)
+         SELECT $1, 'user_query', 'old turn ' || g, now() - interval '40 days' FROM generate_series(1, 25) g",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    for i in 0..3 {
+        add_turn(&c, user, &format!("recent turn {i}")).await;
+    }
+    for i in 0..5 {
+        add_record(&c, user, 100 + i, &["old"], "old record", &[]).await;
+    }
+    for i in 0..2 {
+        add_record(&c, user, 10 + i, &["recent"], "recent record", &[]).await;
+    }
+    let q = |sql: &str| sql.replace("$U", &user.to_string());
+    let _d = crate::support::daemon::Maasd::spawn(
+        &db.url,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_RETENTION__LOGS_KEEP_DAYS", 30)
+            .env("MAAS_RETENTION__MEMORY_KEEP_DAYS", 90)
+            .env("MAAS_RETENTION__INTERVAL_SECS", 1)
+            .env("MAAS_RETENTION__BATCH", 7),
+    );
+    let old_turns = q("SELECT count(*) FROM raw_logs WHERE user_id = '$U' AND content LIKE 'old turn%'");
+    let old_records = q("SELECT count(*) FROM lsm_storage WHERE user_id = '$U' AND summary = 'old record'");
+    wait_until(GENEROUS, "old turns and records are gone", || async {
+        count(&c, &old_turns).await == 0 && count(&c, &old_records).await == 0
+    })
+    .await;
+    assert_eq!(
+        count(&c, &q("SELECT count(*) FROM raw_logs WHERE user_id = '$U'")).await,
+        3
+    );
+    assert_eq!(
+        count(&c, &q("SELECT count(*) FROM lsm_storage WHERE user_id = '$U'")).await,
+        2
+    );
+    assert!(count(&c, &q("SELECT memory_version FROM archive_marks WHERE user_id = '$U'")).await >= 2);
+}
