@@ -369,41 +369,44 @@ async fn forgetting_a_user_mid_flight_and_mid_archive_leaves_only_the_tombstone(
     let (user, other) = (Uuid::new_v4(), Uuid::new_v4());
     c.execute(
         "INSERT INTO raw_logs (user_id, thread_id, message_type, content)
-         SELECT $1, gen_random_uuid(), 'user_query', 'turn number ' || g FROM generate_series(1, 200) g",
-        &[&user],
+         SELECT $1, $2, 'user_query', 'turn number ' || g FROM generate_series(1, 200) g",
+        &[&user, &Uuid::new_v4()],
     )
     .await
     .unwrap();
     add_turn(&c, other, "the other user's turn").await;
     add_record(&c, other, 1, &["other"], "the other user's record", &[]).await;
-    // Model calls take 1.5 s: requests stay in flight, the archive run goes
-    // batch by batch.
-    let latency = 1500;
-    let api = start(&db, latency).await;
+    // The daemon's model calls take 4 s (its requests stay in flight), the
+    // archivist's 0.8 s (it commits a record per batch of 20 turns).
+    let api = start(&db, 4000).await;
     for i in 0..6 {
         api.submit_for(user, &format!("question {i} about my turns")).await;
     }
     let env = [
-        ("MAAS_LLM__OFFLINE__LATENCY_MS", latency.to_string()),
+        ("MAAS_LLM__OFFLINE__LATENCY_MS", "800".to_owned()),
         ("MAAS_ARCHIVIST__BATCH_LOGS", "20".to_owned()),
     ];
     let mut archivist = tokio_command(&db.url, &["archivist", "run", "--user", &user.to_string()], &env)
         .spawn()
         .unwrap();
-    wait_until(GENEROUS, "requests in flight and the archive run going", || async {
-        count(
-            &c,
-            &format!("SELECT count(*) FROM pipeline_runs WHERE user_id = '{user}' AND lease_owner IS NOT NULL"),
-        )
-        .await
-            > 0
-            && count(
+    wait_until(
+        GENEROUS,
+        "requests in flight and the archive run past its first record",
+        || async {
+            count(
                 &c,
-                &format!("SELECT count(*) FROM archive_marks WHERE user_id = '{user}' AND lease_owner IS NOT NULL"),
+                &format!("SELECT count(*) FROM pipeline_runs WHERE user_id = '{user}' AND lease_owner IS NOT NULL"),
             )
             .await
                 > 0
-    })
+                && count(
+                    &c,
+                    &format!("SELECT count(*) FROM lsm_storage WHERE user_id = '{user}'"),
+                )
+                .await
+                    > 0
+        },
+    )
     .await;
     // A producer transaction that logged a turn before the forget and is
     // still open: the erase waits for it (and then deletes its turn).
@@ -452,6 +455,7 @@ async fn forgetting_a_user_mid_flight_and_mid_archive_leaves_only_the_tombstone(
     let erased: Value = tomb.get("erased");
     assert_eq!(erased["requests"], json!(6), "{erased}");
     assert!(erased["turns"].as_i64().unwrap() >= 201, "{erased}");
+    assert!(erased["records"].as_i64().unwrap() >= 1, "{erased}");
     println!("erased: {erased}");
 
     // Late writes: a request is refused, a turn or record is dropped.
