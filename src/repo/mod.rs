@@ -27,7 +27,8 @@
 //! (`callback_outbox`), [`retention`], [`idempotency`], [`archive`]
 //! (`archive_*`, `raw_logs`, `lsm_storage`), [`memory`] (a request's
 //! memory from `raw_logs` and `lsm_storage`, read only), [`stats`] (aggregates and
-//! server state for `maasctl stats` and `doctor`).
+//! server state for `maasctl stats` and `doctor`), [`users`] (one user's data:
+//! view, corrections, export pages, erase batches, `forgotten_users`).
 
 use std::time::Duration;
 
