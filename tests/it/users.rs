@@ -425,7 +425,17 @@ async fn forgetting_a_user_mid_flight_and_mid_archive_leaves_only_the_tombstone(
     assert_eq!(body["code"], "erase_running");
     let (status, _) = api.get_json(&format!("/api/users/{user}/memory")).await;
     assert_eq!(status, StatusCode::CONFLICT);
-    producer.batch_execute("COMMIT").await.unwrap();
+    // A request submitted while the erase runs is refused, whatever the
+    // order in which it and the producer's commit reach the database.
+    let (raced, ()) = tokio::join!(
+        api.send(
+            api.http
+                .post(api.url("/api/query"))
+                .json(&json!({ "user_id": user, "query": "racing the erase" }))
+        ),
+        async { producer.batch_execute("COMMIT").await.unwrap() }
+    );
+    assert_eq!(raced.0, StatusCode::GONE, "{}", raced.1);
 
     wait_until(GENEROUS, "the erase finishes", || async {
         api.get_json(&format!("/api/users/{user}/memory")).await.1["code"] == "user_forgotten"
