@@ -297,6 +297,13 @@ pub struct RetentionConfig {
     pub interval_secs: u64,
     /// Runs deleted per statement (one short transaction each). Default 500.
     pub batch: usize,
+    /// Age after which a turn (`raw_logs`) is deleted. 0 (the default)
+    /// keeps turns. `MAAS_RETENTION__LOGS_KEEP_DAYS`.
+    pub logs_keep_days: u64,
+    /// Age of the end of its period after which a record (`lsm_storage`)
+    /// is deleted. 0 (the default) keeps records.
+    /// `MAAS_RETENTION__MEMORY_KEEP_DAYS`.
+    pub memory_keep_days: u64,
 }
 
 impl Default for RetentionConfig {
@@ -305,6 +312,8 @@ impl Default for RetentionConfig {
             keep_days: 30,
             interval_secs: 300,
             batch: 500,
+            logs_keep_days: 0,
+            memory_keep_days: 0,
         }
     }
 }
@@ -312,8 +321,23 @@ impl Default for RetentionConfig {
 impl RetentionConfig {
     /// The age limit, or `None` when retention is off.
     pub fn keep(&self) -> Option<Duration> {
-        (self.keep_days > 0).then(|| Duration::from_secs(self.keep_days.saturating_mul(86_400)))
+        days(self.keep_days)
     }
+
+    /// The age limit of turns, or `None` when they are kept.
+    pub fn logs_keep(&self) -> Option<Duration> {
+        days(self.logs_keep_days)
+    }
+
+    /// The age limit of records, or `None` when they are kept.
+    pub fn memory_keep(&self) -> Option<Duration> {
+        days(self.memory_keep_days)
+    }
+}
+
+/// `n` days, `None` for 0 (off).
+fn days(n: u64) -> Option<Duration> {
+    (n > 0).then(|| Duration::from_secs(n.saturating_mul(86_400)))
 }
 
 impl Default for Config {

@@ -116,6 +116,10 @@ pub async fn run(
         Arc::new(Callbacks::new(pool.clone(), cfg.clone(), &notifier)),
         Arc::new(Retention::new(pool.clone(), cfg.clone())),
         Arc::new(IdempotencyExpiry::new(pool.clone(), cfg.clone())),
+        Arc::new(crate::users::Eraser::new(
+            pool.clone(),
+            std::time::Duration::from_secs(60),
+        )),
         Arc::new(MetricsRefresh::new(
             pool,
             cfg.clone(),

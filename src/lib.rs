@@ -66,7 +66,7 @@
 //!    behind a trait that knows no SQL; the typed analysis), [`listener`]
 //!    (the LISTEN session and its [`listener::Notifier`]), [`service`]
 //!    (the background-job trait), [`control`] (operator actions shared by
-//!    `maasctl` and HTTP).
+//!    `maasctl` and HTTP), [`users`] (a user's data: see, correct, forget).
 //! 6. Engine and services: [`dispatcher`] (claim → run → decide → write;
 //!    the sweep), [`archivist`] (turns → records, on a schedule and on
 //!    demand, exactly once), [`callbacks`] (signed deliveries from a
@@ -107,3 +107,4 @@ pub mod sys;
 pub mod systemd;
 pub mod telemetry;
 pub mod timescope;
+pub mod users;

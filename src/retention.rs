@@ -5,9 +5,12 @@
 //!
 //! Each batch is one short statement with `FOR UPDATE SKIP LOCKED`, so
 //! daemons running it at once split the work instead of waiting, and no
-//! long transaction holds back vacuum. Unfinished runs are never touched;
-//! `raw_logs` and `lsm_storage` are the users' memory, not history, and stay.
-//! It runs as the daemon service [`Retention`].
+//! long transaction holds back vacuum. Unfinished runs are never touched.
+//! `raw_logs` and `lsm_storage` are the users' memory, not history: they stay
+//! unless `retention.logs_keep_days` (turns by age) or
+//! `retention.memory_keep_days` (records by the end of their period) is set,
+//! with the same batching; each batch bumps the memory version of the users
+//! it touched. It runs as the daemon service [`Retention`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +32,26 @@ const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
 pub struct Removed {
     pub runs: i64,
     pub actions: i64,
+    pub turns: i64,
+    pub records: i64,
+}
+
+/// The age limits of one pass; `None`: that table is kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Keep {
+    pub runs: Option<Duration>,
+    pub turns: Option<Duration>,
+    pub records: Option<Duration>,
+}
+
+impl Keep {
+    pub fn from_config(cfg: &Config) -> Keep {
+        Keep {
+            runs: cfg.retention.keep(),
+            turns: cfg.retention.logs_keep(),
+            records: cfg.retention.memory_keep(),
+        }
+    }
 }
 
 /// Retention passes as a daemon service.
@@ -55,10 +78,13 @@ impl Service for Retention {
 
 /// Runs retention passes until `shutdown`.
 pub async fn run(pool: Pool, cfg: Arc<Config>, shutdown: CancellationToken) {
-    let Some(keep) = cfg.retention.keep() else {
-        tracing::info!("retention: off (retention.keep_days = 0); finished runs are kept");
+    let keep = Keep::from_config(&cfg);
+    if keep == Keep::default() {
+        tracing::info!(
+            "retention: off (retention.keep_days, logs_keep_days and memory_keep_days are 0); everything is kept"
+        );
         return;
-    };
+    }
     let interval = Duration::from_secs(cfg.retention.interval_secs);
     // The first pass comes after a random part of the interval, so daemons
     // started together do not delete in lockstep.
@@ -69,11 +95,15 @@ pub async fn run(pool: Pool, cfg: Arc<Config>, shutdown: CancellationToken) {
             _ = tokio::time::sleep(wait) => {}
         }
         match pass(&pool, keep, cfg.retention.batch, &shutdown).await {
-            Ok(r) if r.runs > 0 || r.actions > 0 => {
+            Ok(r) if r.runs > 0 || r.actions > 0 || r.turns > 0 || r.records > 0 => {
                 tracing::info!(
                     runs = r.runs,
                     actions = r.actions,
+                    turns = r.turns,
+                    records = r.records,
                     keep_days = cfg.retention.keep_days,
+                    logs_keep_days = cfg.retention.logs_keep_days,
+                    memory_keep_days = cfg.retention.memory_keep_days,
                     "retention: deleted finished runs past their age"
                 );
             }
@@ -85,12 +115,20 @@ pub async fn run(pool: Pool, cfg: Arc<Config>, shutdown: CancellationToken) {
 }
 
 /// One pass: deletes batches until none is full (or `stop` fires).
-pub async fn pass(pool: &Pool, keep: Duration, batch: usize, stop: &CancellationToken) -> Result<Removed, db::Error> {
+pub async fn pass(pool: &Pool, keep: Keep, batch: usize, stop: &CancellationToken) -> Result<Removed, db::Error> {
     let client = pool.get().await?;
-    Ok(Removed {
-        runs: drain(&client, Table::Requests, keep, batch, stop).await?,
-        actions: drain(&client, Table::Actions, keep, batch, stop).await?,
-    })
+    let mut removed = Removed::default();
+    if let Some(k) = keep.runs {
+        removed.runs = drain(&client, Table::Requests, k, batch, stop).await?;
+        removed.actions = drain(&client, Table::Actions, k, batch, stop).await?;
+    }
+    if let Some(k) = keep.turns {
+        removed.turns = drain(&client, Table::Turns, k, batch, stop).await?;
+    }
+    if let Some(k) = keep.records {
+        removed.records = drain(&client, Table::Records, k, batch, stop).await?;
+    }
+    Ok(removed)
 }
 
 /// The tables a pass deletes from, in this order.
@@ -98,6 +136,8 @@ pub async fn pass(pool: &Pool, keep: Duration, batch: usize, stop: &Cancellation
 enum Table {
     Requests,
     Actions,
+    Turns,
+    Records,
 }
 
 /// Deletes batches from one table until one is not full (or `stop` fires);
@@ -115,6 +155,8 @@ async fn drain(
         let n = match table {
             Table::Requests => repo::retention::delete_requests(client, keep, batch).await?,
             Table::Actions => repo::retention::delete_actions(client, keep, batch).await?,
+            Table::Turns => repo::retention::delete_turns(client, keep, batch).await?,
+            Table::Records => repo::retention::delete_records(client, keep, batch).await?,
         };
         removed += n;
         if n < full || stop.is_cancelled() {

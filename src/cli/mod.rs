@@ -17,6 +17,7 @@ mod prompts;
 mod requests;
 mod stats;
 mod sweep;
+mod users;
 
 use std::path::PathBuf;
 
@@ -92,6 +93,11 @@ pub enum Command {
     Archivist {
         #[command(subcommand)]
         command: archivist::ArchivistCommand,
+    },
+    /// A user's data: show (and search) its memory, forget the user.
+    Users {
+        #[command(subcommand)]
+        command: users::UsersCommand,
     },
     /// A private PostgreSQL cluster for development, tests and benchmarks.
     #[command(name = "dev-db")]
@@ -178,6 +184,10 @@ pub async fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Archivist { command } => {
             let cfg = Config::load(cli.config.as_deref())?;
             archivist::run(&cfg, command, cli.json).await
+        }
+        Command::Users { command } => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            users::run(&cfg, command, &actor(cli.operator), cli.json).await
         }
     }
 }

@@ -115,7 +115,7 @@ pub async fn submit(
     };
     let client = app.pool.get().await?;
     let (id, replayed) = match key {
-        None => (q::submit_request(&client, &req).await?, false),
+        None => (q::submit_request(&client, &req).await.map_err(refused)?, false),
         Some(key) => {
             let fp = fingerprint(&req);
             let ttl = app.cfg.http.idempotency_ttl();
@@ -123,7 +123,10 @@ pub async fn submit(
             // A second round only if the key expired and was deleted between
             // the two statements.
             for _ in 0..3 {
-                if let Some(id) = idempotency::submit(&client, &req, key, &fp, ttl).await? {
+                if let Some(id) = idempotency::submit(&client, &req, key, &fp, ttl)
+                    .await
+                    .map_err(refused)?
+                {
                     found = Some((id, false));
                     break;
                 }
@@ -160,6 +163,19 @@ pub async fn submit(
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(resp)
+}
+
+/// A request for a forgotten user is refused (410); other errors as usual.
+fn refused(e: crate::db::Error) -> ApiError {
+    if crate::users::is_refusal(&e) {
+        ApiError::new(
+            StatusCode::GONE,
+            "user_forgotten",
+            "this user was forgotten; requests for it are refused",
+        )
+    } else {
+        e.into()
+    }
 }
 
 fn missing(field: &str) -> ApiError {
@@ -373,23 +389,6 @@ pub async fn continue_run(State(app): State<AppState>, Path(id): Path<String>) -
         )),
         ContinueOutcome::NotFound => Err(ApiError::not_found(format!("no request {id}"))),
     }
-}
-
-/// `GET /api/users/{id}/memory`: the user's memory version (bumped with
-/// every new LSM record), so clients can drop caches built on older memory.
-pub async fn memory(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let user: Uuid = id
-        .parse()
-        .map_err(|_| ApiError::bad_request("invalid_id", format!("{id:?} is not a user id (a UUID)")))?;
-    let client = app
-        .pool
-        .get()
-        .await
-        .map_err(|e| ApiError::unavailable("database", format!("database unavailable: {e}")))?;
-    let version = crate::repo::archive::memory_version(&client, user)
-        .await
-        .map_err(|e| ApiError::unavailable("database", format!("database error: {e}")))?;
-    Ok(Json(serde_json::json!({ "user_id": user, "memory_version": version })).into_response())
 }
 
 /// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per

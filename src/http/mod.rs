@@ -23,6 +23,7 @@ pub mod housekeeping;
 pub mod live;
 pub mod openapi;
 pub mod ops;
+pub mod users;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -112,6 +113,18 @@ impl Routes {
         self
     }
 
+    fn put<H: Handler<T, AppState>, T: 'static>(mut self, path: &'static str, h: H) -> Routes {
+        self.router = self.router.route(path, axum::routing::put(h));
+        self.list.push(("PUT", path));
+        self
+    }
+
+    fn delete<H: Handler<T, AppState>, T: 'static>(mut self, path: &'static str, h: H) -> Routes {
+        self.router = self.router.route(path, axum::routing::delete(h));
+        self.list.push(("DELETE", path));
+        self
+    }
+
     fn merge(mut self, other: Routes) -> Routes {
         self.router = self.router.merge(other.router);
         self.list.extend(other.list);
@@ -125,7 +138,12 @@ pub fn routes() -> Routes {
         .post("/api/query", api::submit)
         .get("/api/query/{id}/status", api::status)
         .post("/api/query/{id}/continue", api::continue_run)
-        .get("/api/users/{id}/memory", api::memory)
+        .get("/api/users/{id}/memory", users::memory)
+        .put("/api/users/{id}/memory/{record}", users::replace_summary)
+        .delete("/api/users/{id}/memory/{record}", users::delete_record)
+        .delete("/api/users/{id}/turns/{turn}", users::delete_turn)
+        .delete("/api/users/{id}", users::forget)
+        .get("/api/users/{id}/export", users::export)
         .get("/api/query/{id}/events", api::events)
         .get("/api/ws", api::ws);
     let api = Routes {

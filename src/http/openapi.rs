@@ -30,6 +30,31 @@ fn id_param() -> Value {
     })
 }
 
+fn user_param() -> Value {
+    json!({
+        "name": "id", "in": "path", "required": true,
+        "description": "The user id.",
+        "schema": { "type": "string", "format": "uuid" }
+    })
+}
+
+fn row_param(name: &str, description: &str) -> Value {
+    json!({ "name": name, "in": "path", "required": true, "description": description, "schema": { "type": "integer" } })
+}
+
+fn correction_responses() -> Value {
+    json!({
+        "200": object_response("Applied", json!({
+            "user_id": { "type": "string", "format": "uuid" },
+            "id": { "type": "integer" },
+            "memory_version": { "type": "integer" } })),
+        "400": error_response("Malformed id or body"),
+        "401": error_response("Missing or wrong bearer token"),
+        "404": error_response("No such user, or the user has no such record or turn"),
+        "409": error_response("The user is being forgotten")
+    })
+}
+
 /// The document.
 pub fn document() -> Value {
     let secured = json!([{ "bearer": [] }]);
@@ -110,19 +135,96 @@ pub fn document() -> Value {
             },
             "/api/users/{id}/memory": {
                 "get": {
-                    "summary": "A user's memory version, bumped with every new long-term memory record",
+                    "summary": "A user's memory: records newest first and turns not archived yet, or with q the pipeline's retrieval hits with scores",
                     "security": secured,
-                    "parameters": [{ "name": "id", "in": "path", "required": true, "description": "The user id", "schema": { "type": "string", "format": "uuid" } }],
+                    "parameters": [
+                        user_param(),
+                        { "name": "q", "in": "query", "required": false, "description": "Search text: the hits of the retrieval the pipeline runs, with scores, instead of the listing.", "schema": { "type": "string" } },
+                        { "name": "before", "in": "query", "required": false, "description": "Records with a smaller id (next_before of the previous page).", "schema": { "type": "integer" } },
+                        { "name": "turns_before", "in": "query", "required": false, "description": "Pending turns with a smaller user_seq (next_turns_before).", "schema": { "type": "integer" } },
+                        { "name": "limit", "in": "query", "required": false, "description": "Records and turns per page, 1 to 500 (50).", "schema": { "type": "integer" } }
+                    ],
                     "responses": {
                         "200": object_response(
-                            "The memory version (0 before any record)",
+                            "The page (or the hits); memory_version is bumped by every new record and every correction",
                             json!({
                                 "user_id": { "type": "string", "format": "uuid" },
-                                "memory_version": { "type": "integer" }
+                                "memory_version": { "type": "integer" },
+                                "pending": { "type": "integer" },
+                                "records": { "type": "array" },
+                                "next_before": { "type": ["integer", "null"] },
+                                "pending_turns": { "type": "array" },
+                                "next_turns_before": { "type": ["integer", "null"] },
+                                "hits": { "type": "array" }
                             })
                         ),
+                        "400": error_response("Malformed id or query parameter"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("Nothing is held about the user (unknown_user), or it was forgotten (user_forgotten)"),
+                        "409": error_response("The user is being forgotten (erase_running)")
+                    }
+                }
+            },
+            "/api/users/{id}/memory/{record}": {
+                "put": {
+                    "summary": "Replace a record's summary (bumps the memory version; audited)",
+                    "security": secured,
+                    "parameters": [user_param(), row_param("record", "The record id")],
+                    "requestBody": {
+                        "required": true,
+                        "content": { "application/json": { "schema": { "type": "object", "required": ["summary"], "properties": {
+                            "summary": { "type": "string" }, "reason": { "type": "string" }, "actor": { "type": "string" } } } } }
+                    },
+                    "responses": correction_responses()
+                },
+                "delete": {
+                    "summary": "Delete a record (bumps the memory version; audited with ?reason= and ?actor=)",
+                    "security": secured,
+                    "parameters": [user_param(), row_param("record", "The record id")],
+                    "responses": correction_responses()
+                }
+            },
+            "/api/users/{id}/turns/{turn}": {
+                "delete": {
+                    "summary": "Delete a turn and its id from the records covering it (bumps the memory version; audited)",
+                    "security": secured,
+                    "parameters": [user_param(), row_param("turn", "The turn id")],
+                    "responses": correction_responses()
+                }
+            },
+            "/api/users/{id}/export": {
+                "get": {
+                    "summary": "Everything held about a user (requests with their steps, turns, records, archive state) as one JSON document, streamed",
+                    "security": secured,
+                    "parameters": [user_param()],
+                    "responses": {
+                        "200": object_response("The document; a cut one (the connection closed early) means the export failed", json!({
+                            "user_id": { "type": "string", "format": "uuid" },
+                            "exported_at": { "type": "string" },
+                            "archive_state": { "type": ["object", "null"] },
+                            "requests": { "type": "array" },
+                            "turns": { "type": "array" },
+                            "records": { "type": "array" },
+                            "counts": { "type": "object" } })),
                         "400": error_response("Malformed id"),
-                        "401": error_response("Missing or wrong bearer token")
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("Nothing is held about the user, or it was forgotten"),
+                        "409": error_response("The user is being forgotten")
+                    }
+                }
+            },
+            "/api/users/{id}": {
+                "delete": {
+                    "summary": "Forget a user: erase every request, turn, record and archive mark of the user, leaving one tombstone; later requests for the user are refused (410)",
+                    "security": secured,
+                    "parameters": [user_param()],
+                    "responses": {
+                        "202": object_response("The erase runs; the memory route answers 409 until it has finished, then 404 user_forgotten", json!({
+                            "user_id": { "type": "string", "format": "uuid" }, "status": { "type": "string" } })),
+                        "400": error_response("Malformed id"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("Nothing is held about the user, or it was forgotten already"),
+                        "409": error_response("An erase of the user is running")
                     }
                 }
             },

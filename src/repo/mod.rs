@@ -28,7 +28,8 @@
 //! (`archive_*`, `raw_logs`, `lsm_storage`), [`memory`] (a request's
 //! memory from `raw_logs` and `lsm_storage`, read only), [`stats`] (aggregates and
 //! server state for `maasctl stats` and `doctor`), [`gauges`] (table sizes
-//! and the last archive run, for the metrics).
+//! and the last archive run, for the metrics), [`users`] (one user's data:
+//! view, corrections, export pages, erase batches, `forgotten_users`).
 
 use std::time::Duration;
 
@@ -54,6 +55,7 @@ pub mod requests;
 pub mod retention;
 pub mod stats;
 pub mod steps;
+pub mod users;
 
 // The dispatcher's statements, at the paths it calls them by.
 pub use attempts::{
@@ -276,6 +278,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         memory::STATEMENTS,
         stats::STATEMENTS,
         gauges::STATEMENTS,
+        users::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

@@ -12,6 +12,8 @@ use crate::db::Error;
 super::statements! {
     REQUESTS = "retention_runs",
     ACTIONS = "retention_actions",
+    TURNS = "retention_turns",
+    RECORDS = "retention_records",
 }
 
 /// Deletes up to `batch` terminal requests finished more than `keep` ago;
@@ -24,4 +26,16 @@ pub async fn delete_requests(client: &impl GenericClient, keep: Duration, batch:
 /// returns how many.
 pub async fn delete_actions(client: &impl GenericClient, keep: Duration, batch: usize) -> Result<i64, Error> {
     super::query_one_value(client, ACTIONS, &[&secs(keep), &as_limit(batch)], "deleted").await
+}
+
+/// Deletes up to `batch` turns older than `keep` (bumping their users'
+/// memory versions); returns how many.
+pub async fn delete_turns(client: &impl GenericClient, keep: Duration, batch: usize) -> Result<i64, Error> {
+    super::query_one_value(client, TURNS, &[&secs(keep), &as_limit(batch)], "deleted").await
+}
+
+/// Deletes up to `batch` records whose period ended more than `keep` ago
+/// (bumping their users' memory versions); returns how many.
+pub async fn delete_records(client: &impl GenericClient, keep: Duration, batch: usize) -> Result<i64, Error> {
+    super::query_one_value(client, RECORDS, &[&secs(keep), &as_limit(batch)], "deleted").await
 }

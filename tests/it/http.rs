@@ -884,6 +884,8 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
             let resp = match method.as_str() {
                 "get" => api.http.get(url).send().await.unwrap(),
                 "post" => api.http.post(url).json(&json!({})).send().await.unwrap(),
+                "put" => api.http.put(url).json(&json!({})).send().await.unwrap(),
+                "delete" => api.http.delete(url).send().await.unwrap(),
                 other => panic!("undocumented method {other}"),
             };
             assert_ne!(resp.status(), StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
@@ -891,7 +893,7 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
             assert!(!body.contains("no_route"), "{method} {path}: {body}");
         }
     }
-    assert_eq!(ops, 10);
+    assert_eq!(ops, 15);
 
     // Readiness names what is wrong.
     c.batch_execute("DROP TRIGGER pipeline_runs_log_user_query ON pipeline_runs")

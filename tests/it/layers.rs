@@ -24,7 +24,7 @@ const LAYERS: &[&[&str]] = &[
     &["db"],
     &["repo"],
     &["metrics", "stage", "service"],
-    &["listener", "control"],
+    &["listener", "control", "users"],
     &["dispatcher", "archivist", "callbacks", "retention"],
     &["http", "cli", "systemd"],
     &["daemon"],

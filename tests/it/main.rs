@@ -21,3 +21,4 @@ mod schema;
 mod stages;
 mod support;
 mod systemd;
+mod users;

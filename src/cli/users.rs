@@ -1,0 +1,237 @@
+//! `maasctl users show ID [--q TEXT]` and `maasctl users forget ID --reason
+//! TEXT`: a user's memory as the API shows it, and forgetting a user (the
+//! erase runs in this process, in bounded batches; a forget that stopped
+//! half-way is resumed by running it again).
+//!
+//! Exit 1 when nothing is held about the user, it was forgotten, or an
+//! erase of it is running (for `show`).
+
+use clap::Subcommand;
+use uuid::Uuid;
+
+use super::{CliError, Outcome, connect};
+use crate::config::Config;
+use crate::db;
+use crate::users::{self, Begun, Page, UserError, UserKey, Why};
+
+#[derive(Subcommand, Debug)]
+pub enum UsersCommand {
+    /// A user's records (newest first) and turns not archived yet; with
+    /// --q, the hits of the pipeline's retrieval with their scores.
+    Show {
+        id: String,
+        /// Search text: show what the pipeline's retrieval finds for it.
+        #[arg(long)]
+        q: Option<String>,
+        /// Records with a smaller id (the previous page's next_before).
+        #[arg(long)]
+        before: Option<i64>,
+        /// Records and pending turns per page.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Everything held about a user as one JSON document on stdout
+    /// (requests with their steps, turns, records, archive state), written
+    /// as it is read.
+    Export { id: String },
+    /// Forget a user: erase its requests (in flight too), steps, turns,
+    /// records, archive state, idempotency keys and callbacks, leaving one
+    /// tombstone; later requests for the user are refused.
+    Forget {
+        id: String,
+        /// Why, kept on the tombstone.
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+fn parse_user(s: &str) -> Result<UserKey, CliError> {
+    s.trim()
+        .parse::<Uuid>()
+        .map(UserKey::new)
+        .map_err(|_| CliError::Usage(format!("{s:?} is not a user id (a UUID)")))
+}
+
+pub async fn run(cfg: &Config, command: UsersCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
+    match command {
+        UsersCommand::Show { id, q, before, limit } => show(cfg, parse_user(&id)?, q, before, limit, json).await,
+        UsersCommand::Export { id } => export(cfg, parse_user(&id)?).await,
+        UsersCommand::Forget { id, reason } => forget(cfg, parse_user(&id)?, actor, &reason, json).await,
+    }
+}
+
+/// A refusal the operator reads (exit 1), or the database error (exit 2).
+fn finding(e: UserError) -> Result<Outcome, CliError> {
+    match e {
+        UserError::Db(d) => Err(CliError::Db(d)),
+        other => {
+            eprintln!("{other}");
+            Ok(Outcome::Finding)
+        }
+    }
+}
+
+fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+async fn show(
+    cfg: &Config,
+    user: UserKey,
+    q: Option<String>,
+    before: Option<i64>,
+    limit: usize,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let mut client = connect(cfg).await?;
+    if let Some(q) = q {
+        let found = match users::search(&mut client, cfg, user, &q).await {
+            Ok(v) => v,
+            Err(e) => return finding(e),
+        };
+        if json {
+            print_json(&found);
+            return Ok(Outcome::Ok);
+        }
+        println!(
+            "user {} (memory version {}): {} hits for {:?}",
+            user,
+            found.memory_version,
+            found.hits.len(),
+            q
+        );
+        for h in &found.hits {
+            println!(
+                "{:>7.3}  {:<6} {:>8}  {:<9} {}  {}",
+                h.score,
+                h.kind,
+                h.id,
+                h.why,
+                h.created_at.format("%Y-%m-%d %H:%M"),
+                one_line(&h.content, 100)
+            );
+        }
+        return Ok(Outcome::Ok);
+    }
+    let page = Page {
+        before,
+        turns_before: None,
+        limit,
+    };
+    let view = match users::view(&client, user, &page).await {
+        Ok(v) => v,
+        Err(e) => return finding(e),
+    };
+    if json {
+        print_json(&view);
+        return Ok(Outcome::Ok);
+    }
+    println!("user            {}", view.user_id);
+    println!("memory version  {}", view.memory_version);
+    println!(
+        "turns           {} logged, {} archived, {} pending",
+        view.logged_seq, view.archived_seq, view.pending
+    );
+    println!("records ({} shown, newest first):", view.records.len());
+    for r in &view.records {
+        println!(
+            "  #{:<8} {} .. {}  {:>4} turns  [{}]  {}",
+            r.id,
+            r.time_bucket_start.format("%Y-%m-%d %H:%M"),
+            r.time_bucket_end.format("%Y-%m-%d %H:%M"),
+            r.turns,
+            r.tags.join(", "),
+            one_line(&r.summary, 100)
+        );
+    }
+    if let Some(next) = view.next_before {
+        println!("  more: --before {next}");
+    }
+    println!("pending turns ({} shown, newest first):", view.pending_turns.len());
+    for t in &view.pending_turns {
+        println!(
+            "  turn {:<8} {}  {:<18} {}",
+            t.id,
+            t.created_at.format("%Y-%m-%d %H:%M"),
+            t.message_type,
+            one_line(&t.content, 100)
+        );
+    }
+    Ok(Outcome::Ok)
+}
+
+/// `text` on one line, at most `max` characters.
+fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        format!("{}…", flat.chars().take(max).collect::<String>())
+    }
+}
+
+async fn forget(cfg: &Config, user: UserKey, actor: &str, reason: &str, json: bool) -> Result<Outcome, CliError> {
+    if reason.trim().is_empty() {
+        return Err(CliError::Usage("--reason must not be empty".into()));
+    }
+    let client = connect(cfg).await?;
+    let why = Why {
+        actor,
+        reason: Some(reason),
+    };
+    let begun = match users::forget(&client, user, why).await {
+        Ok(b) => b,
+        Err(e) => return finding(e),
+    };
+    drop(client);
+    if begun == Begun::Unfinished && !json {
+        println!("user {user}: an erase was begun before and has not finished; resuming it");
+    }
+    let mut one = cfg.clone();
+    one.pool_size = 1;
+    let pool = db::connect_pool(&one, "maasctl")?;
+    let erased = match users::erase(&pool, user, users::ERASE_BATCH).await {
+        Ok(e) => e,
+        Err(e) => return finding(e),
+    };
+    if json {
+        print_json(&serde_json::json!({ "user_id": user, "forgotten": true, "erased": erased.to_json() }));
+    } else {
+        let parts: Vec<String> = erased.0.iter().map(|(k, v)| format!("{v} {k}")).collect();
+        println!("user {user} forgotten: erased {}", parts.join(", "));
+    }
+    Ok(Outcome::Ok)
+}
+
+async fn export(cfg: &Config, user: UserKey) -> Result<Outcome, CliError> {
+    use std::io::Write;
+    let mut one = cfg.clone();
+    one.pool_size = 1;
+    let pool = db::connect_pool(&one, "maasctl")?;
+    if let Err(e) = users::export::check(&pool, user).await {
+        return finding(e);
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel(users::export::QUEUE);
+    let producer = tokio::spawn(async move { users::export::export(&pool, user, tx).await });
+    // The CLI does nothing else meanwhile: a blocking write is fine.
+    let mut out = std::io::stdout().lock();
+    while let Some(chunk) = rx.recv().await {
+        match chunk {
+            Ok(bytes) => out.write_all(&bytes)?,
+            Err(_) => break,
+        }
+    }
+    out.flush()?;
+    drop(rx);
+    match producer.await {
+        Ok(Ok(counts)) => {
+            eprintln!(
+                "user {user}: exported {} requests, {} steps, {} turns, {} records",
+                counts.requests, counts.steps, counts.turns, counts.records
+            );
+            Ok(Outcome::Ok)
+        }
+        Ok(Err(e)) => finding(e),
+        Err(e) => Err(CliError::Usage(format!("export of user {user} stopped: {e}"))),
+    }
+}

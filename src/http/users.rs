@@ -1,0 +1,260 @@
+//! The `/api/users` routes: a user's memory (see, search, correct) and
+//! forgetting a user, over [`crate::users`]. Behind the API's bearer
+//! authentication like every `/api` route.
+//!
+//! Answers: 404 `unknown_user` when nothing is held about the user (the
+//! body keeps `memory_version: 0` for clients that only read the version),
+//! 404 `user_forgotten` after an erase, 409 `erase_running` while one
+//! runs, 404 `not_found` for a record or turn the user does not have.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::users::{self, Begun, Correction, Page, UserError, UserKey, Why};
+
+/// Most records (and pending turns) per page, and the default.
+const MAX_LIMIT: usize = 500;
+const DEFAULT_LIMIT: usize = 50;
+
+impl From<UserError> for ApiError {
+    fn from(e: UserError) -> ApiError {
+        match e {
+            UserError::Unknown(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_user", e.to_string()),
+            UserError::Forgotten { .. } => ApiError::new(StatusCode::NOT_FOUND, "user_forgotten", e.to_string()),
+            UserError::Erasing(_) => ApiError::new(StatusCode::CONFLICT, "erase_running", e.to_string()),
+            UserError::NoSuch { .. } => ApiError::not_found(e.to_string()),
+            UserError::Db(d) => ApiError::from(d),
+        }
+    }
+}
+
+/// A 404 for a user with nothing held still carries the user and version 0.
+fn user_error(user: Uuid, e: UserError) -> Response {
+    let e = ApiError::from(e);
+    if e.status == StatusCode::NOT_FOUND && e.code != "not_found" {
+        let body = json!({ "error": e.message, "code": e.code, "user_id": user, "memory_version": 0 });
+        return (e.status, Json(body)).into_response();
+    }
+    e.into_response()
+}
+
+fn parse_user(raw: &str) -> Result<UserKey, ApiError> {
+    raw.parse::<Uuid>()
+        .map(UserKey::new)
+        .map_err(|_| ApiError::bad_request("invalid_id", format!("{raw:?} is not a user id (a UUID)")))
+}
+
+fn parse_row_id(raw: &str, what: &str) -> Result<i64, ApiError> {
+    raw.parse::<i64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| ApiError::bad_request("invalid_id", format!("{raw:?} is not a {what} id (a positive integer)")))
+}
+
+fn params(query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<HashMap<String, String>, ApiError> {
+    query
+        .map(|Query(p)| p)
+        .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))
+}
+
+fn int_param(params: &HashMap<String, String>, name: &str) -> Result<Option<i64>, ApiError> {
+    params
+        .get(name)
+        .map(|v| {
+            v.parse::<i64>()
+                .map_err(|_| ApiError::bad_request("invalid_query", format!("{name}={v:?}: expected an integer")))
+        })
+        .transpose()
+}
+
+/// The actor recorded for an API action: `http`, or `http:NAME` with `actor=NAME`.
+fn actor(given: Option<&str>) -> String {
+    match given.map(str::trim).filter(|a| !a.is_empty()) {
+        Some(a) => format!("http:{}", a.chars().take(100).collect::<String>()),
+        None => "http".to_owned(),
+    }
+}
+
+/// `GET /api/users/{id}/memory[?before=&turns_before=&limit=]`: a page of the
+/// user's records (newest first) and pending turns; with `?q=TEXT` instead
+/// the hits of the pipeline's retrieval for TEXT, with scores.
+pub async fn memory(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let user = parse_user(&id)?;
+    let params = params(query)?;
+    let mut client = app.pool.get().await?;
+    if let Some(q) = params.get("q") {
+        if q.trim().is_empty() {
+            return Err(ApiError::bad_request("invalid_query", "q must not be empty"));
+        }
+        return Ok(match users::search(&mut client, &app.cfg, user, q).await {
+            Ok(v) => Json(v).into_response(),
+            Err(e) => user_error(user.user_id, e),
+        });
+    }
+    let limit = match int_param(&params, "limit")? {
+        None => DEFAULT_LIMIT,
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_LIMIT).contains(n))
+            .ok_or_else(|| ApiError::bad_request("invalid_query", format!("limit={n}: expected 1 to {MAX_LIMIT}")))?,
+    };
+    let page = Page {
+        before: int_param(&params, "before")?,
+        turns_before: int_param(&params, "turns_before")?,
+        limit,
+    };
+    Ok(match users::view(&client, user, &page).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => user_error(user.user_id, e),
+    })
+}
+
+/// `DELETE /api/users/{id}/memory/{record}[?reason=&actor=]`.
+pub async fn delete_record(
+    State(app): State<AppState>,
+    Path((id, record)): Path<(String, String)>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let user = parse_user(&id)?;
+    let record = parse_row_id(&record, "record")?;
+    let params = params(query)?;
+    apply(&app, user, Correction::DeleteRecord(record), &params).await
+}
+
+/// `DELETE /api/users/{id}/turns/{turn}[?reason=&actor=]`.
+pub async fn delete_turn(
+    State(app): State<AppState>,
+    Path((id, turn)): Path<(String, String)>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let user = parse_user(&id)?;
+    let turn = parse_row_id(&turn, "turn")?;
+    let params = params(query)?;
+    apply(&app, user, Correction::DeleteTurn(turn), &params).await
+}
+
+/// `PUT /api/users/{id}/memory/{record}` with `{"summary": …, "reason"?: …,
+/// "actor"?: …}`: replaces the record's summary.
+pub async fn replace_summary(
+    State(app): State<AppState>,
+    Path((id, record)): Path<(String, String)>,
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, ApiError> {
+    let user = parse_user(&id)?;
+    let record = parse_row_id(&record, "record")?;
+    let Json(body) = body.map_err(|e| ApiError::bad_request("malformed_json", e.body_text()))?;
+    let summary = match body.get("summary") {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.as_str(),
+        Some(Value::String(_)) => return Err(ApiError::unprocessable("empty_field", "summary must not be empty")),
+        Some(_) => return Err(ApiError::unprocessable("invalid_field", "summary must be a string")),
+        None => return Err(ApiError::unprocessable("missing_field", "summary is required")),
+    };
+    let mut params = HashMap::new();
+    for k in ["reason", "actor"] {
+        if let Some(Value::String(v)) = body.get(k) {
+            params.insert(k.to_owned(), v.clone());
+        }
+    }
+    apply(&app, user, Correction::ReplaceSummary { record, summary }, &params).await
+}
+
+async fn apply(
+    app: &AppState,
+    user: UserKey,
+    c: Correction<'_>,
+    params: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    let who = actor(params.get("actor").map(String::as_str));
+    let why = Why {
+        actor: &who,
+        reason: params.get("reason").map(String::as_str),
+    };
+    let client = app.pool.get().await?;
+    Ok(match users::correct(&client, user, c, why).await {
+        Ok(done) => {
+            Json(json!({ "user_id": user, "id": done.id, "memory_version": done.memory_version })).into_response()
+        }
+        Err(e) => user_error(user.user_id, e),
+    })
+}
+
+/// `DELETE /api/users/{id}[?reason=&actor=]`: forgets the user. 202 when
+/// the erase started (it runs in the daemon; `GET …/memory` answers 409
+/// until it has finished, then 404 `user_forgotten`); 409 while an erase
+/// of the user runs.
+pub async fn forget(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let user = parse_user(&id)?;
+    let params = params(query)?;
+    let who = actor(params.get("actor").map(String::as_str));
+    let why = Why {
+        actor: &who,
+        reason: params.get("reason").map(String::as_str),
+    };
+    let client = app.pool.get().await?;
+    match users::forget(&client, user, why).await {
+        Ok(Begun::Started) => {}
+        Ok(Begun::Unfinished) => return Err(UserError::Erasing(user.user_id).into()),
+        Err(e) => return Ok(user_error(user.user_id, e)),
+    }
+    drop(client);
+    let pool = app.pool.clone();
+    tokio::spawn(async move {
+        if let Err(e) = users::erase(&pool, user, users::ERASE_BATCH).await {
+            tracing::warn!(user = %user, error = %e, "users: erase stopped; the eraser service resumes it");
+        }
+    });
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "user_id": user, "status": "erasing" })),
+    )
+        .into_response())
+}
+
+/// `GET /api/users/{id}/export`: everything held about the user as one JSON
+/// document (see [`users::export`]), streamed as it is read. A cut
+/// document (the connection closes early) means the export failed.
+pub async fn export(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let user = parse_user(&id)?;
+    if let Err(e) = users::export::check(&app.pool, user).await {
+        return Ok(user_error(user.user_id, e));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(users::export::QUEUE);
+    let pool = app.pool.clone();
+    tokio::spawn(async move {
+        match users::export::export(&pool, user, tx).await {
+            Ok(c) => {
+                tracing::info!(user = %user, requests = c.requests, turns = c.turns, records = c.records, "users: exported")
+            }
+            Err(e) => tracing::warn!(user = %user, error = %e, "users: export failed; the document was cut"),
+        }
+    });
+    let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|c| (c.map(axum::body::Bytes::from), rx))
+    });
+    let mut resp = axum::body::Body::from_stream(chunks).into_response();
+    resp.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = axum::http::HeaderValue::from_str(&format!("attachment; filename=\"user-{user}.json\"")) {
+        resp.headers_mut().insert(axum::http::header::CONTENT_DISPOSITION, v);
+    }
+    Ok(resp)
+}
