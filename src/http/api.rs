@@ -16,7 +16,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -27,9 +26,7 @@ use crate::metrics::StreamGauge;
 use crate::repo::idempotency;
 use crate::repo::requests::{self as q, NewRequest};
 
-/// Longest query accepted, in characters (the `pipeline_runs_query_size`
-/// constraint).
-pub const MAX_QUERY_CHARS: usize = 100_000;
+pub use super::input::MAX_QUERY_CHARS;
 /// Longest `Idempotency-Key`.
 pub const MAX_KEY_LEN: usize = 255;
 /// Queue of a long-poll or single-request stream; a request changes status
@@ -84,34 +81,12 @@ pub async fn submit(
     check_json_content_type(&headers)?;
     let body = read_body(body, app.cfg.http.max_body_bytes).await?;
     let key = idempotency_key(&headers)?;
-    let body: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(fields) = body else {
-        return Err(ApiError::bad_request(
-            "malformed_json",
-            "the body must be a JSON object",
-        ));
-    };
-    let user_id = uuid_field(&fields, "user_id")?.ok_or_else(|| missing("user_id"))?;
-    let thread_id = uuid_field(&fields, "thread_id")?;
-    let query = match fields.get("query") {
-        None | Some(Value::Null) => return Err(missing("query")),
-        Some(Value::String(s)) => s.as_str(),
-        Some(_) => return Err(ApiError::unprocessable("invalid_field", "query must be a string")),
-    };
-    if query.trim().is_empty() {
-        return Err(ApiError::unprocessable("empty_field", "query must not be empty"));
-    }
-    if query.chars().count() > MAX_QUERY_CHARS {
-        return Err(ApiError::unprocessable(
-            "field_too_long",
-            format!("query is longer than {MAX_QUERY_CHARS} characters"),
-        ));
-    }
+    let sub = super::input::parse_submission(&body)?;
+    let user_id = sub.user_id;
     let req = NewRequest {
         user_id,
-        thread_id,
-        query,
+        thread_id: sub.thread_id,
+        query: &sub.query,
     };
     let client = app.pool.get().await?;
     let (id, replayed) = match key {
@@ -162,10 +137,6 @@ pub async fn submit(
     Ok(resp)
 }
 
-fn missing(field: &str) -> ApiError {
-    ApiError::unprocessable("missing_field", format!("{field} is required"))
-}
-
 fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
@@ -183,24 +154,6 @@ fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
                 if ct.is_empty() { "none" } else { ct }
             ),
         ))
-    }
-}
-
-fn uuid_field(fields: &serde_json::Map<String, Value>, name: &str) -> Result<Option<Uuid>, ApiError> {
-    match fields.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.trim().is_empty() => Err(ApiError::unprocessable(
-            "empty_field",
-            format!("{name} must not be empty"),
-        )),
-        Some(Value::String(s)) => s
-            .parse::<Uuid>()
-            .map(Some)
-            .map_err(|_| ApiError::bad_request("invalid_id", format!("{name} is not a UUID"))),
-        Some(_) => Err(ApiError::bad_request(
-            "invalid_id",
-            format!("{name} must be a UUID string"),
-        )),
     }
 }
 
@@ -232,8 +185,7 @@ fn fingerprint(req: &NewRequest<'_>) -> String {
 }
 
 fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    raw.parse::<Uuid>()
-        .map_err(|_| ApiError::bad_request("invalid_id", format!("{raw:?} is not a request id (a UUID)")))
+    super::input::parse_id(raw, "request")
 }
 
 /// Parses a wait: `30s`, `500ms`, `2m`, or plain seconds (`30`, `1.5`).
@@ -272,7 +224,7 @@ pub async fn status(
         Some(other) => {
             return Err(ApiError::bad_request(
                 "invalid_include",
-                format!("include={other:?}: the only value is context"),
+                format!("include={}: the only value is context", super::input::shown(other)),
             ));
         }
     };
@@ -302,7 +254,10 @@ async fn state_after_wait(
         None => Duration::ZERO,
         Some(w) => parse_wait(w)
             .ok_or_else(|| {
-                ApiError::bad_request("invalid_wait", format!("wait={w:?}: expected e.g. 30s, 500ms or 2m"))
+                ApiError::bad_request(
+                    "invalid_wait",
+                    format!("wait={}: expected e.g. 30s, 500ms or 2m", super::input::shown(w)),
+                )
             })?
             .min(app.cfg.http.max_wait()),
     };
@@ -378,9 +333,7 @@ pub async fn continue_run(State(app): State<AppState>, Path(id): Path<String>) -
 /// `GET /api/users/{id}/memory`: the user's memory version (bumped with
 /// every new LSM record), so clients can drop caches built on older memory.
 pub async fn memory(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let user: Uuid = id
-        .parse()
-        .map_err(|_| ApiError::bad_request("invalid_id", format!("{id:?} is not a user id (a UUID)")))?;
+    let user = super::input::parse_id(&id, "user")?;
     let client = app
         .pool
         .get()
@@ -472,10 +425,7 @@ pub async fn ws(
     let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     let target = match (params.get("request_id"), params.get("user_id")) {
         (Some(r), None) => Target::Request(parse_id(r)?),
-        (None, Some(u)) => Target::User(
-            u.parse::<Uuid>()
-                .map_err(|_| ApiError::bad_request("invalid_id", format!("{u:?} is not a user id (a UUID)")))?,
-        ),
+        (None, Some(u)) => Target::User(super::input::parse_id(u, "user")?),
         _ => {
             return Err(ApiError::bad_request(
                 "invalid_query",

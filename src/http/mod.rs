@@ -20,6 +20,7 @@
 pub mod api;
 pub mod error;
 pub mod housekeeping;
+pub mod input;
 pub mod live;
 pub mod openapi;
 pub mod ops;
@@ -145,6 +146,7 @@ pub fn app(state: AppState) -> Router {
     routes()
         .router
         .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .layer(middleware::from_fn(input::json_errors))
         .layer(DefaultBodyLimit::max(state.cfg.http.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(Extension(state.clone()))

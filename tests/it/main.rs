@@ -7,6 +7,7 @@ mod cli;
 mod control;
 mod engine;
 mod health;
+mod hostile;
 mod http;
 mod layers;
 mod llm;
