@@ -31,6 +31,7 @@ use crate::model::StageKind;
 pub use crate::secret::Secret;
 
 mod archivist;
+mod db;
 mod http;
 
 /// Declares getters that read whole-seconds fields as `Duration`s, from one
@@ -57,6 +58,7 @@ fn retry_delay(base_ms: u64, max_secs: u64, attempt: u32) -> Duration {
 }
 mod memory;
 pub use archivist::{ArchivistConfig, cron_schedule};
+pub use db::DbConfig;
 pub use http::{HttpAddr, HttpConfig, exposed_without_tokens, is_loopback};
 pub use memory::MemoryConfig;
 
@@ -101,8 +103,12 @@ pub struct Config {
     /// On SIGTERM/SIGINT, how long running stages may finish before their
     /// leases are released. Default 20.
     pub grace_secs: u64,
-    /// Size of the connection pool (the LISTEN session is extra). Default 16.
+    /// Size of the engine's connection pool: claims, heartbeats, result
+    /// writes, the sweep and background services (the LISTEN session and
+    /// the HTTP API's pool, `db.api_pool_size`, are extra). Default 16.
     pub pool_size: usize,
+    /// Session timeouts and the API's pool (`[db]`, see [`DbConfig`]).
+    pub db: DbConfig,
     /// Most rows one claim statement takes. Default 128.
     pub claim_batch: usize,
     /// Most results one completion statement writes. Default 512.
@@ -332,6 +338,7 @@ impl Default for Config {
             stage_timeout_secs: 300,
             grace_secs: 20,
             pool_size: 16,
+            db: DbConfig::default(),
             claim_batch: 128,
             complete_batch: 512,
             concurrency: Concurrency::default(),
@@ -431,6 +438,7 @@ impl Config {
             ("callbacks.batch", self.callbacks.batch),
             ("callbacks.concurrency", self.callbacks.concurrency),
             ("retention.batch", self.retention.batch),
+            ("db.api_pool_size", self.db.api_pool_size),
         ] {
             if v == 0 {
                 return invalid(key, "must be at least 1");

@@ -41,7 +41,8 @@ pub enum DaemonError {
 
 /// Applies pending migrations (and missing triggers) under the advisory lock.
 pub async fn migrate_at_start(cfg: &Config) -> Result<migrate::Report, db::Error> {
-    let pg = db::pg_config(cfg.database_url.expose(), "maasd-migrate")?;
+    let mut pg = db::pg_config(cfg.database_url.expose(), "maasd-migrate")?;
+    db::with_limits(&mut pg, &cfg.db.for_migrations());
     let (mut client, conn) = pg.connect(tokio_postgres::NoTls).await?;
     let driver = tokio::spawn(conn);
     let report = migrate::migrate(&mut client, false).await;

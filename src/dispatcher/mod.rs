@@ -24,6 +24,7 @@
 
 mod claim;
 mod complete;
+mod contention;
 mod execute;
 mod lease;
 pub mod policy;

@@ -1,0 +1,52 @@
+//! Lock contention in a result batch: a transaction outside the daemon (a
+//! producer inserting one user's turns, an operator's `SELECT … FOR
+//! UPDATE`) holds a row the batch must lock.
+//!
+//! Guarantees:
+//! - Every engine session has `lock_timeout` (`[db]`), so the batch
+//!   statement fails with SQLSTATE 55P03 instead of waiting for the other
+//!   transaction forever.
+//! - A contended batch of more than one result is split ([`split`]) and
+//!   the parts are written apart: the results that log an answer (each
+//!   locks its user's `archive_marks` row, triggers/0004) one by one, the
+//!   others together, and a part that is contended again is halved. So
+//!   results that need no locked row are written after at most two lock
+//!   timeouts, and only the results touching the held rows keep waiting
+//!   (within their lease, renewed by the heartbeat meanwhile).
+
+use crate::db;
+use crate::model::{Outcome, StageKind};
+use crate::repo::Finished;
+
+/// True when `e` means a lock held elsewhere stopped the statement: lock
+/// timeout (55P03), deadlock (40P01), or a statement timeout (57014) that a
+/// lock wait may have caused.
+pub(super) fn contended(e: &db::Error) -> bool {
+    let code = match e {
+        db::Error::Postgres(e) => e.code(),
+        db::Error::Pool(deadpool_postgres::PoolError::Backend(e)) => e.code(),
+        _ => None,
+    };
+    code.is_some_and(|c| matches!(c.code(), "55P03" | "40P01" | "57014"))
+}
+
+/// True when writing `f` inserts a turn (the answer), which locks its
+/// user's `archive_marks` row.
+fn logs_a_turn(f: &Finished) -> bool {
+    f.stage == StageKind::Respond && f.outcome == Outcome::Succeeded && f.answer.is_some()
+}
+
+/// The parts a contended batch is written in (see the module docs); each
+/// part keeps the batch's order. `batch` has at least two results.
+pub(super) fn split(batch: Vec<Finished>) -> Vec<Vec<Finished>> {
+    let (logging, rest): (Vec<Finished>, Vec<Finished>) = batch.into_iter().partition(logs_a_turn);
+    if !logging.is_empty() && !rest.is_empty() {
+        return vec![rest, logging];
+    }
+    let mut all = if logging.is_empty() { rest } else { logging };
+    if all.first().is_some_and(logs_a_turn) {
+        return all.into_iter().map(|f| vec![f]).collect();
+    }
+    let tail = all.split_off(all.len() / 2);
+    vec![all, tail]
+}
