@@ -13,10 +13,55 @@
 //!   results that need no locked row are written after at most two lock
 //!   timeouts, and only the results touching the held rows keep waiting
 //!   (within their lease, renewed by the heartbeat meanwhile).
+//! - A heartbeat stopped by a lock renews the leases one by one
+//!   ([`Engine::renew_apart`]): every lease whose row is not held elsewhere
+//!   is renewed, and a lease whose own renewal fails is not taken for lost.
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use uuid::Uuid;
+
+use super::Engine;
 use crate::db;
 use crate::model::{Outcome, StageKind};
-use crate::repo::Finished;
+use crate::repo::{self, Finished};
+
+/// Single-lease renewals at once after a contended heartbeat.
+const RENEWERS: usize = 4;
+
+impl Engine {
+    /// Renews each of `held` by its own statement: returns the renewed ids,
+    /// and the ids whose statement failed (neither renewed nor known lost).
+    pub(super) async fn renew_apart(self: &Arc<Self>, held: &[(Uuid, i64)]) -> (Vec<Uuid>, HashSet<Uuid>) {
+        let lease = self.cfg.lease();
+        let results: Vec<((Uuid, i64), Result<Vec<Uuid>, db::Error>)> =
+            futures_util::stream::iter(held.iter().copied())
+                .map(|one| async move {
+                    let res = match self.pool.get().await {
+                        Ok(client) => repo::extend_leases(&client, &[one], lease).await,
+                        Err(e) => Err(e.into()),
+                    };
+                    (one, res)
+                })
+                .buffer_unordered(RENEWERS)
+                .collect()
+                .await;
+        let mut renewed = Vec::new();
+        let mut unknown = HashSet::new();
+        for ((id, _), res) in results {
+            match res {
+                Ok(ids) => renewed.extend(ids),
+                Err(e) => {
+                    tracing::warn!(request.id = %id, error = %e, "lease not renewed: its row is held elsewhere");
+                    unknown.insert(id);
+                }
+            }
+        }
+        (renewed, unknown)
+    }
+}
 
 /// True when `e` means a lock held elsewhere stopped the statement: lock
 /// timeout (55P03), deadlock (40P01), or a statement timeout (57014) that a

@@ -114,3 +114,64 @@ async fn an_open_producer_transaction_on_one_user_holds_up_only_that_user() {
     );
     assert_eq!(ids.len(), users.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_row_locked_elsewhere_does_not_stop_the_heartbeat_of_the_others() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Stages of 4 s under leases of 2 s: only heartbeats keep them.
+    let api = Api::start(
+        &db,
+        Opts {
+            lease_secs: 2,
+            ..Opts::default()
+        }
+        .env("MAAS_DB__LOCK_TIMEOUT_MS", 300)
+        .env("MAAS_LLM__OFFLINE__LATENCY_MS", 4000),
+    )
+    .await;
+    let users: Vec<Uuid> = (0..10).map(|_| Uuid::new_v4()).collect();
+    let ids = insert_held(&c, &users).await;
+    let victim = ids[0];
+    c.batch_execute(
+        "UPDATE pipeline_runs SET run_after = now();
+         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
+    )
+    .await
+    .unwrap();
+    wait_until(GENEROUS, "every request is analyzing", || async {
+        count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == 10
+    })
+    .await;
+    // An operator's transaction holds one running request's row.
+    let mut operator = connect(&db.url).await;
+    let tx = operator.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM pipeline_runs WHERE id = $1 FOR UPDATE", &[&victim])
+        .await
+        .unwrap();
+    wait_until(GENEROUS, "the other requests completed", || async {
+        count(
+            &c,
+            &format!("SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED' AND id <> '{victim}'"),
+        )
+        .await
+            == 9
+    })
+    .await;
+    assert_eq!(
+        count(
+            &c,
+            &format!("SELECT count(*) FROM pipeline_steps WHERE run_id <> '{victim}' AND outcome <> 'succeeded'"),
+        )
+        .await,
+        0,
+        "no other request lost a lease:\n{}",
+        api.d.plain_log()
+    );
+    tx.rollback().await.unwrap();
+    wait_until(GENEROUS, "the victim completed", || async {
+        let s: String = value(&c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&victim]).await;
+        s == "COMPLETED"
+    })
+    .await;
+}
