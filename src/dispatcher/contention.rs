@@ -28,6 +28,11 @@ use crate::db;
 use crate::model::{Outcome, StageKind};
 use crate::repo::{self, Finished};
 
+/// A held lease: request id and fencing token.
+type Held = (Uuid, i64);
+/// What one lease's own renewal statement returned.
+type Renewal = Result<Vec<Uuid>, db::Error>;
+
 /// Single-lease renewals at once after a contended heartbeat.
 const RENEWERS: usize = 4;
 
@@ -36,18 +41,17 @@ impl Engine {
     /// and the ids whose statement failed (neither renewed nor known lost).
     pub(super) async fn renew_apart(self: &Arc<Self>, held: &[(Uuid, i64)]) -> (Vec<Uuid>, HashSet<Uuid>) {
         let lease = self.cfg.lease();
-        let results: Vec<((Uuid, i64), Result<Vec<Uuid>, db::Error>)> =
-            futures_util::stream::iter(held.iter().copied())
-                .map(|one| async move {
-                    let res = match self.pool.get().await {
-                        Ok(client) => repo::extend_leases(&client, &[one], lease).await,
-                        Err(e) => Err(e.into()),
-                    };
-                    (one, res)
-                })
-                .buffer_unordered(RENEWERS)
-                .collect()
-                .await;
+        let results: Vec<(Held, Renewal)> = futures_util::stream::iter(held.iter().copied())
+            .map(|one| async move {
+                let res = match self.pool.get().await {
+                    Ok(client) => repo::extend_leases(&client, &[one], lease).await,
+                    Err(e) => Err(e.into()),
+                };
+                (one, res)
+            })
+            .buffer_unordered(RENEWERS)
+            .collect()
+            .await;
         let mut renewed = Vec::new();
         let mut unknown = HashSet::new();
         for ((id, _), res) in results {
