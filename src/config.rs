@@ -461,6 +461,15 @@ impl Config {
             ("http.metrics_refresh_secs", self.http.metrics_refresh_secs),
             ("http.stream_keepalive_secs", self.http.stream_keepalive_secs),
             ("http.stream_send_timeout_secs", self.http.stream_send_timeout_secs),
+            ("http.header_read_timeout_secs", self.http.header_read_timeout_secs),
+            ("http.max_long_polls", self.http.max_long_polls as u64),
+            (
+                "http.max_long_polls_per_token",
+                self.http.max_long_polls_per_token as u64,
+            ),
+            ("http.max_streams", self.http.max_streams as u64),
+            ("http.max_streams_per_token", self.http.max_streams_per_token as u64),
+            ("http.ws_max_message_bytes", self.http.ws_max_message_bytes as u64),
         ] {
             if v == 0 {
                 return invalid(key, "must be at least 1");

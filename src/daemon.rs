@@ -104,10 +104,12 @@ pub async fn run(
     let stats = Arc::new(Stats::default());
     let notifier = Notifier::new(stats.clone());
     let engine = Engine::new(pool.clone(), cfg.clone(), pipeline, worker, notifier.clone());
+    // The API's own pool: HTTP traffic never takes the engine's connections.
+    let api_pool = db::connect_api_pool(&cfg, "maasd-api")?;
     let server = crate::http::start(
         bound,
         cfg.clone(),
-        pool.clone(),
+        api_pool,
         notifier.clone(),
         stats.clone(),
         shutdown.clone(),

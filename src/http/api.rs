@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
@@ -16,11 +15,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
+use super::limits::{Caller, Pass};
 use super::live::{Follower, RequestState, Target};
 use crate::metrics::StreamGauge;
 use crate::repo::idempotency;
@@ -213,6 +214,7 @@ pub fn parse_wait(raw: &str) -> Option<Duration> {
 /// it holds), read after the state.
 pub async fn status(
     State(app): State<AppState>,
+    caller: Option<Extension<Caller>>,
     Path(id): Path<String>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -228,7 +230,8 @@ pub async fn status(
             ));
         }
     };
-    let state = state_after_wait(&app, id, &params).await?;
+    let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
+    let state = state_after_wait(&app, caller, id, &params).await?;
     let mut body = serde_json::to_value(&state)
         .map_err(|e| ApiError::from(crate::db::Error::Unexpected(format!("status of {id}: {e}"))))?;
     if with_context && let Some(obj) = body.as_object_mut() {
@@ -247,6 +250,7 @@ pub async fn status(
 /// The state of `id`, after waiting as `?wait=` asks.
 async fn state_after_wait(
     app: &AppState,
+    caller: Caller,
     id: Uuid,
     params: &HashMap<String, String>,
 ) -> Result<RequestState, ApiError> {
@@ -272,6 +276,9 @@ async fn state_after_wait(
     if state.is_terminal() || wait.is_zero() {
         return Ok(state);
     }
+    // A long-poll holds a place until it answers; over a cap it answers
+    // at once (429/503 with Retry-After).
+    let _place = app.long_polls.enter(caller)?;
     let _waiting = StreamGauge::long_poll();
     let deadline = tokio::time::Instant::now() + wait;
     loop {
@@ -347,8 +354,13 @@ pub async fn memory(State(app): State<AppState>, Path(id): Path<String>) -> Resu
 
 /// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per
 /// change, the current state first; ends after the terminal state.
-pub async fn events(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn events(
+    State(app): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
+    let place = app.streams.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
     let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
     let mut follower = Follower::new(app.pool.clone(), sub);
     let first = follower.current().await?;
@@ -361,6 +373,7 @@ pub async fn events(State(app): State<AppState>, Path(id): Path<String>) -> Resu
         queued: first.into(),
         done: false,
         _gauge: StreamGauge::stream("sse"),
+        _place: place,
     };
     let events = futures_util::stream::unfold(stream, |mut st| async move {
         let state = st.next().await?;
@@ -382,6 +395,8 @@ struct Stream {
     queued: std::collections::VecDeque<RequestState>,
     done: bool,
     _gauge: StreamGauge,
+    /// Its place under the stream caps, given back when it ends.
+    _place: Pass,
 }
 
 impl Stream {
@@ -419,6 +434,7 @@ impl Stream {
 /// close (1001) when the daemon stops.
 pub async fn ws(
     State(app): State<AppState>,
+    caller: Option<Extension<Caller>>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
@@ -433,6 +449,7 @@ pub async fn ws(
             ));
         }
     };
+    let place = app.streams.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
     let queue = match target {
         Target::Request(_) => REQUEST_QUEUE,
         Target::User(_) => USER_QUEUE,
@@ -458,8 +475,13 @@ pub async fn ws(
         queued: first.into(),
         done: false,
         _gauge: StreamGauge::stream("websocket"),
+        _place: place,
     };
-    Ok(upgrade.on_upgrade(move |socket| ws_session(socket, stream)))
+    let max = app.cfg.http.ws_max_message_bytes;
+    Ok(upgrade
+        .max_message_size(max)
+        .max_frame_size(max)
+        .on_upgrade(move |socket| ws_session(socket, stream)))
 }
 
 async fn ws_session(mut socket: WebSocket, mut stream: Stream) {

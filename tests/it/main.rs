@@ -3,6 +3,7 @@
 
 mod archivist;
 mod callbacks;
+mod caps;
 mod cli;
 mod control;
 mod engine;
