@@ -90,6 +90,11 @@ pub struct Config {
     /// Interval of the catch-up sweep: a due row is worked on within this
     /// time even if every notification was lost. Default 5. `MAAS_SWEEP_SECS`.
     pub sweep_secs: u64,
+    /// The engine counts as wedged (and the systemd watchdog is no longer
+    /// fed) when a claim runs longer than this, a dispatcher does not
+    /// answer the sweep's wake within it, or the sweep finishes no pass for
+    /// its interval plus this. Default 120.
+    pub engine_stall_secs: u64,
     /// Attempts per stage before a request is `FAILED`. Default 3.
     pub max_attempts: u32,
     /// First retry delay after a retryable failure; doubles per attempt with
@@ -332,6 +337,7 @@ impl Default for Config {
             llm_provider: "offline".into(),
             lease_secs: 30,
             sweep_secs: 5,
+            engine_stall_secs: 120,
             max_attempts: 3,
             retry_base_ms: 1000,
             retry_max_secs: 300,
@@ -414,6 +420,7 @@ impl Config {
             ("lease_secs", self.lease_secs),
             ("sweep_secs", self.sweep_secs),
             ("max_attempts", u64::from(self.max_attempts)),
+            ("engine_stall_secs", self.engine_stall_secs),
             ("stage_timeout_secs", self.stage_timeout_secs),
             ("listener.health_secs", self.listener.health_secs),
             ("listener.health_timeout_secs", self.listener.health_timeout_secs),
@@ -509,6 +516,7 @@ secs_getters!(Config {
     sweep_interval: sweep_secs,
     grace: grace_secs,
     stage_timeout: stage_timeout_secs,
+    engine_stall: engine_stall_secs,
 });
 
 #[cfg(test)]

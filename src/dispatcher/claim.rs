@@ -44,6 +44,7 @@ impl Engine {
             // had waited long count.
             let swept = slot.swept.swap(false, Ordering::Relaxed);
             let rung = slot.rung.swap(false, Ordering::Relaxed);
+            self.liveness.pass(stage);
             loop {
                 if shutdown.is_cancelled() {
                     return;
@@ -80,6 +81,8 @@ impl Engine {
                     break;
                 };
                 // Prompts first: a row is only claimed when its stage can run.
+                self.liveness.pass(stage);
+                self.liveness.claim_started(stage);
                 let claimed = match (self.prompts().await, self.pool.get().await) {
                     (Err(e), _) => Err(e),
                     (Ok(prompts), Ok(client)) => repo::claim_next(
@@ -94,6 +97,7 @@ impl Engine {
                     .map(|rows| (rows, prompts)),
                     (Ok(_), Err(e)) => Err(e.into()),
                 };
+                self.liveness.claim_ended(stage);
                 match claimed {
                     Ok((rows, prompts)) => {
                         backoff = backoff_builder.build();

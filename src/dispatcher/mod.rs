@@ -27,6 +27,7 @@ mod complete;
 mod contention;
 mod execute;
 mod lease;
+mod liveness;
 pub mod policy;
 pub mod sweep;
 
@@ -106,6 +107,8 @@ pub struct Engine {
     prompts: Mutex<Option<(Instant, Arc<Prompts>)>>,
     notifier: Arc<Notifier>,
     pub stats: Arc<Stats>,
+    /// Progress of the claim loops and the sweep, for the watchdog.
+    liveness: liveness::Liveness,
 }
 
 impl Engine {
@@ -148,6 +151,7 @@ impl Engine {
             prompts: Mutex::new(None),
             stats: notifier.stats().clone(),
             notifier,
+            liveness: liveness::Liveness::new(),
         })
     }
 
