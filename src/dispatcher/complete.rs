@@ -80,6 +80,7 @@ impl Engine {
         let reserved = permits.each_ref().map(Option::is_some);
         // While rows may be chained, shutdown must wait for them to start.
         let _tracking = (!chains.is_empty()).then(|| self.tasks.token());
+        let mut contended_tries = 0;
         let applied = loop {
             let res = match self.pool.get().await {
                 Ok(client) => {
@@ -114,6 +115,20 @@ impl Engine {
                         }
                     }
                     return;
+                }
+                Err(e)
+                    if batch.len() == 1
+                        && super::contention::contended(&e)
+                        && super::contention::logs_a_turn(&batch[0]) =>
+                {
+                    contended_tries += 1;
+                    if contended_tries >= super::contention::LOG_TRIES {
+                        super::contention::give_up_logging(&self, &mut batch[0], &e);
+                    }
+                    chains.clear();
+                    permits = [None, None, None];
+                    let delay = backoff.next().unwrap_or(Duration::from_secs(1));
+                    tokio::time::sleep(delay).await;
                 }
                 Err(e) if Instant::now() < deadline => {
                     // Retry without chaining: the simplest statement first.

@@ -13,6 +13,12 @@
 //!   results that need no locked row are written after at most two lock
 //!   timeouts, and only the results touching the held rows keep waiting
 //!   (within their lease, renewed by the heartbeat meanwhile).
+//! - An answer that cannot be logged after [`LOG_TRIES`] lock timeouts in a
+//!   row is not written: the attempt is recorded as failed (retryable,
+//!   class `contention`, the reason naming the held lock), so the request
+//!   runs its respond stage again after the retry delay, and past
+//!   `max_attempts` ends `FAILED` with that reason — bounded, never
+//!   waiting for the other transaction forever.
 //! - A heartbeat stopped by a lock renews the leases one by one
 //!   ([`Engine::renew_apart`]): every lease whose row is not held elsewhere
 //!   is renewed, and a lease whose own renewal fails is not taken for lost.
@@ -24,9 +30,14 @@ use futures_util::StreamExt;
 use uuid::Uuid;
 
 use super::Engine;
+use super::policy::{ClaimFacts, StageOutcome, decide};
 use crate::db;
+use crate::error::Disposition;
 use crate::model::{Outcome, StageKind};
 use crate::repo::{self, Finished};
+
+/// Lock timeouts in a row after which an answer is no longer logged.
+pub(super) const LOG_TRIES: u32 = 3;
 
 /// A held lease: request id and fencing token.
 type Held = (Uuid, i64);
@@ -79,9 +90,44 @@ pub(super) fn contended(e: &db::Error) -> bool {
     code.is_some_and(|c| matches!(c.code(), "55P03" | "40P01" | "57014"))
 }
 
+/// Turns `f`, an answer whose log stayed locked, into a failed attempt
+/// (see the module docs).
+pub(super) fn give_up_logging(engine: &Engine, f: &mut Finished, e: &db::Error) {
+    let attempts = u32::try_from(f.attempt).unwrap_or(u32::MAX);
+    let claim = ClaimFacts {
+        attempt: attempts,
+        jitter: crate::backoff::jitter(),
+    };
+    let retry = Disposition::Retry {
+        after: None,
+        max_attempts: None,
+    };
+    let decision = decide(f.stage, &claim, &StageOutcome::Failed(retry), &engine.policy);
+    f.outcome = decision.outcome();
+    f.new_status = decision.status();
+    f.delay = decision.delay();
+    f.answer = None;
+    f.error_class = Some("contention".into());
+    let why = format!(
+        "the answer could not be logged: the user's turns stayed locked by another transaction \
+         ({LOG_TRIES} lock timeouts of {} ms; {e})",
+        engine.cfg.db.lock_timeout_ms
+    );
+    f.error_message = Some(match f.outcome {
+        Outcome::Failed => format!("{} failed after {attempts} attempts (contention): {why}", f.stage),
+        _ => format!(
+            "{} attempt {attempts} failed (contention): {why}; retrying in {} ms",
+            f.stage,
+            f.delay.as_millis()
+        ),
+    });
+    tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = attempts, outcome = f.outcome.as_str(),
+        "answer not logged: the user's turns stayed locked by another transaction");
+}
+
 /// True when writing `f` inserts a turn (the answer), which locks its
 /// user's `archive_marks` row.
-fn logs_a_turn(f: &Finished) -> bool {
+pub(super) fn logs_a_turn(f: &Finished) -> bool {
     f.stage == StageKind::Respond && f.outcome == Outcome::Succeeded && f.answer.is_some()
 }
 

@@ -28,7 +28,7 @@ async fn insert_held(c: &tokio_postgres::Client, users: &[Uuid]) -> Vec<Uuid> {
 async fn an_open_producer_transaction_on_one_user_holds_up_only_that_user() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let api = Api::start(&db, Opts::default().env("MAAS_DB__LOCK_TIMEOUT_MS", 500)).await;
+    let api = Api::start(&db, Opts::default().env("MAAS_DB__LOCK_TIMEOUT_MS", 1000)).await;
 
     let victim = Uuid::new_v4();
     let others: Vec<Uuid> = (0..40).map(|_| Uuid::new_v4()).collect();
@@ -174,4 +174,70 @@ async fn a_request_row_locked_elsewhere_does_not_stop_the_heartbeat_of_the_other
         s == "COMPLETED"
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_that_never_commits_fails_only_that_users_request_with_a_reason() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _api = Api::start(&db, Opts::default().env("MAAS_DB__LOCK_TIMEOUT_MS", 200)).await;
+    let victim = Uuid::new_v4();
+    let others: Vec<Uuid> = (0..10).map(|_| Uuid::new_v4()).collect();
+    let mut users = others.clone();
+    users.push(victim);
+    insert_held(&c, &users).await;
+    let victim_id: Uuid = value(&c, "SELECT id FROM pipeline_runs WHERE user_id = $1", &[&victim]).await;
+    let mut producer = connect(&db.url).await;
+    let tx = producer.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO raw_logs (user_id, message_type, content) VALUES ($1, 'user_query', 'never committed')",
+        &[&victim],
+    )
+    .await
+    .unwrap();
+    c.batch_execute(
+        "UPDATE pipeline_runs SET run_after = now();
+         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    wait_until(GENEROUS, "the victim's request ended", || async {
+        let s: String = value(&c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&victim_id]).await;
+        s == "FAILED"
+    })
+    .await;
+    let took = started.elapsed();
+    let error: String = value(&c, "SELECT error FROM pipeline_runs WHERE id = $1", &[&victim_id]).await;
+    assert!(error.contains("locked by another transaction"), "{error}");
+    assert!(error.contains("failed after 3 attempts"), "{error}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    assert_eq!(
+        count(
+            &c,
+            &format!("SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED' AND user_id <> '{victim}'")
+        )
+        .await,
+        10
+    );
+    // No answer was logged for the victim, and no lease ran out.
+    assert_eq!(
+        count(
+            &c,
+            &format!(
+                "SELECT count(*) FROM raw_logs WHERE request_id = '{victim_id}' AND message_type = 'assistant_response'"
+            )
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM pipeline_steps WHERE outcome = 'lease_expired'"
+        )
+        .await,
+        0
+    );
+    tx.rollback().await.unwrap();
 }
