@@ -258,3 +258,40 @@ async fn caps_the_engine_progresses_while_the_api_pool_is_exhausted() {
     );
     tx.rollback().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_a_websocket_message_over_the_size_limit_closes_the_socket() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default().env("MAAS_HTTP__WS_MAX_MESSAGE_BYTES", 1024)).await;
+    let held = insert_held(&c, 1).await[0];
+    let url = format!("ws://{}/api/ws?request_id={held}", api.addr);
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    // The current state first.
+    let first = tokio::time::timeout(GENEROUS, ws.next()).await.unwrap();
+    assert!(matches!(first, Some(Ok(Message::Text(_)))), "{first:?}");
+    // A small message is ignored; the socket stays open.
+    ws.send(Message::text("x".repeat(100))).await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), ws.next())
+            .await
+            .is_err(),
+        "a small message closed the socket"
+    );
+    // A message over the limit ends it.
+    let _ = ws.send(Message::text("x".repeat(64 * 1024))).await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+                Some(Ok(_)) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the socket stayed open after an oversize message");
+    // The daemon serves on.
+    assert_eq!(api.get("/healthz").await.status(), StatusCode::OK);
+}
