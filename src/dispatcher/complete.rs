@@ -27,11 +27,11 @@ use uuid::Uuid;
 
 use super::lease::Slot;
 use super::{Engine, WRITERS, bump, millis};
+use crate::model::{Outcome, StageKind};
+use crate::repo::{self, Claimed, Finished};
 
 /// Parts of a contended batch written at once (see `contention.rs`).
 const SPLIT_WRITERS: usize = 4;
-use crate::model::{Outcome, StageKind};
-use crate::repo::{self, Claimed, Finished};
 
 impl Engine {
     /// Writes results in batches until `done` fires and the queue is empty.
