@@ -31,6 +31,7 @@ use crate::model::StageKind;
 pub use crate::secret::Secret;
 
 mod archivist;
+mod db;
 mod http;
 
 /// Declares getters that read whole-seconds fields as `Duration`s, from one
@@ -57,6 +58,7 @@ fn retry_delay(base_ms: u64, max_secs: u64, attempt: u32) -> Duration {
 }
 mod memory;
 pub use archivist::{ArchivistConfig, cron_schedule};
+pub use db::DbConfig;
 pub use http::{HttpAddr, HttpConfig, exposed_without_tokens, is_loopback};
 pub use memory::MemoryConfig;
 
@@ -88,6 +90,11 @@ pub struct Config {
     /// Interval of the catch-up sweep: a due row is worked on within this
     /// time even if every notification was lost. Default 5. `MAAS_SWEEP_SECS`.
     pub sweep_secs: u64,
+    /// The engine counts as wedged (and the systemd watchdog is no longer
+    /// fed) when a claim runs longer than this, a dispatcher does not
+    /// answer the sweep's wake within it, or the sweep finishes no pass for
+    /// its interval plus this. Default 120.
+    pub engine_stall_secs: u64,
     /// Attempts per stage before a request is `FAILED`. Default 3.
     pub max_attempts: u32,
     /// First retry delay after a retryable failure; doubles per attempt with
@@ -101,8 +108,12 @@ pub struct Config {
     /// On SIGTERM/SIGINT, how long running stages may finish before their
     /// leases are released. Default 20.
     pub grace_secs: u64,
-    /// Size of the connection pool (the LISTEN session is extra). Default 16.
+    /// Size of the engine's connection pool: claims, heartbeats, result
+    /// writes, the sweep and background services (the LISTEN session and
+    /// the HTTP API's pool, `db.api_pool_size`, are extra). Default 16.
     pub pool_size: usize,
+    /// Session timeouts and the API's pool (`[db]`, see [`DbConfig`]).
+    pub db: DbConfig,
     /// Most rows one claim statement takes. Default 128.
     pub claim_batch: usize,
     /// Most results one completion statement writes. Default 512.
@@ -350,12 +361,14 @@ impl Default for Config {
             llm_provider: "offline".into(),
             lease_secs: 30,
             sweep_secs: 5,
+            engine_stall_secs: 120,
             max_attempts: 3,
             retry_base_ms: 1000,
             retry_max_secs: 300,
             stage_timeout_secs: 300,
             grace_secs: 20,
             pool_size: 16,
+            db: DbConfig::default(),
             claim_batch: 128,
             complete_batch: 512,
             concurrency: Concurrency::default(),
@@ -431,6 +444,7 @@ impl Config {
             ("lease_secs", self.lease_secs),
             ("sweep_secs", self.sweep_secs),
             ("max_attempts", u64::from(self.max_attempts)),
+            ("engine_stall_secs", self.engine_stall_secs),
             ("stage_timeout_secs", self.stage_timeout_secs),
             ("listener.health_secs", self.listener.health_secs),
             ("listener.health_timeout_secs", self.listener.health_timeout_secs),
@@ -455,6 +469,7 @@ impl Config {
             ("callbacks.batch", self.callbacks.batch),
             ("callbacks.concurrency", self.callbacks.concurrency),
             ("retention.batch", self.retention.batch),
+            ("db.api_pool_size", self.db.api_pool_size),
         ] {
             if v == 0 {
                 return invalid(key, "must be at least 1");
@@ -477,6 +492,15 @@ impl Config {
             ("http.metrics_refresh_secs", self.http.metrics_refresh_secs),
             ("http.stream_keepalive_secs", self.http.stream_keepalive_secs),
             ("http.stream_send_timeout_secs", self.http.stream_send_timeout_secs),
+            ("http.header_read_timeout_secs", self.http.header_read_timeout_secs),
+            ("http.max_long_polls", self.http.max_long_polls as u64),
+            (
+                "http.max_long_polls_per_token",
+                self.http.max_long_polls_per_token as u64,
+            ),
+            ("http.max_streams", self.http.max_streams as u64),
+            ("http.max_streams_per_token", self.http.max_streams_per_token as u64),
+            ("http.ws_max_message_bytes", self.http.ws_max_message_bytes as u64),
         ] {
             if v == 0 {
                 return invalid(key, "must be at least 1");
@@ -516,6 +540,7 @@ secs_getters!(Config {
     sweep_interval: sweep_secs,
     grace: grace_secs,
     stage_timeout: stage_timeout_secs,
+    engine_stall: engine_stall_secs,
 });
 
 #[cfg(test)]

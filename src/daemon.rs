@@ -41,7 +41,8 @@ pub enum DaemonError {
 
 /// Applies pending migrations (and missing triggers) under the advisory lock.
 pub async fn migrate_at_start(cfg: &Config) -> Result<migrate::Report, db::Error> {
-    let pg = db::pg_config(cfg.database_url.expose(), "maasd-migrate")?;
+    let mut pg = db::pg_config(cfg.database_url.expose(), "maasd-migrate")?;
+    db::with_limits(&mut pg, &cfg.db.for_migrations());
     let (mut client, conn) = pg.connect(tokio_postgres::NoTls).await?;
     let driver = tokio::spawn(conn);
     let report = migrate::migrate(&mut client, false).await;
@@ -103,10 +104,12 @@ pub async fn run(
     let stats = Arc::new(Stats::default());
     let notifier = Notifier::new(stats.clone());
     let engine = Engine::new(pool.clone(), cfg.clone(), pipeline, worker, notifier.clone());
+    // The API's own pool: HTTP traffic never takes the engine's connections.
+    let api_pool = db::connect_api_pool(&cfg, "maasd-api")?;
     let server = crate::http::start(
         bound,
         cfg.clone(),
-        pool.clone(),
+        api_pool,
         notifier.clone(),
         stats.clone(),
         shutdown.clone(),

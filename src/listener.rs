@@ -245,7 +245,8 @@ async fn session(
         message,
         listened: false,
     };
-    let pg = pg_config(cfg.database_url.expose(), "maasd-listener").map_err(|e| fail(e.to_string()))?;
+    let mut pg = pg_config(cfg.database_url.expose(), "maasd-listener").map_err(|e| fail(e.to_string()))?;
+    crate::db::with_limits(&mut pg, &cfg.db);
     let (client, mut connection) = tokio::select! {
         _ = shutdown.cancelled() => return Ok(()),
         r = pg.connect(tokio_postgres::NoTls) => r.map_err(|e| fail(format!("connect: {e}")))?,

@@ -3,10 +3,14 @@
 //! - `READY=1` only once migrations are applied and the LISTEN session is in
 //!   place ([`Engine::is_listening`]): the unit is not "started" before
 //!   `maasd` can hear a notification.
-//! - The watchdog (`WatchdogSec=`) is fed from a liveness check, not from a
-//!   timer: `WATCHDOG=1` is sent only while the listener loop shows progress
+//! - The watchdog (`WATCHDOG=1`, `WatchdogSec=`) is fed from a liveness
+//!   check, not from a timer: only while the listener loop shows progress
 //!   ([`Engine::listener_silence`]) — each health query on the LISTEN session
-//!   that succeeds, and each reconnect attempt while the database is away.
+//!   that succeeds, and each reconnect attempt while the database is away —
+//!   and the engine is not wedged ([`Engine::stall`]): no claim runs past
+//!   `engine_stall_secs`, every dispatcher answers the sweep's wake, the
+//!   sweep finishes its passes. A claim loop stuck in a statement or gone
+//!   stops the pings, and systemd restarts the daemon.
 //!   A hung runtime, a wedged listener task or a health query stuck past its
 //!   timeout stop the pings, and systemd restarts the daemon. A database
 //!   outage does not: the daemon is doing the right thing (reconnecting), and
@@ -115,15 +119,25 @@ async fn supervise(engine: Arc<Engine>, cfg: Arc<Config>, shutdown: Cancellation
             continue;
         }
         let silence = engine.listener_silence();
-        if silence <= bound {
+        let stall = engine.stall();
+        if silence <= bound && stall.is_none() {
+            if starved {
+                tracing::info!("systemd: the engine progresses again; feeding the watchdog");
+            }
             notify(&[NotifyState::Watchdog]);
             starved = false;
         } else if !starved {
             starved = true;
-            tracing::error!(
-                silent_ms = silence.as_millis(),
-                "systemd: the listener loop shows no progress; no longer feeding the watchdog"
-            );
+            match stall {
+                Some(stall) => tracing::error!(
+                    stall = %stall,
+                    "systemd: the engine makes no progress; no longer feeding the watchdog"
+                ),
+                None => tracing::error!(
+                    silent_ms = silence.as_millis(),
+                    "systemd: the listener loop shows no progress; no longer feeding the watchdog"
+                ),
+            }
         }
     }
 }

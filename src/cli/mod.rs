@@ -275,7 +275,13 @@ pub(crate) async fn connect(cfg: &Config) -> Result<deadpool_postgres::Object, C
 }
 
 async fn migrate(cfg: &Config, check: bool, json: bool) -> Result<Outcome, CliError> {
-    let mut client = connect(cfg).await?;
+    // Migrations may rewrite a table and wait for another runner's lock:
+    // no statement or lock limit (db.*_timeout_ms bind other sessions).
+    let unbounded = Config {
+        db: cfg.db.for_migrations(),
+        ..cfg.clone()
+    };
+    let mut client = connect(&unbounded).await?;
     if check {
         let state = db::migrate::state(&client).await?;
         if json {

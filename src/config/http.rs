@@ -34,6 +34,24 @@ pub struct HttpConfig {
     /// A stream whose client does not take a message within this time is
     /// closed. Default 10.
     pub stream_send_timeout_secs: u64,
+    /// A client must send a request's headers within this time, and a
+    /// kept-alive connection idle between requests this long is closed
+    /// (slowloris, idle keep-alive). Default 10.
+    pub header_read_timeout_secs: u64,
+    /// Long-polls (`?wait=`) held at once by this daemon; past it 503 with
+    /// `Retry-After`. Default 8192.
+    pub max_long_polls: usize,
+    /// Long-polls held at once per bearer token (all callers count as one
+    /// without tokens); past it 429 with `Retry-After`. Default 2048.
+    pub max_long_polls_per_token: usize,
+    /// SSE and WebSocket streams open at once in this daemon; past it 503
+    /// with `Retry-After`. Default 4096.
+    pub max_streams: usize,
+    /// Streams open at once per bearer token; past it 429. Default 1024.
+    pub max_streams_per_token: usize,
+    /// Largest WebSocket message (and frame) a client may send; the socket
+    /// is closed on a larger one. Default 65536.
+    pub ws_max_message_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -46,6 +64,12 @@ impl Default for HttpConfig {
             metrics_refresh_secs: 5,
             stream_keepalive_secs: 15,
             stream_send_timeout_secs: 10,
+            header_read_timeout_secs: 10,
+            max_long_polls: 8192,
+            max_long_polls_per_token: 2048,
+            max_streams: 4096,
+            max_streams_per_token: 1024,
+            ws_max_message_bytes: 64 * 1024,
         }
     }
 }
@@ -57,6 +81,7 @@ super::secs_getters!(HttpConfig {
     metrics_refresh: metrics_refresh_secs,
     stream_keepalive: stream_keepalive_secs,
     stream_send_timeout: stream_send_timeout_secs,
+    header_read_timeout: header_read_timeout_secs,
 });
 
 /// The address to bind, parsed from `http_addr`.

@@ -5,7 +5,7 @@ pub mod devdb;
 pub mod migrate;
 pub mod pool;
 
-pub use pool::{Pool, connect_pool, pg_config};
+pub use pool::{Pool, connect_api_pool, connect_pool, pg_config, with_limits};
 
 /// A database failure, classified for the caller.
 #[derive(Debug, thiserror::Error)]

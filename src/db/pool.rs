@@ -1,13 +1,21 @@
-//! The connection pool (deadpool-postgres) shared by claims, completions,
-//! heartbeats, the sweep and the HTTP server. The LISTEN session is never
-//! taken from it: see `listener`.
+//! The connection pools (deadpool-postgres): the engine's (claims,
+//! completions, heartbeats, the sweep, services) and the HTTP API's, built
+//! apart so HTTP traffic never takes the engine's connections. The LISTEN
+//! session is never taken from a pool: see `listener`.
+//!
+//! Every session made by [`connect_pool`] (and the listener) runs under the
+//! `[db]` timeouts (`statement_timeout`, `lock_timeout`,
+//! `idle_in_transaction_session_timeout`), set as startup options, so a lock
+//! held by another transaction fails a statement after `db.lock_timeout_ms`
+//! instead of holding it forever. Options given in the connection string
+//! come after ours and win.
 
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
-use crate::config::Config;
+use crate::config::{Config, DbConfig};
 
 pub type Pool = deadpool_postgres::Pool;
 
@@ -29,9 +37,31 @@ pub fn pg_config(url: &str, application_name: &str) -> Result<tokio_postgres::Co
     Ok(pg)
 }
 
-/// Builds the pool. Connections are made lazily; a dead one is replaced.
+/// Sets the session timeouts of `limits` on `pg`, before any options the
+/// connection string already carries (those win).
+pub fn with_limits(pg: &mut tokio_postgres::Config, limits: &DbConfig) {
+    let ours = limits.session_options();
+    let options = match pg.get_options() {
+        Some(given) if !given.trim().is_empty() => format!("{ours} {given}"),
+        _ => ours,
+    };
+    pg.options(&options);
+}
+
+/// Builds the engine's pool (`pool_size`). Connections are made lazily; a
+/// dead one is replaced.
 pub fn connect_pool(cfg: &Config, application_name: &str) -> Result<Pool, super::Error> {
-    let pg = pg_config(cfg.database_url.expose(), application_name)?;
+    sized_pool(cfg, application_name, cfg.pool_size)
+}
+
+/// Builds the HTTP API's pool (`db.api_pool_size`).
+pub fn connect_api_pool(cfg: &Config, application_name: &str) -> Result<Pool, super::Error> {
+    sized_pool(cfg, application_name, cfg.db.api_pool_size)
+}
+
+fn sized_pool(cfg: &Config, application_name: &str, size: usize) -> Result<Pool, super::Error> {
+    let mut pg = pg_config(cfg.database_url.expose(), application_name)?;
+    with_limits(&mut pg, &cfg.db);
     let mgr = Manager::from_config(
         pg,
         NoTls,
@@ -40,7 +70,7 @@ pub fn connect_pool(cfg: &Config, application_name: &str) -> Result<Pool, super:
         },
     );
     Pool::builder(mgr)
-        .max_size(cfg.pool_size)
+        .max_size(size)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(Duration::from_secs(30)))
         .create_timeout(Some(Duration::from_secs(10)))

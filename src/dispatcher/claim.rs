@@ -44,6 +44,7 @@ impl Engine {
             // had waited long count.
             let swept = slot.swept.swap(false, Ordering::Relaxed);
             let rung = slot.rung.swap(false, Ordering::Relaxed);
+            self.liveness.pass(stage);
             loop {
                 if shutdown.is_cancelled() {
                     return;
@@ -80,6 +81,8 @@ impl Engine {
                     break;
                 };
                 // Prompts first: a row is only claimed when its stage can run.
+                self.liveness.pass(stage);
+                self.liveness.claim_started(stage);
                 let polled = Instant::now();
                 let claimed = match (self.prompts().await, self.pool.get().await) {
                     (Err(e), _) => Err(e),
@@ -97,6 +100,7 @@ impl Engine {
                 };
                 let rows = claimed.as_ref().ok().map(|(rows, _)| rows.len());
                 crate::metrics::claim_poll(stage, rows, polled.elapsed());
+                self.liveness.claim_ended(stage);
                 match claimed {
                     Ok((rows, prompts)) => {
                         backoff = backoff_builder.build();

@@ -4,6 +4,8 @@
 //!   the step history; at most `WRITERS` batches in flight, so one commits
 //!   while the next is gathered.
 //! - A result whose lease was lost is discarded; the row is unchanged.
+//! - A batch stopped by a lock held elsewhere is written in parts, so only
+//!   the results that need the locked rows wait (`contention.rs`).
 //! - A batch is retried while the database is unreachable for at most one
 //!   lease period; past that the leases have expired and the sweep retries
 //!   the stages. Every result is written (or given up) before the completer
@@ -27,6 +29,9 @@ use super::lease::Slot;
 use super::{Engine, WRITERS, bump, millis};
 use crate::model::{Outcome, StageKind};
 use crate::repo::{self, Claimed, Finished};
+
+/// Parts of a contended batch written at once (see `contention.rs`).
+const SPLIT_WRITERS: usize = 4;
 
 impl Engine {
     /// Writes results in batches until `done` fires and the queue is empty.
@@ -75,6 +80,7 @@ impl Engine {
         let reserved = permits.each_ref().map(Option::is_some);
         // While rows may be chained, shutdown must wait for them to start.
         let _tracking = (!chains.is_empty()).then(|| self.tasks.token());
+        let mut contended_tries = 0;
         let applied = loop {
             let res = match self.pool.get().await {
                 Ok(client) => {
@@ -91,6 +97,39 @@ impl Engine {
             };
             match res {
                 Ok(done) => break done,
+                Err(e) if batch.len() > 1 && super::contention::contended(&e) => {
+                    tracing::warn!(results = batch.len(), error = %e,
+                        "a lock held by another transaction stopped the result batch; writing its parts apart");
+                    drop(permits);
+                    let parts = super::contention::split(std::mem::take(&mut batch));
+                    let writes = parts.into_iter().map(|part| Box::pin(self.clone().flush(part)));
+                    futures_util::StreamExt::for_each_concurrent(
+                        futures_util::stream::iter(writes),
+                        SPLIT_WRITERS,
+                        |w| w,
+                    )
+                    .await;
+                    for stage in StageKind::ALL {
+                        if reserved[stage.index()] {
+                            self.freed(stage);
+                        }
+                    }
+                    return;
+                }
+                Err(e)
+                    if batch.len() == 1
+                        && super::contention::contended(&e)
+                        && super::contention::logs_a_turn(&batch[0]) =>
+                {
+                    contended_tries += 1;
+                    if contended_tries >= super::contention::LOG_TRIES {
+                        super::contention::give_up_logging(&self, &mut batch[0], &e);
+                    }
+                    chains.clear();
+                    permits = [None, None, None];
+                    let delay = backoff.next().unwrap_or(Duration::from_secs(1));
+                    tokio::time::sleep(delay).await;
+                }
                 Err(e) if Instant::now() < deadline => {
                     // Retry without chaining: the simplest statement first.
                     chains.clear();

@@ -94,29 +94,36 @@ impl Engine {
                 Ok(client) => repo::extend_leases(&client, &held, self.cfg.lease()).await,
                 Err(e) => Err(e.into()),
             };
-            match renewed {
-                Ok(renewed) => {
-                    if renewed.len() == held.len() {
+            let (renewed, unknown) = match renewed {
+                Ok(renewed) => (renewed, HashSet::new()),
+                Err(e) if held.len() > 1 && super::contention::contended(&e) => {
+                    tracing::warn!(leases = held.len(), error = %e,
+                        "a lock held by another transaction stopped the heartbeat; renewing leases one by one");
+                    self.renew_apart(&held).await
+                }
+                Err(e) => {
+                    tracing::warn!(leases = held.len(), error = %e, "heartbeat failed; leases not renewed");
+                    continue;
+                }
+            };
+            if renewed.len() == held.len() {
+                continue;
+            }
+            let renewed: HashSet<Uuid> = renewed.into_iter().collect();
+            if let Ok(map) = self.inflight.lock() {
+                for (id, token) in &held {
+                    if renewed.contains(id) || unknown.contains(id) {
                         continue;
                     }
-                    let renewed: HashSet<Uuid> = renewed.into_iter().collect();
-                    if let Ok(map) = self.inflight.lock() {
-                        for (id, token) in &held {
-                            if renewed.contains(id) {
-                                continue;
-                            }
-                            if let Some(f) = map.get(id)
-                                && f.token == *token
-                                && !f.finished
-                            {
-                                bump(&self.stats.lease_lost);
-                                tracing::warn!(request.id = %id, "lease lost while the stage was running; cancelling it");
-                                f.cancel.cancel();
-                            }
-                        }
+                    if let Some(f) = map.get(id)
+                        && f.token == *token
+                        && !f.finished
+                    {
+                        bump(&self.stats.lease_lost);
+                        tracing::warn!(request.id = %id, "lease lost while the stage was running; cancelling it");
+                        f.cancel.cancel();
                     }
                 }
-                Err(e) => tracing::warn!(leases = held.len(), error = %e, "heartbeat failed; leases not renewed"),
             }
         }
     }

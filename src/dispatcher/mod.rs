@@ -24,8 +24,10 @@
 
 mod claim;
 mod complete;
+mod contention;
 mod execute;
 mod lease;
+mod liveness;
 pub mod policy;
 pub mod sweep;
 
@@ -105,6 +107,8 @@ pub struct Engine {
     prompts: Mutex<Option<(Instant, Arc<Prompts>)>>,
     notifier: Arc<Notifier>,
     pub stats: Arc<Stats>,
+    /// Progress of the claim loops and the sweep, for the watchdog.
+    liveness: liveness::Liveness,
 }
 
 impl Engine {
@@ -147,6 +151,7 @@ impl Engine {
             prompts: Mutex::new(None),
             stats: notifier.stats().clone(),
             notifier,
+            liveness: liveness::Liveness::new(),
         })
     }
 

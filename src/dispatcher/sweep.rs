@@ -53,6 +53,7 @@ impl Engine {
                 _ = self.sweep_now.notified() => {}
             }
             if let Err(e) = self.sweep_once().await {
+                self.liveness.sweep_failed();
                 tracing::warn!(error = %e, "sweep failed");
             }
         }
@@ -74,6 +75,7 @@ impl Engine {
             }
         }
         drop(client);
+        self.liveness.swept();
         for stage in StageKind::ALL {
             let slot = self.slot(stage);
             slot.swept.store(true, Ordering::Relaxed);

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
@@ -16,20 +15,19 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde_json::Value;
+use axum::{Extension, Json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
+use super::limits::{Caller, Pass};
 use super::live::{Follower, RequestState, Target};
 use crate::metrics::StreamGauge;
 use crate::repo::idempotency;
 use crate::repo::requests::{self as q, NewRequest};
 
-/// Longest query accepted, in characters (the `pipeline_runs_query_size`
-/// constraint).
-pub const MAX_QUERY_CHARS: usize = 100_000;
+pub use super::input::MAX_QUERY_CHARS;
 /// Longest `Idempotency-Key`.
 pub const MAX_KEY_LEN: usize = 255;
 /// Queue of a long-poll or single-request stream; a request changes status
@@ -84,34 +82,12 @@ pub async fn submit(
     check_json_content_type(&headers)?;
     let body = read_body(body, app.cfg.http.max_body_bytes).await?;
     let key = idempotency_key(&headers)?;
-    let body: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(fields) = body else {
-        return Err(ApiError::bad_request(
-            "malformed_json",
-            "the body must be a JSON object",
-        ));
-    };
-    let user_id = uuid_field(&fields, "user_id")?.ok_or_else(|| missing("user_id"))?;
-    let thread_id = uuid_field(&fields, "thread_id")?;
-    let query = match fields.get("query") {
-        None | Some(Value::Null) => return Err(missing("query")),
-        Some(Value::String(s)) => s.as_str(),
-        Some(_) => return Err(ApiError::unprocessable("invalid_field", "query must be a string")),
-    };
-    if query.trim().is_empty() {
-        return Err(ApiError::unprocessable("empty_field", "query must not be empty"));
-    }
-    if query.chars().count() > MAX_QUERY_CHARS {
-        return Err(ApiError::unprocessable(
-            "field_too_long",
-            format!("query is longer than {MAX_QUERY_CHARS} characters"),
-        ));
-    }
+    let sub = super::input::parse_submission(&body)?;
+    let user_id = sub.user_id;
     let req = NewRequest {
         user_id,
-        thread_id,
-        query,
+        thread_id: sub.thread_id,
+        query: &sub.query,
     };
     let client = app.pool.get().await?;
     let (id, replayed) = match key {
@@ -178,10 +154,6 @@ fn refused(e: crate::db::Error) -> ApiError {
     }
 }
 
-fn missing(field: &str) -> ApiError {
-    ApiError::unprocessable("missing_field", format!("{field} is required"))
-}
-
 fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
@@ -199,24 +171,6 @@ fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
                 if ct.is_empty() { "none" } else { ct }
             ),
         ))
-    }
-}
-
-fn uuid_field(fields: &serde_json::Map<String, Value>, name: &str) -> Result<Option<Uuid>, ApiError> {
-    match fields.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.trim().is_empty() => Err(ApiError::unprocessable(
-            "empty_field",
-            format!("{name} must not be empty"),
-        )),
-        Some(Value::String(s)) => s
-            .parse::<Uuid>()
-            .map(Some)
-            .map_err(|_| ApiError::bad_request("invalid_id", format!("{name} is not a UUID"))),
-        Some(_) => Err(ApiError::bad_request(
-            "invalid_id",
-            format!("{name} must be a UUID string"),
-        )),
     }
 }
 
@@ -248,8 +202,7 @@ fn fingerprint(req: &NewRequest<'_>) -> String {
 }
 
 fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    raw.parse::<Uuid>()
-        .map_err(|_| ApiError::bad_request("invalid_id", format!("{raw:?} is not a request id (a UUID)")))
+    super::input::parse_id(raw, "request")
 }
 
 /// Parses a wait: `30s`, `500ms`, `2m`, or plain seconds (`30`, `1.5`).
@@ -277,6 +230,7 @@ pub fn parse_wait(raw: &str) -> Option<Duration> {
 /// it holds), read after the state.
 pub async fn status(
     State(app): State<AppState>,
+    caller: Option<Extension<Caller>>,
     Path(id): Path<String>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -288,11 +242,12 @@ pub async fn status(
         Some(other) => {
             return Err(ApiError::bad_request(
                 "invalid_include",
-                format!("include={other:?}: the only value is context"),
+                format!("include={}: the only value is context", super::input::shown(other)),
             ));
         }
     };
-    let state = state_after_wait(&app, id, &params).await?;
+    let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
+    let state = state_after_wait(&app, caller, id, &params).await?;
     let mut body = serde_json::to_value(&state)
         .map_err(|e| ApiError::from(crate::db::Error::Unexpected(format!("status of {id}: {e}"))))?;
     if with_context && let Some(obj) = body.as_object_mut() {
@@ -311,6 +266,7 @@ pub async fn status(
 /// The state of `id`, after waiting as `?wait=` asks.
 async fn state_after_wait(
     app: &AppState,
+    caller: Caller,
     id: Uuid,
     params: &HashMap<String, String>,
 ) -> Result<RequestState, ApiError> {
@@ -318,7 +274,10 @@ async fn state_after_wait(
         None => Duration::ZERO,
         Some(w) => parse_wait(w)
             .ok_or_else(|| {
-                ApiError::bad_request("invalid_wait", format!("wait={w:?}: expected e.g. 30s, 500ms or 2m"))
+                ApiError::bad_request(
+                    "invalid_wait",
+                    format!("wait={}: expected e.g. 30s, 500ms or 2m", super::input::shown(w)),
+                )
             })?
             .min(app.cfg.http.max_wait()),
     };
@@ -333,6 +292,9 @@ async fn state_after_wait(
     if state.is_terminal() || wait.is_zero() {
         return Ok(state);
     }
+    // A long-poll holds a place until it answers; over a cap it answers
+    // at once (429/503 with Retry-After).
+    let _place = app.long_polls.enter(caller)?;
     let _waiting = StreamGauge::long_poll();
     let deadline = tokio::time::Instant::now() + wait;
     loop {
@@ -393,8 +355,13 @@ pub async fn continue_run(State(app): State<AppState>, Path(id): Path<String>) -
 
 /// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per
 /// change, the current state first; ends after the terminal state.
-pub async fn events(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn events(
+    State(app): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
+    let place = app.streams.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
     let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
     let mut follower = Follower::new(app.pool.clone(), sub);
     let first = follower.current().await?;
@@ -407,6 +374,7 @@ pub async fn events(State(app): State<AppState>, Path(id): Path<String>) -> Resu
         queued: first.into(),
         done: false,
         _gauge: StreamGauge::stream("sse"),
+        _place: place,
     };
     let events = futures_util::stream::unfold(stream, |mut st| async move {
         let state = st.next().await?;
@@ -428,6 +396,8 @@ struct Stream {
     queued: std::collections::VecDeque<RequestState>,
     done: bool,
     _gauge: StreamGauge,
+    /// Its place under the stream caps, given back when it ends.
+    _place: Pass,
 }
 
 impl Stream {
@@ -465,16 +435,14 @@ impl Stream {
 /// close (1001) when the daemon stops.
 pub async fn ws(
     State(app): State<AppState>,
+    caller: Option<Extension<Caller>>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     let target = match (params.get("request_id"), params.get("user_id")) {
         (Some(r), None) => Target::Request(parse_id(r)?),
-        (None, Some(u)) => Target::User(
-            u.parse::<Uuid>()
-                .map_err(|_| ApiError::bad_request("invalid_id", format!("{u:?} is not a user id (a UUID)")))?,
-        ),
+        (None, Some(u)) => Target::User(super::input::parse_id(u, "user")?),
         _ => {
             return Err(ApiError::bad_request(
                 "invalid_query",
@@ -482,6 +450,7 @@ pub async fn ws(
             ));
         }
     };
+    let place = app.streams.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
     let queue = match target {
         Target::Request(_) => REQUEST_QUEUE,
         Target::User(_) => USER_QUEUE,
@@ -507,8 +476,13 @@ pub async fn ws(
         queued: first.into(),
         done: false,
         _gauge: StreamGauge::stream("websocket"),
+        _place: place,
     };
-    Ok(upgrade.on_upgrade(move |socket| ws_session(socket, stream)))
+    let max = app.cfg.http.ws_max_message_bytes;
+    Ok(upgrade
+        .max_message_size(max)
+        .max_frame_size(max)
+        .on_upgrade(move |socket| ws_session(socket, stream)))
 }
 
 async fn ws_session(mut socket: WebSocket, mut stream: Stream) {

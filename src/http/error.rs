@@ -11,6 +11,8 @@ pub struct ApiError {
     /// A stable, machine-readable name (`malformed_json`, `invalid_id`, …).
     pub code: &'static str,
     pub message: String,
+    /// `Retry-After` in seconds; a 429 or 503 without one says 1.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -19,7 +21,18 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// The same error, telling the client to come back after `secs`.
+    pub fn retry_after(mut self, secs: u64) -> ApiError {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    pub fn too_many(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, code, message)
     }
 
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
@@ -45,7 +58,15 @@ impl ApiError {
 
 impl From<crate::db::Error> for ApiError {
     fn from(e: crate::db::Error) -> ApiError {
-        if e.is_connection() {
+        if lock_or_timeout(&e) {
+            // Another transaction holds the rows (lock_timeout), or the
+            // statement ran out of statement_timeout: the client may retry.
+            tracing::warn!(error = %e, "http: database busy");
+            ApiError::unavailable(
+                "database_busy",
+                "the rows this request needs are locked by another transaction, or the statement timed out; try again",
+            )
+        } else if e.is_connection() {
             tracing::warn!(error = %e, "http: database unavailable");
             ApiError::unavailable("database_unavailable", "the database is unavailable; try again")
         } else {
@@ -53,6 +74,17 @@ impl From<crate::db::Error> for ApiError {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
         }
     }
+}
+
+/// Lock timeout (55P03), statement timeout (57014), deadlock (40P01) or
+/// serialization failure (40001).
+fn lock_or_timeout(e: &crate::db::Error) -> bool {
+    let code = match e {
+        crate::db::Error::Postgres(e) => e.code(),
+        crate::db::Error::Pool(deadpool_postgres::PoolError::Backend(e)) => e.code(),
+        _ => None,
+    };
+    code.is_some_and(|c| matches!(c.code(), "55P03" | "57014" | "40P01" | "40001"))
 }
 
 impl From<deadpool_postgres::PoolError> for ApiError {
@@ -65,6 +97,20 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.message, "code": self.code });
         let mut resp = (self.status, Json(body)).into_response();
+        let retry = match self.retry_after {
+            Some(s) => Some(s),
+            None if matches!(
+                self.status,
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+            ) =>
+            {
+                Some(1)
+            }
+            None => None,
+        };
+        if let Some(secs) = retry {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

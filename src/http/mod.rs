@@ -10,6 +10,13 @@
 //!   long-poll gets its wait on top), else 503; bodies are capped at
 //!   `http.max_body_bytes` (413). Streams are bounded by their keep-alives
 //!   and send timeouts instead, and end on shutdown.
+//! - A client cannot hold the server: request headers must arrive within
+//!   `http.header_read_timeout_secs` (idle keep-alive likewise, [`serve`]);
+//!   long-polls and streams are capped per daemon and per token, and over a
+//!   cap the answer is 503 or 429 with `Retry-After` at once ([`limits`]).
+//!   The server has its own pool (`db.api_pool_size`): HTTP traffic never
+//!   takes the engine's connections.
+//! - Malformed input gets a 4xx JSON error naming the problem ([`input`]).
 //! - With `api_tokens` configured, every `/api` route needs
 //!   `Authorization: Bearer TOKEN`; without them the server refuses to bind
 //!   anything but a loopback address.
@@ -20,10 +27,13 @@
 pub mod api;
 pub mod error;
 pub mod housekeeping;
+pub mod input;
+pub mod limits;
 pub mod live;
 pub mod openapi;
 pub mod ops;
 pub mod users;
+pub mod serve;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -77,6 +87,9 @@ pub struct Inner {
     pub shutdown: CancellationToken,
     /// SHA-256 of each accepted token (compared in constant time).
     tokens: Vec<[u8; 32]>,
+    /// Caps of long-polls and of streams (SSE, WebSocket).
+    pub long_polls: Arc<limits::Gate>,
+    pub streams: Arc<limits::Gate>,
 }
 
 impl std::ops::Deref for AppState {
@@ -163,6 +176,7 @@ pub fn app(state: AppState) -> Router {
     routes()
         .router
         .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .layer(middleware::from_fn(input::json_errors))
         .layer(DefaultBodyLimit::max(state.cfg.http.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(Extension(state.clone()))
@@ -170,8 +184,9 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// Bearer authentication of the `/api` routes (when tokens are configured).
-async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
+async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, mut req: Request, next: Next) -> Response {
     if app.tokens.is_empty() {
+        req.extensions_mut().insert(limits::Caller::ANONYMOUS);
         return next.run(req).await;
     }
     let given = headers
@@ -188,6 +203,7 @@ async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, req: Requ
         acc | (t.iter().zip(digest.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
     });
     if ok {
+        req.extensions_mut().insert(limits::Caller(digest));
         next.run(req).await
     } else {
         ApiError::unauthorized("wrong bearer token").into_response()
@@ -299,16 +315,14 @@ pub fn start(
         metrics: handle.clone(),
         shutdown: shutdown.clone(),
         tokens,
+        long_polls: limits::Gate::new("long-polls", cfg.http.max_long_polls, cfg.http.max_long_polls_per_token),
+        streams: limits::Gate::new("streams", cfg.http.max_streams, cfg.http.max_streams_per_token),
     }));
     let router = app(state);
+    let header_read_timeout = cfg.http.header_read_timeout();
     tracing::info!(addr = %bound.addr, auth = !cfg.api_tokens.is_empty(), "http: listening");
     let server = tokio::spawn(async move {
-        let served = axum::serve(bound.listener, router)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "http: server failed");
-        }
+        serve::serve(bound.listener, router, header_read_timeout, shutdown).await;
     });
     Ok(Server {
         server,

@@ -86,8 +86,8 @@ pub fn document() -> Value {
                         "401": error_response("Missing or wrong bearer token"),
                         "413": error_response("Body larger than http.max_body_bytes"),
                         "415": error_response("Content-Type is not application/json"),
-                        "422": error_response("A missing, empty or too long field; an Idempotency-Key reused for a different request"),
-                        "503": error_response("Database unavailable or request timed out")
+                        "422": error_response("A missing, empty or too long field; a query holding a NUL character (invalid_text); an Idempotency-Key reused for a different request"),
+                        "503": error_response("Database unavailable or busy (another transaction holds the user's rows), or request timed out; see Retry-After")
                     }
                 }
             },
@@ -108,7 +108,9 @@ pub fn document() -> Value {
                         "200": json_response("The request's state (with include=context, also context and context_sources)", json!({ "$ref": "#/components/schemas/RequestState" })),
                         "400": error_response("Malformed id, wait or include"),
                         "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("No such request")
+                        "404": error_response("No such request"),
+                        "429": error_response("A long-poll over this token's cap (http.max_long_polls_per_token); see Retry-After"),
+                        "503": error_response("A long-poll over the daemon's cap (http.max_long_polls); see Retry-After")
                     }
                 }
             },
@@ -241,7 +243,9 @@ pub fn document() -> Value {
                         },
                         "400": error_response("Malformed id"),
                         "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("No such request")
+                        "404": error_response("No such request"),
+                        "429": error_response("A stream over this token's cap (http.max_streams_per_token); see Retry-After"),
+                        "503": error_response("A stream over the daemon's cap (http.max_streams); see Retry-After")
                     }
                 }
             },
@@ -259,7 +263,9 @@ pub fn document() -> Value {
                         "400": error_response("Not exactly one of request_id and user_id, or a malformed id"),
                         "401": error_response("Missing or wrong bearer token"),
                         "404": error_response("No such request"),
-                        "426": error_response("Not a WebSocket handshake")
+                        "426": error_response("Not a WebSocket handshake"),
+                        "429": error_response("A stream over this token's cap (http.max_streams_per_token); see Retry-After"),
+                        "503": error_response("A stream over the daemon's cap (http.max_streams); see Retry-After")
                     }
                 }
             },

@@ -3,14 +3,17 @@
 
 mod archivist;
 mod callbacks;
+mod caps;
 mod cli;
 mod control;
 mod engine;
 mod health;
+mod hostile;
 mod http;
 mod layers;
 mod llm;
 mod memory;
+mod neighbours;
 mod observability;
 mod orchestrator;
 mod prompts;

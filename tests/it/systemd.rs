@@ -111,3 +111,94 @@ fn the_unit_file_passes_the_exposure_bar() {
     };
     assert!(level <= 2.0, "exposure {level} is above 2.0:\n{text}");
 }
+
+/// Watchdog pings received on `sock` within `window`.
+fn pings_within(sock: &std::os::unix::net::UnixDatagram, window: Duration) -> usize {
+    let mut buf = [0u8; 4096];
+    let until = std::time::Instant::now() + window;
+    let mut n = 0;
+    while std::time::Instant::now() < until {
+        if let Ok(len) = sock.recv(&mut buf)
+            && String::from_utf8_lossy(&buf[..len]).contains("WATCHDOG=1")
+        {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maasd_stops_feeding_the_watchdog_while_its_claim_loop_is_wedged() {
+    use std::os::unix::net::UnixDatagram;
+    let db = TestDb::new().await;
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("notify");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{}.sock", Uuid::new_v4().simple()));
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    // No statement or lock limit, so a claim behind a table lock hangs.
+    let d = Maasd::spawn(
+        &db.url,
+        fast()
+            .env("NOTIFY_SOCKET", path.display())
+            .env("WATCHDOG_USEC", 1_000_000)
+            .env("MAAS_ENGINE_STALL_SECS", 2)
+            .env("MAAS_DB__LOCK_TIMEOUT_MS", 0)
+            .env("MAAS_DB__STATEMENT_TIMEOUT_MS", 0),
+    );
+    let deadline = std::time::Instant::now() + GENEROUS;
+    let mut buf = [0u8; 4096];
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no READY=1");
+        if let Ok(n) = sock.recv(&mut buf)
+            && String::from_utf8_lossy(&buf[..n]).contains("READY=1")
+        {
+            break;
+        }
+    }
+    // Idle with nothing due: fed.
+    assert!(
+        pings_within(&sock, Duration::from_secs(4)) >= 4,
+        "an idle engine feeds the watchdog"
+    );
+
+    // Wedge the claim loop: the next claim (the sweep wakes every
+    // dispatcher each second) waits for this lock forever; the LISTEN
+    // session's health query does not touch the table and stays healthy.
+    let mut holder = crate::support::db::connect(&db.url).await;
+    let tx = holder.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE pipeline_runs IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let wedged = std::time::Instant::now();
+    crate::support::wait_until(GENEROUS, "the daemon says the engine is wedged", || async {
+        d.plain_log().contains("the engine makes no progress")
+    })
+    .await;
+    let noticed = wedged.elapsed();
+    assert!(noticed < Duration::from_secs(15), "noticed after {noticed:?}");
+    // Drain what was sent before, then no more pings.
+    let _ = pings_within(&sock, Duration::from_millis(600));
+    assert_eq!(
+        pings_within(&sock, Duration::from_secs(3)),
+        0,
+        "the watchdog is starved:\n{}",
+        d.plain_log()
+    );
+
+    // Unwedged, it feeds again.
+    tx.rollback().await.unwrap();
+    assert!(
+        pings_within(&sock, Duration::from_secs(4)) >= 2,
+        "fed again:\n{}",
+        d.plain_log()
+    );
+    let log = d.plain_log();
+    assert!(
+        ["claim has run for", "has not answered", "sweep has not finished"]
+            .iter()
+            .any(|why| log.contains(why)),
+        "the log names the stall: {log}"
+    );
+    let _ = std::fs::remove_file(&path);
+}

@@ -1,0 +1,147 @@
+//! Lock contention in a result batch: a transaction outside the daemon (a
+//! producer inserting one user's turns, an operator's `SELECT … FOR
+//! UPDATE`) holds a row the batch must lock.
+//!
+//! Guarantees:
+//! - Every engine session has `lock_timeout` (`[db]`), so the batch
+//!   statement fails with SQLSTATE 55P03 instead of waiting for the other
+//!   transaction forever.
+//! - A contended batch of more than one result is split ([`split`]) and
+//!   the parts are written apart: the results that log an answer (each
+//!   locks its user's `archive_marks` row, triggers/0004) one by one, the
+//!   others together, and a part that is contended again is halved. So
+//!   results that need no locked row are written after at most two lock
+//!   timeouts, and only the results touching the held rows keep waiting
+//!   (within their lease, renewed by the heartbeat meanwhile).
+//! - An answer that cannot be logged after [`LOG_TRIES`] lock timeouts in a
+//!   row is not written: the attempt is recorded as failed (retryable,
+//!   class `contention`, the reason naming the held lock), so the request
+//!   runs its respond stage again after the retry delay, and past
+//!   `max_attempts` ends `FAILED` with that reason — bounded, never
+//!   waiting for the other transaction forever.
+//! - A heartbeat stopped by a lock renews the leases one by one
+//!   ([`Engine::renew_apart`]): every lease whose row is not held elsewhere
+//!   is renewed, and a lease whose own renewal fails is not taken for lost.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use uuid::Uuid;
+
+use super::Engine;
+use super::policy::{ClaimFacts, StageOutcome, decide};
+use crate::db;
+use crate::error::Disposition;
+use crate::model::{Outcome, StageKind};
+use crate::repo::{self, Finished};
+
+/// Lock timeouts in a row after which an answer is no longer logged.
+pub(super) const LOG_TRIES: u32 = 3;
+
+/// A held lease: request id and fencing token.
+type Held = (Uuid, i64);
+/// What one lease's own renewal statement returned.
+type Renewal = Result<Vec<Uuid>, db::Error>;
+
+/// Single-lease renewals at once after a contended heartbeat.
+const RENEWERS: usize = 4;
+
+impl Engine {
+    /// Renews each of `held` by its own statement: returns the renewed ids,
+    /// and the ids whose statement failed (neither renewed nor known lost).
+    pub(super) async fn renew_apart(self: &Arc<Self>, held: &[(Uuid, i64)]) -> (Vec<Uuid>, HashSet<Uuid>) {
+        let lease = self.cfg.lease();
+        let results: Vec<(Held, Renewal)> = futures_util::stream::iter(held.iter().copied())
+            .map(|one| async move {
+                let res = match self.pool.get().await {
+                    Ok(client) => repo::extend_leases(&client, &[one], lease).await,
+                    Err(e) => Err(e.into()),
+                };
+                (one, res)
+            })
+            .buffer_unordered(RENEWERS)
+            .collect()
+            .await;
+        let mut renewed = Vec::new();
+        let mut unknown = HashSet::new();
+        for ((id, _), res) in results {
+            match res {
+                Ok(ids) => renewed.extend(ids),
+                Err(e) => {
+                    tracing::warn!(request.id = %id, error = %e, "lease not renewed: its row is held elsewhere");
+                    unknown.insert(id);
+                }
+            }
+        }
+        (renewed, unknown)
+    }
+}
+
+/// True when `e` means a lock held elsewhere stopped the statement: lock
+/// timeout (55P03), deadlock (40P01), or a statement timeout (57014) that a
+/// lock wait may have caused.
+pub(super) fn contended(e: &db::Error) -> bool {
+    let code = match e {
+        db::Error::Postgres(e) => e.code(),
+        db::Error::Pool(deadpool_postgres::PoolError::Backend(e)) => e.code(),
+        _ => None,
+    };
+    code.is_some_and(|c| matches!(c.code(), "55P03" | "40P01" | "57014"))
+}
+
+/// Turns `f`, an answer whose log stayed locked, into a failed attempt
+/// (see the module docs).
+pub(super) fn give_up_logging(engine: &Engine, f: &mut Finished, e: &db::Error) {
+    let attempts = u32::try_from(f.attempt).unwrap_or(u32::MAX);
+    let claim = ClaimFacts {
+        attempt: attempts,
+        jitter: crate::backoff::jitter(),
+    };
+    let retry = Disposition::Retry {
+        after: None,
+        max_attempts: None,
+    };
+    let decision = decide(f.stage, &claim, &StageOutcome::Failed(retry), &engine.policy);
+    f.outcome = decision.outcome();
+    f.new_status = decision.status();
+    f.delay = decision.delay();
+    f.answer = None;
+    f.error_class = Some("contention".into());
+    let why = format!(
+        "the answer could not be logged: the user's turns stayed locked by another transaction \
+         ({LOG_TRIES} lock timeouts of {} ms; {e})",
+        engine.cfg.db.lock_timeout_ms
+    );
+    f.error_message = Some(match f.outcome {
+        Outcome::Failed => format!("{} failed after {attempts} attempts (contention): {why}", f.stage),
+        _ => format!(
+            "{} attempt {attempts} failed (contention): {why}; retrying in {} ms",
+            f.stage,
+            f.delay.as_millis()
+        ),
+    });
+    tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = attempts, outcome = f.outcome.as_str(),
+        "answer not logged: the user's turns stayed locked by another transaction");
+}
+
+/// True when writing `f` inserts a turn (the answer), which locks its
+/// user's `archive_marks` row.
+pub(super) fn logs_a_turn(f: &Finished) -> bool {
+    f.stage == StageKind::Respond && f.outcome == Outcome::Succeeded && f.answer.is_some()
+}
+
+/// The parts a contended batch is written in (see the module docs); each
+/// part keeps the batch's order. `batch` has at least two results.
+pub(super) fn split(batch: Vec<Finished>) -> Vec<Vec<Finished>> {
+    let (logging, rest): (Vec<Finished>, Vec<Finished>) = batch.into_iter().partition(logs_a_turn);
+    if !logging.is_empty() && !rest.is_empty() {
+        return vec![rest, logging];
+    }
+    let mut all = if logging.is_empty() { rest } else { logging };
+    if all.first().is_some_and(logs_a_turn) {
+        return all.into_iter().map(|f| vec![f]).collect();
+    }
+    let tail = all.split_off(all.len() / 2);
+    vec![all, tail]
+}

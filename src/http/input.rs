@@ -1,0 +1,215 @@
+//! Outside input of the API, read before anything touches the database: the
+//! submit body, ids in paths and query strings, and the JSON shape of every
+//! refusal.
+//!
+//! Guarantees:
+//! - [`parse_submission`] accepts only a JSON object whose `user_id` (and
+//!   `thread_id`, when given) is a UUID string and whose `query` is
+//!   non-blank text of at most [`MAX_QUERY_CHARS`] characters without a NUL
+//!   (PostgreSQL `text` cannot hold U+0000); anything else is a 4xx naming
+//!   the field. It never panics, whatever the bytes (property-tested).
+//!   Unknown fields are ignored, as they always were: clients may send
+//!   more than this version reads.
+//! - [`parse_id`] and [`crate::http::api::parse_wait`] read a path or query
+//!   value, and a refusal echoes at most [`ECHO_CHARS`] characters of it.
+//! - [`json_errors`] turns every error answer the framework makes by itself
+//!   (a path that is not UTF-8, a method a route does not have, a query
+//!   string that does not decode) into the same `{"error", "code"}` JSON
+//!   body the handlers send, keeping its status and headers.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::error::ApiError;
+
+/// Longest query accepted, in characters (the `pipeline_runs_query_size`
+/// constraint).
+pub const MAX_QUERY_CHARS: usize = 100_000;
+/// Most characters of a refused value repeated in the error message.
+pub const ECHO_CHARS: usize = 64;
+/// Most bytes of a framework error body kept in the JSON message.
+const FRAMEWORK_BODY_CAP: usize = 1024;
+
+/// A valid `POST /api/query` body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submission {
+    pub user_id: Uuid,
+    pub thread_id: Option<Uuid>,
+    pub query: String,
+}
+
+/// Reads a submit body (see the module's guarantees).
+pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
+    let body: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(mut fields) = body else {
+        return Err(ApiError::bad_request(
+            "malformed_json",
+            "the body must be a JSON object",
+        ));
+    };
+    let user_id = uuid_field(&fields, "user_id")?.ok_or_else(|| missing("user_id"))?;
+    let thread_id = uuid_field(&fields, "thread_id")?;
+    let query = match fields.remove("query") {
+        None | Some(Value::Null) => return Err(missing("query")),
+        Some(Value::String(s)) => s,
+        Some(_) => return Err(ApiError::unprocessable("invalid_field", "query must be a string")),
+    };
+    if query.trim().is_empty() {
+        return Err(ApiError::unprocessable("empty_field", "query must not be empty"));
+    }
+    if query.chars().count() > MAX_QUERY_CHARS {
+        return Err(ApiError::unprocessable(
+            "field_too_long",
+            format!("query is longer than {MAX_QUERY_CHARS} characters"),
+        ));
+    }
+    check_text("query", &query)?;
+    Ok(Submission {
+        user_id,
+        thread_id,
+        query,
+    })
+}
+
+/// Refuses text the database cannot store: a NUL character (U+0000).
+pub fn check_text(field: &str, s: &str) -> Result<(), ApiError> {
+    match s.chars().position(|c| c == '\0') {
+        None => Ok(()),
+        Some(at) => Err(ApiError::unprocessable(
+            "invalid_text",
+            format!("{field} contains a NUL character (U+0000) at character {at}; text cannot hold it"),
+        )),
+    }
+}
+
+fn missing(field: &str) -> ApiError {
+    ApiError::unprocessable("missing_field", format!("{field} is required"))
+}
+
+fn uuid_field(fields: &serde_json::Map<String, Value>, name: &str) -> Result<Option<Uuid>, ApiError> {
+    match fields.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.trim().is_empty() => Err(ApiError::unprocessable(
+            "empty_field",
+            format!("{name} must not be empty"),
+        )),
+        Some(Value::String(s)) => s
+            .parse::<Uuid>()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request("invalid_id", format!("{name} {} is not a UUID", shown(s)))),
+        Some(_) => Err(ApiError::bad_request(
+            "invalid_id",
+            format!("{name} must be a UUID string"),
+        )),
+    }
+}
+
+/// Reads the id of a `what` ("request", "user") from a path or query value.
+pub fn parse_id(raw: &str, what: &str) -> Result<Uuid, ApiError> {
+    raw.parse::<Uuid>()
+        .map_err(|_| ApiError::bad_request("invalid_id", format!("{} is not a {what} id (a UUID)", shown(raw))))
+}
+
+/// `raw` quoted, cut to [`ECHO_CHARS`] characters.
+pub fn shown(raw: &str) -> String {
+    if raw.chars().count() <= ECHO_CHARS {
+        format!("{raw:?}")
+    } else {
+        let head: String = raw.chars().take(ECHO_CHARS).collect();
+        format!("{head:?}…")
+    }
+}
+
+/// The `code` of a framework error answer with this status.
+fn code_of(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::NOT_FOUND => "no_route",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::UNPROCESSABLE_ENTITY => "unprocessable",
+        StatusCode::TOO_MANY_REQUESTS => "too_many_requests",
+        s if s.is_server_error() => "internal",
+        _ => "http_error",
+    }
+}
+
+/// Middleware: an error answer that is not JSON becomes
+/// `{"error": its text, "code": ...}` with the same status and headers.
+pub async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    if is_json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = match axum::body::to_bytes(body, FRAMEWORK_BODY_CAP).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).trim().to_owned(),
+        _ => status.canonical_reason().unwrap_or("error").to_owned(),
+    };
+    let message = if status == StatusCode::METHOD_NOT_ALLOWED {
+        let allow = parts
+            .headers
+            .get(header::ALLOW)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        format!("this route does not take that method (allowed: {allow})")
+    } else {
+        text
+    };
+    let json = serde_json::json!({ "error": message, "code": code_of(status) }).to_string();
+    parts
+        .headers
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(json))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(body: &str) -> &'static str {
+        match parse_submission(body.as_bytes()) {
+            Ok(_) => "ok",
+            Err(e) => e.code,
+        }
+    }
+
+    #[test]
+    fn submissions_are_refused_by_name() {
+        let u = Uuid::new_v4();
+        assert_eq!(
+            code(&format!(r#"{{"user_id":"{u}","query":"a\u0000b"}}"#)),
+            "invalid_text"
+        );
+        assert_eq!(code(&format!(r#"{{"user_id":"{u}","query":"ab","extra":1}}"#)), "ok");
+        assert_eq!(
+            code(&format!(r#"{{"user_id":"{u}","query":"\ud800"}}"#)),
+            "malformed_json"
+        );
+        assert_eq!(code(r#"{"user_id":"x","query":"q"}"#), "invalid_id");
+        assert_eq!(code(&"[".repeat(10_000)), "malformed_json");
+    }
+
+    #[test]
+    fn echoes_are_cut() {
+        assert_eq!(shown("abc"), "\"abc\"");
+        assert!(shown(&"x".repeat(10_000)).len() < ECHO_CHARS + 8);
+    }
+}

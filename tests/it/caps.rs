@@ -1,0 +1,297 @@
+//! What one client can hold of a real `maasd`: long-polls and streams are
+//! capped per daemon and per token (429/503 with Retry-After, at once), a
+//! slow or idle connection is cut, and HTTP traffic cannot starve the
+//! engine of connections.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use uuid::Uuid;
+
+use crate::support::api::Api;
+use crate::support::daemon::Opts;
+use crate::support::db::{TestDb, column, connect};
+use crate::support::{GENEROUS, count, wait_until};
+
+async fn insert_held(c: &tokio_postgres::Client, n: i64) -> Vec<Uuid> {
+    column(
+        c,
+        "INSERT INTO pipeline_runs (user_id, user_query, run_after)
+         SELECT gen_random_uuid(), 'held #' || g, now() + interval '1 hour' FROM generate_series(1, $1::int8) g
+         RETURNING id",
+        &[&n],
+    )
+    .await
+}
+
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.rsplit_once(' ').filter(|(s, _)| *s == series))
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+/// Asserts an immediate refusal with `status`, `Retry-After` and a JSON code.
+async fn assert_refused(resp: reqwest::Response, status: StatusCode, took: Duration) {
+    assert_eq!(resp.status(), status);
+    let retry: u64 = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After in seconds");
+    assert!(retry >= 1);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "too_many_streams", "{body}");
+    assert!(took < Duration::from_secs(3), "refused after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_refuse_long_polls_and_streams_over_the_limit_at_once() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_API_TOKENS", "tok-a,tok-b")
+            .env("MAAS_HTTP__MAX_LONG_POLLS", 3)
+            .env("MAAS_HTTP__MAX_LONG_POLLS_PER_TOKEN", 2)
+            .env("MAAS_HTTP__MAX_STREAMS", 3)
+            .env("MAAS_HTTP__MAX_STREAMS_PER_TOKEN", 2),
+    )
+    .await;
+    let held = insert_held(&c, 1).await[0];
+    let get = |token: &'static str, path: String| {
+        let rb = api.http.get(api.url(&path)).bearer_auth(token);
+        async move { rb.send().await.unwrap() }
+    };
+    let metrics = || async {
+        api.http
+            .get(api.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+
+    // Long-polls: two of token a, one of token b.
+    let poll = format!("/api/query/{held}/status?wait=60s");
+    let mut polls = Vec::new();
+    for token in ["tok-a", "tok-a", "tok-b"] {
+        polls.push(tokio::spawn(get(token, poll.clone())));
+        let n = polls.len() as f64;
+        wait_until(GENEROUS, "the long-poll is held", || async {
+            metric(&metrics().await, "maas_http_waiting_long_polls") == Some(n)
+        })
+        .await;
+    }
+    let t = Instant::now();
+    let resp = get("tok-a", poll.clone()).await;
+    assert_refused(resp, StatusCode::TOO_MANY_REQUESTS, t.elapsed()).await;
+    let t = Instant::now();
+    let resp = get("tok-b", poll.clone()).await;
+    assert_refused(resp, StatusCode::SERVICE_UNAVAILABLE, t.elapsed()).await;
+    // A status without a wait holds nothing and is answered.
+    assert_eq!(
+        get("tok-b", format!("/api/query/{held}/status")).await.status(),
+        StatusCode::OK
+    );
+
+    // Streams: SSE and WebSocket share the caps.
+    let sse = format!("/api/query/{held}/events");
+    let a1 = get("tok-a", sse.clone()).await;
+    let a2 = get("tok-a", sse.clone()).await;
+    assert_eq!((a1.status(), a2.status()), (StatusCode::OK, StatusCode::OK));
+    let t = Instant::now();
+    assert_refused(
+        get("tok-a", sse.clone()).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        t.elapsed(),
+    )
+    .await;
+    let b1 = get("tok-b", sse.clone()).await;
+    assert_eq!(b1.status(), StatusCode::OK);
+    let t = Instant::now();
+    assert_refused(
+        get("tok-b", sse.clone()).await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        t.elapsed(),
+    )
+    .await;
+    match ws_connect(format!("ws://{}/api/ws?request_id={held}", api.addr), "tok-b").await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status().as_u16(), StatusCode::SERVICE_UNAVAILABLE.as_u16());
+            assert!(resp.headers().get("retry-after").is_some());
+        }
+        other => panic!("a WebSocket over the cap was not refused: {other:?}"),
+    }
+    // A closed stream gives its place back.
+    drop(a1);
+    wait_until(GENEROUS, "a stream place is free again", || async {
+        get("tok-b", sse.clone()).await.status() == StatusCode::OK
+    })
+    .await;
+    for p in polls {
+        p.abort();
+    }
+}
+
+/// Opens a WebSocket with a bearer token.
+async fn ws_connect(url: String, token: &str) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    tokio_tungstenite::connect_async(req).await.map(|_| ())
+}
+
+/// Reads until the server closes the connection; returns when, or `None`
+/// if it stays open past `within`. Sends `drip` one byte at a time, one
+/// every 300 ms, meanwhile.
+async fn closed_within(stream: &mut tokio::net::TcpStream, drip: &[u8], within: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    let mut next = 0;
+    loop {
+        if started.elapsed() > within {
+            return None;
+        }
+        if next < drip.len() && stream.write_all(&drip[next..=next]).await.is_err() {
+            return Some(started.elapsed());
+        }
+        next += 1;
+        match tokio::time::timeout(Duration::from_millis(300), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(started.elapsed()),
+            Ok(Ok(_)) | Err(_) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_a_slow_or_idle_connection_is_cut_after_the_header_timeout() {
+    let db = TestDb::new().await;
+    let api = Api::start(&db, Opts::default().env("MAAS_HTTP__HEADER_READ_TIMEOUT_SECS", 2)).await;
+
+    // Slowloris: headers one byte every 300 ms, never finished.
+    let mut slow = tokio::net::TcpStream::connect(api.addr).await.unwrap();
+    let drip = b"GET /healthz HTTP/1.1\r\nHost: maas\r\nX-Slow: ".repeat(4);
+    let took = closed_within(&mut slow, &drip, Duration::from_secs(20))
+        .await
+        .expect("a slowloris client is cut");
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(8),
+        "{took:?}"
+    );
+
+    // Idle keep-alive: one request answered, then silence.
+    let mut idle = tokio::net::TcpStream::connect(api.addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: maas\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let took = closed_within(&mut idle, b"", Duration::from_secs(20))
+        .await
+        .expect("an idle keep-alive connection is closed");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+
+    // The server still answers others.
+    assert_eq!(api.get("/healthz").await.status(), StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_the_engine_progresses_while_the_api_pool_is_exhausted() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_DB__API_POOL_SIZE", 2)
+            .env("MAAS_DB__LOCK_TIMEOUT_MS", 4000),
+    )
+    .await;
+    // Every API connection is taken by submits waiting on a lock: a
+    // producer holds one user's turns.
+    let user = Uuid::new_v4();
+    let mut producer = connect(&db.url).await;
+    let tx = producer.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO raw_logs (user_id, message_type, content) VALUES ($1, 'user_query', 'held')",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let submits: Vec<_> = (0..8)
+        .map(|i| {
+            let rb = api
+                .http
+                .post(api.url("/api/query"))
+                .json(&json!({"user_id": user, "query": format!("q{i}")}));
+            tokio::spawn(async move { rb.send().await.map(|r| r.status()) })
+        })
+        .collect();
+    // Meanwhile other users' requests, inserted by SQL, complete.
+    crate::support::insert_requests(&c, 20, "engine").await;
+    wait_until(GENEROUS, "the engine completed the other requests", || async {
+        count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'COMPLETED'").await == 20
+    })
+    .await;
+    let engine_took = started.elapsed();
+    let pending = submits.iter().filter(|s| !s.is_finished()).count();
+    assert!(
+        pending > 0,
+        "the API pool was still exhausted when the engine finished ({engine_took:?})"
+    );
+    let mut statuses = Vec::new();
+    for s in submits {
+        statuses.push(s.await.unwrap().unwrap());
+    }
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{statuses:?}"
+    );
+    tx.rollback().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_a_websocket_message_over_the_size_limit_closes_the_socket() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default().env("MAAS_HTTP__WS_MAX_MESSAGE_BYTES", 1024)).await;
+    let held = insert_held(&c, 1).await[0];
+    let url = format!("ws://{}/api/ws?request_id={held}", api.addr);
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    // The current state first.
+    let first = tokio::time::timeout(GENEROUS, ws.next()).await.unwrap();
+    assert!(matches!(first, Some(Ok(Message::Text(_)))), "{first:?}");
+    // A small message is ignored; the socket stays open.
+    ws.send(Message::text("x".repeat(100))).await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), ws.next())
+            .await
+            .is_err(),
+        "a small message closed the socket"
+    );
+    // A message over the limit ends it.
+    let _ = ws.send(Message::text("x".repeat(64 * 1024))).await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+                Some(Ok(_)) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the socket stayed open after an oversize message");
+    // The daemon serves on.
+    assert_eq!(api.get("/healthz").await.status(), StatusCode::OK);
+}

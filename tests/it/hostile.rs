@@ -1,0 +1,421 @@
+//! Hostile and malformed HTTP input against a real `maasd`: every such
+//! request gets a 4xx with a JSON body naming the problem, nothing is
+//! stored, and the daemon keeps serving.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::support::api::Api;
+use crate::support::count;
+use crate::support::daemon::Opts;
+use crate::support::db::TestDb;
+
+/// Sends a raw request and returns (status, code) after checking the body
+/// is `{"error": text, "code": text}`.
+async fn answer(
+    api: &Api,
+    method: reqwest::Method,
+    path: &str,
+    ct: Option<&str>,
+    body: Vec<u8>,
+) -> (StatusCode, String) {
+    let mut rb = api.http.request(method, api.url(path)).body(body);
+    if let Some(ct) = ct {
+        rb = rb.header("content-type", ct);
+    }
+    let resp = api.authed(rb).send().await.unwrap();
+    let status = resp.status();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let text = resp.text().await.unwrap();
+    let body: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {status} body is not JSON ({e}): {text:?}"));
+    if status.is_success() {
+        return (status, String::new());
+    }
+    assert!(ct.starts_with("application/json"), "{path}: content type {ct:?}");
+    let msg = body["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{path}: no error text: {body}"));
+    assert!(!msg.is_empty() && msg.len() < 2000, "{path}: error text {msg:?}");
+    (
+        status,
+        body["code"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{path}: no code: {body}"))
+            .to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_http_input_gets_a_json_4xx_naming_the_problem() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let json_ct = Some("application/json");
+    let post = reqwest::Method::POST;
+    let get = reqwest::Method::GET;
+
+    // Bodies of POST /api/query.
+    let bodies: Vec<(Vec<u8>, StatusCode, &str)> = vec![
+        // NUL in the query: PostgreSQL text refuses it (was 500 internal).
+        (
+            format!(r#"{{"user_id":"{user}","query":"a\u0000b"}}"#).into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_text",
+        ),
+        (
+            format!(r#"{{"user_id":"{user}","query":"\u0000"}}"#).into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_text",
+        ),
+        // A lone surrogate escaped in JSON is not text.
+        (
+            format!(r#"{{"user_id":"{user}","query":"a\ud800b"}}"#).into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        // Invalid UTF-8 bytes inside the string.
+        (
+            [
+                format!(r#"{{"user_id":"{user}","query":"a"#).as_bytes(),
+                &[0xff, 0xfe, 0xc3],
+                br#"b"}"#,
+            ]
+            .concat(),
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        // Deep nesting.
+        (
+            format!(
+                r#"{{"user_id":"{user}","query":"q","x":{}1{}}}"#,
+                "[".repeat(5000),
+                "]".repeat(5000)
+            )
+            .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        (b"".to_vec(), StatusCode::BAD_REQUEST, "malformed_json"),
+        (b"null".to_vec(), StatusCode::BAD_REQUEST, "malformed_json"),
+        (
+            json!({"user_id": "x".repeat(100_000), "query": "q"})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            json!({"user_id": user, "thread_id": [1], "query": "q"})
+                .to_string()
+                .into_bytes(),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            json!({"user_id": user, "query": {"text": "q"}})
+                .to_string()
+                .into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_field",
+        ),
+        (
+            json!({"user_id": user, "query": "é".repeat(100_001)})
+                .to_string()
+                .into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "field_too_long",
+        ),
+        (vec![b' '; 2 << 20], StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+    ];
+    for (body, want, code) in bodies {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(60)]).into_owned();
+        assert_eq!(
+            answer(&api, post.clone(), "/api/query", json_ct, body).await,
+            (want, code.to_owned()),
+            "{shown}"
+        );
+    }
+    let good = json!({"user_id": user, "query": "q"}).to_string().into_bytes();
+    for ct in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("application/jsonx"),
+        None,
+    ] {
+        assert_eq!(
+            answer(&api, post.clone(), "/api/query", ct, good.clone()).await,
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type".to_owned()),
+            "{ct:?}"
+        );
+    }
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM pipeline_runs").await,
+        0,
+        "nothing stored"
+    );
+
+    // Paths and query strings.
+    let id = Uuid::new_v4();
+    let long = "z".repeat(4000);
+    let paths: Vec<(reqwest::Method, String, StatusCode, &str)> = vec![
+        (
+            get.clone(),
+            "/api/query/not-a-uuid/status".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            get.clone(),
+            format!("/api/query/{long}/status"),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            get.clone(),
+            "/api/query/%FF%FE/status".into(),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            get.clone(),
+            "/api/query/%00/status".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            get.clone(),
+            format!("/api/query/{id}/status?wait=soon"),
+            StatusCode::BAD_REQUEST,
+            "invalid_wait",
+        ),
+        (
+            get.clone(),
+            format!("/api/query/{id}/status?wait=-1s"),
+            StatusCode::BAD_REQUEST,
+            "invalid_wait",
+        ),
+        (
+            get.clone(),
+            format!("/api/query/{id}/status?wait=1e400"),
+            StatusCode::BAD_REQUEST,
+            "invalid_wait",
+        ),
+        (
+            get.clone(),
+            format!("/api/query/{id}/status?wait=NaN"),
+            StatusCode::BAD_REQUEST,
+            "invalid_wait",
+        ),
+        (
+            get.clone(),
+            format!("/api/query/{id}/status?wait=%00"),
+            StatusCode::BAD_REQUEST,
+            "invalid_wait",
+        ),
+        (
+            get.clone(),
+            format!("/api/query/{id}/status?wait=%FF"),
+            StatusCode::BAD_REQUEST,
+            "invalid_wait",
+        ),
+        (
+            get.clone(),
+            format!("/api/query/{id}/status?include=%00"),
+            StatusCode::BAD_REQUEST,
+            "invalid_include",
+        ),
+        (
+            get.clone(),
+            format!("/api/query/{id}/status"),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            get.clone(),
+            "/api/users/%00/memory".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            get.clone(),
+            "/api/query/x/events".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            post.clone(),
+            "/api/query/x/continue".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            get.clone(),
+            "/api/ws?user_id=%00".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            get.clone(),
+            "/api/ws?request_id=1&user_id=2".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+        ),
+        (
+            get.clone(),
+            "/api/ws?user_id=%FF".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/api/query".into(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            get.clone(),
+            "/api/query".into(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            post.clone(),
+            "/healthz".into(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (get.clone(), "/api/%FF".into(), StatusCode::NOT_FOUND, "no_route"),
+    ];
+    for (method, path, want, code) in paths {
+        let shown: String = path.chars().take(80).collect();
+        assert_eq!(
+            answer(&api, method, &path, None, Vec::new()).await,
+            (want, code.to_owned()),
+            "{shown}"
+        );
+    }
+
+    // The daemon still serves, and a good request is stored.
+    assert_eq!(
+        answer(&api, post.clone(), "/api/query", json_ct, good).await.0,
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(count(&c, "SELECT count(*) FROM pipeline_runs").await, 1);
+    let log = api.d.plain_log();
+    assert!(
+        !log.contains("http: database error"),
+        "a refusal reached the database:\n{log}"
+    );
+}
+
+mod props {
+    //! Property tests of the parsers of client input: they never panic, a
+    //! refusal is a 4xx with a code, and what they accept is storable.
+
+    use std::time::Duration;
+
+    use maas::http::api::parse_wait;
+    use maas::http::input::{ECHO_CHARS, MAX_QUERY_CHARS, parse_id, parse_submission};
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// A valid body with random bytes spliced in, replaced or cut.
+    fn bodies() -> impl Strategy<Value = Vec<u8>> {
+        let base = json!({"user_id": "6f1c2d7e-0a4b-4c55-9d6e-3b2a1f0e9d8c", "thread_id": null, "query": "what did we decide?"})
+            .to_string()
+            .into_bytes();
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..256),
+            (any::<prop::sample::Index>(), prop::collection::vec(any::<u8>(), 0..8)).prop_map({
+                let base = base.clone();
+                move |(at, insert)| {
+                    let mut b = base.clone();
+                    let i = at.index(b.len() + 1);
+                    b.splice(i..i, insert);
+                    b
+                }
+            }),
+            (any::<prop::sample::Index>(), any::<u8>()).prop_map({
+                let base = base.clone();
+                move |(at, byte)| {
+                    let mut b = base.clone();
+                    let i = at.index(b.len());
+                    b[i] = byte;
+                    b
+                }
+            }),
+            any::<prop::sample::Index>().prop_map(move |at| base[..at.index(base.len() + 1)].to_vec()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+        #[test]
+        fn submissions_are_storable_or_a_4xx(body in bodies()) {
+            match parse_submission(&body) {
+                Ok(s) => {
+                    prop_assert!(!s.query.contains('\0'));
+                    prop_assert!(!s.query.trim().is_empty());
+                    prop_assert!(s.query.chars().count() <= MAX_QUERY_CHARS);
+                }
+                Err(e) => {
+                    prop_assert!(e.status.is_client_error(), "{e:?}");
+                    prop_assert!(!e.message.is_empty());
+                }
+            }
+        }
+
+        #[test]
+        fn any_query_text_is_stored_or_refused_as_invalid_text(query in "\\PC{0,40}|.{0,40}", nul in any::<bool>()) {
+            let query = if nul { format!("{query}\u{0}") } else { query };
+            let body = json!({"user_id": "6f1c2d7e-0a4b-4c55-9d6e-3b2a1f0e9d8c", "query": query}).to_string();
+            match parse_submission(body.as_bytes()) {
+                Ok(s) => prop_assert_eq!(s.query, query),
+                Err(e) => prop_assert!(
+                    e.code == "empty_field" || (e.code == "invalid_text" && query.contains('\0')),
+                    "{e:?} for {query:?}"
+                ),
+            }
+        }
+
+        #[test]
+        fn waits_parse_to_bounded_durations(raw in "[0-9.eE+-]{0,12}(ms|s|m|h|)|.{0,16}") {
+            if let Some(d) = parse_wait(&raw) {
+                prop_assert!(d < Duration::MAX);
+            }
+        }
+
+        #[test]
+        fn plain_seconds_round_trip(ms in 0u64..10_000_000) {
+            prop_assert_eq!(parse_wait(&format!("{ms}ms")), Some(Duration::from_millis(ms)));
+            prop_assert_eq!(parse_wait(&format!("{}s", ms / 1000)), Some(Duration::from_secs(ms / 1000)));
+        }
+
+        #[test]
+        fn ids_parse_or_are_refused_with_a_short_echo(raw in ".{0,300}") {
+            match parse_id(&raw, "request") {
+                Ok(id) => prop_assert_eq!(id, raw.parse::<uuid::Uuid>().unwrap()),
+                Err(e) => {
+                    prop_assert_eq!(e.code, "invalid_id");
+                    prop_assert!(e.message.chars().count() < ECHO_CHARS * 10 + 64, "{}", e.message);
+                }
+            }
+        }
+
+        #[test]
+        fn uuids_in_any_case_parse(id in any::<u128>(), upper in any::<bool>()) {
+            let u = uuid::Uuid::from_u128(id);
+            let s = if upper { u.to_string().to_uppercase() } else { u.to_string() };
+            prop_assert_eq!(parse_id(&s, "user").ok(), Some(u));
+        }
+    }
+}
