@@ -66,6 +66,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     6 => "0006_steps_without_fk.sql",
     7 => "0007_assembler_memory.sql",
     8 => "0008_memory_search.sql",
+    9 => "0009_row_bounds.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

@@ -10,6 +10,14 @@
 //!   returns.
 //! - Chaining: a success with a free slot in its next stage here is claimed
 //!   for that stage by the finishing statement itself and started at once.
+//! - One result cannot fail the others (invariant 9): every result is
+//!   sanitised before it is written (`stage::sanitize`: NULs removed, sizes
+//!   and nesting capped; an analysis that cannot be stored fails its own
+//!   request with the reason), and a batch the database still refuses for
+//!   a reason other than a lost connection is written in halves, down to
+//!   the offending result, which is written alone as a failure of its
+//!   request naming the database's reason. Each such event counts in
+//!   `maas_poison_total{kind}`.
 //! - A retried or deferred row wakes its stage after its delay (the row's
 //!   `run_after` is the truth; the timer is a doorbell).
 
@@ -18,6 +26,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use backon::BackoffBuilder;
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -25,8 +35,9 @@ use uuid::Uuid;
 
 use super::lease::Slot;
 use super::{Engine, WRITERS, bump, millis};
-use crate::model::{Outcome, StageKind};
+use crate::model::{Outcome, StageKind, Status};
 use crate::repo::{self, Claimed, Finished};
+use crate::stage::sanitize::{self, Poison};
 
 impl Engine {
     /// Writes results in batches until `done` fires and the queue is empty.
@@ -67,6 +78,9 @@ impl Engine {
         // Every multi-row writer locks rows in ascending id order, so two of
         // them (flushes, heartbeats) never deadlock.
         batch.sort_unstable_by_key(|f| f.id);
+        for f in &mut batch {
+            sanitise(f);
+        }
         let deadline = Instant::now() + self.cfg.lease();
         let mut backoff = crate::backoff::reconnect(Duration::from_millis(50), Duration::from_secs(2)).build();
         // Chain: rows that finished a stage and have a free slot in their
@@ -77,16 +91,7 @@ impl Engine {
         let _tracking = (!chains.is_empty()).then(|| self.tasks.token());
         let applied = loop {
             let res = match self.pool.get().await {
-                Ok(client) => {
-                    repo::finish_batch(
-                        &client,
-                        &self.worker,
-                        &batch,
-                        |f| chains.get(&f.id).copied(),
-                        self.cfg.lease(),
-                    )
-                    .await
-                }
+                Ok(client) => self.write_split(&client, &mut batch, &chains).await,
                 Err(e) => Err(e.into()),
             };
             match res {
@@ -173,6 +178,56 @@ impl Engine {
         }
     }
 
+    /// Writes `batch` in one statement; if the database refuses it for a
+    /// reason other than a lost connection, writes each half the same way,
+    /// and a single refused result as a failure of its request (the reason
+    /// names the database's error). A connection error is returned for the
+    /// caller to retry; results of halves already written then come back as
+    /// not applied on the retry (fenced), which costs those leases only when
+    /// the connection drops in the middle of a split.
+    fn write_split<'a>(
+        &'a self,
+        client: &'a deadpool_postgres::Client,
+        batch: &'a mut [Finished],
+        chains: &'a HashMap<Uuid, StageKind>,
+    ) -> BoxFuture<'a, Result<Vec<repo::Applied>, crate::db::Error>> {
+        async move {
+            let lease = self.cfg.lease();
+            let err = match repo::finish_batch(client, &self.worker, batch, |f| chains.get(&f.id).copied(), lease).await {
+                Ok(done) => return Ok(done),
+                Err(e) if e.is_connection() => return Err(e),
+                Err(e) => e,
+            };
+            if batch.len() > 1 {
+                tracing::warn!(results = batch.len(), error = %err,
+                    "the database refused a batch of stage results; writing it in halves");
+                let (a, b) = batch.split_at_mut(batch.len() / 2);
+                let mut done = self.write_split(client, a, chains).await?;
+                done.extend(self.write_split(client, b, chains).await?);
+                return Ok(done);
+            }
+            let Some(f) = batch.first_mut() else {
+                return Ok(Vec::new());
+            };
+            crate::metrics::poison(Poison::Unwritable.as_str());
+            tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, error = %err,
+                "the database refused this stage result; the request fails with the reason");
+            let reason = format!("the {} stage's result could not be stored: {err}", f.stage);
+            fail_unstorable(f, "unwritable_result", reason);
+            let id = f.id;
+            match repo::finish_batch(client, &self.worker, batch, |_| None, lease).await {
+                Ok(done) => Ok(done),
+                Err(e) if e.is_connection() => Err(e),
+                Err(e) => {
+                    tracing::error!(request.id = %id, error = %e,
+                        "the database refused even the failure of this request; the sweep takes it back when its lease runs out");
+                    Ok(Vec::new())
+                }
+            }
+        }
+        .boxed()
+    }
+
     /// The rows of `batch` to claim for their next stage in the finishing
     /// statement (every success with a next stage, unless shutting down),
     /// and the free slots of those stages reserved for them.
@@ -234,4 +289,40 @@ impl Engine {
             }
         });
     }
+}
+
+/// Sanitises a result before it is written (see `stage::sanitize`),
+/// counting what was found; a result that cannot be stored becomes a
+/// failure of its request with the reason.
+fn sanitise(f: &mut Finished) {
+    let found = sanitize::result(f);
+    for p in &found.found {
+        crate::metrics::poison(p.as_str());
+    }
+    if !found.found.is_empty() {
+        tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt,
+            found = ?found.found.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+            "a stage result carried bad values");
+    }
+    if let Some(reason) = found.refused {
+        fail_unstorable(f, "unstorable_reply", format!("the {} stage's reply cannot be stored: {reason}", f.stage));
+    }
+}
+
+/// Turns `f` into a permanent failure of its request with `reason`, its
+/// outputs dropped.
+fn fail_unstorable(f: &mut Finished, class: &str, reason: String) {
+    f.outcome = Outcome::Failed;
+    f.new_status = Status::Failed;
+    f.analysis = None;
+    f.context = None;
+    f.context_sources = None;
+    f.answer = None;
+    f.fused = None;
+    f.delay = Duration::ZERO;
+    f.error_class = Some(class.to_owned());
+    let mut message = reason;
+    let mut ignored = sanitize::Sanitised::default();
+    sanitize::text(&mut message, sanitize::MAX_ERROR_CHARS, &mut ignored);
+    f.error_message = Some(message);
 }

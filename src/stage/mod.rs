@@ -20,6 +20,7 @@ pub mod analyzer;
 pub mod assembler;
 pub mod memory;
 pub mod responder;
+pub mod sanitize;
 
 use std::borrow::Cow;
 use std::sync::Arc;
