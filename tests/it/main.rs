@@ -12,6 +12,7 @@ mod layers;
 mod llm;
 mod memory;
 mod orchestrator;
+mod poison;
 mod prompts;
 mod props;
 mod requests;
