@@ -163,7 +163,10 @@ mod tests {
                 ("column", None),
                 ("constraint", Some("pipeline_runs_attempt_range")),
             ],
-            &[("detail", Some("Failing row contains (…).\nsecond line")), ("hint", None)],
+            &[
+                ("detail", Some("Failing row contains (…).\nsecond line")),
+                ("hint", None),
+            ],
         );
         assert_eq!(
             line,
@@ -176,7 +179,9 @@ mod tests {
 
     #[test]
     fn a_pool_timeout_says_so() {
-        let e = Error::from(deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait));
+        let e = Error::from(deadpool_postgres::PoolError::Timeout(
+            deadpool_postgres::TimeoutType::Wait,
+        ));
         let text = e.to_string();
         assert!(text.starts_with("database pool: "), "{text}");
         assert!(text.to_lowercase().contains("timeout"), "{text}");

@@ -305,7 +305,11 @@ fn sanitise(f: &mut Finished) {
             "a stage result carried bad values");
     }
     if let Some(reason) = found.refused {
-        fail_unstorable(f, "unstorable_reply", format!("the {} stage's reply cannot be stored: {reason}", f.stage));
+        fail_unstorable(
+            f,
+            "unstorable_reply",
+            format!("the {} stage's reply cannot be stored: {reason}", f.stage),
+        );
     }
 }
 

@@ -83,9 +83,15 @@ async fn a_database_error_says_what_happened() {
     )
     .await;
     assert!(!text.contains("db error"), "{text}");
-    assert!(text.contains("violates check constraint"), "the server's message: {text}");
+    assert!(
+        text.contains("violates check constraint"),
+        "the server's message: {text}"
+    );
     assert!(text.contains("SQLSTATE 23514"), "the SQLSTATE: {text}");
-    assert!(text.contains("constraint pipeline_runs_status_valid"), "the constraint: {text}");
+    assert!(
+        text.contains("constraint pipeline_runs_status_valid"),
+        "the constraint: {text}"
+    );
     assert!(text.contains("table pipeline_runs"), "the table: {text}");
     assert!(text.contains("detail: Failing row contains"), "the detail: {text}");
     // A missing column: message and code, no constraint.
@@ -269,13 +275,21 @@ async fn migration_0009_brings_existing_bad_rows_inside_the_bounds() {
         .unwrap();
     assert_eq!(kept, ("COMPLETED".to_owned(), 1000, 1_000_000));
     assert_eq!(
-        count(&c, "SELECT count(*) FROM pipeline_runs WHERE user_query = 'future' AND status = 'NEW' AND isfinite(updated_at)").await,
+        count(
+            &c,
+            "SELECT count(*) FROM pipeline_runs WHERE user_query = 'future' AND status = 'NEW' AND isfinite(updated_at)"
+        )
+        .await,
         1
     );
     // Every constraint validated.
     assert_eq!(
-        count(&c, "SELECT count(*) FROM pg_constraint WHERE NOT convalidated AND conrelid IN
-                     ('pipeline_runs'::regclass, 'raw_logs'::regclass, 'lsm_storage'::regclass)").await,
+        count(
+            &c,
+            "SELECT count(*) FROM pg_constraint WHERE NOT convalidated AND conrelid IN
+                     ('pipeline_runs'::regclass, 'raw_logs'::regclass, 'lsm_storage'::regclass)"
+        )
+        .await,
         0
     );
 }
@@ -302,11 +316,17 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
     .await;
     let slow = |r: Reply| r.after(Duration::from_millis(300));
     // A NUL inside the analysis JSON (PostgreSQL's jsonb refuses \u0000).
-    fake.answer_when(&["POISON-NUL-ANALYSIS", "cheap-model"], slow(Reply::text(analysis(json!(["a\u{0}b"])))));
+    fake.answer_when(
+        &["POISON-NUL-ANALYSIS", "cheap-model"],
+        slow(Reply::text(analysis(json!(["a\u{0}b"])))),
+    );
     // A NUL in the answer (text refuses it).
     fake.answer_when(&["POISON-NUL-ANSWER", "strong-model"], slow(Reply::text("ans\u{0}wer")));
     // An enormous answer.
-    fake.answer_when(&["POISON-HUGE-ANSWER", "strong-model"], slow(Reply::text("x".repeat(1_200_000))));
+    fake.answer_when(
+        &["POISON-HUGE-ANSWER", "strong-model"],
+        slow(Reply::text("x".repeat(1_200_000))),
+    );
     // A lone surrogate escaped in the analysis JSON: not valid text.
     fake.answer_when(
         &["POISON-SURROGATE", "cheap-model"],
@@ -319,7 +339,10 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
         "choices": [{"index": 0, "message": {"role": "assistant", "content": analysis(json!(["k"]))}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
     });
-    fake.answer_when(&["POISON-LONG-MODEL", "cheap-model"], slow(Reply::status(200, body.to_string())));
+    fake.answer_when(
+        &["POISON-LONG-MODEL", "cheap-model"],
+        slow(Reply::status(200, body.to_string())),
+    );
     // Deep nesting inside context_found (kept as the model gave it).
     let mut deep = json!("bottom");
     for _ in 0..100 {
@@ -359,7 +382,12 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
         .filter(|(_, q)| q.starts_with("innocent"))
         .map(|(id, _)| *id)
         .collect();
-    assert_eq!(harmed(&c, &innocent).await, Vec::<String>::new(), "{}", summary(&c).await);
+    assert_eq!(
+        harmed(&c, &innocent).await,
+        Vec::<String>::new(),
+        "{}",
+        summary(&c).await
+    );
 
     let of = |q: &'static str| {
         let c = &c;
@@ -370,7 +398,14 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
                 &[&q],
             )
             .await
-            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1), r.get::<_, Option<String>>(2), r.get::<_, String>(3)))
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    r.get::<_, String>(1),
+                    r.get::<_, Option<String>>(2),
+                    r.get::<_, String>(3),
+                )
+            })
             .unwrap()
         }
     };
@@ -397,7 +432,10 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
     // Refused with a reason that says what was wrong.
     let (st, err, _, _) = of("POISON-SURROGATE").await;
     assert_eq!(st, "FAILED");
-    assert!(err.to_lowercase().contains("json") || err.contains("surrogate"), "{err}");
+    assert!(
+        err.to_lowercase().contains("json") || err.contains("surrogate"),
+        "{err}"
+    );
     assert!(!err.contains("lease expired"), "{err}");
     // Counted, by kind.
     let metrics = api.get("/metrics").await.text().await.unwrap();
@@ -439,7 +477,10 @@ async fn a_result_the_database_refuses_fails_alone_and_the_batch_is_written() {
     let others: Vec<Uuid> = ids.iter().copied().filter(|id| *id != victim).collect();
     assert_eq!(harmed(&c, &others).await, Vec::<String>::new(), "{}", summary(&c).await);
     let (status, error): (String, String) = c
-        .query_one("SELECT status, coalesce(error, '') FROM pipeline_runs WHERE id = $1", &[&victim])
+        .query_one(
+            "SELECT status, coalesce(error, '') FROM pipeline_runs WHERE id = $1",
+            &[&victim],
+        )
         .await
         .map(|r| (r.get(0), r.get(1)))
         .unwrap();
@@ -454,4 +495,48 @@ async fn a_result_the_database_refuses_fails_alone_and_the_batch_is_written() {
     )
     .await;
     assert_eq!(steps, vec![("failed".to_owned(), "unwritable_result".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_archivist_reply_with_nul_and_huge_tags_is_stored_sanitised() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let poisoned = json!({
+        "time_bucket_start": "2024-05-01T10:00:00Z",
+        "time_bucket_end": "2024-05-01T11:00:00Z",
+        "tags": ["t\u{0}ag", "x".repeat(5000)],
+        "summary": "sum\u{0}mary",
+    })
+    .to_string();
+    let fake = FakeLlm::start_with(FakeConfig {
+        default_text: poisoned,
+        ..FakeConfig::default()
+    })
+    .await;
+    let user = Uuid::new_v4();
+    c.execute(
+        "INSERT INTO raw_logs (user_id, message_type, content, created_at)
+         VALUES ($1, 'user_query', 'remember the zebra', now() - interval '1 minute')",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    let env = [
+        ("MAAS_LLM__ARCHIVIST__PROVIDER", "openai".to_owned()),
+        ("MAAS_LLM__ARCHIVIST__MODEL", "archive-model".to_owned()),
+        ("OPENAI_BASE_URL", fake.openai_base_url()),
+        ("OPENAI_API_KEY", KEY.to_owned()),
+        ("MAAS_ARCHIVIST__MIN_PENDING", "1".to_owned()),
+    ];
+    let (code, out, err) =
+        crate::support::cli::maasctl_async(&db.url, &["archivist", "run", "--user", &user.to_string()], &env).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (summary, tags): (String, Vec<String>) = c
+        .query_one("SELECT summary, tags FROM lsm_storage WHERE user_id = $1", &[&user])
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(summary, "summary");
+    assert_eq!(tags[0], "tag");
+    assert_eq!(tags[1].chars().count(), 200);
 }
