@@ -202,10 +202,33 @@ async fn rows_at_the_bounds_are_accepted_and_handled_alone() {
     )
     .await
     .unwrap();
+    // Accepted values a stage cannot use: a ready status with what it
+    // needs missing or malformed. Each ends alone, COMPLETED or FAILED with
+    // a reason.
+    let odd: Vec<Uuid> = crate::support::db::column(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query, status, analysis_result, final_context_payload)
+         VALUES (gen_random_uuid(), 'odd analysis', 'ANALYZED',
+                 '{\"needs_context\": \"yes\", \"context_found\": [1, 2], \"time_scope\": 7}', NULL),
+                (gen_random_uuid(), 'no analysis', 'ANALYZED', NULL, NULL),
+                (gen_random_uuid(), 'no context', 'READY', NULL, NULL)
+         RETURNING id",
+        &[],
+    )
+    .await;
     let others = innocents(&c, 5, "beside the edges").await;
     let _d = Maasd::spawn(&db.url, crate::support::ops::fast());
     wait_terminal(&c, &edge).await;
+    wait_terminal(&c, &odd).await;
     wait_terminal(&c, &others).await;
+    let unexplained = count(
+        &c,
+        "SELECT count(*) FROM pipeline_runs WHERE user_query IN ('odd analysis', 'no analysis', 'no context')
+           AND NOT (status = 'COMPLETED' OR (status = 'FAILED' AND coalesce(error, '') <> ''
+                                             AND error NOT LIKE 'lease expired%'))",
+    )
+    .await;
+    assert_eq!(unexplained, 0, "{}", summary(&c).await);
     assert_eq!(harmed(&c, &others).await, Vec::<String>::new(), "{}", summary(&c).await);
     let done = count(
         &c,
