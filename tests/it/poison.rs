@@ -100,6 +100,38 @@ async fn a_database_error_says_what_happened() {
     assert!(text.contains("SQLSTATE 42703"), "{text}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_claim_is_logged_with_the_servers_message() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Every analyze claim is refused by the database, as the issue's
+    // overflowing row used to make it.
+    c.batch_execute(
+        "CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.status = 'ANALYZING' THEN
+                 RAISE EXCEPTION 'the test refuses every claim' USING ERRCODE = 'P0001', HINT = 'drop the trigger';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_claims BEFORE UPDATE ON pipeline_runs FOR EACH ROW EXECUTE FUNCTION refuse_claims();",
+    )
+    .await
+    .unwrap();
+    innocents(&c, 1, "refused").await;
+    let d = Maasd::spawn(&db.url, crate::support::ops::fast());
+    wait_until(GENEROUS, "the daemon logs the failed claim", || async {
+        d.plain_log().contains("claim failed")
+    })
+    .await;
+    let log = d.plain_log();
+    let line = log.lines().find(|l| l.contains("claim failed")).unwrap();
+    assert!(line.contains("the test refuses every claim"), "{line}");
+    assert!(line.contains("SQLSTATE P0001"), "{line}");
+    assert!(line.contains("hint: drop the trigger"), "{line}");
+    assert!(!line.contains("db error"), "{line}");
+}
+
 // ------------------------------------------------------------------ rows --
 
 /// Each class of bad value a producer may insert, refused by its constraint.
