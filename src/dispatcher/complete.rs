@@ -89,13 +89,24 @@ impl Engine {
         let reserved = permits.each_ref().map(Option::is_some);
         // While rows may be chained, shutdown must wait for them to start.
         let _tracking = (!chains.is_empty()).then(|| self.tasks.token());
+        // Results written so far: a split batch is written left to right, so
+        // when the connection drops in the middle, `batch[..written]` is
+        // committed and a retry writes only the rest.
+        let mut done = Vec::new();
+        let mut written = 0;
         let applied = loop {
             let res = match self.pool.get().await {
-                Ok(client) => self.write_split(&client, &mut batch, &chains).await,
+                Ok(client) => self
+                    .write_split(&client, &mut batch[written..], &chains, &mut done)
+                    .await
+                    .map_err(|(e, n)| {
+                        written += n;
+                        e
+                    }),
                 Err(e) => Err(e.into()),
             };
             match res {
-                Ok(done) => break done,
+                Ok(()) => break done,
                 Err(e) if Instant::now() < deadline => {
                     // Retry without chaining: the simplest statement first.
                     chains.clear();
@@ -106,12 +117,16 @@ impl Engine {
                     tokio::time::sleep(delay).await;
                 }
                 Err(e) => {
-                    tracing::error!(results = batch.len(), error = %e,
+                    tracing::error!(results = batch.len() - written, error = %e,
                         "could not write stage results within the lease; the sweep will retry these stages");
-                    for f in &batch {
+                    for f in &batch[written..] {
                         self.forget(f.id, f.lease_token);
                     }
-                    return;
+                    if written == 0 {
+                        return;
+                    }
+                    batch.truncate(written);
+                    break done;
                 }
             }
         };
@@ -178,36 +193,42 @@ impl Engine {
         }
     }
 
-    /// Writes `batch` in one statement; if the database refuses it for a
-    /// reason other than a lost connection, writes each half the same way,
-    /// and a single refused result as a failure of its request (the reason
-    /// names the database's error). A connection error is returned for the
-    /// caller to retry; results of halves already written then come back as
-    /// not applied on the retry (fenced), which costs those leases only when
-    /// the connection drops in the middle of a split.
+    /// Writes `batch` in one statement, adding what it applied to `done`; if
+    /// the database refuses it for a reason other than a lost connection,
+    /// writes each half the same way (left first), and a single refused
+    /// result as a failure of its request (the reason names the database's
+    /// error). A connection error is returned with how many results of
+    /// `batch`, from its start, were written before it.
     fn write_split<'a>(
         &'a self,
         client: &'a deadpool_postgres::Client,
         batch: &'a mut [Finished],
         chains: &'a HashMap<Uuid, StageKind>,
-    ) -> BoxFuture<'a, Result<Vec<repo::Applied>, crate::db::Error>> {
+        done: &'a mut Vec<repo::Applied>,
+    ) -> BoxFuture<'a, Result<(), (crate::db::Error, usize)>> {
         async move {
             let lease = self.cfg.lease();
             let err = match repo::finish_batch(client, &self.worker, batch, |f| chains.get(&f.id).copied(), lease).await {
-                Ok(done) => return Ok(done),
-                Err(e) if e.is_connection() => return Err(e),
+                Ok(applied) => {
+                    done.extend(applied);
+                    return Ok(());
+                }
+                Err(e) if e.is_connection() => return Err((e, 0)),
                 Err(e) => e,
             };
             if batch.len() > 1 {
                 tracing::warn!(results = batch.len(), error = %err,
                     "the database refused a batch of stage results; writing it in halves");
                 let (a, b) = batch.split_at_mut(batch.len() / 2);
-                let mut done = self.write_split(client, a, chains).await?;
-                done.extend(self.write_split(client, b, chains).await?);
-                return Ok(done);
+                let left = a.len();
+                self.write_split(client, a, chains, done).await?;
+                return self
+                    .write_split(client, b, chains, done)
+                    .await
+                    .map_err(|(e, n)| (e, left + n));
             }
             let Some(f) = batch.first_mut() else {
-                return Ok(Vec::new());
+                return Ok(());
             };
             crate::metrics::poison(Poison::Unwritable.as_str());
             tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, error = %err,
@@ -216,12 +237,15 @@ impl Engine {
             fail_unstorable(f, "unwritable_result", reason);
             let id = f.id;
             match repo::finish_batch(client, &self.worker, batch, |_| None, lease).await {
-                Ok(done) => Ok(done),
-                Err(e) if e.is_connection() => Err(e),
+                Ok(applied) => {
+                    done.extend(applied);
+                    Ok(())
+                }
+                Err(e) if e.is_connection() => Err((e, 0)),
                 Err(e) => {
                     tracing::error!(request.id = %id, error = %e,
                         "the database refused even the failure of this request; the sweep takes it back when its lease runs out");
-                    Ok(Vec::new())
+                    Ok(())
                 }
             }
         }
