@@ -254,10 +254,7 @@ fn verify_applied(applied: &[(i32, String, String)]) -> Result<(), Error> {
 }
 
 fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
-    }
+    super::describe(e)
 }
 
 #[cfg(test)]
