@@ -25,10 +25,20 @@
 //!   SIGSTOP for longer than the lease, then SIGCONT; `pg_terminate_backend`
 //!   of every maasd connection; an immediate PostgreSQL restart; every free
 //!   connection slot taken by idle connections for a while; the provider
-//!   unreachable for a while.
+//!   unreachable for a while; `poison` (issue 15): requests inserted at
+//!   the bounds of their counters (`attempt` 1000, `lease_token` 2^62) and
+//!   one past them (`attempt` 2147483647, which must be refused by its
+//!   constraint), requests whose provider replies carry NUL characters or
+//!   oversized fields, and a producer transaction holding an
+//!   `INSERT INTO raw_logs` for a busy user open for 2–3 s.
+//!   `--kinds a,b` injects only the named kinds (default: all).
 //! - Then: load stops, the run waits (deadline) until no request is in
 //!   flight, and checks the invariants. Exit status 0 only when `lost`,
-//!   `duplicates` and `stuck` are 0 and every other check holds.
+//!   `duplicates` and `stuck` are 0 and every other check holds, including
+//!   `harmed`: every request not touched by a fault (its life overlaps no
+//!   fault window other than poison's, it is not a poisoned request nor the
+//!   held user's during the hold, and no provider fault made a step of it
+//!   retry) completed with no `lease_expired` or `failed` step.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a chaos harness fails loudly")]
 #![allow(
     clippy::cast_possible_truncation,
@@ -55,7 +65,7 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
 use support::daemon::{Maasd, Opts};
-use support::fake_llm::{FakeLlm, FaultRates};
+use support::fake_llm::{FakeLlm, FaultRates, Reply};
 use support::{analysis_provider, connect, count, on_provider, percentile, poll_until, try_connect};
 use tokio::task::JoinSet;
 use tokio_postgres::Client;
@@ -71,6 +81,10 @@ const MAX_CONNECTIONS: u32 = 60;
 /// the fault's end: the time the system takes to notice and recover.
 const RECOVERY: Duration = Duration::from_secs(2 * LEASE_SECS);
 const USERS: usize = 50;
+/// Queries the fake provider answers with NUL characters (in the analysis
+/// JSON and the answer) and with oversized fields, for the poison fault.
+const POISON_NUL: &str = "chaos poison nul";
+const POISON_HUGE: &str = "chaos poison huge";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
@@ -80,16 +94,18 @@ enum Fault {
     PgRestart,
     FillConnections,
     ProviderDown,
+    Poison,
 }
 
 impl Fault {
-    const ALL: [Fault; 6] = [
+    const ALL: [Fault; 7] = [
         Fault::Kill,
         Fault::Stop,
         Fault::Terminate,
         Fault::PgRestart,
         Fault::FillConnections,
         Fault::ProviderDown,
+        Fault::Poison,
     ];
 
     fn name(self) -> &'static str {
@@ -100,6 +116,7 @@ impl Fault {
             Fault::PgRestart => "postgres_restart",
             Fault::FillConnections => "connections_exhausted",
             Fault::ProviderDown => "provider_unreachable",
+            Fault::Poison => "poison",
         }
     }
 
@@ -111,6 +128,7 @@ impl Fault {
             Fault::Terminate => Duration::from_secs(1),
             Fault::PgRestart => Duration::from_secs(3),
             Fault::FillConnections | Fault::ProviderDown => Duration::from_secs(5),
+            Fault::Poison => Duration::from_secs(4),
         }
     }
 }
@@ -156,6 +174,7 @@ struct Args {
     json: bool,
     rate: f64,
     drain_secs: u64,
+    kinds: Vec<Fault>,
 }
 
 fn parse_args() -> Args {
@@ -164,6 +183,7 @@ fn parse_args() -> Args {
         json: false,
         rate: 20.0,
         drain_secs: 120,
+        kinds: Fault::ALL.to_vec(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -183,10 +203,24 @@ fn parse_args() -> Args {
             "--seconds" => args.seconds = value().parse().expect("--seconds N"),
             "--rate" => args.rate = value().parse().expect("--rate R (requests per second)"),
             "--drain-secs" => args.drain_secs = value().parse().expect("--drain-secs N"),
+            "--kinds" => {
+                args.kinds = value()
+                    .split(',')
+                    .map(|k| {
+                        let k = k.trim();
+                        *Fault::ALL.iter().find(|f| f.name() == k).unwrap_or_else(|| {
+                            let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+                            panic!("--kinds: unknown kind {k:?}; kinds: {}", names.join(", "))
+                        })
+                    })
+                    .collect();
+            }
             // `cargo bench` passes --bench to harness-less targets.
             "--bench" => {}
             other => {
-                panic!("unknown argument {other:?}; usage: chaos [--seconds N] [--json] [--rate R] [--drain-secs N]")
+                panic!(
+                    "unknown argument {other:?}; usage: chaos [--seconds N] [--json] [--rate R] [--drain-secs N] [--kinds a,b]"
+                )
             }
         }
         i += 1;
@@ -383,6 +417,11 @@ struct Injector {
     shared: Arc<Shared>,
     log: Vec<Injected>,
     started: Instant,
+    kinds: Vec<Fault>,
+    /// Requests the poison fault made bad on purpose.
+    poisoned: Vec<Uuid>,
+    /// (user, from, to): a producer held a raw_logs insert of this user open.
+    held: Vec<(Uuid, DateTime<Utc>, DateTime<Utc>)>,
 }
 
 impl Injector {
@@ -465,6 +504,7 @@ impl Injector {
                     refused.as_deref().unwrap_or("(never refused!)")
                 )
             }
+            Fault::Poison => self.poison().await,
             Fault::ProviderDown => {
                 let hold = Duration::from_millis(rand::rng().random_range(2000..5000));
                 self.fake.go_down().await;
@@ -483,6 +523,91 @@ impl Injector {
         });
     }
 
+    /// Bad neighbours: rows at their counters' bounds (and one past, which
+    /// must be refused by name), requests the provider answers with NULs
+    /// and oversized fields ([`POISON_NUL`], [`POISON_HUGE`]), and a
+    /// producer transaction holding a busy user's `raw_logs` insert open.
+    async fn poison(&mut self) -> String {
+        let c = match try_connect(&self.url).await {
+            Ok(c) => c,
+            Err(e) => return format!("could not connect to poison: {e}"),
+        };
+        let n = self.shared.next();
+        let mut notes = Vec::new();
+        let at_bounds = c
+            .query(
+                "INSERT INTO pipeline_runs (user_id, user_query, attempt, lease_token)
+                 VALUES ($1, 'chaos poison attempt at bound ' || $3::text, 1000, 0),
+                        ($2, 'chaos poison token at bound ' || $3::text, 0, 4611686018427387904)
+                 RETURNING id",
+                &[&self.shared.user(), &self.shared.user(), &n.to_string()],
+            )
+            .await;
+        match at_bounds {
+            Ok(rows) => {
+                self.poisoned.extend(rows.iter().map(|r| r.get::<_, Uuid>(0)));
+                notes.push("2 rows at counter bounds".to_owned());
+            }
+            Err(e) => notes.push(format!("rows at bounds REFUSED: {}", maas::db::Error::from(e))),
+        }
+        let past = c
+            .execute(
+                "INSERT INTO pipeline_runs (user_id, user_query, attempt) VALUES ($1, 'chaos poison past bound ' || $2::text, 2147483647)",
+                &[&self.shared.user(), &n.to_string()],
+            )
+            .await;
+        match past {
+            Ok(_) => notes.push("attempt 2147483647 ACCEPTED (must be refused)".to_owned()),
+            Err(e) => notes.push(format!(
+                "attempt 2147483647 refused by {}",
+                e.as_db_error()
+                    .and_then(|d| d.constraint())
+                    .unwrap_or("(no constraint!)")
+            )),
+        }
+        let replies = c
+            .query(
+                "INSERT INTO pipeline_runs (user_id, user_query)
+                 VALUES ($1, $3 || ' ' || $5::text), ($2, $4 || ' ' || $5::text) RETURNING id",
+                &[
+                    &self.shared.user(),
+                    &self.shared.user(),
+                    &POISON_NUL,
+                    &POISON_HUGE,
+                    &n.to_string(),
+                ],
+            )
+            .await;
+        if let Ok(rows) = replies {
+            self.poisoned.extend(rows.iter().map(|r| r.get::<_, Uuid>(0)));
+            notes.push("2 requests with NUL / oversized replies".to_owned());
+        }
+        // A producer's open transaction on a busy user's turns.
+        let user = self.shared.user();
+        let hold = Duration::from_millis(rand::rng().random_range(2000..3000));
+        let from = Utc::now();
+        let held = async {
+            c.batch_execute("BEGIN").await?;
+            c.execute(
+                "INSERT INTO raw_logs (user_id, message_type, content) VALUES ($1, 'user_query', 'chaos poison held turn')",
+                &[&user],
+            )
+            .await?;
+            tokio::time::sleep(hold).await;
+            c.batch_execute("COMMIT").await
+        }
+        .await;
+        self.held.push((user, from, Utc::now()));
+        match held {
+            Ok(()) => notes.push(format!(
+                "raw_logs insert of a busy user held open {:.1} s",
+                hold.as_secs_f64()
+            )),
+            Err(e) => notes.push(format!("held insert failed: {}", maas::db::Error::from(e))),
+        }
+        notes.join("; ")
+    }
+
     /// Every kind once in random order, spread over the run, then random
     /// kinds at random gaps while there is time.
     async fn run(&mut self, seconds: u64) {
@@ -490,11 +615,12 @@ impl Injector {
         let total = Duration::from_secs(seconds);
         let warmup = Duration::from_secs(3);
         tokio::time::sleep(warmup.saturating_sub(started.elapsed())).await;
-        let mut order = Fault::ALL.to_vec();
+        let mut order = self.kinds.clone();
         order.shuffle(&mut rand::rng());
         // One slot per kind, at most 12 s: a long run goes on to random
-        // faults every few seconds instead of spreading six over its length.
-        let slot = ((total.saturating_sub(warmup + Duration::from_secs(3))) / 6).min(Duration::from_secs(12));
+        // faults every few seconds instead of spreading them over its length.
+        let kinds = u32::try_from(order.len().max(1)).unwrap();
+        let slot = ((total.saturating_sub(warmup + Duration::from_secs(3))) / kinds).min(Duration::from_secs(12));
         for (k, fault) in order.into_iter().enumerate() {
             let slot_start = warmup + slot * u32::try_from(k).unwrap();
             let slack = (slot.saturating_sub(fault.estimate())).as_millis() as u64;
@@ -504,7 +630,10 @@ impl Injector {
         }
         loop {
             let gap = Duration::from_millis(rand::rng().random_range(1000..6000));
-            let fault = Fault::ALL[rand::rng().random_range(0..Fault::ALL.len())];
+            if self.kinds.is_empty() {
+                break;
+            }
+            let fault = self.kinds[rand::rng().random_range(0..self.kinds.len())];
             if started.elapsed() + gap + fault.estimate() + Duration::from_secs(2) > total {
                 break;
             }
@@ -533,6 +662,9 @@ struct Verdict {
     e2e_ms_faults: Vec<f64>,
     failed_reasons: Vec<(String, i64)>,
     details: Vec<String>,
+    /// Requests no fault touched, and those of them that were harmed.
+    untouched: i64,
+    harmed: i64,
 }
 
 /// Runs each (what, counting query) check and returns the sum of the
@@ -547,6 +679,57 @@ async fn violations(c: &Client, checks: &[(&str, &str)], details: &mut Vec<Strin
         total += n;
     }
     total
+}
+
+/// Requests no fault touched (see the module doc) and how many of them
+/// have a `lease_expired` or `failed` step or did not complete, with up to
+/// five examples.
+async fn harmed(
+    c: &Client,
+    faults: &[Injected],
+    poisoned: &[Uuid],
+    held: &[(Uuid, DateTime<Utc>, DateTime<Utc>)],
+) -> (i64, i64, Vec<String>) {
+    let recovery = chrono::Duration::from_std(RECOVERY).unwrap();
+    let (starts, ends): (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) = faults
+        .iter()
+        .filter(|f| f.fault != Fault::Poison)
+        .map(|f| (f.start, f.end + recovery))
+        .unzip();
+    let held_users: Vec<Uuid> = held.iter().map(|h| h.0).collect();
+    let held_from: Vec<DateTime<Utc>> = held.iter().map(|h| h.1).collect();
+    let held_to: Vec<DateTime<Utc>> = held.iter().map(|h| h.2 + recovery).collect();
+    let rows = c
+        .query(
+            "WITH untouched AS (
+                 SELECT r.id, r.status FROM pipeline_runs r
+                 WHERE NOT (r.id = ANY($6)) AND r.user_query NOT LIKE 'chaos poison%'
+                   AND NOT EXISTS (SELECT 1 FROM unnest($1::timestamptz[], $2::timestamptz[]) AS w(s, e)
+                                   WHERE r.created_at <= w.e AND r.updated_at >= w.s)
+                   AND NOT EXISTS (SELECT 1 FROM unnest($3::uuid[], $4::timestamptz[], $5::timestamptz[]) AS h(u, s, e)
+                                   WHERE r.user_id = h.u AND r.created_at <= h.e AND r.updated_at >= h.s)
+                   AND NOT EXISTS (SELECT 1 FROM pipeline_steps s
+                                   WHERE s.run_id = r.id AND s.outcome IN ('retrying', 'deferred'))
+             ),
+             judged AS (
+                 SELECT u.id, u.status,
+                        (SELECT string_agg(s.stage || '#' || s.attempt || ' ' || s.outcome
+                                           || coalesce(' ' || s.error_class, ''), ', ' ORDER BY s.id)
+                         FROM pipeline_steps s WHERE s.run_id = u.id) AS steps,
+                        u.status <> 'COMPLETED' OR EXISTS (
+                            SELECT 1 FROM pipeline_steps s
+                            WHERE s.run_id = u.id AND s.outcome IN ('lease_expired', 'failed')) AS harmed
+                 FROM untouched u
+             )
+             SELECT (SELECT count(*) FROM judged), (SELECT count(*) FROM judged WHERE harmed),
+                    coalesce((SELECT array_agg(e) FROM (SELECT id::text || ' ' || status || ': ' || coalesce(steps, '') AS e
+                                                        FROM judged WHERE harmed LIMIT 5) x), '{}')",
+            &[&starts, &ends, &held_users, &held_from, &held_to, &poisoned],
+        )
+        .await
+        .unwrap();
+    let row = &rows[0];
+    (row.get(0), row.get(1), row.get(2))
 }
 
 async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
@@ -706,6 +889,16 @@ async fn run(args: Args) -> bool {
     let url = support::fresh_database(&cluster, "chaos").await;
 
     let fake = analysis_provider(None).await;
+    // The poison fault's replies (the same text answers the analyzer and the
+    // responder): a NUL in a keyword and in the answer; an analysis and an
+    // answer of 1.2 million characters.
+    let analysis_with = |keyword: &str| {
+        json!({"needs_context": false, "context_type": "none", "time_scope": "none",
+               "search_keywords": [keyword], "context_found": null})
+        .to_string()
+    };
+    fake.answer_when(&[POISON_NUL], Reply::text(analysis_with("nul\u{0}here")));
+    fake.answer_when(&[POISON_HUGE], Reply::text(analysis_with(&"h".repeat(1_200_000))));
     let rates = FaultRates {
         rate_limited: 0.03,
         server_error: 0.03,
@@ -774,6 +967,9 @@ async fn run(args: Args) -> bool {
         shared: Arc::clone(&shared),
         log: Vec::new(),
         started,
+        kinds: args.kinds.clone(),
+        poisoned: Vec::new(),
+        held: Vec::new(),
     };
     injector.run(args.seconds).await;
     tokio::time::sleep(Duration::from_secs(args.seconds).saturating_sub(started.elapsed())).await;
@@ -799,7 +995,16 @@ async fn run(args: Args) -> bool {
     }
     injector.daemons.check_alive(&shared).await;
     let acked = shared.acked.lock().unwrap().clone();
-    let v = check(&checker, &acked, &injector.log).await;
+    let mut v = check(&checker, &acked, &injector.log).await;
+    let (untouched, harmed_n, examples) = harmed(&checker, &injector.log, &injector.poisoned, &injector.held).await;
+    v.untouched = untouched;
+    v.harmed = harmed_n;
+    if harmed_n > 0 {
+        v.details.push(format!(
+            "{harmed_n} of {untouched} requests no fault touched have a lease_expired or failed step or did not complete: {}",
+            examples.join(" | ")
+        ));
+    }
     let tally = injector.fake.tally();
     let mut problems = v.details.clone();
     problems.extend(injector.daemons.unexpected_exits.iter().cloned());
@@ -812,7 +1017,7 @@ async fn run(args: Args) -> bool {
     if v.failed_without_reason > 0 {
         problems.push(format!("{} FAILED runs without a reason", v.failed_without_reason));
     }
-    let mut faults: BTreeMap<&str, u64> = Fault::ALL.iter().map(|f| (f.name(), 0)).collect();
+    let mut faults: BTreeMap<&str, u64> = args.kinds.iter().map(|f| (f.name(), 0)).collect();
     for f in &injector.log {
         *faults.entry(f.fault.name()).or_default() += 1;
     }
@@ -825,6 +1030,7 @@ async fn run(args: Args) -> bool {
         && v.stuck == 0
         && v.failed_without_reason == 0
         && v.inconsistent == 0
+        && v.harmed == 0
         && problems.is_empty();
 
     // Stop everything this run started.
@@ -859,6 +1065,11 @@ async fn run(args: Args) -> bool {
     row("stuck", v.stuck.to_string());
     row("inconsistent", v.inconsistent.to_string());
     row("FAILED without a reason", v.failed_without_reason.to_string());
+    row(
+        "untouched by faults / harmed",
+        format!("{} / {}", v.untouched, v.harmed),
+    );
+    row("poisoned requests", injector.poisoned.len().to_string());
     row(
         "e2e ms p50 / p99 (all)",
         format!(
@@ -931,6 +1142,8 @@ async fn run(args: Args) -> bool {
             "stuck": v.stuck,
             "inconsistent": v.inconsistent,
             "failed_without_reason": v.failed_without_reason,
+            "untouched": v.untouched,
+            "harmed": v.harmed,
             "faults": faults,
             "provider": {
                 "completions": tally.completions,

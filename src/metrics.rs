@@ -217,6 +217,11 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
     ),
     (
         Kind::Counter,
+        "maas_poison_total",
+        "Bad values in stage results by kind (nul, oversize, nesting: sanitised; refused, unwritable: that request failed)",
+    ),
+    (
+        Kind::Counter,
         "maas_live_resyncs_total",
         "Live subscribers re-read from the database (lag, listener reconnect)",
     ),
@@ -375,4 +380,16 @@ impl Drop for StreamGauge {
 /// A live subscriber re-read its state from the database.
 pub fn live_resync(reason: &'static str) {
     counter!("maas_live_resyncs_total", "reason" => reason).increment(1);
+}
+
+/// A stage result carried a bad value of `kind` (`stage::sanitize::Poison`).
+pub fn poison(kind: &'static str) {
+    counter!("maas_poison_total", "kind" => kind).increment(1);
+}
+
+/// Makes `maas_poison_total{kind}` visible at zero for each of `kinds`.
+pub fn register_poison(kinds: impl IntoIterator<Item = &'static str>) {
+    for kind in kinds {
+        counter!("maas_poison_total", "kind" => kind).increment(0);
+    }
 }

@@ -42,10 +42,14 @@ WITH picked AS (
 claimed AS (
     UPDATE pipeline_runs r
     SET status           = {in_flight},
-        attempt          = r.attempt + 1,
+        -- Saturates at the bound of pipeline_runs_attempt_range (0009): a
+        -- request inserted at the bound is still claimed, not an error that
+        -- fails the whole claim.
+        attempt          = least(r.attempt + 1, 1000),
         lease_owner      = $2,
         lease_expires_at = now() + make_interval(secs => $3),
-        lease_token      = greatest(r.lease_token + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::int8),
+        lease_token      = least(greatest(r.lease_token + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::int8),
+                                 4611686018427387904),
         updated_at       = now()
     FROM picked
     WHERE r.id = picked.id

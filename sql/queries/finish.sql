@@ -85,7 +85,7 @@ done AS (
         error                 = CASE i.outcome
                                     WHEN 'succeeded' THEN NULL
                                     WHEN 'released' THEN r.error
-                                    ELSE i.error_message END,
+                                    ELSE left(i.error_message, 100000) END,
         attempt               = CASE
                                     WHEN i.chain IS NOT NULL AND NOT r.debug THEN 1
                                     WHEN i.outcome = 'succeeded' THEN 0
@@ -98,7 +98,8 @@ done AS (
         lease_owner           = CASE WHEN i.chain IS NOT NULL AND NOT r.debug THEN $19 END,
         lease_expires_at      = CASE WHEN i.chain IS NOT NULL AND NOT r.debug
                                      THEN now() + make_interval(secs => $21) END,
-        lease_token           = r.lease_token + CASE WHEN i.chain IS NOT NULL AND NOT r.debug THEN 1 ELSE 0 END,
+        lease_token           = least(r.lease_token + CASE WHEN i.chain IS NOT NULL AND NOT r.debug THEN 1 ELSE 0 END,
+                                      4611686018427387904),
         updated_at            = now()
     FROM input i
     WHERE r.id = i.id AND r.lease_token = i.token AND r.status = i.in_flight AND r.lease_owner = $19

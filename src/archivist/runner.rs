@@ -399,11 +399,12 @@ impl Archivist {
                 Ok(resp) => match parse_summary(&resp.text) {
                     Ok(s) => {
                         invalid = 0;
+                        let (tags, summary) = sanitise_record(s.tags, s.summary);
                         records.push(NewRecord {
                             time_bucket_start: s.time_bucket_start,
                             time_bucket_end: s.time_bucket_end,
-                            tags: s.tags,
-                            summary: s.summary,
+                            tags,
+                            summary,
                             raw_log_ids: chunk.iter().map(|m| m.log.id).collect(),
                         });
                     }
@@ -448,4 +449,30 @@ fn failed(user: Uuid, class: &str, message: &str) -> UserReport {
     r.error_class = Some(class.to_owned());
     r.error = Some(message.to_owned());
     r
+}
+
+/// The most tags a record keeps (`lsm_storage_tags_size` allows 1000).
+const MAX_TAGS: usize = 100;
+/// The longest tag kept, in characters.
+const MAX_TAG_CHARS: usize = 200;
+
+/// A record's texts as the archivist's model gave them, made storable
+/// (`stage::sanitize`: NULs removed, sizes capped), each change counted in
+/// `maas_poison_total`.
+fn sanitise_record(mut tags: Vec<String>, mut summary: String) -> (Vec<String>, String) {
+    use crate::stage::sanitize::{self, Sanitised};
+    let mut found = Sanitised::default();
+    sanitize::text(&mut summary, sanitize::MAX_ANSWER_CHARS, &mut found);
+    if tags.len() > MAX_TAGS {
+        tags.truncate(MAX_TAGS);
+        found.found.push(sanitize::Poison::Oversize);
+    }
+    for t in &mut tags {
+        sanitize::text(t, MAX_TAG_CHARS, &mut found);
+    }
+    tags.retain(|t| !t.is_empty());
+    for p in found.found {
+        crate::metrics::poison(p.as_str());
+    }
+    (tags, summary)
 }

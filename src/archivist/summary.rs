@@ -48,6 +48,12 @@ pub fn parse_summary(text: &str) -> Result<ArchiveSummary, String> {
     if start > end {
         return Err("time_bucket_start is after time_bucket_end".into());
     }
+    // The years the schema stores (`lsm_storage_time_range`, sql/0009).
+    for (t, key) in [(start, "time_bucket_start"), (end, "time_bucket_end")] {
+        if !(1..=9998).contains(&chrono::Datelike::year(&t)) {
+            return Err(format!("{key} is outside the years 1 to 9998"));
+        }
+    }
     let tags = match obj.get("tags") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items

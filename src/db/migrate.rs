@@ -66,6 +66,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     6 => "0006_steps_without_fk.sql",
     7 => "0007_assembler_memory.sql",
     8 => "0008_memory_search.sql",
+    9 => "0009_row_bounds.sql",
     10 => "0010_user_data.sql",
 ];
 
@@ -254,10 +255,7 @@ fn verify_applied(applied: &[(i32, String, String)]) -> Result<(), Error> {
 }
 
 fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
-    }
+    super::describe(e)
 }
 
 #[cfg(test)]

@@ -12,6 +12,14 @@
 //!   returns.
 //! - Chaining: a success with a free slot in its next stage here is claimed
 //!   for that stage by the finishing statement itself and started at once.
+//! - One result cannot fail the others (invariant 9): every result is
+//!   sanitised before it is written (`stage::sanitize`: NULs removed, sizes
+//!   and nesting capped; an analysis that cannot be stored fails its own
+//!   request with the reason), and a batch the database still refuses for
+//!   a reason other than a lost connection is written in halves, down to
+//!   the offending result, which is written alone as a failure of its
+//!   request naming the database's reason. Each such event counts in
+//!   `maas_poison_total{kind}`.
 //! - A retried or deferred row wakes its stage after its delay (the row's
 //!   `run_after` is the truth; the timer is a doorbell).
 
@@ -20,6 +28,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use backon::BackoffBuilder;
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -27,8 +37,9 @@ use uuid::Uuid;
 
 use super::lease::Slot;
 use super::{Engine, WRITERS, bump, millis};
-use crate::model::{Outcome, StageKind};
+use crate::model::{Outcome, StageKind, Status};
 use crate::repo::{self, Claimed, Finished};
+use crate::stage::sanitize::{self, Poison};
 
 /// Parts of a contended batch written at once (see `contention.rs`).
 const SPLIT_WRITERS: usize = 4;
@@ -72,6 +83,9 @@ impl Engine {
         // Every multi-row writer locks rows in ascending id order, so two of
         // them (flushes, heartbeats) never deadlock.
         batch.sort_unstable_by_key(|f| f.id);
+        for f in &mut batch {
+            sanitise(f);
+        }
         let deadline = Instant::now() + self.cfg.lease();
         let mut backoff = crate::backoff::reconnect(Duration::from_millis(50), Duration::from_secs(2)).build();
         // Chain: rows that finished a stage and have a free slot in their
@@ -81,27 +95,28 @@ impl Engine {
         // While rows may be chained, shutdown must wait for them to start.
         let _tracking = (!chains.is_empty()).then(|| self.tasks.token());
         let mut contended_tries = 0;
+        // Results written so far: a split batch is written left to right, so
+        // when the connection drops in the middle, `batch[..written]` is
+        // committed and a retry writes only the rest.
+        let mut done = Vec::new();
+        let mut written = 0;
         let applied = loop {
             let res = match self.pool.get().await {
-                Ok(client) => {
-                    repo::finish_batch(
-                        &client,
-                        &self.worker,
-                        &batch,
-                        |f| chains.get(&f.id).copied(),
-                        self.cfg.lease(),
-                    )
+                Ok(client) => self
+                    .write_split(&client, &mut batch[written..], &chains, &mut done)
                     .await
-                }
+                    .map_err(|(e, n)| {
+                        written += n;
+                        e
+                    }),
                 Err(e) => Err(e.into()),
             };
             match res {
-                Ok(done) => break done,
-                Err(e) if batch.len() > 1 && super::contention::contended(&e) => {
-                    tracing::warn!(results = batch.len(), error = %e,
+                Ok(()) => break done,
+                Err(e) if batch.len() - written > 1 && super::contention::contended(&e) => {
+                    tracing::warn!(results = batch.len() - written, error = %e,
                         "a lock held by another transaction stopped the result batch; writing its parts apart");
-                    drop(permits);
-                    let parts = super::contention::split(std::mem::take(&mut batch));
+                    let parts = super::contention::split(batch.split_off(written));
                     let writes = parts.into_iter().map(|part| Box::pin(self.clone().flush(part)));
                     futures_util::StreamExt::for_each_concurrent(
                         futures_util::stream::iter(writes),
@@ -109,6 +124,11 @@ impl Engine {
                         |w| w,
                     )
                     .await;
+                    if written > 0 {
+                        // The rows written before the lock get their usual follow-up.
+                        break done;
+                    }
+                    drop(permits);
                     for stage in StageKind::ALL {
                         if reserved[stage.index()] {
                             self.freed(stage);
@@ -117,13 +137,13 @@ impl Engine {
                     return;
                 }
                 Err(e)
-                    if batch.len() == 1
+                    if batch.len() - written == 1
                         && super::contention::contended(&e)
-                        && super::contention::logs_a_turn(&batch[0]) =>
+                        && super::contention::logs_a_turn(&batch[written]) =>
                 {
                     contended_tries += 1;
                     if contended_tries >= super::contention::LOG_TRIES {
-                        super::contention::give_up_logging(&self, &mut batch[0], &e);
+                        super::contention::give_up_logging(&self, &mut batch[written], &e);
                     }
                     chains.clear();
                     permits = [None, None, None];
@@ -140,12 +160,16 @@ impl Engine {
                     tokio::time::sleep(delay).await;
                 }
                 Err(e) => {
-                    tracing::error!(results = batch.len(), error = %e,
+                    tracing::error!(results = batch.len() - written, error = %e,
                         "could not write stage results within the lease; the sweep will retry these stages");
-                    for f in &batch {
+                    for f in &batch[written..] {
                         self.forget(f.id, f.lease_token);
                     }
-                    return;
+                    if written == 0 {
+                        return;
+                    }
+                    batch.truncate(written);
+                    break done;
                 }
             }
         };
@@ -216,6 +240,67 @@ impl Engine {
         }
     }
 
+    /// Writes `batch` in one statement, adding what it applied to `done`; if
+    /// the database refuses it for a reason other than a lost connection,
+    /// writes each half the same way (left first), and a single refused
+    /// result as a failure of its request (the reason names the database's
+    /// error). A connection error is returned with how many results of
+    /// `batch`, from its start, were written before it.
+    fn write_split<'a>(
+        &'a self,
+        client: &'a deadpool_postgres::Client,
+        batch: &'a mut [Finished],
+        chains: &'a HashMap<Uuid, StageKind>,
+        done: &'a mut Vec<repo::Applied>,
+    ) -> BoxFuture<'a, Result<(), (crate::db::Error, usize)>> {
+        async move {
+            let lease = self.cfg.lease();
+            let err = match repo::finish_batch(client, &self.worker, batch, |f| chains.get(&f.id).copied(), lease).await {
+                Ok(applied) => {
+                    done.extend(applied);
+                    return Ok(());
+                }
+                // A lock held elsewhere is no fault of these results: the
+                // caller writes them apart and retries (`contention.rs`).
+                Err(e) if e.is_connection() || super::contention::contended(&e) => return Err((e, 0)),
+                Err(e) => e,
+            };
+            if batch.len() > 1 {
+                tracing::warn!(results = batch.len(), error = %err,
+                    "the database refused a batch of stage results; writing it in halves");
+                let (a, b) = batch.split_at_mut(batch.len() / 2);
+                let left = a.len();
+                self.write_split(client, a, chains, done).await?;
+                return self
+                    .write_split(client, b, chains, done)
+                    .await
+                    .map_err(|(e, n)| (e, left + n));
+            }
+            let Some(f) = batch.first_mut() else {
+                return Ok(());
+            };
+            crate::metrics::poison(Poison::Unwritable.as_str());
+            tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, error = %err,
+                "the database refused this stage result; the request fails with the reason");
+            let reason = format!("the {} stage's result could not be stored: {err}", f.stage);
+            fail_unstorable(f, "unwritable_result", reason);
+            let id = f.id;
+            match repo::finish_batch(client, &self.worker, batch, |_| None, lease).await {
+                Ok(applied) => {
+                    done.extend(applied);
+                    Ok(())
+                }
+                Err(e) if e.is_connection() => Err((e, 0)),
+                Err(e) => {
+                    tracing::error!(request.id = %id, error = %e,
+                        "the database refused even the failure of this request; the sweep takes it back when its lease runs out");
+                    Ok(())
+                }
+            }
+        }
+        .boxed()
+    }
+
     /// The rows of `batch` to claim for their next stage in the finishing
     /// statement (every success with a next stage, unless shutting down),
     /// and the free slots of those stages reserved for them.
@@ -277,4 +362,44 @@ impl Engine {
             }
         });
     }
+}
+
+/// Sanitises a result before it is written (see `stage::sanitize`),
+/// counting what was found; a result that cannot be stored becomes a
+/// failure of its request with the reason.
+fn sanitise(f: &mut Finished) {
+    let found = sanitize::result(f);
+    for p in &found.found {
+        crate::metrics::poison(p.as_str());
+    }
+    if !found.found.is_empty() {
+        tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt,
+            found = ?found.found.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+            "a stage result carried bad values");
+    }
+    if let Some(reason) = found.refused {
+        fail_unstorable(
+            f,
+            "unstorable_reply",
+            format!("the {} stage's reply cannot be stored: {reason}", f.stage),
+        );
+    }
+}
+
+/// Turns `f` into a permanent failure of its request with `reason`, its
+/// outputs dropped.
+fn fail_unstorable(f: &mut Finished, class: &str, reason: String) {
+    f.outcome = Outcome::Failed;
+    f.new_status = Status::Failed;
+    f.analysis = None;
+    f.context = None;
+    f.context_sources = None;
+    f.answer = None;
+    f.fused = None;
+    f.delay = Duration::ZERO;
+    f.error_class = Some(class.to_owned());
+    let mut message = reason;
+    let mut ignored = sanitize::Sanitised::default();
+    sanitize::text(&mut message, sanitize::MAX_ERROR_CHARS, &mut ignored);
+    f.error_message = Some(message);
 }

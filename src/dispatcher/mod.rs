@@ -122,6 +122,7 @@ impl Engine {
         notifier: Arc<Notifier>,
     ) -> Arc<Engine> {
         let (results, results_rx) = mpsc::unbounded_channel();
+        crate::metrics::register_poison(crate::stage::sanitize::Poison::ALL.map(|p| p.as_str()));
         let slot = |stage| StageSlot {
             sem: Arc::new(Semaphore::new(cfg.concurrency.of(stage))),
             wake: Notify::new(),

@@ -21,6 +21,7 @@ pub mod assembler;
 pub mod memory;
 pub mod metrics;
 pub mod responder;
+pub mod sanitize;
 
 use std::borrow::Cow;
 use std::sync::Arc;

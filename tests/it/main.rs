@@ -16,6 +16,7 @@ mod memory;
 mod neighbours;
 mod observability;
 mod orchestrator;
+mod poison;
 mod prompts;
 mod props;
 mod requests;

@@ -266,3 +266,112 @@ fn huge_delays_are_no_delay_rather_than_a_panic() {
     let err = parse::classify_status(ProviderKind::OpenAi, 429, &headers, b"{}", now, None);
     assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
 }
+
+// ------------------------------------------------- the reply sanitiser --
+
+/// Text with NULs, multi-byte characters and lone-surrogate look-alikes
+/// mixed in.
+fn poisoned_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ".{0,40}",
+        "[a\u{0}é😀\\\\u]{0,40}",
+        (0usize..3000).prop_map(|n| "\u{0}x".repeat(n)),
+    ]
+}
+
+/// JSON with poisoned strings and keys, nested up to 60 levels.
+fn poisoned_json() -> impl Strategy<Value = Value> {
+    (arb_json(), poisoned_text(), poisoned_text(), 0usize..60).prop_map(|(v, key, s, depth)| {
+        let mut deep = json!({ key: s });
+        for _ in 0..depth {
+            deep = json!([deep]);
+        }
+        json!({ "needs_context": false, "random": v, "deep": deep })
+    })
+}
+
+fn depth(v: &Value) -> usize {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn has_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(a) => a.iter().any(has_nul),
+        Value::Object(m) => m.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
+}
+
+fn finished(analysis: Value, answer: String, model: String, context: String) -> maas::repo::Finished {
+    maas::repo::Finished {
+        id: uuid::Uuid::nil(),
+        lease_token: 1,
+        stage: maas::model::StageKind::Analyze,
+        outcome: maas::model::Outcome::Succeeded,
+        new_status: maas::model::Status::Analyzed,
+        attempt: 1,
+        started_at: chrono::Utc::now(),
+        analysis: Some(analysis),
+        context: Some(context),
+        context_sources: None,
+        answer: Some(answer),
+        error_class: None,
+        error_message: None,
+        delay: Duration::ZERO,
+        model: Some(model),
+        prompt_tokens: None,
+        completion_tokens: None,
+        latency_ms: None,
+        fused: None,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Whatever a reply carries, the sanitised result has no NUL, stays
+    /// within every bound the schema checks, and sanitising it again
+    /// changes nothing.
+    #[test]
+    fn sanitised_results_are_storable_and_stable(
+        analysis in poisoned_json(),
+        answer in poisoned_text(),
+        model in poisoned_text(),
+        context in poisoned_text(),
+    ) {
+        use maas::stage::sanitize;
+        let mut f = finished(analysis, answer, model, context);
+        let _ = sanitize::result(&mut f);
+        let a = f.analysis.clone().unwrap_or(Value::Null);
+        prop_assert!(!has_nul(&a));
+        prop_assert!(depth(&a) <= sanitize::MAX_DEPTH + 1);
+        for s in [&f.answer, &f.model, &f.context] {
+            let s = s.as_deref().unwrap_or("");
+            prop_assert!(!s.contains('\0'));
+        }
+        prop_assert!(f.model.as_deref().unwrap_or("").chars().count() <= sanitize::MAX_MODEL_CHARS);
+        let again = sanitize::result(&mut f);
+        prop_assert!(again.found.is_empty(), "sanitising twice found {:?}", again.found);
+    }
+
+    /// The analysis parser keeps a NUL it was given (the sanitiser's job),
+    /// but never panics on one, and its output sanitises to storable JSON.
+    #[test]
+    fn parsed_analyses_sanitise_to_storable_json(keyword in poisoned_text(), v in arb_json()) {
+        use maas::stage::sanitize;
+        let text = json!({"needs_context": false, "context_type": "none", "time_scope": "none",
+                          "search_keywords": [keyword], "context_found": {"lsm_record_id": null, "extra": v}})
+            .to_string();
+        if let Ok(mut parsed) = maas::stage::analyzer::parse_analysis(&text) {
+            let mut found = sanitize::Sanitised::default();
+            sanitize::json(&mut parsed, &mut found);
+            prop_assert!(!has_nul(&parsed));
+            prop_assert!(!parsed.to_string().contains("\\u0000"));
+        }
+    }
+}

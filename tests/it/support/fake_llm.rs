@@ -435,6 +435,8 @@ pub struct Tally {
 
 struct Shared {
     scripts: Mutex<HashMap<Api, VecDeque<Reply>>>,
+    /// Standing replies for requests whose body holds every needle.
+    rules: Mutex<Vec<(Vec<String>, Reply)>>,
     default: Mutex<(String, Option<Duration>)>,
     requests: Mutex<Vec<Recorded>>,
     count: watch::Sender<usize>,
@@ -487,6 +489,7 @@ impl FakeLlm {
     pub async fn start_with(config: FakeConfig) -> FakeLlm {
         let shared = Arc::new(Shared {
             scripts: Mutex::new(HashMap::new()),
+            rules: Mutex::new(Vec::new()),
             default: Mutex::new((config.default_text, config.default_latency)),
             requests: Mutex::new(Vec::new()),
             count: watch::Sender::new(0),
@@ -537,6 +540,14 @@ impl FakeLlm {
             app,
             stop: Some(stop),
         }
+    }
+
+    /// From now on, answers every request whose JSON body (as text) holds
+    /// every one of `needles` with `reply`, in any shape, before the scripts
+    /// and the default (the first matching rule wins). Used to poison one
+    /// request among many: a needle from its query, one from its role's model.
+    pub fn answer_when(&self, needles: &[&str], reply: Reply) {
+        lock(&self.shared.rules).push((needles.iter().map(|n| (*n).to_owned()).collect(), reply));
     }
 
     /// Makes the provider unreachable: the listener is closed (new
@@ -657,6 +668,7 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let text = body.to_string();
     let model = path_model
         .or_else(|| body.get("model").and_then(Value::as_str).map(str::to_owned))
         .unwrap_or_else(|| "unknown-model".to_owned());
@@ -680,7 +692,11 @@ async fn handle(
     });
     shared.count.send_modify(|c| *c += 1);
 
-    let scripted = lock(&shared.scripts).get_mut(&api).and_then(VecDeque::pop_front);
+    let ruled = lock(&shared.rules)
+        .iter()
+        .find(|(needles, _)| needles.iter().all(|n| text.contains(n.as_str())))
+        .map(|(_, reply)| reply.clone());
+    let scripted = ruled.or_else(|| lock(&shared.scripts).get_mut(&api).and_then(VecDeque::pop_front));
     let mut reply = scripted.unwrap_or_else(|| {
         let (text, latency) = lock(&shared.default).clone();
         let reply = Reply::text(text);
