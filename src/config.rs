@@ -32,6 +32,7 @@ pub use crate::secret::Secret;
 
 mod archivist;
 mod http;
+pub mod pgtls;
 
 /// Declares getters that read whole-seconds fields as `Duration`s, from one
 /// list of `getter: field`.
@@ -400,8 +401,12 @@ impl Config {
                 "not set: export DATABASE_URL (or put database_url in the config file)",
             );
         }
-        if self.database_url.0.parse::<tokio_postgres::Config>().is_err() {
-            return invalid("database_url", "not a valid PostgreSQL connection string");
+        match pgtls::split(&self.database_url.0) {
+            Err(e) => return invalid("database_url", &e.to_string()),
+            Ok((rest, _)) if rest.parse::<tokio_postgres::Config>().is_err() => {
+                return invalid("database_url", "not a valid PostgreSQL connection string");
+            }
+            Ok(_) => {}
         }
         for (key, v) in [
             ("lease_secs", self.lease_secs),

@@ -42,7 +42,7 @@ pub enum DaemonError {
 /// Applies pending migrations (and missing triggers) under the advisory lock.
 pub async fn migrate_at_start(cfg: &Config) -> Result<migrate::Report, db::Error> {
     let pg = db::pg_config(cfg.database_url.expose(), "maasd-migrate")?;
-    let (mut client, conn) = pg.connect(tokio_postgres::NoTls).await?;
+    let (mut client, conn) = pg.connect(db::tls::connector(cfg.database_url.expose())?).await?;
     let driver = tokio::spawn(conn);
     let report = migrate::migrate(&mut client, false).await;
     drop(client);

@@ -246,9 +246,10 @@ async fn session(
         listened: false,
     };
     let pg = pg_config(cfg.database_url.expose(), "maasd-listener").map_err(|e| fail(e.to_string()))?;
+    let tls = crate::db::tls::connector(cfg.database_url.expose()).map_err(|e| fail(e.to_string()))?;
     let (client, mut connection) = tokio::select! {
         _ = shutdown.cancelled() => return Ok(()),
-        r = pg.connect(tokio_postgres::NoTls) => r.map_err(|e| fail(format!("connect: {e}")))?,
+        r = pg.connect(tls) => r.map_err(|e| fail(format!("connect: {}", crate::error::chain(&e))))?,
     };
     // Drive the connection ourselves and forward notifications; after the
     // first error or end, the connection is never polled again.

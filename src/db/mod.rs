@@ -4,6 +4,7 @@
 pub mod devdb;
 pub mod migrate;
 pub mod pool;
+pub mod tls;
 
 pub use pool::{Pool, connect_pool, pg_config};
 

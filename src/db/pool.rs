@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
 
 use crate::config::Config;
 
@@ -14,7 +13,9 @@ pub type Pool = deadpool_postgres::Pool;
 /// A client configuration from the connection string, with timeouts and TCP
 /// keepalives set (the keepalive default is two hours).
 pub fn pg_config(url: &str, application_name: &str) -> Result<tokio_postgres::Config, tokio_postgres::Error> {
-    let mut pg: tokio_postgres::Config = url.parse()?;
+    // Without the TLS keys tokio-postgres does not know (see `tls`).
+    let stripped = crate::config::pgtls::split(url).map(|(rest, _)| rest);
+    let mut pg: tokio_postgres::Config = stripped.as_deref().unwrap_or(url).parse()?;
     if pg.get_application_name().is_none() {
         pg.application_name(application_name);
     }
@@ -34,7 +35,7 @@ pub fn connect_pool(cfg: &Config, application_name: &str) -> Result<Pool, super:
     let pg = pg_config(cfg.database_url.expose(), application_name)?;
     let mgr = Manager::from_config(
         pg,
-        NoTls,
+        super::tls::connector(cfg.database_url.expose())?,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

@@ -20,3 +20,4 @@ mod schema;
 mod stages;
 mod support;
 mod systemd;
+mod tls;
