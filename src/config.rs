@@ -32,6 +32,7 @@ pub use crate::secret::Secret;
 
 mod archivist;
 mod http;
+pub mod netallow;
 pub mod pgtls;
 
 /// Declares getters that read whole-seconds fields as `Duration`s, from one
@@ -258,6 +259,11 @@ pub struct CallbacksConfig {
     pub batch: usize,
     /// Most deliveries in flight at once per daemon. Default 16.
     pub concurrency: usize,
+    /// Loopback, private, link-local and unique-local networks callbacks may
+    /// go to (checked on the address connected to). Default: none — such
+    /// destinations are refused. `MAAS_CALLBACKS__ALLOW_NETWORKS=10.1.0.0/16,::1`.
+    #[serde(deserialize_with = "netallow::list")]
+    pub allow_networks: Vec<String>,
 }
 
 impl Default for CallbacksConfig {
@@ -271,6 +277,7 @@ impl Default for CallbacksConfig {
             poll_secs: 5,
             batch: 32,
             concurrency: 16,
+            allow_networks: Vec::new(),
         }
     }
 }
@@ -407,6 +414,9 @@ impl Config {
                 return invalid("database_url", "not a valid PostgreSQL connection string");
             }
             Ok(_) => {}
+        }
+        if let Err(e) = netallow::parse(&self.callbacks.allow_networks) {
+            return invalid("callbacks.allow_networks", &e);
         }
         for (key, v) in [
             ("lease_secs", self.lease_secs),
