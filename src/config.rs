@@ -68,6 +68,10 @@ pub use memory::MemoryConfig;
 pub struct Config {
     /// PostgreSQL connection string. Required (no default): `DATABASE_URL`.
     pub database_url: Secret,
+    /// Connection string of the LISTEN session only, when it must bypass a
+    /// transaction-mode pooler (PgBouncer) that `database_url` goes through.
+    /// Default: `database_url`. `MAAS_LISTEN_DATABASE_URL`.
+    pub listen_database_url: Secret,
     /// Address of the HTTP server. Default `127.0.0.1:8080`; port 0 picks a
     /// free port; `:PORT` means `127.0.0.1:PORT`. A host name is resolved at
     /// start. `MAAS_HTTP_ADDR`.
@@ -328,6 +332,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             database_url: Secret(String::new()),
+            listen_database_url: Secret(String::new()),
             http_addr: "127.0.0.1:8080".into(),
             api_tokens: Vec::new(),
             http: HttpConfig::default(),
@@ -375,6 +380,15 @@ impl Config {
         )
     }
 
+    /// The connection string of the LISTEN session.
+    pub fn listen_url(&self) -> &str {
+        if self.listen_database_url.expose().is_empty() {
+            self.database_url.expose()
+        } else {
+            self.listen_database_url.expose()
+        }
+    }
+
     fn load_from(file: Option<&Path>, maas_env: Env, db_env: Env) -> Result<Config, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
@@ -408,12 +422,20 @@ impl Config {
                 "not set: export DATABASE_URL (or put database_url in the config file)",
             );
         }
-        match pgtls::split(&self.database_url.0) {
-            Err(e) => return invalid("database_url", &e.to_string()),
-            Ok((rest, _)) if rest.parse::<tokio_postgres::Config>().is_err() => {
-                return invalid("database_url", "not a valid PostgreSQL connection string");
+        for (key, url) in [
+            ("database_url", &self.database_url.0),
+            ("listen_database_url", &self.listen_database_url.0),
+        ] {
+            if url.is_empty() && key == "listen_database_url" {
+                continue;
             }
-            Ok(_) => {}
+            match pgtls::split(url) {
+                Err(e) => return invalid(key, &e.to_string()),
+                Ok((rest, _)) if rest.parse::<tokio_postgres::Config>().is_err() => {
+                    return invalid(key, "not a valid PostgreSQL connection string");
+                }
+                Ok(_) => {}
+            }
         }
         if let Err(e) = netallow::parse(&self.callbacks.allow_networks) {
             return invalid("callbacks.allow_networks", &e);

@@ -245,8 +245,8 @@ async fn session(
         message,
         listened: false,
     };
-    let pg = pg_config(cfg.database_url.expose(), "maasd-listener").map_err(|e| fail(e.to_string()))?;
-    let tls = crate::db::tls::connector(cfg.database_url.expose()).map_err(|e| fail(e.to_string()))?;
+    let pg = pg_config(cfg.listen_url(), "maasd-listener").map_err(|e| fail(e.to_string()))?;
+    let tls = crate::db::tls::connector(cfg.listen_url()).map_err(|e| fail(e.to_string()))?;
     let (client, mut connection) = tokio::select! {
         _ = shutdown.cancelled() => return Ok(()),
         r = pg.connect(tls) => r.map_err(|e| fail(format!("connect: {}", crate::error::chain(&e))))?,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Runtime};
 
 use crate::config::Config;
 
@@ -33,11 +33,12 @@ pub fn pg_config(url: &str, application_name: &str) -> Result<tokio_postgres::Co
 /// Builds the pool. Connections are made lazily; a dead one is replaced.
 pub fn connect_pool(cfg: &Config, application_name: &str) -> Result<Pool, super::Error> {
     let pg = pg_config(cfg.database_url.expose(), application_name)?;
+    let recycling_method = super::failover::recycling(&pg);
     let mgr = Manager::from_config(
         pg,
         super::tls::connector(cfg.database_url.expose())?,
         ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
+            recycling_method,
         },
     );
     Pool::builder(mgr)

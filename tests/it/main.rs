@@ -6,6 +6,7 @@ mod callbacks;
 mod cli;
 mod control;
 mod engine;
+mod failover;
 mod health;
 mod http;
 mod layers;
