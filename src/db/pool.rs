@@ -37,9 +37,7 @@ pub fn connect_pool(cfg: &Config, application_name: &str) -> Result<Pool, super:
     let mgr = Manager::from_config(
         pg,
         super::tls::connector(cfg.database_url.expose())?,
-        ManagerConfig {
-            recycling_method,
-        },
+        ManagerConfig { recycling_method },
     );
     Pool::builder(mgr)
         .max_size(cfg.pool_size)

@@ -34,7 +34,10 @@ async fn wait_readyz(http: &reqwest::Client, addr: std::net::SocketAddr, want: u
 
 async fn set_read_only(admin: &Client, on: bool) {
     // The admin session itself must write while the server is read-only.
-    admin.batch_execute("SET default_transaction_read_only = off").await.unwrap();
+    admin
+        .batch_execute("SET default_transaction_read_only = off")
+        .await
+        .unwrap();
     let sql = if on {
         "ALTER SYSTEM SET default_transaction_read_only = on"
     } else {
@@ -90,7 +93,10 @@ async fn a_primary_turned_read_only_is_a_connection_loss_until_it_takes_writes_a
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert!(users.contains(&("maasd-listener".into(), "maas_listen".into())), "{users:?}");
+    assert!(
+        users.contains(&("maasd-listener".into(), "maas_listen".into())),
+        "{users:?}"
+    );
     assert!(users.contains(&("maasd".into(), "postgres".into())), "{users:?}");
 
     set_read_only(&admin, true).await;
@@ -99,7 +105,9 @@ async fn a_primary_turned_read_only_is_a_connection_loss_until_it_takes_writes_a
     assert!(body.contains("does not allow writes"), "{body}");
 
     // A request submitted meanwhile (by a session that may write) waits.
-    c.batch_execute("SET default_transaction_read_only = off").await.unwrap();
+    c.batch_execute("SET default_transaction_read_only = off")
+        .await
+        .unwrap();
     let id = insert_one(&c, "after the failover").await;
     set_read_only(&admin, false).await;
     wait_readyz(&http, addr, 200, "ready").await;

@@ -17,6 +17,7 @@ mod prompts;
 mod props;
 mod requests;
 mod retention;
+mod roles;
 mod schema;
 mod stages;
 mod support;
