@@ -22,6 +22,7 @@ pub mod error;
 pub mod housekeeping;
 pub mod live;
 pub mod openapi;
+pub mod operate;
 pub mod ops;
 
 use std::net::SocketAddr;
@@ -125,6 +126,8 @@ pub fn routes() -> Routes {
         .post("/api/query", api::submit)
         .get("/api/query/{id}/status", api::status)
         .post("/api/query/{id}/continue", api::continue_run)
+        .post("/api/query/{id}/cancel", operate::cancel)
+        .post("/api/query/{id}/retry", operate::retry)
         .get("/api/users/{id}/memory", api::memory)
         .get("/api/query/{id}/events", api::events)
         .get("/api/ws", api::ws);

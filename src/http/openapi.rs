@@ -22,6 +22,18 @@ fn object_response(description: &str, properties: Value) -> Value {
     json_response(description, json!({ "type": "object", "properties": properties }))
 }
 
+/// The body of an operator action: `{"reason": "…"}`.
+fn reason_body() -> Value {
+    json!({
+        "required": true,
+        "content": { "application/json": { "schema": {
+            "type": "object",
+            "required": ["reason"],
+            "properties": { "reason": { "type": "string", "minLength": 1, "maxLength": 1000 } }
+        } } }
+    })
+}
+
 fn id_param() -> Value {
     json!({
         "name": "id", "in": "path", "required": true,
@@ -84,6 +96,52 @@ pub fn document() -> Value {
                         "400": error_response("Malformed id, wait or include"),
                         "401": error_response("Missing or wrong bearer token"),
                         "404": error_response("No such request")
+                    }
+                }
+            },
+            "/api/query/{id}/cancel": {
+                "post": {
+                    "summary": "Cancel a request that is not finished (recorded with the reason)",
+                    "security": secured,
+                    "parameters": [id_param()],
+                    "requestBody": reason_body(),
+                    "responses": {
+                        "200": object_response(
+                            "Cancelled; `was` is the status it had",
+                            json!({
+                                "request_id": { "type": "string", "format": "uuid" },
+                                "status": { "type": "string", "enum": ["CANCELLED"] },
+                                "was": { "type": "string" }
+                            })
+                        ),
+                        "400": error_response("Malformed id or body"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("No such request"),
+                        "409": error_response("Already finished"),
+                        "422": error_response("No reason given")
+                    }
+                }
+            },
+            "/api/query/{id}/retry": {
+                "post": {
+                    "summary": "Send a FAILED request back to the stage that failed, with fresh attempts",
+                    "security": secured,
+                    "parameters": [id_param()],
+                    "requestBody": reason_body(),
+                    "responses": {
+                        "200": object_response(
+                            "Back in the ready status of the stage that failed",
+                            json!({
+                                "request_id": { "type": "string", "format": "uuid" },
+                                "status": { "type": "string" },
+                                "stage": { "type": "string" }
+                            })
+                        ),
+                        "400": error_response("Malformed id or body"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("No such request"),
+                        "409": error_response("Not FAILED"),
+                        "422": error_response("No reason given")
                     }
                 }
             },

@@ -12,6 +12,7 @@ mod http;
 mod layers;
 mod llm;
 mod memory;
+mod operate;
 mod orchestrator;
 mod prompts;
 mod props;

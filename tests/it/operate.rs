@@ -1,0 +1,93 @@
+//! `POST /api/query/{id}/cancel` and `/retry` with a reason, against a real
+//! daemon: the same outcomes as `maasctl requests cancel|retry`, recorded in
+//! `operator_actions` with the actor `http`.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::support::api::Api;
+use crate::support::db::TestDb;
+use crate::support::ops::{fast, insert_one, wait_status};
+
+async fn post(api: &Api, path: &str, body: Value) -> (StatusCode, Value) {
+    let resp = api
+        .authed(api.http.post(api.url(path)).json(&body))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_retry_over_http_need_a_reason_and_say_why_they_refuse() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(
+        &db,
+        fast()
+            .env("MAAS_LLM__OFFLINE__FAIL_WHEN_QUERY_CONTAINS", "boom")
+            .env("MAAS_MAX_ATTEMPTS", 1)
+            .env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000),
+    )
+    .await;
+
+    // A running request (60 s per model call): cancelled, with its reason.
+    let slow = insert_one(&c, "a slow one").await;
+    let path = format!("/api/query/{slow}/cancel");
+    let (status, body) = post(&api, &path, json!({})).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("missing_field")),
+        "{body}"
+    );
+    let (status, body) = post(&api, &path, json!({ "reason": "user left" })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "CANCELLED");
+    wait_status(&c, slow, "CANCELLED").await;
+    let (status, body) = post(&api, &path, json!({ "reason": "again" })).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body.to_string().contains("already CANCELLED"), "{body}");
+    let row = c
+        .query_one(
+            "SELECT actor, reason FROM operator_actions WHERE run_id = $1 AND action = 'cancel'",
+            &[&slow],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, Option<String>>(1)),
+        ("http".into(), Some("user left".into()))
+    );
+
+    // Retry: refused for a request that is not FAILED, done for one that is.
+    let (status, body) = post(&api, &format!("/api/query/{slow}/retry"), json!({ "reason": "x" })).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body.to_string().contains("only FAILED"), "{body}");
+    let failed: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query, status, attempt) VALUES (gen_random_uuid(), 'boom', 'FAILED', 1) RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let (status, body) = post(
+        &api,
+        &format!("/api/query/{failed}/retry"),
+        json!({ "reason": "provider back" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "NEW", "{body}");
+    let (status, _) = post(
+        &api,
+        &format!("/api/query/{}/retry", Uuid::new_v4()),
+        json!({ "reason": "x" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = post(&api, "/api/query/not-a-uuid/cancel", json!({ "reason": "x" })).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
