@@ -21,6 +21,7 @@ pub mod api;
 pub mod error;
 pub mod housekeeping;
 pub mod live;
+pub mod local_guard;
 pub mod openapi;
 pub mod operate;
 pub mod ops;
@@ -157,6 +158,10 @@ pub fn app(state: AppState) -> Router {
 /// Bearer authentication of the `/api` routes (when tokens are configured).
 async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
     if app.tokens.is_empty() {
+        // Loopback-only mode: local programs, not a browser's pages.
+        if let Err(refused) = local_guard::check(&headers) {
+            return refused.into_response();
+        }
         return next.run(req).await;
     }
     let given = headers

@@ -91,3 +91,60 @@ async fn cancel_and_retry_over_http_need_a_reason_and_say_why_they_refuse() {
     let (status, _) = post(&api, "/api/query/not-a-uuid/cancel", json!({ "reason": "x" })).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
+
+/// Without api_tokens (loopback only), a request whose Host or Origin is not
+/// the loopback — what a web page in a local browser sends, DNS rebinding
+/// included — is refused, naming the header; local programs pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_only_loopback_hosts_and_origins_are_served() {
+    let db = TestDb::new().await;
+    let api = Api::start(&db, fast()).await;
+    let id = Uuid::new_v4();
+    let status_url = api.url(&format!("/api/query/{id}/status"));
+    let plain = api.http.get(&status_url).send().await.unwrap();
+    assert_eq!(plain.status(), StatusCode::NOT_FOUND, "a local client gets the answer");
+    let by_name = api
+        .http
+        .get(&status_url)
+        .header("host", format!("localhost:{}", api.addr.port()))
+        .header("origin", "http://localhost:5173")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_name.status(), StatusCode::NOT_FOUND);
+
+    let rebound = api
+        .http
+        .get(&status_url)
+        .header("host", "rebind.example:8080")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
+    let body: Value = rebound.json().await.unwrap();
+    assert_eq!(body["code"], "forbidden_host", "{body}");
+    assert!(body["error"].as_str().unwrap().contains("rebind.example"), "{body}");
+
+    let page = api
+        .http
+        .post(api.url("/api/query"))
+        .header("origin", "https://evil.example")
+        .json(&json!({ "user_id": Uuid::new_v4(), "query": "from a web page" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::FORBIDDEN);
+    let body: Value = page.json().await.unwrap();
+    assert_eq!(body["code"], "forbidden_origin", "{body}");
+    let c = db.client().await;
+    assert_eq!(crate::support::count(&c, "SELECT count(*) FROM pipeline_runs").await, 0);
+    // Health and metrics are not API routes: served to any Host.
+    let ready = api
+        .http
+        .get(api.url("/readyz"))
+        .header("host", "rebind.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+}
