@@ -25,6 +25,7 @@ pub mod local_guard;
 pub mod openapi;
 pub mod operate;
 pub mod ops;
+mod submit_fields;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -256,7 +256,15 @@ pub fn document() -> Value {
                     "properties": {
                         "user_id": { "type": "string", "format": "uuid" },
                         "query": { "type": "string", "minLength": 1, "maxLength": 100000 },
-                        "thread_id": { "type": ["string", "null"], "format": "uuid" }
+                        "thread_id": { "type": ["string", "null"], "format": "uuid" },
+                        "callback_url": {
+                            "type": ["string", "null"], "format": "uri", "maxLength": 2048,
+                            "description": "http(s) URL the outcome is POSTed to, signed (README, callbacks)"
+                        },
+                        "debug": {
+                            "type": ["boolean", "null"],
+                            "description": "Rest in ANALYZED and READY until POST /api/query/{id}/continue"
+                        }
                     }
                 },
                 "Accepted": {

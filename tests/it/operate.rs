@@ -148,3 +148,71 @@ async fn without_tokens_only_loopback_hosts_and_origins_are_served() {
         .unwrap();
     assert_eq!(ready.status(), StatusCode::OK);
 }
+
+/// `POST /api/query` takes `callback_url` and `debug`: stored on the
+/// request, the debug run rests after analyze until continued, and a bad
+/// value is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_takes_callback_url_and_debug() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, fast()).await;
+    let user = Uuid::new_v4();
+    let resp = api
+        .submit(&json!({
+            "user_id": user, "query": "step by step", "debug": true,
+            "callback_url": "https://hooks.example/maas?k=1"
+        }))
+        .await;
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    wait_status(&c, id, "ANALYZED").await;
+    let row = c
+        .query_one(
+            "SELECT callback_url, debug, held FROM pipeline_runs WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, Option<String>>(0).as_deref(),
+        Some("https://hooks.example/maas?k=1")
+    );
+    assert!(row.get::<_, bool>(1));
+    let (status, _) = post(&api, &format!("/api/query/{id}/continue"), json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    wait_status(&c, id, "READY").await;
+
+    for (body, field) in [
+        (
+            json!({ "user_id": user, "query": "q", "callback_url": "ftp://x.example/" }),
+            "callback_url",
+        ),
+        (
+            json!({ "user_id": user, "query": "q", "callback_url": "not a url" }),
+            "callback_url",
+        ),
+        (
+            json!({ "user_id": user, "query": "q", "callback_url": 5 }),
+            "callback_url",
+        ),
+        (json!({ "user_id": user, "query": "q", "debug": "yes" }), "debug"),
+    ] {
+        let resp = api.submit(&body).await;
+        assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        let err: Value = resp.json().await.unwrap();
+        assert!(err["error"].as_str().unwrap().starts_with(field), "{err}");
+    }
+    // A plain submit is neither debug nor called back.
+    let resp = api.submit(&json!({ "user_id": user, "query": "plain" })).await;
+    let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    wait_status(&c, id, "COMPLETED").await;
+}
