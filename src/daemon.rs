@@ -135,6 +135,7 @@ pub async fn run(
     let services = service::start(services, &shutdown);
     ready(&engine);
     engine.run(shutdown).await;
+    crate::systemd::notify_stopping();
     server.stop(cfg.grace()).await;
     services.wait().await;
     Ok(())
