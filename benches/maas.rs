@@ -2,9 +2,15 @@
 //! concurrency and crash recovery of real `maasd` processes, measured against
 //! the limit of the same PostgreSQL cluster (pgbench) in the same run.
 //!
-//! `cargo bench --bench maas -- [--quick] [--json]`; `bin/bench` provisions
+//! `cargo bench --bench maas -- [--quick] [--json] [--tls]`; `bin/bench` provisions
 //! nothing else: the cluster is made here (durable: fsync and
 //! synchronous_commit on) under the target directory.
+//!
+//! `--tls`: the cluster serves TLS (a CA and server certificate made here)
+//! and every connection of the daemons and of the bench uses
+//! `sslmode=verify-full`; the throughput run is repeated without TLS in the
+//! same run and `tls_throughput_ratio` is with ÷ without. pgbench, the
+//! reference limit, stays plain.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -34,12 +40,14 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use support::daemon::{Maasd, Opts};
 use support::{analysis_provider, count, fresh_database, on_provider, percentile, poll_until};
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 use uuid::Uuid;
 
 struct Bench {
     cluster: Cluster,
     quick: bool,
+    /// `--tls`: the parameters every database URL gets.
+    tls: Option<String>,
     results: Vec<(String, Value, String)>,
 }
 
@@ -49,7 +57,11 @@ impl Bench {
     }
 
     async fn fresh_db(&self, name: &str) -> String {
-        fresh_database(&self.cluster, &format!("bench_{name}")).await
+        let url = fresh_database(&self.cluster, &format!("bench_{name}")).await;
+        match &self.tls {
+            Some(params) => format!("{url}?{params}"),
+            None => url,
+        }
     }
 }
 
@@ -382,10 +394,11 @@ async fn latency(b: &mut Bench) {
     }
     let with_memory = load_memory(&connect(&url).await, users, turns, records).await;
     let mut d = start_daemon(&url, Opts::default().env("RUST_LOG", "warn")).await;
-    let (listener, mut conn) = url
+    let (rest, tls) = maas::db::tls::split(&url).unwrap();
+    let (listener, mut conn) = rest
         .parse::<tokio_postgres::Config>()
         .unwrap()
-        .connect(NoTls)
+        .connect(tls)
         .await
         .unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
@@ -760,6 +773,34 @@ async fn archivist(b: &mut Bench) {
     );
 }
 
+/// Turns TLS on for the cluster with a CA and a server certificate for
+/// 127.0.0.1 made now; the URL parameters that verify it.
+async fn serve_tls(cluster: &Cluster) -> String {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "maas bench CA");
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let server = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    let server_key = KeyPair::generate().unwrap();
+    let server_cert = server.signed_by(&server_key, &ca_cert, &ca_key).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("maas-bench-tls");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, ca_cert.pem()).unwrap();
+    let c = cluster.clone();
+    let (cert, key) = (server_cert.pem(), server_key.serialize_pem());
+    tokio::task::spawn_blocking(move || {
+        c.enable_tls(&cert, &key, None)?;
+        c.restart(false)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    format!("sslmode=verify-full&sslrootcert={}", ca_file.display())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     // `cargo test --all-targets` runs bench binaries too, without `--bench`:
@@ -771,11 +812,14 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
     let only: Option<String> = args.iter().find_map(|a| a.strip_prefix("--only=").map(str::to_owned));
+    let tls = args.iter().any(|a| a == "--tls");
     support::runtime().block_on(async move {
         let cluster = support::start_cluster("maas-bench-pg", 300).await;
+        let tls = if tls { Some(serve_tls(&cluster).await) } else { None };
         let mut b = Bench {
             cluster,
             quick,
+            tls,
             results: Vec::new(),
         };
         let started = Instant::now();
@@ -784,7 +828,38 @@ fn main() {
             pgbench(&mut b).await;
         }
         if want("throughput") {
-            throughput(&mut b, false, Some(THROUGHPUT_CONCURRENCY)).await;
+            // With --tls: without TLS first (a warm-up for the cluster), then
+            // with, then without again; the ratio is against the mean of the
+            // two, so the order of the runs does not make the difference.
+            let mut without = Vec::new();
+            if b.tls.is_some() {
+                let first = b.results.len();
+                let tls = b.tls.take();
+                without.push(throughput(&mut b, false, Some(THROUGHPUT_CONCURRENCY)).await);
+                b.tls = tls;
+                b.results.truncate(first);
+            }
+            let with = throughput(&mut b, false, Some(THROUGHPUT_CONCURRENCY)).await;
+            if b.tls.is_some() {
+                let first = b.results.len();
+                let tls = b.tls.take();
+                without.push(throughput(&mut b, false, Some(THROUGHPUT_CONCURRENCY)).await);
+                b.tls = tls;
+                for r in &mut b.results[first..] {
+                    r.0.push_str("_no_tls");
+                }
+                let mean = without.iter().sum::<f64>() / without.len() as f64;
+                b.record(
+                    "stage_exec_per_s_no_tls_mean",
+                    round(mean, 0),
+                    "mean of the runs without TLS before and after the TLS run",
+                );
+                b.record(
+                    "tls_throughput_ratio",
+                    round(with / mean, 2),
+                    "stage executions/s with TLS (verify-full) ÷ without (mean of before and after), same run",
+                );
+            }
             throughput(&mut b, false, None).await;
             throughput(&mut b, true, Some(THROUGHPUT_CONCURRENCY)).await;
         }
@@ -827,8 +902,9 @@ fn main() {
         }
         let _ = writeln!(
             table,
-            "(mode: {}, {:.0} s)",
+            "(mode: {}{}, {:.0} s)",
             if quick { "quick" } else { "full" },
+            if b.tls.is_some() { ", TLS" } else { "" },
             started.elapsed().as_secs_f64()
         );
         print!("{table}");

@@ -18,6 +18,9 @@
 //!   "{X-Maas-Timestamp}.{body}")>`; see [`sign`] and [`verify`]. Without a
 //!   secret nothing is sent: deliveries wait in the outbox.
 //! - Redirects are not followed; only a `2xx` counts as delivered.
+//! - Never to loopback, private, link-local or unique-local addresses unless
+//!   `callbacks.allow_networks` names them, checked on the address connected
+//!   to ([`guard`]); a refused destination is given up at once (`dead`).
 //! - The worker wakes when the LISTEN session reports a terminal status, and
 //!   polls every `callbacks.poll_secs` otherwise (retries, missed wakes).
 //! - It runs as the daemon service [`Callbacks`].
@@ -41,6 +44,8 @@ use crate::db::Pool;
 use crate::listener::{Event, Notifier};
 use crate::repo::callbacks::{self as outbox, Delivery};
 use crate::service::Service;
+
+pub mod guard;
 
 /// `sha256=` and the hex HMAC-SHA256 of `"{timestamp}.{body}"`.
 pub const SIGNATURE_HEADER: &str = "x-maas-signature";
@@ -141,11 +146,15 @@ pub async fn run(pool: Pool, cfg: Arc<Config>, events: broadcast::Receiver<Event
         );
         return;
     }
+    // Validated at load; a bad entry here would have stopped the daemon.
+    let guard = guard::Guard::new(crate::config::netallow::parse(&cb.allow_networks).unwrap_or_default());
     let http = match reqwest::Client::builder()
         .user_agent(concat!("maas/", env!("CARGO_PKG_VERSION"), " (callbacks)"))
         .timeout(cb.timeout())
         .connect_timeout(cb.timeout())
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Arc::new(guard.clone()))
         .build()
     {
         Ok(c) => c,
@@ -158,6 +167,7 @@ pub async fn run(pool: Pool, cfg: Arc<Config>, events: broadcast::Receiver<Event
         pool,
         cfg: cfg.clone(),
         http,
+        guard,
     });
     worker.run(events, shutdown).await;
 }
@@ -166,6 +176,7 @@ struct Worker {
     pool: Pool,
     cfg: Arc<Config>,
     http: reqwest::Client,
+    guard: guard::Guard,
 }
 
 impl Worker {
@@ -272,6 +283,13 @@ impl Worker {
         let ts = chrono::Utc::now().timestamp();
         let signature = sign(self.cb().secret.expose().as_bytes(), ts, d.body.as_bytes());
         let started = Instant::now();
+        // An address in the URL is not resolved, so not seen by the guard's resolver.
+        if let Some(refused) = reqwest::Url::parse(&d.url)
+            .ok()
+            .and_then(|u| self.guard.check_url(&u).err())
+        {
+            return self.refuse(&d, &refused.to_string()).await;
+        }
         let sent = self
             .http
             .post(&d.url)
@@ -302,6 +320,7 @@ impl Worker {
                 format!("HTTP {}", resp.status()),
             ),
             // Without the URL: it may carry a token in its query string.
+            Err(e) if refused(&e) => return self.refuse(&d, &describe(&e.without_url())).await,
             Err(e) => (None, describe(&e.without_url())),
         };
         let attempts = u32::try_from(d.attempt).unwrap_or(u32::MAX);
@@ -318,6 +337,14 @@ impl Worker {
         let d = &d;
         let error = &error;
         self.record(|c| async move { outbox::failed(&c, d, status, error, retry_in, dead).await })
+            .await;
+    }
+
+    /// A destination the guard refuses: given up at once (no retry can
+    /// change the answer short of a new configuration).
+    async fn refuse(&self, d: &Delivery, error: &str) {
+        tracing::warn!(delivery = d.id, request.id = %d.run_id, error = %error, "callback refused; delivery is dead");
+        self.record(|c| async move { outbox::failed(&c, d, None, error, Duration::ZERO, true).await })
             .await;
     }
 
@@ -340,6 +367,18 @@ impl Worker {
             }
         }
     }
+}
+
+/// The guard's resolver refused every address of the destination.
+fn refused(e: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<guard::Refused>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 fn describe(e: &reqwest::Error) -> String {

@@ -33,6 +33,8 @@ pub use crate::secret::Secret;
 mod archivist;
 mod db;
 mod http;
+pub mod netallow;
+pub mod pgtls;
 
 /// Declares getters that read whole-seconds fields as `Duration`s, from one
 /// list of `getter: field`.
@@ -68,6 +70,10 @@ pub use memory::MemoryConfig;
 pub struct Config {
     /// PostgreSQL connection string. Required (no default): `DATABASE_URL`.
     pub database_url: Secret,
+    /// Connection string of the LISTEN session only, when it must bypass a
+    /// transaction-mode pooler (PgBouncer) that `database_url` goes through.
+    /// Default: `database_url`. `MAAS_LISTEN_DATABASE_URL`.
+    pub listen_database_url: Secret,
     /// Address of the HTTP server. Default `127.0.0.1:8080`; port 0 picks a
     /// free port; `:PORT` means `127.0.0.1:PORT`. A host name is resolved at
     /// start. `MAAS_HTTP_ADDR`.
@@ -268,6 +274,11 @@ pub struct CallbacksConfig {
     pub batch: usize,
     /// Most deliveries in flight at once per daemon. Default 16.
     pub concurrency: usize,
+    /// Loopback, private, link-local and unique-local networks callbacks may
+    /// go to (checked on the address connected to). Default: none — such
+    /// destinations are refused. `MAAS_CALLBACKS__ALLOW_NETWORKS=10.1.0.0/16,::1`.
+    #[serde(deserialize_with = "netallow::list")]
+    pub allow_networks: Vec<String>,
 }
 
 impl Default for CallbacksConfig {
@@ -281,6 +292,7 @@ impl Default for CallbacksConfig {
             poll_secs: 5,
             batch: 32,
             concurrency: 16,
+            allow_networks: Vec::new(),
         }
     }
 }
@@ -355,6 +367,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             database_url: Secret(String::new()),
+            listen_database_url: Secret(String::new()),
             http_addr: "127.0.0.1:8080".into(),
             api_tokens: Vec::new(),
             http: HttpConfig::default(),
@@ -404,6 +417,15 @@ impl Config {
         )
     }
 
+    /// The connection string of the LISTEN session.
+    pub fn listen_url(&self) -> &str {
+        if self.listen_database_url.expose().is_empty() {
+            self.database_url.expose()
+        } else {
+            self.listen_database_url.expose()
+        }
+    }
+
     fn load_from(file: Option<&Path>, maas_env: Env, db_env: Env) -> Result<Config, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
@@ -437,8 +459,23 @@ impl Config {
                 "not set: export DATABASE_URL (or put database_url in the config file)",
             );
         }
-        if self.database_url.0.parse::<tokio_postgres::Config>().is_err() {
-            return invalid("database_url", "not a valid PostgreSQL connection string");
+        for (key, url) in [
+            ("database_url", &self.database_url.0),
+            ("listen_database_url", &self.listen_database_url.0),
+        ] {
+            if url.is_empty() && key == "listen_database_url" {
+                continue;
+            }
+            match pgtls::split(url) {
+                Err(e) => return invalid(key, &e.to_string()),
+                Ok((rest, _)) if rest.parse::<tokio_postgres::Config>().is_err() => {
+                    return invalid(key, "not a valid PostgreSQL connection string");
+                }
+                Ok(_) => {}
+            }
+        }
+        if let Err(e) = netallow::parse(&self.callbacks.allow_networks) {
+            return invalid("callbacks.allow_networks", &e);
         }
         for (key, v) in [
             ("lease_secs", self.lease_secs),

@@ -43,9 +43,14 @@ pub enum DaemonError {
 pub async fn migrate_at_start(cfg: &Config) -> Result<migrate::Report, db::Error> {
     let mut pg = db::pg_config(cfg.database_url.expose(), "maasd-migrate")?;
     db::with_limits(&mut pg, &cfg.db.for_migrations());
-    let (mut client, conn) = pg.connect(tokio_postgres::NoTls).await?;
+    let (mut client, conn) = pg.connect(db::tls::connector(cfg.database_url.expose())?).await?;
     let driver = tokio::spawn(conn);
-    let report = migrate::migrate(&mut client, false).await;
+    // A current schema needs no DDL, so a runtime role without CREATE
+    // rights starts (migrations then run as the owner: `maasctl migrate`).
+    let report = match migrate::state(&client).await {
+        Ok(state) if state.is_current() => Ok(migrate::Report::default()),
+        _ => migrate::migrate(&mut client, false).await,
+    };
     drop(client);
     let _ = driver.await;
     report
@@ -137,6 +142,7 @@ pub async fn run(
     let services = service::start(services, &shutdown);
     ready(&engine);
     engine.run(shutdown).await;
+    crate::systemd::notify_stopping();
     server.stop(cfg.grace()).await;
     services.wait().await;
     Ok(())

@@ -58,7 +58,8 @@
 //!    rate limits, token counting, fence stripping, error mapping.
 //! 2. [`config`] — typed settings, loaded once (defaults → file →
 //!    environment).
-//! 3. [`db`] — the pool, migrations, a private cluster for development and
+//! 3. [`db`] — the pool, TLS to the server ([`db::tls`]), failover
+//!    ([`db::failover`]), migrations, a private cluster for development and
 //!    tests ([`db::devdb`]).
 //! 4. [`repo`] — every SQL statement, one file per table; rows read by
 //!    column name. No SQL outside `repo` and `db`.

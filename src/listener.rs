@@ -245,11 +245,12 @@ async fn session(
         message,
         listened: false,
     };
-    let mut pg = pg_config(cfg.database_url.expose(), "maasd-listener").map_err(|e| fail(e.to_string()))?;
+    let mut pg = pg_config(cfg.listen_url(), "maasd-listener").map_err(|e| fail(e.to_string()))?;
     crate::db::with_limits(&mut pg, &cfg.db);
+    let tls = crate::db::tls::connector(cfg.listen_url()).map_err(|e| fail(e.to_string()))?;
     let (client, mut connection) = tokio::select! {
         _ = shutdown.cancelled() => return Ok(()),
-        r = pg.connect(tokio_postgres::NoTls) => r.map_err(|e| fail(format!("connect: {e}")))?,
+        r = pg.connect(tls) => r.map_err(|e| fail(format!("connect: {}", crate::error::chain(&e))))?,
     };
     // Drive the connection ourselves and forward notifications; after the
     // first error or end, the connection is never polled again.

@@ -142,11 +142,22 @@ async fn supervise(engine: Arc<Engine>, cfg: Arc<Config>, shutdown: Cancellation
     }
 }
 
-async fn stopping(watchdog: Option<Duration>, ping: Duration) {
+/// Sends `STOPPING=1` once per process, from whichever comes first: the
+/// notifier task, or the daemon itself when its graceful stop is done (a
+/// fast stop may end before the notifier task is polled).
+pub fn notify_stopping() {
+    static SENT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if std::env::var_os("NOTIFY_SOCKET").is_none() || SENT.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
     notify(&[
         NotifyState::Stopping,
         NotifyState::Status("stopping: no longer claiming; finishing running stages"),
     ]);
+}
+
+async fn stopping(watchdog: Option<Duration>, ping: Duration) {
+    notify_stopping();
     if watchdog.is_none() {
         return;
     }

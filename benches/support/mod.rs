@@ -22,7 +22,7 @@ use daemon::Opts;
 use fake_llm::{FakeConfig, FakeLlm};
 use maas::db::devdb::{Cluster, ClusterSpec, ensure_database};
 use tokio::time::Instant;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// A multi-threaded runtime, after lifting the open-file limit (many
 /// daemons, connections and provider calls at once).
@@ -76,10 +76,12 @@ pub async fn fresh_database(cluster: &Cluster, name: &str) -> String {
 /// One connection attempt (3 s), named after the bench binary in
 /// `pg_stat_activity` (never `maasd…`, which the daemons' names start with).
 pub async fn try_connect(url: &str) -> Result<Client, tokio_postgres::Error> {
-    let mut cfg: tokio_postgres::Config = url.parse().unwrap();
+    // maas's own TLS connector, so `sslmode=verify-full` URLs (bench --tls) work.
+    let (rest, tls) = maas::db::tls::split(url).unwrap();
+    let mut cfg: tokio_postgres::Config = rest.parse().unwrap();
     cfg.application_name(env!("CARGO_CRATE_NAME"))
         .connect_timeout(Duration::from_secs(3));
-    let (c, conn) = cfg.connect(NoTls).await?;
+    let (c, conn) = cfg.connect(tls).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });

@@ -256,11 +256,12 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
 /// pooled one, and wait for delivery: the same path the daemons' doorbell
 /// takes (and fails the same way behind a transaction-mode PgBouncer).
 async fn notify_round_trip(cfg: &Config, sender: &deadpool_postgres::Object) -> Result<Duration, String> {
-    let pg = db::pg_config(cfg.database_url.expose(), "maasctl-doctor").map_err(|e| e.to_string())?;
+    let pg = db::pg_config(cfg.listen_url(), "maasctl-doctor").map_err(|e| e.to_string())?;
+    let tls = db::tls::connector(cfg.listen_url()).map_err(|e| e.to_string())?;
     let (client, mut conn) = pg
-        .connect(tokio_postgres::NoTls)
+        .connect(tls)
         .await
-        .map_err(|e| format!("cannot open a LISTEN session: {e}"))?;
+        .map_err(|e| format!("cannot open a LISTEN session: {}", chain(&e)))?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));

@@ -268,6 +268,50 @@ impl Cluster {
         fs::remove_dir_all(&self.data_dir).map_err(io(format!("remove {}", self.data_dir.display())))
     }
 
+    /// Turns TLS on (`ssl = on`) with a server certificate and key (PEM),
+    /// from the next start (`restart` a running server). With `client_cert` = (CA PEM, role),
+    /// client certificates from that CA are trusted and `role` logs in
+    /// only with one (`hostssl … cert`); other roles keep `trust`.
+    pub fn enable_tls(
+        &self,
+        cert_pem: &str,
+        key_pem: &str,
+        client_cert: Option<(&str, &str)>,
+    ) -> Result<(), DevDbError> {
+        use std::os::unix::fs::PermissionsExt;
+        let mut files = vec![("server.crt", cert_pem, 0o644), ("server.key", key_pem, 0o600)];
+        let mut settings =
+            "\n# maas TLS\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n".to_owned();
+        if let Some((ca_pem, role)) = client_cert {
+            files.push(("client-ca.crt", ca_pem, 0o644));
+            settings.push_str("ssl_ca_file = 'client-ca.crt'\n");
+            let hba = self.data_dir.join("pg_hba.conf");
+            let old = fs::read_to_string(&hba).map_err(io(format!("read {}", hba.display())))?;
+            let line = format!("hostssl all {role} 127.0.0.1/32 cert\n");
+            if !old.contains(&line) {
+                fs::write(&hba, format!("{line}{old}")).map_err(io(format!("write {}", hba.display())))?;
+            }
+        }
+        for (name, pem, mode) in files {
+            let path = self.data_dir.join(name);
+            fs::write(&path, pem).map_err(io(format!("write {}", path.display())))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+                .map_err(io(format!("chmod {}", path.display())))?;
+            if let Some((uid, gid)) = self.owner {
+                nix::unistd::chown(&path, Some(uid), Some(gid)).map_err(|e| DevDbError::Io {
+                    what: format!("hand {} to the postgres user", path.display()),
+                    source: e.into(),
+                })?;
+            }
+        }
+        let conf = self.data_dir.join("postgresql.conf");
+        let text = fs::read_to_string(&conf).map_err(io(format!("read {}", conf.display())))?;
+        if !text.contains(&settings) {
+            fs::write(&conf, format!("{text}{settings}")).map_err(io(format!("write {}", conf.display())))?;
+        }
+        Ok(())
+    }
+
     /// Path of one of the server's binaries (pgbench, psql, ...).
     pub fn binary(&self, name: &str) -> PathBuf {
         self.bindir.join(name)

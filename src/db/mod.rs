@@ -2,8 +2,10 @@
 //! for development and tests.
 
 pub mod devdb;
+pub mod failover;
 pub mod migrate;
 pub mod pool;
+pub mod tls;
 
 pub use pool::{Pool, connect_api_pool, connect_pool, pg_config, with_limits};
 
@@ -140,8 +142,9 @@ pub fn is_connection_error(e: &tokio_postgres::Error) -> bool {
         Some(code) => {
             let c = code.code();
             // Class 08: connection exception; 57P01..57P03: admin shutdown,
-            // crash shutdown, cannot connect now.
-            c.starts_with("08") || c == "57P01" || c == "57P02" || c == "57P03"
+            // crash shutdown, cannot connect now; 25006: the server no
+            // longer takes writes (see `failover`).
+            c.starts_with("08") || c == "57P01" || c == "57P02" || c == "57P03" || failover::is_read_only(c)
         }
         // No SQLSTATE: an I/O or protocol error on the socket.
         None => true,

@@ -12,8 +12,7 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use deadpool_postgres::{Manager, ManagerConfig, Runtime};
 
 use crate::config::{Config, DbConfig};
 
@@ -22,7 +21,9 @@ pub type Pool = deadpool_postgres::Pool;
 /// A client configuration from the connection string, with timeouts and TCP
 /// keepalives set (the keepalive default is two hours).
 pub fn pg_config(url: &str, application_name: &str) -> Result<tokio_postgres::Config, tokio_postgres::Error> {
-    let mut pg: tokio_postgres::Config = url.parse()?;
+    // Without the TLS keys tokio-postgres does not know (see `tls`).
+    let stripped = crate::config::pgtls::split(url).map(|(rest, _)| rest);
+    let mut pg: tokio_postgres::Config = stripped.as_deref().unwrap_or(url).parse()?;
     if pg.get_application_name().is_none() {
         pg.application_name(application_name);
     }
@@ -62,12 +63,11 @@ pub fn connect_api_pool(cfg: &Config, application_name: &str) -> Result<Pool, su
 fn sized_pool(cfg: &Config, application_name: &str, size: usize) -> Result<Pool, super::Error> {
     let mut pg = pg_config(cfg.database_url.expose(), application_name)?;
     with_limits(&mut pg, &cfg.db);
+    let recycling_method = super::failover::recycling(&pg);
     let mgr = Manager::from_config(
         pg,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
+        super::tls::connector(cfg.database_url.expose())?,
+        ManagerConfig { recycling_method },
     );
     Pool::builder(mgr)
         .max_size(size)

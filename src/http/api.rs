@@ -88,6 +88,8 @@ pub async fn submit(
         user_id,
         thread_id: sub.thread_id,
         query: &sub.query,
+        callback_url: sub.callback_url.as_deref(),
+        debug: sub.debug,
     };
     let client = app.pool.get().await?;
     let (id, replayed) = match key {
@@ -198,6 +200,9 @@ fn fingerprint(req: &NewRequest<'_>) -> String {
     h.update(req.thread_id.map(|t| t.to_string()).unwrap_or_default());
     h.update([0u8]);
     h.update(req.query.as_bytes());
+    h.update([0u8]);
+    h.update(req.callback_url.unwrap_or_default().as_bytes());
+    h.update([0u8, u8::from(req.debug)]);
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -547,6 +552,8 @@ mod tests {
             user_id: Uuid::nil(),
             thread_id: None,
             query: "q",
+            callback_url: None,
+            debug: false,
         };
         let b = NewRequest {
             thread_id: Some(t),
@@ -558,6 +565,20 @@ mod tests {
             fingerprint(&a),
             fingerprint(&NewRequest {
                 query: "q2",
+                ..a.clone()
+            })
+        );
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&NewRequest {
+                debug: true,
+                ..a.clone()
+            })
+        );
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&NewRequest {
+                callback_url: Some("https://x.example/h"),
                 ..a.clone()
             })
         );

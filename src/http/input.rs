@@ -41,6 +41,10 @@ pub struct Submission {
     pub user_id: Uuid,
     pub thread_id: Option<Uuid>,
     pub query: String,
+    /// Where to deliver the result (`callbacks`), if anywhere.
+    pub callback_url: Option<String>,
+    /// Rest between stages until continued.
+    pub debug: bool,
 }
 
 /// Reads a submit body (see the module's guarantees).
@@ -70,10 +74,17 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
         ));
     }
     check_text("query", &query)?;
+    let callback_url = super::submit_fields::callback_url(&fields)?.map(str::to_owned);
+    if let Some(url) = &callback_url {
+        check_text("callback_url", url)?;
+    }
+    let debug = super::submit_fields::debug(&fields)?;
     Ok(Submission {
         user_id,
         thread_id,
         query,
+        callback_url,
+        debug,
     })
 }
 

@@ -30,10 +30,13 @@ pub mod housekeeping;
 pub mod input;
 pub mod limits;
 pub mod live;
+pub mod local_guard;
 pub mod openapi;
+pub mod operate;
 pub mod ops;
 pub mod users;
 pub mod serve;
+mod submit_fields;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -157,6 +160,8 @@ pub fn routes() -> Routes {
         .delete("/api/users/{id}/turns/{turn}", users::delete_turn)
         .delete("/api/users/{id}", users::forget)
         .get("/api/users/{id}/export", users::export)
+        .post("/api/query/{id}/cancel", operate::cancel)
+        .post("/api/query/{id}/retry", operate::retry)
         .get("/api/query/{id}/events", api::events)
         .get("/api/ws", api::ws);
     let api = Routes {
@@ -186,6 +191,10 @@ pub fn app(state: AppState) -> Router {
 /// Bearer authentication of the `/api` routes (when tokens are configured).
 async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, mut req: Request, next: Next) -> Response {
     if app.tokens.is_empty() {
+        // Loopback-only mode: local programs, not a browser's pages.
+        if let Err(refused) = local_guard::check(&headers) {
+            return refused.into_response();
+        }
         req.extensions_mut().insert(limits::Caller::ANONYMOUS);
         return next.run(req).await;
     }

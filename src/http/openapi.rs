@@ -22,6 +22,18 @@ fn object_response(description: &str, properties: Value) -> Value {
     json_response(description, json!({ "type": "object", "properties": properties }))
 }
 
+/// The body of an operator action: `{"reason": "…"}`.
+fn reason_body() -> Value {
+    json!({
+        "required": true,
+        "content": { "application/json": { "schema": {
+            "type": "object",
+            "required": ["reason"],
+            "properties": { "reason": { "type": "string", "minLength": 1, "maxLength": 1000 } }
+        } } }
+    })
+}
+
 fn id_param() -> Value {
     json!({
         "name": "id", "in": "path", "required": true,
@@ -111,6 +123,52 @@ pub fn document() -> Value {
                         "404": error_response("No such request"),
                         "429": error_response("A long-poll over this token's cap (http.max_long_polls_per_token); see Retry-After"),
                         "503": error_response("A long-poll over the daemon's cap (http.max_long_polls); see Retry-After")
+                    }
+                }
+            },
+            "/api/query/{id}/cancel": {
+                "post": {
+                    "summary": "Cancel a request that is not finished (recorded with the reason)",
+                    "security": secured,
+                    "parameters": [id_param()],
+                    "requestBody": reason_body(),
+                    "responses": {
+                        "200": object_response(
+                            "Cancelled; `was` is the status it had",
+                            json!({
+                                "request_id": { "type": "string", "format": "uuid" },
+                                "status": { "type": "string", "enum": ["CANCELLED"] },
+                                "was": { "type": "string" }
+                            })
+                        ),
+                        "400": error_response("Malformed id or body"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("No such request"),
+                        "409": error_response("Already finished"),
+                        "422": error_response("No reason given")
+                    }
+                }
+            },
+            "/api/query/{id}/retry": {
+                "post": {
+                    "summary": "Send a FAILED request back to the stage that failed, with fresh attempts",
+                    "security": secured,
+                    "parameters": [id_param()],
+                    "requestBody": reason_body(),
+                    "responses": {
+                        "200": object_response(
+                            "Back in the ready status of the stage that failed",
+                            json!({
+                                "request_id": { "type": "string", "format": "uuid" },
+                                "status": { "type": "string" },
+                                "stage": { "type": "string" }
+                            })
+                        ),
+                        "400": error_response("Malformed id or body"),
+                        "401": error_response("Missing or wrong bearer token"),
+                        "404": error_response("No such request"),
+                        "409": error_response("Not FAILED"),
+                        "422": error_response("No reason given")
                     }
                 }
             },
@@ -306,7 +364,15 @@ pub fn document() -> Value {
                     "properties": {
                         "user_id": { "type": "string", "format": "uuid" },
                         "query": { "type": "string", "minLength": 1, "maxLength": 100000 },
-                        "thread_id": { "type": ["string", "null"], "format": "uuid" }
+                        "thread_id": { "type": ["string", "null"], "format": "uuid" },
+                        "callback_url": {
+                            "type": ["string", "null"], "format": "uri", "maxLength": 2048,
+                            "description": "http(s) URL the outcome is POSTed to, signed (README, callbacks)"
+                        },
+                        "debug": {
+                            "type": ["boolean", "null"],
+                            "description": "Rest in ANALYZED and READY until POST /api/query/{id}/continue"
+                        }
                     }
                 },
                 "Accepted": {

@@ -28,7 +28,7 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
             format!("no answer within {} s", READY_TIMEOUT.as_secs()),
             "unknown".to_owned(),
         ),
-        Ok(Err(e)) => (e.to_string(), "unknown".to_owned()),
+        Ok(Err(e)) => (crate::error::chain(&e), "unknown".to_owned()),
         Ok(Ok(state)) => {
             let m = if state.current_version != state.latest_version {
                 format!(

@@ -3,7 +3,8 @@
 //! Built once at startup from [`LlmConfig`]. A call goes: admission
 //! ([`limit`](super::limit)) → the provider's request shape → one HTTP
 //! exchange under the role timeout → classification ([`LlmError`]). A 429
-//! also starts the endpoint's shared cool-down. Nothing is retried here.
+//! also starts the endpoint's shared cool-down. Nothing is retried here, and no redirect
+//! is followed (the API key goes only to the configured base URL).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -88,6 +89,8 @@ impl Llm {
     pub fn new(resolved: ResolvedLlm) -> Result<Llm, ConfigError> {
         let http = reqwest::Client::builder()
             .user_agent(concat!("maas/", env!("CARGO_PKG_VERSION")))
+            // A redirect would carry the API key to another host.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| ConfigError::HttpClient(e.to_string()))?;
         let offline = Offline::new(resolved.offline_latency, resolved.offline_fail_marker.clone());

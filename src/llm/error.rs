@@ -355,6 +355,23 @@ pub fn classify_status(
             status,
             message,
         },
+        // The client follows no redirect, so the key goes only to the
+        // configured base URL; a redirect is a base URL to correct.
+        300..=399 => LlmError::BadRequest {
+            provider: provider_name,
+            status,
+            message: scrub(
+                &format!(
+                    "redirect to `{}` not followed (the API key is sent only to the configured base URL; \
+                     point the base URL at the provider itself)",
+                    headers
+                        .get(reqwest::header::LOCATION)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("?")
+                ),
+                key,
+            ),
+        },
         _ => LlmError::InvalidResponse {
             provider: provider_name,
             message: format!("unexpected HTTP status {status}: {message}"),
@@ -751,7 +768,7 @@ mod tests {
                 "auth",
                 LlmDisposition::Fail,
             ),
-            (302, vec![], json!({}), "invalid_response", LlmDisposition::Retry),
+            (302, vec![], json!({}), "bad_request", LlmDisposition::Fail),
         ];
         for (status, headers, body, class, disposition) in cases {
             let err = classify(status, &headers, &body);

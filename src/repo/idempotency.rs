@@ -26,6 +26,8 @@ super::statement_params! {
         key: &'a str,
         fingerprint: &'a str,
         ttl_secs: f64,
+        callback_url: Option<&'a str>,
+        debug: bool,
     }
 }
 
@@ -45,6 +47,8 @@ pub async fn submit(
         key,
         fingerprint,
         ttl_secs: secs(ttl),
+        callback_url: req.callback_url,
+        debug: req.debug,
     };
     super::query_opt_value(client, SUBMIT, &params.params(), "id").await
 }

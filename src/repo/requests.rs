@@ -51,12 +51,22 @@ pub struct NewRequest<'a> {
     pub user_id: Uuid,
     pub thread_id: Option<Uuid>,
     pub query: &'a str,
+    /// Where the outcome is POSTed (`callbacks`).
+    pub callback_url: Option<&'a str>,
+    /// Rest between stages until continued.
+    pub debug: bool,
 }
 
 /// Inserts a request; returns its id. (With an idempotency key:
 /// [`super::idempotency::submit`].)
 pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -> Result<Uuid, Error> {
-    super::query_one_value(client, SUBMIT, &[&req.user_id, &req.thread_id, &req.query], "id").await
+    super::query_one_value(
+        client,
+        SUBMIT,
+        &[&req.user_id, &req.thread_id, &req.query, &req.callback_url, &req.debug],
+        "id",
+    )
+    .await
 }
 
 // ---- reads ---------------------------------------------------------------

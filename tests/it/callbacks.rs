@@ -74,8 +74,14 @@ async fn slow_callback_receiver(fail_first: usize, slow: Duration) -> (String, R
 const SECRET: &str = "cb-secret-for-tests";
 
 /// Daemon settings for callbacks: signed with [`SECRET`], polled every
-/// second, retried from 100 ms, sent with a 2 s timeout.
+/// second, retried from 100 ms, sent with a 2 s timeout, loopback allowed
+/// (the receivers here listen on it).
 fn callback_opts() -> Opts {
+    guarded_opts().env("MAAS_CALLBACKS__ALLOW_NETWORKS", "127.0.0.0/8, ::1")
+}
+
+/// [`callback_opts`] without the allow-list: loopback refused.
+fn guarded_opts() -> Opts {
     fast()
         .env("MAAS_CALLBACKS__SECRET", SECRET)
         .env("MAAS_CALLBACKS__POLL_SECS", 1)
@@ -237,6 +243,7 @@ async fn a_worker_with_every_slot_busy_claims_again_when_one_frees() {
         &db.url,
         fast()
             .env("MAAS_CALLBACKS__SECRET", SECRET)
+            .env("MAAS_CALLBACKS__ALLOW_NETWORKS", "127.0.0.0/8")
             .env("MAAS_CALLBACKS__POLL_SECS", 600)
             .env("MAAS_CALLBACKS__CONCURRENCY", 1),
     );
@@ -245,4 +252,56 @@ async fn a_worker_with_every_slot_busy_claims_again_when_one_frees() {
     crate::support::wait_all_terminal(&c, GENEROUS).await;
     wait_delivered(&c, 10, Duration::from_secs(20), "ten deliveries, one at a time").await;
     assert_eq!(rx.got.lock().unwrap().len(), 10);
+}
+
+/// Without an allow-list, a callback to loopback is refused on the address
+/// connected to, whether the URL names the address or a host name that
+/// resolves to it; nothing reaches the receiver and the delivery is dead at
+/// once with the reason. Allowing the network delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_to_loopback_are_refused_unless_allowed() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (hook, rx) = callback_receiver(0).await;
+    let by_name = hook.replace("127.0.0.1", "localhost");
+    let mut d = Maasd::spawn(&db.url, guarded_opts());
+    insert_with_callback(&c, &hook, "to an address", 1).await;
+    insert_with_callback(&c, &by_name, "to a name", 1).await;
+    wait_until(GENEROUS, "both deliveries dead", || async {
+        count(&c, "SELECT count(*) FROM callback_outbox WHERE state = 'dead'").await == 2
+    })
+    .await;
+    let errors: Vec<(i32, String)> = c
+        .query(
+            "SELECT attempts, last_error FROM callback_outbox ORDER BY url LIKE '%localhost%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    for (attempts, e) in &errors {
+        assert_eq!(*attempts, 1, "{e}");
+        assert!(
+            e.contains("a loopback address; refused") && e.contains("callbacks.allow_networks"),
+            "{e}"
+        );
+    }
+    assert!(
+        errors[1].1.contains("callback destination localhost is 127.0.0.1"),
+        "{}",
+        errors[1].1
+    );
+    assert!(
+        rx.got.lock().unwrap().is_empty(),
+        "a refused callback reached the receiver"
+    );
+
+    d.signal(Signal::SIGTERM);
+    assert_eq!(d.wait_exit(GENEROUS).await, Some(0));
+    let _allowed = Maasd::spawn(&db.url, callback_opts());
+    insert_with_callback(&c, &by_name, "allowed", 1).await;
+    wait_delivered(&c, 1, GENEROUS, "delivered once loopback is allowed").await;
+    assert_eq!(rx.got.lock().unwrap().len(), 1);
 }

@@ -893,7 +893,7 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
             assert!(!body.contains("no_route"), "{method} {path}: {body}");
         }
     }
-    assert_eq!(ops, 15);
+    assert_eq!(ops, 17);
 
     // Readiness names what is wrong.
     c.batch_execute("DROP TRIGGER pipeline_runs_log_user_query ON pipeline_runs")

@@ -308,6 +308,22 @@ async fn check_token_limit(api: Api) {
     assert_eq!(err.disposition(), LlmDisposition::TokenLimit);
 }
 
+/// A provider that answers 302 to another host (here another port): the
+/// client does not follow, so the key never reaches the other side.
+async fn check_redirect_not_followed(api: Api) {
+    let elsewhere = FakeLlm::start().await;
+    let target = format!("{}/v1/chat/completions", elsewhere.base_url());
+    let err = fail_with(api, Reply::status(302, "").with_header("location", target.clone()), 5).await;
+    assert_eq!(err.class(), "bad_request");
+    assert_eq!(err.disposition(), LlmDisposition::Fail);
+    let text = err.to_string();
+    assert!(
+        text.contains("HTTP 302") && text.contains(&format!("redirect to `{target}` not followed")),
+        "{text}"
+    );
+    assert_eq!(elsewhere.request_count(), 0, "the redirect was followed");
+}
+
 macro_rules! api_suite {
     ($module:ident, $api:expr) => {
         mod $module {
@@ -376,6 +392,10 @@ macro_rules! api_suite {
             #[tokio::test]
             async fn token_limit() {
                 check_token_limit($api).await
+            }
+            #[tokio::test]
+            async fn redirect_not_followed() {
+                check_redirect_not_followed($api).await
             }
         }
     };

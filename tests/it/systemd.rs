@@ -76,11 +76,20 @@ async fn maasd_is_ready_only_when_migrated_and_listening_and_feeds_the_watchdog(
 fn the_unit_file_passes_the_exposure_bar() {
     let unit = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/maasd.service");
     let text = std::fs::read_to_string(&unit).unwrap();
-    for line in ["Type=notify", "WatchdogSec=", "Restart=on-failure", "TimeoutStopSec=45"] {
+    for line in [
+        "Type=notify",
+        "WatchdogSec=",
+        "Restart=on-failure",
+        "TimeoutStopSec=45",
+        "MemoryMax=",
+        "IPAddressDeny=link-local multicast",
+    ] {
         assert!(text.contains(line), "{line} missing from the unit");
     }
-    // TimeoutStopSec must exceed the default grace period.
-    assert!(45 > maas::config::Config::default().grace_secs);
+    // TimeoutStopSec covers the default grace period, the callback
+    // deliveries in flight (their timeout + 1 s) and the final writes.
+    let defaults = maas::config::Config::default();
+    assert!(45 >= defaults.grace_secs + defaults.callbacks.timeout_secs + 1 + 10);
     let out = match Command::new("systemd-analyze")
         .args(["security", "--offline=yes"])
         .arg(&unit)

@@ -1,0 +1,121 @@
+//! Without `api_tokens` the server binds only a loopback address; this
+//! guard makes sure that only local programs — not a web page open in a
+//! local browser — drive it:
+//!
+//! - `Host` must name the loopback (`localhost`, `127.x.y.z`, `[::1]`, with
+//!   any port): a page on another name that resolves to 127.0.0.1 (DNS
+//!   rebinding) sends its own name and is refused.
+//! - `Origin`, when present (browsers send it on cross-origin requests and
+//!   on every POST and WebSocket), must be a loopback origin too; `null`
+//!   (sandboxed pages, files) is refused.
+//!
+//! Refusals are 403 with the header and value named.
+
+use std::net::IpAddr;
+
+use axum::http::{HeaderMap, StatusCode, header};
+
+use super::error::ApiError;
+
+/// Checks `Host` and `Origin` of a request served without tokens.
+pub fn check(headers: &HeaderMap) -> Result<(), ApiError> {
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !is_loopback_authority(host) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden_host",
+            format!("Host `{host}` is not a loopback name; without api_tokens only requests to localhost are served"),
+        ));
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("?");
+        let authority = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .unwrap_or("");
+        if authority.contains('/') || !is_loopback_authority(authority) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden_origin",
+                format!(
+                    "Origin `{origin}` is not a loopback origin; without api_tokens a web page may not call this API"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `localhost`, a loopback address, or `[::1]`, each with an optional port.
+fn is_loopback_authority(authority: &str) -> bool {
+    let host = if let Some(rest) = authority.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((h, port)) if port.is_empty() || port.strip_prefix(':').is_some_and(is_port) => h,
+            _ => return false,
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, port)) if is_port(port) => h,
+            Some(_) => return false,
+            None => authority,
+        }
+    };
+    let host = host.trim_end_matches('.');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(crate::config::is_loopback)
+}
+
+fn is_port(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 5 && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    fn headers(host: &str, origin: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, host.parse().unwrap());
+        if let Some(o) = origin {
+            h.insert(header::ORIGIN, o.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn loopback_hosts_and_origins_pass_others_are_named() {
+        for host in [
+            "localhost",
+            "localhost:8080",
+            "127.0.0.1:9",
+            "127.1.2.3",
+            "[::1]:8080",
+            "[::1]",
+            "LOCALHOST.",
+        ] {
+            assert!(check(&headers(host, None)).is_ok(), "{host}");
+        }
+        for origin in ["http://localhost:3000", "https://127.0.0.1", "http://[::1]:80"] {
+            assert!(check(&headers("localhost", Some(origin))).is_ok(), "{origin}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:8080",
+            "10.0.0.1:8080",
+            "localhost.evil.example",
+            "",
+            "[::1]x",
+        ] {
+            let e = check(&headers(host, None)).unwrap_err();
+            assert!(format!("{e:?}").contains("forbidden_host"), "{host}: {e:?}");
+        }
+        for origin in [
+            "http://evil.example",
+            "null",
+            "http://localhost.evil.example",
+            "http://localhost:3000/x",
+        ] {
+            assert!(check(&headers("localhost:8080", Some(origin))).is_err(), "{origin}");
+        }
+    }
+}
