@@ -118,6 +118,8 @@ async fn busy_daemon(db: &TestDb) -> Api {
     let opts = Opts::default()
         .env("MAAS_HTTP__METRICS_REFRESH_SECS", 1)
         .env("MAAS_CALLBACKS__SECRET", "observability")
+        // The receiver listens on loopback, which callbacks refuse unless allowed.
+        .env("MAAS_CALLBACKS__ALLOW_NETWORKS", "127.0.0.0/8, ::1")
         .env("MAAS_CALLBACKS__POLL_SECS", 1)
         .env("MAAS_CALLBACKS__MAX_ATTEMPTS", 1)
         .env("MAAS_CALLBACKS__TIMEOUT_SECS", 2)
@@ -351,6 +353,7 @@ async fn every_line_of_a_requests_path_carries_its_request_id_in_json_logs() {
         .env("MAAS_LOG_FORMAT", "json")
         .env("RUST_LOG", "info,maas=debug")
         .env("MAAS_CALLBACKS__SECRET", "traces")
+        .env("MAAS_CALLBACKS__ALLOW_NETWORKS", "127.0.0.0/8, ::1")
         .env("MAAS_CALLBACKS__POLL_SECS", 1);
     let mut d = Maasd::spawn(&db.url, opts);
     let addr = d.http_addr(GENEROUS).await;
