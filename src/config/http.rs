@@ -34,6 +34,9 @@ pub struct HttpConfig {
     /// A stream whose client does not take a message within this time is
     /// closed. Default 10.
     pub stream_send_timeout_secs: u64,
+    /// The operator console (`/console`) shows and refuses no action:
+    /// no retry, cancel or continue. Default false.
+    pub console_read_only: bool,
 }
 
 impl Default for HttpConfig {
@@ -46,6 +49,7 @@ impl Default for HttpConfig {
             metrics_refresh_secs: 5,
             stream_keepalive_secs: 15,
             stream_send_timeout_secs: 10,
+            console_read_only: false,
         }
     }
 }

@@ -18,6 +18,7 @@
 //!   most the grace period for the rest.
 
 pub mod api;
+pub mod console;
 pub mod error;
 pub mod housekeeping;
 pub mod live;
@@ -144,6 +145,7 @@ pub fn routes() -> Routes {
 pub fn app(state: AppState) -> Router {
     routes()
         .router
+        .merge(console::router())
         .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no_route", "no such route") })
         .layer(DefaultBodyLimit::max(state.cfg.http.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), observe))

@@ -45,6 +45,7 @@ pub mod archive;
 pub mod attempts;
 pub mod audit;
 pub mod callbacks;
+pub mod console;
 pub mod control;
 pub mod gauges;
 pub mod idempotency;
@@ -276,6 +277,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         memory::STATEMENTS,
         stats::STATEMENTS,
         gauges::STATEMENTS,
+        console::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

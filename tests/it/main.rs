@@ -4,6 +4,7 @@
 mod archivist;
 mod callbacks;
 mod cli;
+mod console;
 mod control;
 mod engine;
 mod health;
