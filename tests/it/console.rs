@@ -6,6 +6,9 @@
 //! refreshed from them.
 
 use std::path::Path;
+use std::time::Duration;
+
+use fantoccini::Locator;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -16,6 +19,8 @@ use crate::support::browser::Browser;
 use crate::support::cli::{NO_ENV, maasctl_async};
 use crate::support::daemon::Opts;
 use crate::support::db::{TestDb, value};
+use crate::support::fake_llm::{Api as FakeApi, FakeLlm, Reply};
+use crate::support::{GENEROUS, wait_until};
 
 async fn submit(api: &Api, body: Value) -> Uuid {
     let resp = api.submit(&body).await;
@@ -41,7 +46,7 @@ async fn console_overview_shows_a_request_reach_completed_without_a_reload() {
     let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "console test"], NO_ENV).await;
     assert_eq!(code, 0, "{err}");
 
-    b.goto(&api.url("/console")).await;
+    b.goto_live(&api.url("/console")).await;
     assert!(
         b.text("#pause").await.starts_with("Paused"),
         "the overview shows the pause"
@@ -78,5 +83,176 @@ async fn console_overview_shows_a_request_reach_completed_without_a_reload() {
     assert_eq!(status, "COMPLETED");
     let shot = b.screenshot("overview").await;
     to_docs(&shot, "console-overview.png");
+    b.close().await;
+}
+
+const KEY: &str = "sk-console-test";
+
+fn analysis() -> String {
+    json!({
+        "needs_context": false, "context_type": "none", "time_scope": "none",
+        "search_keywords": ["console"], "context_found": null,
+    })
+    .to_string()
+}
+
+async fn status_of(c: &tokio_postgres::Client, id: Uuid) -> String {
+    value(c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&id]).await
+}
+
+async fn wait_status(c: &tokio_postgres::Client, id: Uuid, want: &str) {
+    wait_until(GENEROUS, &format!("request {id} is {want}"), || async {
+        status_of(c, id).await == want
+    })
+    .await;
+}
+
+/// The rows the list shows: (id, status).
+async fn listed(b: &Browser) -> Vec<(String, String)> {
+    let v = b
+        .js("return [...document.querySelectorAll('#rows tr.row')].map(r => [r.dataset.id, r.dataset.status]);")
+        .await;
+    serde_json::from_value(v).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    let opts = Opts::default()
+        .env("MAAS_LLM_PROVIDER", "openai")
+        .env("OPENAI_BASE_URL", fake.openai_base_url())
+        .env("OPENAI_API_KEY", KEY);
+    let api = Api::start(&db, opts).await;
+    let c = db.client().await;
+
+    // The fake's default reply is no analysis: this one fails.
+    fake.push(FakeApi::OpenAi, Reply::bad_request(FakeApi::OpenAi));
+    let failed = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "alpha: the provider refuses" }),
+    )
+    .await;
+    wait_status(&c, failed, "FAILED").await;
+    fake.set_default(analysis(), None);
+    let done = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "beta: this one completes" }),
+    )
+    .await;
+    wait_status(&c, done, "COMPLETED").await;
+
+    // The list, filtered by status and by text in the form.
+    b.goto_live(&api.url("/console/requests")).await;
+    let all = listed(&b).await;
+    assert_eq!(all.len(), 2, "{all:?}");
+    b.c.find(Locator::Css("#f-status"))
+        .await
+        .unwrap()
+        .select_by_value("FAILED")
+        .await
+        .unwrap();
+    b.click("#f-apply").await;
+    b.wait_js(
+        "the list is filtered by status",
+        "return location.search.includes('status=FAILED') && document.body.dataset.live === 'on';",
+    )
+    .await;
+    assert_eq!(listed(&b).await, vec![(failed.to_string(), "FAILED".to_owned())]);
+    b.c.find(Locator::Css("#f-status"))
+        .await
+        .unwrap()
+        .select_by_value("")
+        .await
+        .unwrap();
+    b.fill("#f-text", "BETA").await;
+    b.click("#f-apply").await;
+    b.wait_js(
+        "the list is filtered by text",
+        "return location.search.includes('text=BETA') && document.body.dataset.live === 'on';",
+    )
+    .await;
+    assert_eq!(listed(&b).await, vec![(done.to_string(), "COMPLETED".to_owned())]);
+    b.screenshot("requests-filtered").await;
+
+    // New rows appear live on the unfiltered list.
+    b.goto_live(&api.url("/console/requests")).await;
+    b.mark().await;
+    let third = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "gamma: shows up live" }),
+    )
+    .await;
+    b.wait_js(
+        "the new request appears in the list",
+        &format!("return !!document.querySelector('#rows tr[data-id=\"{third}\"]');"),
+    )
+    .await;
+    assert!(b.same_page().await, "the list was not reloaded");
+    wait_status(&c, third, "COMPLETED").await;
+
+    // Open the failed one and retry it, with a reason.
+    b.goto_live(&api.url("/console/requests?status=FAILED")).await;
+    b.click(&format!("#rows tr[data-id=\"{failed}\"] a")).await;
+    b.wait_js(
+        "the request page is open",
+        "return !!document.querySelector('#timeline') && document.body.dataset.live === 'on';",
+    )
+    .await;
+    let timeline = b.text("#timeline").await;
+    assert!(
+        timeline.contains("bad_request"),
+        "the timeline names the error class: {timeline}"
+    );
+    b.fill("#retry-reason", "provider fixed").await;
+    b.click("#retry").await;
+    b.wait_js(
+        "the retried request shows COMPLETED",
+        "return document.querySelector('#status').textContent.trim() === 'COMPLETED';",
+    )
+    .await;
+    wait_status(&c, failed, "COMPLETED").await;
+    let (actor, reason): (String, String) = {
+        let r = c
+            .query_one(
+                "SELECT actor, reason FROM operator_actions WHERE run_id = $1 AND action = 'retry'",
+                &[&failed],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((actor.as_str(), reason.as_str()), ("console", "provider fixed"));
+    b.screenshot("request-retried").await;
+
+    // A slow one: cancel it while its analyze waits on the provider.
+    fake.set_default(analysis(), Some(Duration::from_secs(120)));
+    let slow = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "delta: slow, to be cancelled" }),
+    )
+    .await;
+    wait_status(&c, slow, "ANALYZING").await;
+    b.goto_live(&api.url(&format!("/console/requests/{slow}"))).await;
+    assert_eq!(b.text("#status").await, "ANALYZING");
+    b.fill("#cancel-reason", "stuck on the provider").await;
+    b.click("#cancel").await;
+    b.wait_js(
+        "the page shows CANCELLED",
+        "return document.querySelector('#status').textContent.trim() === 'CANCELLED';",
+    )
+    .await;
+    assert_eq!(status_of(&c, slow).await, "CANCELLED");
+    let logged: i64 = value(
+        &c,
+        "SELECT count(*) FROM operator_actions WHERE run_id = $1 AND action = 'cancel' AND actor = 'console' AND reason = 'stuck on the provider'",
+        &[&slow],
+    )
+    .await;
+    assert_eq!(logged, 1);
+    assert!(b.text("#actions-log").await.contains("stuck on the provider"));
+    let shot = b.screenshot("request-cancelled").await;
+    to_docs(&shot, "console-request.png");
     b.close().await;
 }

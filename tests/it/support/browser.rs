@@ -118,6 +118,14 @@ impl Browser {
         self.c.goto(url).await.unwrap_or_else(|e| panic!("goto {url}: {e}"));
     }
 
+    /// Opens `url` and waits until its live stream is open and its live
+    /// parts were fetched once (nothing swaps under the test's hands then).
+    pub async fn goto_live(&self, url: &str) {
+        self.goto(url).await;
+        self.wait_js("the page is live", "return document.body.dataset.live === 'on';")
+            .await;
+    }
+
     /// Runs `js` (a function body) in the page and returns its value.
     pub async fn js(&self, js: &str) -> serde_json::Value {
         self.c
