@@ -28,7 +28,7 @@ use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::{fail, render};
+use super::{Fail, fail, render};
 use crate::http::AppState;
 
 /// How long a session lasts.
@@ -123,14 +123,15 @@ pub async fn guard(Extension(app): Extension<AppState>, mut req: Request, next: 
         return fail(
             StatusCode::UNAUTHORIZED,
             "console: no session; log in at /console/login",
-        );
+        )
+        .into_response();
     };
     req.extensions_mut().insert(session);
     next.run(req).await
 }
 
 /// Checks an action's CSRF token and the read-only mode; `Err` is the refusal.
-pub fn check_action(s: &Session, given: &str) -> Result<(), Response> {
+pub fn check_action(s: &Session, given: &str) -> Result<(), Fail> {
     if s.read_only {
         return Err(fail(
             StatusCode::FORBIDDEN,
@@ -186,7 +187,7 @@ pub struct CsrfForm {
 /// `POST /console/logout`: drops the cookie.
 pub async fn logout(Extension(s): Extension<Session>, Form(f): Form<CsrfForm>) -> Response {
     if !same(&s.csrf, &f.csrf) {
-        return fail(StatusCode::FORBIDDEN, "console: missing or wrong csrf token");
+        return fail(StatusCode::FORBIDDEN, "console: missing or wrong csrf token").into_response();
     }
     let cookie = format!("{COOKIE}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0");
     ([(header::SET_COOKIE, cookie)], Redirect::to("/console/login")).into_response()

@@ -79,19 +79,24 @@ pub fn render(name: &str, ctx: minijinja::Value) -> Response {
         Ok(html) => Html(html).into_response(),
         Err(e) => {
             tracing::error!(template = name, error = %e, "console: cannot render");
-            fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("template {name}: {e}"))
+            fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("template {name}: {e}")).into_response()
         }
     }
 }
 
+/// A refusal or failure a person reads: its status and what happened.
+#[derive(Debug)]
+pub struct Fail(StatusCode, String);
+
+impl IntoResponse for Fail {
+    fn into_response(self) -> Response {
+        (self.0, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], self.1).into_response()
+    }
+}
+
 /// A plain-text failure a person reads.
-pub fn fail(code: StatusCode, what: &str) -> Response {
-    (
-        code,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        what.to_owned(),
-    )
-        .into_response()
+pub fn fail(code: StatusCode, what: &str) -> Fail {
+    Fail(code, what.to_owned())
 }
 
 /// The console's routes (not part of the JSON API, so not in OpenAPI).

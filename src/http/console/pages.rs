@@ -19,7 +19,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::auth::{Session, check_action};
-use super::{fail, render};
+use super::{Fail, fail, render};
 use crate::control;
 use crate::http::AppState;
 use crate::repo::{audit, callbacks, console, requests, stats, steps};
@@ -31,7 +31,7 @@ const RECENT: usize = 15;
 
 type Client = deadpool_postgres::Object;
 
-async fn client(app: &AppState) -> Result<Client, Response> {
+async fn client(app: &AppState) -> Result<Client, Fail> {
     app.pool.get().await.map_err(|e| {
         fail(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -40,7 +40,7 @@ async fn client(app: &AppState) -> Result<Client, Response> {
     })
 }
 
-fn db_fail(what: &str, e: impl std::fmt::Display) -> Response {
+fn db_fail(what: &str, e: impl std::fmt::Display) -> Fail {
     fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("console: {what}: {e}"))
 }
 
@@ -56,7 +56,7 @@ fn session_ctx(app: &AppState, s: &Session) -> minijinja::Value {
 
 // ---- overview --------------------------------------------------------------
 
-async fn overview_data(app: &AppState) -> Result<minijinja::Value, Response> {
+async fn overview_data(app: &AppState) -> Result<minijinja::Value, Fail> {
     let c = client(app).await?;
     let backlog = stats::backlog(&c).await.map_err(|e| db_fail("backlog", e))?;
     let finished = stats::finished(&c, Duration::from_secs(3600))
@@ -80,7 +80,7 @@ async fn overview_data(app: &AppState) -> Result<minijinja::Value, Response> {
 pub async fn overview(State(app): State<AppState>, Extension(s): Extension<Session>) -> Response {
     match overview_data(&app).await {
         Ok(data) => render("overview.html", context! { session => session_ctx(&app, &s), ..data }),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -88,7 +88,7 @@ pub async fn overview(State(app): State<AppState>, Extension(s): Extension<Sessi
 pub async fn overview_body(State(app): State<AppState>) -> Response {
     match overview_data(&app).await {
         Ok(data) => render("overview_body.html", data),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -111,14 +111,14 @@ pub struct ListQuery {
 }
 
 impl ListQuery {
-    fn filter(&self) -> Result<console::Filter, Response> {
+    fn filter(&self) -> Result<console::Filter, Fail> {
         let bad = |field: &str, v: &str| {
             fail(
                 StatusCode::BAD_REQUEST,
                 &format!("console: {field}: {v:?} is not valid"),
             )
         };
-        let uuid = |field: &str, v: &str| -> Result<Option<Uuid>, Response> {
+        let uuid = |field: &str, v: &str| -> Result<Option<Uuid>, Fail> {
             let v = v.trim();
             if v.is_empty() {
                 Ok(None)
@@ -153,7 +153,7 @@ impl ListQuery {
     }
 }
 
-async fn rows_data(app: &AppState, q: &ListQuery) -> Result<minijinja::Value, Response> {
+async fn rows_data(app: &AppState, q: &ListQuery) -> Result<minijinja::Value, Fail> {
     let f = q.filter()?;
     let c = client(app).await?;
     let rows = console::list(&c, &f).await.map_err(|e| db_fail("list", e))?;
@@ -177,7 +177,7 @@ pub async fn requests(
 ) -> Response {
     match rows_data(&app, &q).await {
         Ok(data) => render("requests.html", context! { session => session_ctx(&app, &s), ..data }),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -185,13 +185,13 @@ pub async fn requests(
 pub async fn request_rows(State(app): State<AppState>, Query(q): Query<ListQuery>) -> Response {
     match rows_data(&app, &q).await {
         Ok(data) => render("request_rows.html", data),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
 // ---- one request -----------------------------------------------------------
 
-async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja::Value, Response> {
+async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja::Value, Fail> {
     let id: Uuid = id
         .parse()
         .map_err(|_| fail(StatusCode::BAD_REQUEST, &format!("console: {id:?} is not a request id")))?;
@@ -236,7 +236,7 @@ pub async fn request(
 ) -> Response {
     match request_data(&app, &id, &s).await {
         Ok(data) => render("request.html", data),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -248,7 +248,7 @@ pub async fn request_body(
 ) -> Response {
     match request_data(&app, &id, &s).await {
         Ok(data) => render("request_body.html", data),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -270,35 +270,36 @@ pub async fn act(
     Form(f): Form<ActionForm>,
 ) -> Response {
     if let Err(r) = check_action(&s, &f.csrf) {
-        return r;
+        return r.into_response();
     }
     let Ok(id) = id.parse::<Uuid>() else {
-        return fail(StatusCode::BAD_REQUEST, &format!("console: {id:?} is not a request id"));
+        return fail(StatusCode::BAD_REQUEST, &format!("console: {id:?} is not a request id")).into_response();
     };
     let reason = f.reason.trim();
     if reason.is_empty() {
-        return fail(StatusCode::BAD_REQUEST, "console: reason: an action needs a reason");
+        return fail(StatusCode::BAD_REQUEST, "console: reason: an action needs a reason").into_response();
     }
     let c = match client(&app).await {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let actor = "console";
     let done = match action.as_str() {
         "retry" => control::retry(&c, id, actor, Some(reason))
             .await
-            .map(|o| serde_json::to_value(o)),
+            .map(serde_json::to_value),
         "cancel" => control::cancel(&c, id, actor, Some(reason))
             .await
-            .map(|o| serde_json::to_value(o)),
+            .map(serde_json::to_value),
         "continue" => control::continue_run(&c, id, actor, Some(reason))
             .await
-            .map(|o| serde_json::to_value(o)),
+            .map(serde_json::to_value),
         other => {
             return fail(
                 StatusCode::NOT_FOUND,
                 &format!("console: no action {other:?}; retry, cancel or continue"),
-            );
+            )
+            .into_response();
         }
     };
     match done {
@@ -306,6 +307,6 @@ pub async fn act(
             tracing::info!(request_id = %id, action, outcome = ?outcome.ok(), "console: operator action");
             Redirect::to(&format!("/console/requests/{id}")).into_response()
         }
-        Err(e) => db_fail(&action, e),
+        Err(e) => db_fail(&action, e).into_response(),
     }
 }
