@@ -256,3 +256,174 @@ async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one()
     to_docs(&shot, "console-request.png");
     b.close().await;
 }
+
+/// A client that keeps cookies but does not follow redirects.
+fn plain_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
+    let db = TestDb::new().await;
+    let api = Api::start(&db, Opts::default().env("MAAS_API_TOKENS", "tok-console")).await;
+    let c = db.client().await;
+    let http = plain_client();
+    let id = {
+        let mut a = Api {
+            token: Some("tok-console".into()),
+            ..api
+        };
+        let id = submit(&a, json!({ "user_id": Uuid::new_v4(), "query": "behind a token" })).await;
+        wait_status(&c, id, "COMPLETED").await;
+        a.token = None;
+        (id, a)
+    };
+    let (id, api) = id;
+
+    // No session: pages send to the login, actions are refused.
+    let r = http.get(api.url("/console")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/console/login");
+    let r = http
+        .post(api.url(&format!("/console/requests/{id}/cancel")))
+        .form(&[("reason", "x"), ("csrf", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    // A wrong token is refused; the right one gives an HttpOnly, SameSite=Strict cookie.
+    let r = http
+        .post(api.url("/console/login"))
+        .form(&[("token", "nope")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = http
+        .post(api.url("/console/login"))
+        .form(&[("token", "tok-console")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let page = http
+        .get(api.url(&format!("/console/requests/{id}")))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    // A forged cookie is no session.
+    let forged = format!("{}0", &session[..session.len() - 1]);
+    let r = http
+        .get(api.url("/console"))
+        .header("cookie", &forged)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    // An action without the CSRF token is refused and changes nothing.
+    let fresh = {
+        let a = Api {
+            token: Some("tok-console".into()),
+            ..api
+        };
+        let user = Uuid::new_v4();
+        let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "hold it"], NO_ENV).await;
+        assert_eq!(code, 0, "{err}");
+        let id = submit(&a, json!({ "user_id": user, "query": "to cancel" })).await;
+        (id, Api { token: None, ..a })
+    };
+    let (fresh, api) = fresh;
+    let r = http
+        .post(api.url(&format!("/console/requests/{fresh}/cancel")))
+        .header("cookie", &session)
+        .form(&[("reason", "no csrf")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(status_of(&c, fresh).await, "NEW");
+
+    // In the browser: log in, cancel with the form (it carries the token).
+    let Some(b) = Browser::start().await else { return };
+    b.goto(&api.url("/console")).await;
+    b.wait_js("the login page", "return location.pathname === '/console/login';")
+        .await;
+    b.fill("#token", "tok-console").await;
+    b.click("#login").await;
+    b.wait_js(
+        "the overview after login",
+        "return location.pathname === '/console' && document.body.dataset.live === 'on';",
+    )
+    .await;
+    assert_eq!(
+        b.js("return document.cookie.includes('maas_console');").await,
+        json!(false),
+        "HttpOnly"
+    );
+    b.goto_live(&api.url(&format!("/console/requests/{fresh}"))).await;
+    b.fill("#cancel-reason", "cancelled after login").await;
+    b.click("#cancel").await;
+    b.wait_js(
+        "the page shows CANCELLED",
+        "return document.querySelector('#status').textContent.trim() === 'CANCELLED';",
+    )
+    .await;
+    assert_eq!(status_of(&c, fresh).await, "CANCELLED");
+    b.screenshot("login-then-cancel").await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_read_only_mode_hides_and_refuses_actions() {
+    let db = TestDb::new().await;
+    let api = Api::start(&db, Opts::default().env("MAAS_HTTP__CONSOLE_READ_ONLY", "true")).await;
+    let c = db.client().await;
+    let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "hold it"], NO_ENV).await;
+    assert_eq!(code, 0, "{err}");
+    let id = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "look, do not touch" }),
+    )
+    .await;
+    let http = plain_client();
+    let page = http
+        .get(api.url(&format!("/console/requests/{id}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("read-only mode"), "{page}");
+    assert!(!page.contains("id=\"cancel\""), "no cancel button in read-only mode");
+    // Even with the right CSRF token, the action is refused.
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .map(|s| s.split('"').next().unwrap().to_owned());
+    let r = http
+        .post(api.url(&format!("/console/requests/{id}/cancel")))
+        .form(&[("reason", "try anyway"), ("csrf", csrf.as_deref().unwrap_or(""))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(r.text().await.unwrap().contains("read-only"));
+    assert_eq!(status_of(&c, id).await, "NEW");
+    let Some(b) = Browser::start().await else { return };
+    b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
+    assert!(b.text("#act").await.contains("read-only mode"));
+    b.screenshot("read-only").await;
+    b.close().await;
+}

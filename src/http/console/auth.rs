@@ -144,9 +144,17 @@ pub fn check_action(s: &Session, given: &str) -> Result<(), Fail> {
     Ok(())
 }
 
+/// The login page's context: no session, no live stream.
+fn login_ctx(error: &str) -> minijinja::Value {
+    minijinja::context! {
+        error,
+        session => minijinja::context! { csrf => "", read_only => false, auth => false, login => true },
+    }
+}
+
 /// `GET /console/login`.
 pub async fn login_page() -> Response {
-    render("login.html", minijinja::context! { error => "" })
+    render("login.html", login_ctx(""))
 }
 
 #[derive(Deserialize)]
@@ -165,7 +173,7 @@ pub async fn login(Extension(app): Extension<AppState>, Form(f): Form<LoginForm>
         ok |= same(&hex(t), &hex(&digest));
     }
     if !ok {
-        let mut resp = render("login.html", minijinja::context! { error => "wrong token" });
+        let mut resp = render("login.html", login_ctx("wrong token"));
         *resp.status_mut() = StatusCode::UNAUTHORIZED;
         return resp;
     }

@@ -157,3 +157,16 @@ async fn events(State(app): State<AppState>) -> Sse<impl Stream<Item = Result<Ss
     .take_until(app.shutdown.clone().cancelled_owned());
     Sse::new(stream).keep_alive(KeepAlive::new().interval(app.cfg.http.stream_keepalive()))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_template_parses() {
+        let mut env = minijinja::Environment::new();
+        for (name, text) in super::TEMPLATES {
+            if let Err(e) = env.add_template(name, text) {
+                panic!("{name}: {e}");
+            }
+        }
+    }
+}
