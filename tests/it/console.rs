@@ -117,6 +117,7 @@ async fn listed(b: &Browser) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one() {
+    let t0 = std::time::Instant::now();
     let Some(b) = Browser::start().await else { return };
     let db = TestDb::new().await;
     let fake = FakeLlm::start().await;
@@ -254,7 +255,9 @@ async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one()
     assert!(b.text("#actions-log").await.contains("stuck on the provider"));
     let shot = b.screenshot("request-cancelled").await;
     to_docs(&shot, "console-request.png");
+    eprintln!("console requests test: steps done after {:?}", t0.elapsed());
     b.close().await;
+    eprintln!("console requests test: browser closed after {:?}", t0.elapsed());
 }
 
 /// A client that keeps cookies but does not follow redirects.

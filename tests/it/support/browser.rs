@@ -142,16 +142,29 @@ impl Browser {
         .await;
     }
 
-    /// The text of the first element matching `css`.
+    /// The text of the first element matching `css` (waits for one), read
+    /// in one script so a live swap cannot make it stale in between.
     pub async fn text(&self, css: &str) -> String {
-        let el = self
-            .c
-            .wait()
-            .forever()
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("{css}: {e}"));
-        el.text().await.unwrap()
+        let sel = serde_json::to_string(css).unwrap();
+        let js = format!("const e = document.querySelector({sel}); return e ? e.innerText : null;");
+        let deadline = tokio::time::Instant::now() + super::GENEROUS;
+        loop {
+            let got = self
+                .c
+                .execute(&js, vec![])
+                .await
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned));
+            if let Some(t) = got {
+                return t;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no element {css} within {:?}",
+                super::GENEROUS
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
     }
 
     /// Types `text` into the field `css`.
@@ -165,14 +178,20 @@ impl Browser {
         el.send_keys(text).await.unwrap();
     }
 
+    /// Clicks the element `css`; found again when a live swap replaced it.
     pub async fn click(&self, css: &str) {
-        self.c
-            .find(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("{css}: {e}"))
-            .click()
-            .await
-            .unwrap();
+        let deadline = tokio::time::Instant::now() + super::GENEROUS;
+        loop {
+            let tried = match self.c.find(Locator::Css(css)).await {
+                Ok(el) => el.click().await,
+                Err(e) => Err(e),
+            };
+            match tried {
+                Ok(()) => return,
+                Err(e) if tokio::time::Instant::now() >= deadline => panic!("click {css}: {e}"),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(25)).await,
+            }
+        }
     }
 
     /// Marks the page; [`Browser::same_page`] tells whether it was reloaded since.
