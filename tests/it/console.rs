@@ -117,7 +117,6 @@ async fn listed(b: &Browser) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one() {
-    let t0 = std::time::Instant::now();
     let Some(b) = Browser::start().await else { return };
     let db = TestDb::new().await;
     let fake = FakeLlm::start().await;
@@ -225,7 +224,8 @@ async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one()
         (r.get(0), r.get(1))
     };
     assert_eq!((actor.as_str(), reason.as_str()), ("console", "provider fixed"));
-    b.screenshot("request-retried").await;
+    let shot = b.screenshot("request-retried").await;
+    to_docs(&shot, "console-request.png");
 
     // A slow one: cancel it while its analyze waits on the provider.
     fake.set_default(analysis(), Some(Duration::from_secs(120)));
@@ -253,11 +253,8 @@ async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one()
     .await;
     assert_eq!(logged, 1);
     assert!(b.text("#actions-log").await.contains("stuck on the provider"));
-    let shot = b.screenshot("request-cancelled").await;
-    to_docs(&shot, "console-request.png");
-    eprintln!("console requests test: steps done after {:?}", t0.elapsed());
+    b.screenshot("request-cancelled").await;
     b.close().await;
-    eprintln!("console requests test: browser closed after {:?}", t0.elapsed());
 }
 
 /// A client that keeps cookies but does not follow redirects.
