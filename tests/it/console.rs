@@ -427,3 +427,43 @@ async fn console_read_only_mode_hides_and_refuses_actions() {
     b.screenshot("read-only").await;
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_steps_a_debug_request_through_with_continue() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let id: Uuid = value(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'step by step', true) RETURNING id",
+        &[],
+    )
+    .await;
+    for (resting, next) in [("ANALYZED", "READY"), ("READY", "COMPLETED")] {
+        wait_status(&c, id, resting).await;
+        b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
+        b.wait_js(
+            &format!("the page shows {resting}"),
+            &format!("return document.querySelector('#status').textContent.trim() === '{resting}';"),
+        )
+        .await;
+        b.fill("#continue-reason", &format!("looked at {resting}")).await;
+        b.click("#continue").await;
+        b.wait_js(
+            &format!("the page shows {next}"),
+            &format!("return document.querySelector('#status').textContent.trim() === '{next}';"),
+        )
+        .await;
+    }
+    wait_status(&c, id, "COMPLETED").await;
+    let reasons: Vec<String> = crate::support::db::column(
+        &c,
+        "SELECT reason FROM operator_actions WHERE run_id = $1 AND action = 'continue' AND actor = 'console' ORDER BY id",
+        &[&id],
+    )
+    .await;
+    assert_eq!(reasons, ["looked at ANALYZED", "looked at READY"]);
+    b.screenshot("debug-continued").await;
+    b.close().await;
+}
