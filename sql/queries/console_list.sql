@@ -1,6 +1,13 @@
 -- The operator console's request list, newest first, paged by keyset on
 -- (created_at, id): a page starts strictly after the last row of the one
 -- before, never at an OFFSET. NULL filters mean any.
+-- Indexes: a user filter uses pipeline_runs_user_idx (0.4 ms at 1M rows).
+-- The others need (a migration to come; not in this branch, whose number
+-- must follow the ones merged before it):
+--   CREATE INDEX pipeline_runs_created_idx ON pipeline_runs (created_at DESC, id DESC);
+--   CREATE INDEX pipeline_runs_status_created_idx ON pipeline_runs (status, created_at DESC, id DESC);
+-- measured at 1M rows: no filter 296 → 0.08 ms, status 116 → 0.10 ms. The
+-- text filter scans (214 ms at 1M rows) until a pg_trgm index exists.
 -- $1 statuses
 -- $2 user_id
 -- $3 thread_id
