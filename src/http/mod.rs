@@ -13,6 +13,9 @@
 //! - With `api_tokens` configured, every `/api` route needs
 //!   `Authorization: Bearer TOKEN`; without them the server refuses to bind
 //!   anything but a loopback address.
+//! - `/console` is the operator console ([`console`]): HTML pages behind
+//!   the same tokens (a login form and a session cookie), outside the
+//!   OpenAPI document.
 //! - Shutdown: the server stops accepting when the daemon's token fires,
 //!   open streams and long-polls end at once, and [`Server::stop`] waits at
 //!   most the grace period for the rest.
