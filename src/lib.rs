@@ -73,7 +73,7 @@
 //!    demand, exactly once), [`callbacks`] (signed deliveries from a
 //!    durable outbox), [`retention`] (old requests deleted in batches).
 //! 7. Front ends: [`http`] (submit, status, long-poll, SSE, WebSocket,
-//!    health, metrics, OpenAPI), [`cli`] (`maasctl`), [`systemd`]
+//!    health, metrics, OpenAPI; the operator console, `http::console`), [`cli`] (`maasctl`), [`systemd`]
 //!    (readiness, watchdog).
 //! 8. [`daemon`] — wires it all into `maasd`: one list of services.
 //!

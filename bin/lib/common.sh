@@ -57,3 +57,17 @@ ensure_cargo() {
     fi
     command -v cargo >/dev/null 2>&1 || { say "cargo not found: install Rust (https://rustup.rs)"; return 1; }
 }
+
+# Installs headless Chromium and its WebDriver (Debian's `chromium` and
+# `chromium-driver`) when missing, for the console's browser tests.
+# Returns 1, with a message, where they cannot be installed: those tests
+# skip then.
+ensure_chromium() {
+    command -v chromedriver >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 && return 0
+    command -v apt-get >/dev/null 2>&1 || { say "chromium missing and no apt-get to install it"; return 1; }
+    say "chromium is not installed; installing Debian's chromium and chromium-driver with apt-get"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq || return 1
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null ||
+        return 1
+    command -v chromedriver >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1
+}

@@ -52,6 +52,9 @@ pub struct HttpConfig {
     /// Largest WebSocket message (and frame) a client may send; the socket
     /// is closed on a larger one. Default 65536.
     pub ws_max_message_bytes: usize,
+    /// The operator console (`/console`) shows and refuses no action:
+    /// no retry, cancel or continue. Default false.
+    pub console_read_only: bool,
 }
 
 impl Default for HttpConfig {
@@ -70,6 +73,7 @@ impl Default for HttpConfig {
             max_streams: 4096,
             max_streams_per_token: 1024,
             ws_max_message_bytes: 64 * 1024,
+            console_read_only: false,
         }
     }
 }

@@ -20,11 +20,15 @@
 //! - With `api_tokens` configured, every `/api` route needs
 //!   `Authorization: Bearer TOKEN`; without them the server refuses to bind
 //!   anything but a loopback address.
+//! - `/console` is the operator console ([`console`]): HTML pages behind
+//!   the same tokens (a login form and a session cookie), outside the
+//!   OpenAPI document.
 //! - Shutdown: the server stops accepting when the daemon's token fires,
 //!   open streams and long-polls end at once, and [`Server::stop`] waits at
 //!   most the grace period for the rest.
 
 pub mod api;
+pub mod console;
 pub mod error;
 pub mod housekeeping;
 pub mod input;
@@ -180,6 +184,7 @@ pub fn routes() -> Routes {
 pub fn app(state: AppState) -> Router {
     routes()
         .router
+        .merge(console::router())
         .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no_route", "no such route") })
         .layer(middleware::from_fn(input::json_errors))
         .layer(DefaultBodyLimit::max(state.cfg.http.max_body_bytes))

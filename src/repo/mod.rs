@@ -46,6 +46,7 @@ pub mod archive;
 pub mod attempts;
 pub mod audit;
 pub mod callbacks;
+pub mod console;
 pub mod control;
 pub mod gauges;
 pub mod idempotency;
@@ -279,6 +280,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         stats::STATEMENTS,
         gauges::STATEMENTS,
         users::STATEMENTS,
+        console::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

@@ -5,6 +5,7 @@ mod archivist;
 mod callbacks;
 mod caps;
 mod cli;
+mod console;
 mod control;
 mod engine;
 mod failover;

@@ -1,6 +1,7 @@
 //! Harness: real PostgreSQL, real processes, waits with deadlines.
 
 pub mod api;
+pub mod browser;
 pub mod cli;
 pub mod daemon;
 pub mod db;

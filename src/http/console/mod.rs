@@ -1,0 +1,172 @@
+//! The operator console: server-rendered pages under `/console`, served by
+//! `maasd` itself, with no build step at install time.
+//!
+//! Guarantees:
+//! - Pages are Jinja templates ([`minijinja`]) and one vendored,
+//!   version-pinned htmx (`assets/htmx-2.0.11.min.js`, licence beside it),
+//!   all embedded in the binary; output is HTML-escaped.
+//! - Live parts ride the daemon's one LISTEN session: `/console/events` is
+//!   an SSE stream of the [`Notifier`](crate::listener::Notifier)'s
+//!   broadcast, coalesced to at most one `change` event per
+//!   [`COALESCE`]; the page then fetches its fragments again (htmx). A
+//!   lagging stream is told to refresh; nothing is polled.
+//! - Reads go through [`crate::repo`], actions through [`crate::control`],
+//!   so an action is recorded in `operator_actions` exactly as `maasctl`
+//!   records it.
+//! - Access ([`auth`]): with `api_tokens`, a token given in the login form
+//!   becomes an HttpOnly, SameSite=Strict session cookie; without tokens
+//!   (the server then binds only loopback) the console is open. Every
+//!   action is a POST carrying a CSRF token derived from the session.
+
+pub mod auth;
+pub mod pages;
+
+use std::convert::Infallible;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::middleware;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::{Stream, StreamExt};
+use minijinja::Environment;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::AppState;
+
+/// Longest time between a notification and the `change` event it causes;
+/// notifications within it become one event.
+pub const COALESCE: Duration = Duration::from_millis(250);
+
+/// The vendored htmx, pinned (see `assets/htmx-LICENSE`).
+const HTMX: &str = include_str!("assets/htmx-2.0.11.min.js");
+const HTMX_PATH: &str = "/console/assets/htmx-2.0.11.min.js";
+
+const TEMPLATES: &[(&str, &str)] = &[
+    ("base.html", include_str!("templates/base.html")),
+    ("login.html", include_str!("templates/login.html")),
+    ("overview.html", include_str!("templates/overview.html")),
+    ("overview_body.html", include_str!("templates/overview_body.html")),
+    ("requests.html", include_str!("templates/requests.html")),
+    ("request_rows.html", include_str!("templates/request_rows.html")),
+    ("request.html", include_str!("templates/request.html")),
+    ("request_body.html", include_str!("templates/request_body.html")),
+];
+
+/// The templates, parsed once.
+fn env() -> &'static Environment<'static> {
+    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = Environment::new();
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::Html);
+        env.add_global("htmx_path", HTMX_PATH);
+        for (name, text) in TEMPLATES {
+            if let Err(e) = env.add_template(name, text) {
+                tracing::error!(template = name, error = %e, "console: a template does not parse");
+            }
+        }
+        env
+    })
+}
+
+/// Renders `name` with `ctx`; a template error is a 500 naming it.
+pub fn render(name: &str, ctx: minijinja::Value) -> Response {
+    match env().get_template(name).and_then(|t| t.render(ctx)) {
+        Ok(html) => Html(html).into_response(),
+        Err(e) => {
+            tracing::error!(template = name, error = %e, "console: cannot render");
+            fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("template {name}: {e}")).into_response()
+        }
+    }
+}
+
+/// A refusal or failure a person reads: its status and what happened.
+#[derive(Debug)]
+pub struct Fail(StatusCode, String);
+
+impl IntoResponse for Fail {
+    fn into_response(self) -> Response {
+        (self.0, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], self.1).into_response()
+    }
+}
+
+/// A plain-text failure a person reads.
+pub fn fail(code: StatusCode, what: &str) -> Fail {
+    Fail(code, what.to_owned())
+}
+
+/// The console's routes (not part of the JSON API, so not in OpenAPI).
+pub fn router() -> Router<AppState> {
+    let guarded = Router::new()
+        .route("/console", get(pages::overview))
+        .route("/console/overview", get(pages::overview_body))
+        .route("/console/events", get(events))
+        .route("/console/requests", get(pages::requests))
+        .route("/console/requests/rows", get(pages::request_rows))
+        .route("/console/requests/{id}", get(pages::request))
+        .route("/console/requests/{id}/body", get(pages::request_body))
+        .route("/console/requests/{id}/{action}", post(pages::act))
+        .route("/console/logout", post(auth::logout))
+        .route_layer(middleware::from_fn(auth::guard));
+    Router::new()
+        .route("/console/login", get(auth::login_page).post(auth::login))
+        .route(HTMX_PATH, get(htmx))
+        .merge(guarded)
+}
+
+async fn htmx() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=31536000, immutable"),
+        ],
+        HTMX,
+    )
+        .into_response()
+}
+
+/// `GET /console/events`: a `change` event whenever requests changed
+/// (coalesced), `refresh` when notifications may have been lost.
+async fn events(State(app): State<AppState>) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let rx = app.notifier.subscribe();
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let first = rx.recv().await;
+        let name = match first {
+            Err(RecvError::Closed) => return None,
+            Err(RecvError::Lagged(_)) => "refresh",
+            Ok(_) => "change",
+        };
+        tokio::time::sleep(COALESCE).await;
+        let mut lagged = name == "refresh";
+        loop {
+            match rx.try_recv() {
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => lagged = true,
+                Err(_) => break,
+            }
+        }
+        let ev = SseEvent::default()
+            .event(if lagged { "refresh" } else { "change" })
+            .data("{}");
+        Some((Ok(ev), rx))
+    })
+    .take_until(app.shutdown.clone().cancelled_owned());
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(app.cfg.http.stream_keepalive()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_template_parses() {
+        let mut env = minijinja::Environment::new();
+        for (name, text) in super::TEMPLATES {
+            if let Err(e) = env.add_template(name, text) {
+                panic!("{name}: {e}");
+            }
+        }
+    }
+}

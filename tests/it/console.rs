@@ -1,0 +1,469 @@
+//! The operator console in a real headless Chromium against a real
+//! `maasd` and PostgreSQL: pages render, live parts change without a
+//! reload, actions land in `operator_actions`. Each test keeps a
+//! screenshot under `target/console-screenshots/`; with
+//! `MAAS_CONSOLE_DOCS=1` the README's screenshots in `docs/` are
+//! refreshed from them.
+
+use std::path::Path;
+use std::time::Duration;
+
+use fantoccini::Locator;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::support::api::Api;
+use crate::support::browser::Browser;
+use crate::support::cli::{NO_ENV, maasctl_async};
+use crate::support::daemon::Opts;
+use crate::support::db::{TestDb, value};
+use crate::support::fake_llm::{Api as FakeApi, FakeLlm, Reply};
+use crate::support::{GENEROUS, wait_until};
+
+async fn submit(api: &Api, body: Value) -> Uuid {
+    let resp = api.submit(&body).await;
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let v: Value = resp.json().await.unwrap();
+    v["request_id"].as_str().unwrap().parse().unwrap()
+}
+
+/// Copies a screenshot into `docs/` when asked to (`MAAS_CONSOLE_DOCS=1`).
+fn to_docs(shot: &Path, name: &str) {
+    if std::env::var("MAAS_CONSOLE_DOCS").is_ok_and(|v| v == "1") {
+        std::fs::copy(shot, Path::new(env!("CARGO_MANIFEST_DIR")).join("docs").join(name)).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_overview_shows_a_request_reach_completed_without_a_reload() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let c = db.client().await;
+    // Paused, so the request waits where the page can see it.
+    let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "console test"], NO_ENV).await;
+    assert_eq!(code, 0, "{err}");
+
+    b.goto_live(&api.url("/console")).await;
+    assert!(
+        b.text("#pause").await.starts_with("Paused"),
+        "the overview shows the pause"
+    );
+    b.wait_js("the live stream is open", "return document.body.dataset.live === 'on';")
+        .await;
+    b.mark().await;
+
+    let id = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "what does the console show?" }),
+    )
+    .await;
+    b.wait_js(
+        "the overview shows one NEW request waiting",
+        "const r = document.querySelector('#backlog tr[data-status=NEW]'); return !!r && r.cells[1].textContent.trim() === '1';",
+    )
+    .await;
+
+    let (code, _, err) = maasctl_async(&db.url, &["resume", "--reason", "console test"], NO_ENV).await;
+    assert_eq!(code, 0, "{err}");
+    b.wait_js(
+        "the request shows as COMPLETED among the finished",
+        &format!("return !!document.querySelector('#recent tr[data-id=\"{id}\"][data-status=COMPLETED]');"),
+    )
+    .await;
+    b.wait_js(
+        "the pause is gone from the page",
+        "return document.querySelector('#pause').textContent.trim() === 'Running';",
+    )
+    .await;
+    assert!(b.same_page().await, "the page was not reloaded");
+    let status: String = value(&c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&id]).await;
+    assert_eq!(status, "COMPLETED");
+    let shot = b.screenshot("overview").await;
+    to_docs(&shot, "console-overview.png");
+    b.close().await;
+}
+
+const KEY: &str = "sk-console-test";
+
+fn analysis() -> String {
+    json!({
+        "needs_context": false, "context_type": "none", "time_scope": "none",
+        "search_keywords": ["console"], "context_found": null,
+    })
+    .to_string()
+}
+
+async fn status_of(c: &tokio_postgres::Client, id: Uuid) -> String {
+    value(c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&id]).await
+}
+
+async fn wait_status(c: &tokio_postgres::Client, id: Uuid, want: &str) {
+    wait_until(GENEROUS, &format!("request {id} is {want}"), || async {
+        status_of(c, id).await == want
+    })
+    .await;
+}
+
+/// The rows the list shows: (id, status).
+async fn listed(b: &Browser) -> Vec<(String, String)> {
+    let v = b
+        .js("return [...document.querySelectorAll('#rows tr.row')].map(r => [r.dataset.id, r.dataset.status]);")
+        .await;
+    serde_json::from_value(v).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    let opts = Opts::default()
+        .env("MAAS_LLM_PROVIDER", "openai")
+        .env("OPENAI_BASE_URL", fake.openai_base_url())
+        .env("OPENAI_API_KEY", KEY);
+    let api = Api::start(&db, opts).await;
+    let c = db.client().await;
+
+    // The fake's default reply is no analysis: this one fails.
+    fake.push(FakeApi::OpenAi, Reply::bad_request(FakeApi::OpenAi));
+    let failed = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "alpha: the provider refuses" }),
+    )
+    .await;
+    wait_status(&c, failed, "FAILED").await;
+    fake.set_default(analysis(), None);
+    let done = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "beta: this one completes" }),
+    )
+    .await;
+    wait_status(&c, done, "COMPLETED").await;
+
+    // The list, filtered by status and by text in the form.
+    b.goto_live(&api.url("/console/requests")).await;
+    let all = listed(&b).await;
+    assert_eq!(all.len(), 2, "{all:?}");
+    b.c.find(Locator::Css("#f-status"))
+        .await
+        .unwrap()
+        .select_by_value("FAILED")
+        .await
+        .unwrap();
+    b.click("#f-apply").await;
+    b.wait_js(
+        "the list is filtered by status",
+        "return location.search.includes('status=FAILED') && document.body.dataset.live === 'on';",
+    )
+    .await;
+    assert_eq!(listed(&b).await, vec![(failed.to_string(), "FAILED".to_owned())]);
+    b.c.find(Locator::Css("#f-status"))
+        .await
+        .unwrap()
+        .select_by_value("")
+        .await
+        .unwrap();
+    b.fill("#f-text", "BETA").await;
+    b.click("#f-apply").await;
+    b.wait_js(
+        "the list is filtered by text",
+        "return location.search.includes('text=BETA') && document.body.dataset.live === 'on';",
+    )
+    .await;
+    assert_eq!(listed(&b).await, vec![(done.to_string(), "COMPLETED".to_owned())]);
+    b.screenshot("requests-filtered").await;
+
+    // New rows appear live on the unfiltered list.
+    b.goto_live(&api.url("/console/requests")).await;
+    b.mark().await;
+    let third = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "gamma: shows up live" }),
+    )
+    .await;
+    b.wait_js(
+        "the new request appears in the list",
+        &format!("return !!document.querySelector('#rows tr[data-id=\"{third}\"]');"),
+    )
+    .await;
+    assert!(b.same_page().await, "the list was not reloaded");
+    wait_status(&c, third, "COMPLETED").await;
+
+    // Open the failed one and retry it, with a reason.
+    b.goto_live(&api.url("/console/requests?status=FAILED")).await;
+    b.click(&format!("#rows tr[data-id=\"{failed}\"] a")).await;
+    b.wait_js(
+        "the request page is open",
+        "return !!document.querySelector('#timeline') && document.body.dataset.live === 'on';",
+    )
+    .await;
+    let timeline = b.text("#timeline").await;
+    assert!(
+        timeline.contains("bad_request"),
+        "the timeline names the error class: {timeline}"
+    );
+    b.fill("#retry-reason", "provider fixed").await;
+    b.click("#retry").await;
+    b.wait_js(
+        "the retried request shows COMPLETED",
+        "return document.querySelector('#status').textContent.trim() === 'COMPLETED';",
+    )
+    .await;
+    wait_status(&c, failed, "COMPLETED").await;
+    let (actor, reason): (String, String) = {
+        let r = c
+            .query_one(
+                "SELECT actor, reason FROM operator_actions WHERE run_id = $1 AND action = 'retry'",
+                &[&failed],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((actor.as_str(), reason.as_str()), ("console", "provider fixed"));
+    let shot = b.screenshot("request-retried").await;
+    to_docs(&shot, "console-request.png");
+
+    // A slow one: cancel it while its analyze waits on the provider.
+    fake.set_default(analysis(), Some(Duration::from_secs(120)));
+    let slow = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "delta: slow, to be cancelled" }),
+    )
+    .await;
+    wait_status(&c, slow, "ANALYZING").await;
+    b.goto_live(&api.url(&format!("/console/requests/{slow}"))).await;
+    assert_eq!(b.text("#status").await, "ANALYZING");
+    b.fill("#cancel-reason", "stuck on the provider").await;
+    b.click("#cancel").await;
+    b.wait_js(
+        "the page shows CANCELLED",
+        "return document.querySelector('#status').textContent.trim() === 'CANCELLED';",
+    )
+    .await;
+    assert_eq!(status_of(&c, slow).await, "CANCELLED");
+    let logged: i64 = value(
+        &c,
+        "SELECT count(*) FROM operator_actions WHERE run_id = $1 AND action = 'cancel' AND actor = 'console' AND reason = 'stuck on the provider'",
+        &[&slow],
+    )
+    .await;
+    assert_eq!(logged, 1);
+    assert!(b.text("#actions-log").await.contains("stuck on the provider"));
+    b.screenshot("request-cancelled").await;
+    b.close().await;
+}
+
+/// A client that keeps cookies but does not follow redirects.
+fn plain_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
+    let db = TestDb::new().await;
+    let api = Api::start(&db, Opts::default().env("MAAS_API_TOKENS", "tok-console")).await;
+    let c = db.client().await;
+    let http = plain_client();
+    let id = {
+        let mut a = Api {
+            token: Some("tok-console".into()),
+            ..api
+        };
+        let id = submit(&a, json!({ "user_id": Uuid::new_v4(), "query": "behind a token" })).await;
+        wait_status(&c, id, "COMPLETED").await;
+        a.token = None;
+        (id, a)
+    };
+    let (id, api) = id;
+
+    // No session: pages send to the login, actions are refused.
+    let r = http.get(api.url("/console")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/console/login");
+    let r = http
+        .post(api.url(&format!("/console/requests/{id}/cancel")))
+        .form(&[("reason", "x"), ("csrf", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    // A wrong token is refused; the right one gives an HttpOnly, SameSite=Strict cookie.
+    let r = http
+        .post(api.url("/console/login"))
+        .form(&[("token", "nope")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = http
+        .post(api.url("/console/login"))
+        .form(&[("token", "tok-console")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let page = http
+        .get(api.url(&format!("/console/requests/{id}")))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    // A forged cookie is no session.
+    let forged = format!("{}0", &session[..session.len() - 1]);
+    let r = http
+        .get(api.url("/console"))
+        .header("cookie", &forged)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    // An action without the CSRF token is refused and changes nothing.
+    let fresh = {
+        let a = Api {
+            token: Some("tok-console".into()),
+            ..api
+        };
+        let user = Uuid::new_v4();
+        let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "hold it"], NO_ENV).await;
+        assert_eq!(code, 0, "{err}");
+        let id = submit(&a, json!({ "user_id": user, "query": "to cancel" })).await;
+        (id, Api { token: None, ..a })
+    };
+    let (fresh, api) = fresh;
+    let r = http
+        .post(api.url(&format!("/console/requests/{fresh}/cancel")))
+        .header("cookie", &session)
+        .form(&[("reason", "no csrf")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(status_of(&c, fresh).await, "NEW");
+
+    // In the browser: log in, cancel with the form (it carries the token).
+    let Some(b) = Browser::start().await else { return };
+    b.goto(&api.url("/console")).await;
+    b.wait_js("the login page", "return location.pathname === '/console/login';")
+        .await;
+    b.fill("#token", "tok-console").await;
+    b.click("#login").await;
+    b.wait_js(
+        "the overview after login",
+        "return location.pathname === '/console' && document.body.dataset.live === 'on';",
+    )
+    .await;
+    assert_eq!(
+        b.js("return document.cookie.includes('maas_console');").await,
+        json!(false),
+        "HttpOnly"
+    );
+    b.goto_live(&api.url(&format!("/console/requests/{fresh}"))).await;
+    b.fill("#cancel-reason", "cancelled after login").await;
+    b.click("#cancel").await;
+    b.wait_js(
+        "the page shows CANCELLED",
+        "return document.querySelector('#status').textContent.trim() === 'CANCELLED';",
+    )
+    .await;
+    assert_eq!(status_of(&c, fresh).await, "CANCELLED");
+    b.screenshot("login-then-cancel").await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_read_only_mode_hides_and_refuses_actions() {
+    let db = TestDb::new().await;
+    let api = Api::start(&db, Opts::default().env("MAAS_HTTP__CONSOLE_READ_ONLY", "true")).await;
+    let c = db.client().await;
+    let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "hold it"], NO_ENV).await;
+    assert_eq!(code, 0, "{err}");
+    let id = submit(
+        &api,
+        json!({ "user_id": Uuid::new_v4(), "query": "look, do not touch" }),
+    )
+    .await;
+    let http = plain_client();
+    let page = http
+        .get(api.url(&format!("/console/requests/{id}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("read-only mode"), "{page}");
+    assert!(!page.contains("id=\"cancel\""), "no cancel button in read-only mode");
+    // Even with the right CSRF token, the action is refused.
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .map(|s| s.split('"').next().unwrap().to_owned());
+    let r = http
+        .post(api.url(&format!("/console/requests/{id}/cancel")))
+        .form(&[("reason", "try anyway"), ("csrf", csrf.as_deref().unwrap_or(""))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(r.text().await.unwrap().contains("read-only"));
+    assert_eq!(status_of(&c, id).await, "NEW");
+    let Some(b) = Browser::start().await else { return };
+    b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
+    assert!(b.text("#act").await.contains("read-only mode"));
+    b.screenshot("read-only").await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_steps_a_debug_request_through_with_continue() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let id: Uuid = value(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'step by step', true) RETURNING id",
+        &[],
+    )
+    .await;
+    for (resting, next) in [("ANALYZED", "READY"), ("READY", "COMPLETED")] {
+        wait_status(&c, id, resting).await;
+        b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
+        b.wait_js(
+            &format!("the page shows {resting}"),
+            &format!("return document.querySelector('#status').textContent.trim() === '{resting}';"),
+        )
+        .await;
+        b.fill("#continue-reason", &format!("looked at {resting}")).await;
+        b.click("#continue").await;
+        b.wait_js(
+            &format!("the page shows {next}"),
+            &format!("return document.querySelector('#status').textContent.trim() === '{next}';"),
+        )
+        .await;
+    }
+    wait_status(&c, id, "COMPLETED").await;
+    let reasons: Vec<String> = crate::support::db::column(
+        &c,
+        "SELECT reason FROM operator_actions WHERE run_id = $1 AND action = 'continue' AND actor = 'console' ORDER BY id",
+        &[&id],
+    )
+    .await;
+    assert_eq!(reasons, ["looked at ANALYZED", "looked at READY"]);
+    b.screenshot("debug-continued").await;
+    b.close().await;
+}
