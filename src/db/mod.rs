@@ -79,17 +79,7 @@ impl Error {
 /// driver's text followed by its causes (e.g. the socket's error).
 pub fn describe(e: &tokio_postgres::Error) -> String {
     let Some(db) = e.as_db_error() else {
-        let mut msg = e.to_string();
-        let mut source = std::error::Error::source(e);
-        while let Some(s) = source {
-            let text = s.to_string();
-            if !msg.contains(&text) {
-                msg.push_str(": ");
-                msg.push_str(&text);
-            }
-            source = s.source();
-        }
-        return msg;
+        return crate::error::chain(e);
     };
     server_line(
         db.message(),

@@ -329,31 +329,10 @@ mod props {
 
     /// A valid body with random bytes spliced in, replaced or cut.
     fn bodies() -> impl Strategy<Value = Vec<u8>> {
-        let base = json!({"user_id": "6f1c2d7e-0a4b-4c55-9d6e-3b2a1f0e9d8c", "thread_id": null, "query": "what did we decide?"})
-            .to_string()
-            .into_bytes();
-        prop_oneof![
-            prop::collection::vec(any::<u8>(), 0..256),
-            (any::<prop::sample::Index>(), prop::collection::vec(any::<u8>(), 0..8)).prop_map({
-                let base = base.clone();
-                move |(at, insert)| {
-                    let mut b = base.clone();
-                    let i = at.index(b.len() + 1);
-                    b.splice(i..i, insert);
-                    b
-                }
-            }),
-            (any::<prop::sample::Index>(), any::<u8>()).prop_map({
-                let base = base.clone();
-                move |(at, byte)| {
-                    let mut b = base.clone();
-                    let i = at.index(b.len());
-                    b[i] = byte;
-                    b
-                }
-            }),
-            any::<prop::sample::Index>().prop_map(move |at| base[..at.index(base.len() + 1)].to_vec()),
-        ]
+        crate::props::mutated(
+            json!({"user_id": "6f1c2d7e-0a4b-4c55-9d6e-3b2a1f0e9d8c", "thread_id": null, "query": "what did we decide?"})
+                .to_string(),
+        )
     }
 
     proptest! {

@@ -93,7 +93,7 @@ fn arb_json() -> impl Strategy<Value = Value> {
 
 /// Bytes: random, or a valid example with random edits (truncation, a byte
 /// replaced, bytes inserted).
-fn mutated(example: String) -> impl Strategy<Value = Vec<u8>> {
+pub(crate) fn mutated(example: String) -> impl Strategy<Value = Vec<u8>> {
     let base = example.into_bytes();
     prop_oneof![
         prop::collection::vec(any::<u8>(), 0..256),
