@@ -38,9 +38,9 @@ pub mod local_guard;
 pub mod openapi;
 pub mod operate;
 pub mod ops;
-pub mod users;
 pub mod serve;
 mod submit_fields;
+pub mod users;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
