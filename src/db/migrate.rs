@@ -68,6 +68,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     8 => "0008_memory_search.sql",
     9 => "0009_row_bounds.sql",
     10 => "0010_user_data.sql",
+    11 => "0011_memory_search_pending_list.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![
