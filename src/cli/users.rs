@@ -83,9 +83,9 @@ async fn show(
     limit: usize,
     json: bool,
 ) -> Result<Outcome, CliError> {
-    let mut client = connect(cfg).await?;
+    let client = connect(cfg).await?;
     if let Some(q) = q {
-        let found = match users::search(&mut client, cfg, user, &q).await {
+        let found = match users::search(&client, cfg, user, &q).await {
             Ok(v) => v,
             Err(e) => return finding(e),
         };

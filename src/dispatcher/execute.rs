@@ -185,8 +185,8 @@ impl Engine {
             records: m.records,
         };
         let read = async {
-            let mut client = self.pool.get().await?;
-            repo::memory::search(&mut client, &search).await
+            let client = self.pool.get().await?;
+            repo::memory::search(&client, &search).await
         };
         let items = match tokio::time::timeout(self.cfg.stage_timeout(), read).await {
             Ok(Ok(items)) => items,

@@ -94,12 +94,12 @@ pub async fn memory(
 ) -> Result<Response, ApiError> {
     let user = parse_user(&id)?;
     let params = params(query)?;
-    let mut client = app.pool.get().await?;
+    let client = app.pool.get().await?;
     if let Some(q) = params.get("q") {
         if q.trim().is_empty() {
             return Err(ApiError::bad_request("invalid_query", "q must not be empty"));
         }
-        return Ok(match users::search(&mut client, &app.cfg, user, q).await {
+        return Ok(match users::search(&client, &app.cfg, user, q).await {
             Ok(v) => Json(v).into_response(),
             Err(e) => user_error(user.user_id, e),
         });

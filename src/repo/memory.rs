@@ -6,7 +6,7 @@
 //! through an index that leads with `user_id` (invariant 7); the request's
 //! own turns are never returned; one round trip.
 
-use deadpool_postgres::GenericClient;
+use deadpool_postgres::{Client, GenericClient};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -79,12 +79,17 @@ impl FromRow for MemoryItem {
 /// 2.5 ms), and a pooled connection makes five of them before PostgreSQL
 /// settles on the generic one. `SET LOCAL` keeps the setting to this
 /// statement's transaction.
-const GENERIC_PLAN: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
+const BEGIN_GENERIC: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
 
 /// The thread's newest turns (newest first), then the long-term items in
 /// packing order (see `memory_search.sql`). One statement, in a transaction
-/// of its own that asks for the generic plan (the three are pipelined).
-pub async fn search(client: &mut impl GenericClient, s: &MemorySearch<'_>) -> Result<Vec<MemoryItem>, Error> {
+/// of its own that asks for the generic plan: `BEGIN; SET LOCAL`, the
+/// statement and `COMMIT` go out together, one round trip. All three are
+/// queued at once, so the transaction ends however the caller stops
+/// waiting (a failed statement makes the `COMMIT` a rollback). It takes a
+/// pooled connection, never a transaction: its `COMMIT` would end the
+/// caller's.
+pub async fn search(client: &Client, s: &MemorySearch<'_>) -> Result<Vec<MemoryItem>, Error> {
     let stmt = client.prepare_cached(SEARCH).await?;
     let long_term = !s.query.trim().is_empty();
     let params = SearchParams {
@@ -98,11 +103,14 @@ pub async fn search(client: &mut impl GenericClient, s: &MemorySearch<'_>) -> Re
         request_id: s.request_id,
     };
     let values = params.params();
-    let tx = client.transaction().await?;
-    let (set, rows) = futures_util::join!(tx.batch_execute(GENERIC_PLAN), tx.query(&stmt, &values));
-    set?;
+    let (begin, rows, commit) = futures_util::join!(
+        client.batch_execute(BEGIN_GENERIC),
+        client.query(&stmt, &values),
+        client.batch_execute("COMMIT")
+    );
+    begin?;
     let rows = rows?;
-    tx.commit().await?;
+    commit?;
     rows_as(&rows)
 }
 

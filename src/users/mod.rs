@@ -171,7 +171,7 @@ pub struct SearchView {
 /// Runs the retrieval the pipeline runs for a request of `user` whose
 /// search text is `query` (long-term memory only: no thread, no request).
 pub async fn search(
-    client: &mut impl GenericClient,
+    client: &deadpool_postgres::Client,
     cfg: &Config,
     user: UserKey,
     query: &str,
