@@ -1,0 +1,84 @@
+-- Tenants: several applications served by one maas, each with its own
+-- users, tokens, limits and callback signing secret.
+--
+-- A tenant's user ids are its own namespace by construction: the user id
+-- stored in every table (`pipeline_runs.user_id`, `raw_logs`, `lsm_storage`,
+-- `archive_marks`, ...) is `maas_tenant_user(tenant, user)`, computed here in
+-- SQL. For the default tenant it is the user id itself (so every existing
+-- row, and a plain INSERT that names no tenant, stays the default tenant's);
+-- for any other tenant it is a name-based UUID (version 8, RFC 9562: the
+-- first 128 bits of SHA-256 over the tenant and the user, version and
+-- variant bits set). Every statement that keys on user_id (memory,
+-- archivist, retention, export, erase) therefore never sees another
+-- tenant's user, without a tenant column of its own.
+
+-- The default tenant: the configuration's `api_tokens` and the loopback
+-- mode without tokens act as this one. Its id is the nil UUID.
+CREATE TABLE tenants (
+    id                  uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    name                text        NOT NULL UNIQUE,
+    -- Submissions per rolling minute; NULL: unlimited.
+    requests_per_minute integer,
+    -- Requests not yet terminal; NULL: unlimited.
+    max_in_flight       integer,
+    -- Signs the callbacks of this tenant's requests; NULL: the configured
+    -- `callbacks.secret`.
+    callback_secret     text,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT tenants_name_form CHECK (name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'),
+    CONSTRAINT tenants_rpm_positive CHECK (requests_per_minute IS NULL OR requests_per_minute > 0),
+    CONSTRAINT tenants_in_flight_positive CHECK (max_in_flight IS NULL OR max_in_flight > 0),
+    -- The default tenant's rows are not in the limit indexes below.
+    CONSTRAINT tenants_default_unlimited CHECK (id <> '00000000-0000-0000-0000-000000000000'
+                                                OR (requests_per_minute IS NULL AND max_in_flight IS NULL)),
+    CONSTRAINT tenants_secret_size CHECK (callback_secret IS NULL OR length(callback_secret) BETWEEN 16 AND 512)
+);
+INSERT INTO tenants (id, name) VALUES ('00000000-0000-0000-0000-000000000000', 'default');
+
+-- The stored user id of `user_id` as tenant `tenant` names it.
+CREATE FUNCTION maas_tenant_user(tenant uuid, user_id uuid) RETURNS uuid
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN tenant = '00000000-0000-0000-0000-000000000000'::uuid THEN user_id
+        ELSE (SELECT (substr(h, 1, 12) || '8' || substr(h, 14, 3)
+                      || substr('89ab89ab89ab89ab', ('x' || substr(h, 17, 1))::bit(4)::int + 1, 1)
+                      || substr(h, 18, 15))::uuid
+              FROM (SELECT encode(sha256(convert_to('maas-tenant-user:' || tenant::text || ':' || user_id::text,
+                                                    'UTF8')), 'hex') AS h) s)
+    END
+$$;
+
+-- API tokens: only the SHA-256 of a token is kept; the token is shown once,
+-- at creation (`maasctl tokens create`).
+CREATE TABLE api_tokens (
+    id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name         text        NOT NULL,
+    tenant_id    uuid        NOT NULL REFERENCES tenants (id),
+    scope        text        NOT NULL,
+    token_sha256 bytea       NOT NULL UNIQUE,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    last_used_at timestamptz,
+    revoked_at   timestamptz,
+    CONSTRAINT api_tokens_scope_known CHECK (scope IN ('submit', 'read', 'operate', 'admin')),
+    CONSTRAINT api_tokens_hash_size CHECK (length(token_sha256) = 32),
+    CONSTRAINT api_tokens_name_form CHECK (length(name) BETWEEN 1 AND 100)
+);
+-- One live token per name and tenant (rotate revokes the old one first).
+CREATE UNIQUE INDEX api_tokens_live_name_idx ON api_tokens (tenant_id, name) WHERE revoked_at IS NULL;
+
+-- Whose a request is. The default keeps a plain INSERT the default
+-- tenant's. No foreign key: tenants are never deleted, and the check would
+-- cost every insert a lookup. `tenant_user_id` is the user id as the tenant
+-- sent it (NULL for the default tenant, where it equals user_id), for
+-- answers to the tenant.
+ALTER TABLE pipeline_runs
+    ADD COLUMN tenant_id uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000',
+    ADD COLUMN tenant_user_id uuid;
+
+-- Per-tenant limits count here; the default tenant's rows are not in these
+-- indexes (its submissions without limits never read them).
+CREATE INDEX pipeline_runs_tenant_recent_idx ON pipeline_runs (tenant_id, created_at)
+    WHERE tenant_id <> '00000000-0000-0000-0000-000000000000';
+CREATE INDEX pipeline_runs_tenant_in_flight_idx ON pipeline_runs (tenant_id)
+    WHERE tenant_id <> '00000000-0000-0000-0000-000000000000'
+      AND status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED');

