@@ -82,3 +82,21 @@ CREATE INDEX pipeline_runs_tenant_recent_idx ON pipeline_runs (tenant_id, create
 CREATE INDEX pipeline_runs_tenant_in_flight_idx ON pipeline_runs (tenant_id)
     WHERE tenant_id <> '00000000-0000-0000-0000-000000000000'
       AND status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED');
+
+-- The actions of `maasctl tenants|tokens` join the audit trail's list
+-- (added to whatever the constraint lists now, as 0010 does).
+DO $$
+DECLARE def text;
+BEGIN
+    SELECT pg_get_constraintdef(oid) INTO def
+    FROM pg_constraint
+    WHERE conname = 'operator_actions_action_valid' AND conrelid = 'operator_actions'::regclass;
+    IF def IS NOT NULL AND position('token_create' IN def) = 0 THEN
+        EXECUTE 'ALTER TABLE operator_actions DROP CONSTRAINT operator_actions_action_valid';
+        EXECUTE 'ALTER TABLE operator_actions ADD CONSTRAINT operator_actions_action_valid '
+            || replace(def, 'ARRAY[',
+                       'ARRAY[''tenant_add''::text, ''tenant_set''::text, ''token_create''::text, '
+                       || '''token_revoke''::text, ');
+    END IF;
+END
+$$;

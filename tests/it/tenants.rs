@@ -262,3 +262,236 @@ async fn scopes_are_enforced_and_a_revoked_token_is_refused() {
     let (s, _) = get(&api, "maas_not-a-token", &format!("/api/query/{id}/status")).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
 }
+
+/// `maasctl tenants add|list|set` and `maasctl tokens create|list|rotate|revoke`
+/// through the real CLI: a created token works at once, is never listed,
+/// a revoked one is refused, a rotated one is replaced; each is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maasctl_manages_tenants_and_tokens() {
+    use crate::support::cli::maasctl_async;
+    const NO: &[(&str, &str)] = &[];
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = start(&db, Opts::default()).await;
+
+    let (code, out, err) = maasctl_async(&db.url, &["tenants", "add", "acme", "--max-in-flight", "50"], NO).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = maasctl_async(&db.url, &["tenants", "add", "Bad Name"], NO).await;
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("tenants_name_form"), "{err}");
+    let (code, out, err) = maasctl_async(
+        &db.url,
+        &[
+            "tenants",
+            "set",
+            "acme",
+            "--requests-per-minute",
+            "100",
+            "--max-in-flight",
+            "none",
+        ],
+        NO,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, _) = maasctl_async(&db.url, &["--json", "tenants", "list"], NO).await;
+    assert_eq!(code, 0);
+    let list: Value = serde_json::from_str(&out).unwrap();
+    let acme = list.as_array().unwrap().iter().find(|t| t["name"] == "acme").unwrap();
+    assert_eq!(
+        (acme["requests_per_minute"].as_i64(), acme["max_in_flight"].as_i64()),
+        (Some(100), None)
+    );
+
+    let (code, out, err) = maasctl_async(
+        &db.url,
+        &["tokens", "create", "acme-app", "--tenant", "acme", "--scope", "submit"],
+        NO,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let tok = out.trim().to_owned();
+    assert!(tok.starts_with("maas_") && tok.len() == 69, "{tok}");
+    let (code, _, err) = maasctl_async(
+        &db.url,
+        &["tokens", "create", "x", "--tenant", "acme", "--scope", "root"],
+        NO,
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert!(err.contains("--scope") && err.contains("operate"), "{err}");
+
+    let (s, body, _) = submit(&api, &tok, json!({ "user_id": Uuid::new_v4(), "query": "hi" })).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+
+    let (code, out, _) = maasctl_async(&db.url, &["tokens", "list"], NO).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("acme-app") && out.contains("submit") && !out.contains(&tok[5..]),
+        "{out}"
+    );
+
+    // Rotate: the old token stops, the new one works, same scope.
+    let (code, out, err) = maasctl_async(&db.url, &["tokens", "rotate", "acme-app", "--tenant", "acme"], NO).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let rotated = out.trim().to_owned();
+    assert!(rotated.starts_with("maas_") && rotated != tok);
+    let (s, body, _) = submit(&api, &rotated, json!({ "user_id": Uuid::new_v4(), "query": "hi" })).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    crate::support::wait_until(
+        std::time::Duration::from_secs(15),
+        "the rotated-out token is refused",
+        || async {
+            submit(&api, &tok, json!({ "user_id": Uuid::new_v4(), "query": "hi" }))
+                .await
+                .0
+                == StatusCode::UNAUTHORIZED
+        },
+    )
+    .await;
+
+    let (code, out, err) = maasctl_async(
+        &db.url,
+        &["tokens", "revoke", "acme-app", "--tenant", "acme", "--reason", "leaked"],
+        NO,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    crate::support::wait_until(
+        std::time::Duration::from_secs(15),
+        "the revoked token is refused",
+        || async {
+            submit(&api, &rotated, json!({ "user_id": Uuid::new_v4(), "query": "hi" }))
+                .await
+                .0
+                == StatusCode::UNAUTHORIZED
+        },
+    )
+    .await;
+    let (code, _, _) = maasctl_async(&db.url, &["tokens", "revoke", "acme-app", "--tenant", "acme"], NO).await;
+    assert_eq!(code, 1, "nothing live to revoke");
+    let (_, out, _) = maasctl_async(&db.url, &["tokens", "list", "--all"], NO).await;
+    assert_eq!(out.matches("revoked").count(), 2, "{out}");
+
+    let actions: Vec<(String, String)> = c
+        .query(
+            "SELECT action, actor FROM operator_actions WHERE action LIKE 'tenant_%' OR action LIKE 'token_%' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let names: Vec<&str> = actions.iter().map(|a| a.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "tenant_add",
+            "tenant_set",
+            "token_create",
+            "token_revoke",
+            "token_create",
+            "token_revoke"
+        ]
+    );
+    assert!(actions.iter().all(|a| a.1 == "night-shift"), "{actions:?}");
+    let detail: String = c
+        .query_one("SELECT string_agg(detail::text, ' ') FROM operator_actions", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        !detail.contains(&tok[5..]) && !detail.contains(&rotated[5..]),
+        "{detail}"
+    );
+}
+
+/// Per-tenant limits: over `requests_per_minute` or `max_in_flight` a
+/// submission is 429 with `Retry-After` and names the limit; the count is
+/// exact across two daemons submitting at once; another tenant is not
+/// affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_give_429_with_retry_after_across_daemons() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let slow = || Opts::default().env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000);
+    let one = start(&db, slow()).await;
+    let two = start(&db, slow()).await;
+    let rpm = token(&c, "per-minute", "app", "submit").await;
+    let flight = token(&c, "in-flight", "app", "submit").await;
+    let free = token(&c, "free", "app", "submit").await;
+    c.execute(
+        "UPDATE tenants SET requests_per_minute = 5 WHERE name = 'per-minute'",
+        &[],
+    )
+    .await
+    .unwrap();
+    c.execute("UPDATE tenants SET max_in_flight = 2 WHERE name = 'in-flight'", &[])
+        .await
+        .unwrap();
+
+    // Sixteen submissions at once through two daemons: exactly five pass.
+    let mut tries = Vec::new();
+    for i in 0..16 {
+        let api = if i % 2 == 0 { &one } else { &two };
+        tries.push(submit(
+            api,
+            &rpm,
+            json!({ "user_id": Uuid::new_v4(), "query": format!("q{i}") }),
+        ));
+    }
+    let results = futures_util::future::join_all(tries).await;
+    let accepted = results.iter().filter(|r| r.0 == StatusCode::ACCEPTED).count();
+    assert_eq!(
+        accepted,
+        5,
+        "{:?}",
+        results.iter().map(|r| (r.0, r.1.clone())).collect::<Vec<_>>()
+    );
+    let refused = results.iter().find(|r| r.0 == StatusCode::TOO_MANY_REQUESTS).unwrap();
+    assert_eq!(refused.1["code"], "requests_per_minute", "{}", refused.1);
+    assert!(
+        refused.1["error"].as_str().unwrap().contains("5 requests per minute"),
+        "{}",
+        refused.1
+    );
+    let after: u64 = refused.2["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&after), "{after}");
+
+    // In flight: two running requests (a model call takes 60 s) hold the limit.
+    for i in 0..2 {
+        let (s, body, _) = submit(
+            &one,
+            &flight,
+            json!({ "user_id": Uuid::new_v4(), "query": format!("f{i}") }),
+        )
+        .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    }
+    let (s, body, headers) = submit(&two, &flight, json!({ "user_id": Uuid::new_v4(), "query": "f2" })).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["code"], "max_in_flight");
+    assert!(body["error"].as_str().unwrap().contains("max_in_flight"), "{body}");
+    assert!(headers.contains_key("retry-after"));
+    // A finished one frees a place.
+    c.execute(
+        "UPDATE pipeline_runs SET status = 'CANCELLED', lease_owner = NULL, lease_expires_at = NULL WHERE tenant_id = (SELECT id FROM tenants WHERE name = 'in-flight') AND user_query = 'f0'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let (s, body, _) = submit(&two, &flight, json!({ "user_id": Uuid::new_v4(), "query": "f3" })).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+
+    // A tenant without limits is not limited.
+    for i in 0..8 {
+        let (s, body, _) = submit(
+            &one,
+            &free,
+            json!({ "user_id": Uuid::new_v4(), "query": format!("x{i}") }),
+        )
+        .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    }
+}
