@@ -495,3 +495,67 @@ async fn limits_give_429_with_retry_after_across_daemons() {
         assert_eq!(s, StatusCode::ACCEPTED, "{body}");
     }
 }
+
+/// The tenant's LLM tokens, `maas_llm_tenant_tokens_total{tenant, kind}`,
+/// from the attempts' usage: it rises for the tenant that spent them and
+/// for no other.
+fn tenant_tokens(text: &str, tenant: &str, kind: &str) -> f64 {
+    let series = format!("maas_llm_tenant_tokens_total{{tenant=\"{tenant}\",kind=\"{kind}\"}} ");
+    let alt = format!("maas_llm_tenant_tokens_total{{kind=\"{kind}\",tenant=\"{tenant}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series).or_else(|| l.strip_prefix(&alt)))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_metric_counts_per_tenant() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = start(&db, Opts::default()).await;
+    let a = token(&c, "acme", "app", "submit").await;
+    let b = token(&c, "bravo", "app", "submit").await;
+    let metrics = || async { api.get("/metrics").await.text().await.unwrap() };
+
+    for i in 0..2 {
+        let id = submit_ok(&api, &a, Uuid::new_v4(), Uuid::new_v4(), &format!("acme question {i}")).await;
+        let (_, st) = get(&api, &a, &format!("/api/query/{id}/status?wait=60s")).await;
+        assert_eq!(st["status"], "completed", "{st}");
+    }
+    let spent: i64 = c
+        .query_one(
+            "SELECT coalesce(sum(s.prompt_tokens), 0)::int8 FROM pipeline_steps s JOIN pipeline_runs r ON r.id = s.run_id JOIN tenants t ON t.id = r.tenant_id WHERE t.name = 'acme' AND s.model IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(spent > 0, "the offline provider reports usage");
+    crate::support::wait_until(
+        std::time::Duration::from_secs(30),
+        "acme's tokens are counted",
+        || async { tenant_tokens(&metrics().await, "acme", "prompt") > 0.0 },
+    )
+    .await;
+    let text = metrics().await;
+    let counted: Vec<&str> = text.lines().filter(|l| l.contains("tenant_tokens")).collect();
+    assert_eq!(tenant_tokens(&text, "acme", "prompt") as i64, spent, "{counted:?}");
+    let acme = tenant_tokens(&text, "acme", "prompt");
+    assert!(tenant_tokens(&text, "acme", "completion") > 0.0, "{text}");
+    assert_eq!(tenant_tokens(&text, "bravo", "prompt"), 0.0, "{text}");
+
+    let id = submit_ok(&api, &b, Uuid::new_v4(), Uuid::new_v4(), "bravo question").await;
+    let (_, st) = get(&api, &b, &format!("/api/query/{id}/status?wait=60s")).await;
+    assert_eq!(st["status"], "completed", "{st}");
+    crate::support::wait_until(
+        std::time::Duration::from_secs(30),
+        "bravo's tokens are counted",
+        || async { tenant_tokens(&metrics().await, "bravo", "prompt") > 0.0 },
+    )
+    .await;
+    let text = metrics().await;
+    assert_eq!(
+        tenant_tokens(&text, "acme", "prompt"),
+        acme,
+        "acme's count moved: {text}"
+    );
+}
