@@ -559,3 +559,96 @@ async fn the_token_metric_counts_per_tenant() {
         "acme's count moved: {text}"
     );
 }
+
+/// Callbacks of a tenant with its own `callback_secret` are signed with it
+/// (and not with `callbacks.secret`, which still signs the default
+/// tenant's); the body names the user by the tenant's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_are_signed_with_the_tenants_secret() {
+    use axum::extract::State;
+    use std::sync::{Arc, Mutex};
+    type Got = Arc<Mutex<Vec<(String, String, axum::body::Bytes)>>>;
+    async fn hook(State(got): State<Got>, headers: axum::http::HeaderMap, body: axum::body::Bytes) -> StatusCode {
+        let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        got.lock()
+            .unwrap()
+            .push((h("x-maas-timestamp"), h("x-maas-signature"), body));
+        StatusCode::NO_CONTENT
+    }
+    let got: Got = Arc::default();
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(hook))
+        .with_state(got.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+
+    const CONFIG_SECRET: &str = "cb-config-secret-for-tests";
+    const ACME_SECRET: &str = "acme-own-callback-secret";
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = start(
+        &db,
+        Opts::default()
+            .env("MAAS_CALLBACKS__SECRET", CONFIG_SECRET)
+            .env("MAAS_CALLBACKS__POLL_SECS", 1)
+            .env("MAAS_CALLBACKS__ALLOW_NETWORKS", "127.0.0.0/8"),
+    )
+    .await;
+    let (code, out, err) = crate::support::cli::maasctl_async(
+        &db.url,
+        &["tenants", "add", "acme", "--callback-secret", ACME_SECRET],
+        &[] as &[(&str, &str)],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let a = token(&c, "acme", "app", "submit").await;
+    let user = Uuid::new_v4();
+    let (s, body, _) = submit(
+        &api,
+        &a,
+        json!({ "user_id": user, "query": "acme", "callback_url": url }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    let (s, body, _) = submit(
+        &api,
+        ADMIN,
+        json!({ "user_id": user, "query": "default", "callback_url": url }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    crate::support::wait_until(crate::support::GENEROUS, "both callbacks arrive", || async {
+        got.lock().unwrap().len() >= 2
+    })
+    .await;
+    let got = got.lock().unwrap().clone();
+    for (ts, sig, body) in &got {
+        let ts: i64 = ts.parse().unwrap();
+        let v: Value = serde_json::from_slice(body).unwrap();
+        let id: Uuid = v["id"].as_str().unwrap().parse().unwrap();
+        let tenant: String = c
+            .query_one(
+                "SELECT t.name FROM pipeline_runs r JOIN tenants t ON t.id = r.tenant_id WHERE r.id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let (own, other) = if tenant == "acme" {
+            (ACME_SECRET, CONFIG_SECRET)
+        } else {
+            (CONFIG_SECRET, ACME_SECRET)
+        };
+        assert!(maas::callbacks::verify(own.as_bytes(), ts, body, sig), "{v}");
+        assert!(!maas::callbacks::verify(other.as_bytes(), ts, body, sig), "{v}");
+        assert_eq!(v["user_id"], user.to_string(), "{v}");
+    }
+    let signed_by_acme = got
+        .iter()
+        .filter(|(ts, sig, body)| maas::callbacks::verify(ACME_SECRET.as_bytes(), ts.parse().unwrap(), body, sig))
+        .count();
+    assert_eq!(signed_by_acme, 1);
+}
