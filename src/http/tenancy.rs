@@ -146,6 +146,8 @@ pub struct Principal {
     pub token: Arc<str>,
     /// The tenant has a limit set (as of the cached lookup).
     pub limited: bool,
+    /// The database token's id (`None` for a configured token).
+    pub token_id: Option<i64>,
 }
 
 impl Principal {
@@ -157,6 +159,7 @@ impl Principal {
             scope: Scope::Admin,
             token: Arc::from(token),
             limited: false,
+            token_id: None,
         }
     }
 
@@ -167,6 +170,7 @@ impl Principal {
             scope: Scope::parse(&r.scope)?,
             token: Arc::from(r.name.as_str()),
             limited: r.requests_per_minute.is_some() || r.max_in_flight.is_some(),
+            token_id: Some(r.id),
         })
     }
 
@@ -192,13 +196,41 @@ impl Principal {
     }
 }
 
-/// Database tokens by SHA-256, each trusted for [`TOKEN_TTL`].
+/// A database token found by id: its SHA-256 and principal.
+type ById = Option<([u8; 32], Principal)>;
+
+/// Database tokens by SHA-256 (and by id, for console sessions), each
+/// trusted for [`TOKEN_TTL`].
 #[derive(Default)]
 pub struct TokenCache {
     entries: Mutex<HashMap<[u8; 32], (Instant, Option<Principal>)>>,
+    by_id: Mutex<HashMap<i64, (Instant, ById)>>,
 }
 
 impl TokenCache {
+    /// The live token with id `id`: its SHA-256 and principal (`None` when
+    /// unknown or revoked).
+    pub async fn by_id(&self, pool: &Pool, id: i64) -> Result<ById, ApiError> {
+        if let Ok(entries) = self.by_id.lock()
+            && let Some((at, found)) = entries.get(&id)
+            && at.elapsed() < TOKEN_TTL
+        {
+            return Ok(found.clone());
+        }
+        let client = pool.get().await?;
+        let found = tenants::token_by_id(&client, id).await?.and_then(|r| {
+            let digest: [u8; 32] = r.token_sha256.as_slice().try_into().ok()?;
+            Some((digest, Principal::of_row(&r)?))
+        });
+        if let Ok(mut entries) = self.by_id.lock() {
+            if entries.len() >= CACHE_LIMIT {
+                entries.clear();
+            }
+            entries.insert(id, (Instant::now(), found.clone()));
+        }
+        Ok(found)
+    }
+
     /// The principal of the token with SHA-256 `digest`, `None` for an
     /// unknown or revoked token.
     pub async fn lookup(&self, pool: &Pool, digest: [u8; 32]) -> Result<Option<Principal>, ApiError> {

@@ -652,3 +652,108 @@ async fn callbacks_are_signed_with_the_tenants_secret() {
         .count();
     assert_eq!(signed_by_acme, 1);
 }
+
+/// The console logs in with the same tokens: `read` views but may not act,
+/// `operate` acts, `submit` and another tenant's token are refused at the
+/// login (403, naming why), a revoked token's session ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_takes_database_tokens_by_scope() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = start(&db, Opts::default().env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000)).await;
+    let read = token(&c, "default", "viewer", "read").await;
+    let operate = token(&c, "default", "oncall", "operate").await;
+    let submit_only = token(&c, "default", "app", "submit").await;
+    let other = token(&c, "acme", "acme-admin", "admin").await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = |tok: String| {
+        let http = http.clone();
+        let url = api.url("/console/login");
+        async move {
+            let r = http.post(url).form(&[("token", tok.as_str())]).send().await.unwrap();
+            let status = r.status();
+            let cookie = r
+                .headers()
+                .get("set-cookie")
+                .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_owned());
+            (status, cookie, r.text().await.unwrap_or_default())
+        }
+    };
+    let csrf_of = |page: &str| {
+        let at = page.find("name=\"csrf\" value=\"").unwrap() + "name=\"csrf\" value=\"".len();
+        page[at..at + page[at..].find('"').unwrap()].to_owned()
+    };
+    let id = submit_ok(&api, ADMIN, Uuid::new_v4(), Uuid::new_v4(), "slow one").await;
+
+    for (tok, why) in [(submit_only, "scope submit"), (other, "tenant `acme`")] {
+        let (status, cookie, body) = login(tok).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        assert!(cookie.is_none());
+        assert!(body.contains(why), "{body}");
+    }
+
+    // Read: the pages, but no action.
+    let (status, cookie, _) = login(read).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let viewer = cookie.unwrap();
+    let page = http
+        .get(api.url(&format!("/console/requests/{id}")))
+        .header("cookie", &viewer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let csrf = csrf_of(&page.text().await.unwrap());
+    let r = http
+        .post(api.url(&format!("/console/requests/{id}/cancel")))
+        .header("cookie", &viewer)
+        .form(&[("reason", "viewer"), ("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(r.text().await.unwrap().contains("scope operate"));
+
+    // Operate: acts.
+    let (status, cookie, _) = login(operate).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let oncall = cookie.unwrap();
+    let page = http
+        .get(api.url(&format!("/console/requests/{id}")))
+        .header("cookie", &oncall)
+        .send()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&page.text().await.unwrap());
+    let r = http
+        .post(api.url(&format!("/console/requests/{id}/cancel")))
+        .header("cookie", &oncall)
+        .form(&[("reason", "oncall"), ("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success() || r.status().is_redirection(), "{}", r.status());
+    crate::support::ops::wait_status(&c, id, "CANCELLED").await;
+
+    // Revoked: the session ends within the cache period.
+    c.execute("UPDATE api_tokens SET revoked_at = now() WHERE name = 'viewer'", &[])
+        .await
+        .unwrap();
+    crate::support::wait_until(
+        std::time::Duration::from_secs(15),
+        "the revoked token's session ends",
+        || async {
+            let r = http
+                .get(api.url("/console"))
+                .header("cookie", &viewer)
+                .send()
+                .await
+                .unwrap();
+            r.status() == StatusCode::SEE_OTHER
+        },
+    )
+    .await;
+}
