@@ -198,12 +198,14 @@ impl Principal {
 
 /// A database token found by id: its SHA-256 and principal.
 type ById = Option<([u8; 32], Principal)>;
+/// A lookup by SHA-256: when, and what it found.
+type ByHash = (Instant, Option<Principal>);
 
 /// Database tokens by SHA-256 (and by id, for console sessions), each
 /// trusted for [`TOKEN_TTL`].
 #[derive(Default)]
 pub struct TokenCache {
-    entries: Mutex<HashMap<[u8; 32], (Instant, Option<Principal>)>>,
+    entries: Mutex<HashMap<[u8; 32], ByHash>>,
     by_id: Mutex<HashMap<i64, (Instant, ById)>>,
 }
 
@@ -277,7 +279,7 @@ pub async fn check_limits(client: &impl GenericClient, p: &Principal) -> Result<
     if let Some(rpm) = rpm
         && c.last_minute >= i64::from(rpm)
     {
-        let secs = c.window_frees_in.ceil().max(1.0) as u64;
+        let secs = u64::try_from(c.window_frees_in).unwrap_or(1).max(1);
         return Err(ApiError::too_many(
             "requests_per_minute",
             format!(

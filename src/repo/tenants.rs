@@ -116,8 +116,8 @@ super::row_struct! {
     pub struct LimitCounts {
         /// Submissions in the last minute.
         pub last_minute: i64,
-        /// Seconds until the oldest of them leaves the minute (0 without).
-        pub window_frees_in: f64,
+        /// Whole seconds until the oldest of them leaves the minute (at least 1).
+        pub window_frees_in: i64,
         /// Requests not yet terminal.
         pub in_flight: i64,
     }

@@ -538,7 +538,7 @@ async fn the_token_metric_counts_per_tenant() {
     .await;
     let text = metrics().await;
     let counted: Vec<&str> = text.lines().filter(|l| l.contains("tenant_tokens")).collect();
-    assert_eq!(tenant_tokens(&text, "acme", "prompt") as i64, spent, "{counted:?}");
+    assert_eq!(tenant_tokens(&text, "acme", "prompt"), spent as f64, "{counted:?}");
     let acme = tenant_tokens(&text, "acme", "prompt");
     assert!(tenant_tokens(&text, "acme", "completion") > 0.0, "{text}");
     assert_eq!(tenant_tokens(&text, "bravo", "prompt"), 0.0, "{text}");
