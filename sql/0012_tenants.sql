@@ -8,8 +8,9 @@
 -- row, and a plain INSERT that names no tenant, stays the default tenant's);
 -- for any other tenant it is a name-based UUID (version 8, RFC 9562: the
 -- first 128 bits of SHA-256 over the tenant and the user, version and
--- variant bits set; never the nil tenant's own ids, which keep their
--- version). Every statement that keys on user_id (memory,
+-- variant bits set). So that the default tenant cannot name another
+-- tenant's stored user, a version-8 id of the default tenant is mapped the
+-- same way (with the nil tenant); every other id of it stays itself. Every statement that keys on user_id (memory,
 -- archivist, retention, export, erase) therefore never sees another
 -- tenant's user, without a tenant column of its own.
 
@@ -41,11 +42,12 @@ INSERT INTO tenants (id, name) VALUES ('00000000-0000-0000-0000-000000000000', '
 -- UUID bytes), version 8 and variant bits set. A single expression of
 -- immutable functions with no subquery and not STRICT, so PostgreSQL
 -- inlines it into the calling statement: for the default tenant it costs
--- one comparison (a non-inlined SQL function is planned at every call).
+-- two comparisons (a non-inlined SQL function is planned at every call).
 CREATE FUNCTION maas_tenant_user(tenant uuid, user_id uuid) RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE
-        WHEN tenant = '00000000-0000-0000-0000-000000000000'::uuid THEN user_id
+        WHEN tenant = '00000000-0000-0000-0000-000000000000'::uuid
+             AND get_byte(uuid_send(user_id), 6) >> 4 <> 8 THEN user_id
         ELSE encode(substring(
                  set_byte(set_byte(sha256('maas-tenant-user:'::bytea || uuid_send(tenant) || uuid_send(user_id)),
                      6, (get_byte(sha256('maas-tenant-user:'::bytea || uuid_send(tenant) || uuid_send(user_id)), 6) & 15) | 128),
@@ -75,8 +77,7 @@ CREATE UNIQUE INDEX api_tokens_live_name_idx ON api_tokens (tenant_id, name) WHE
 -- Whose a request is. The default keeps a plain INSERT the default
 -- tenant's. No foreign key: tenants are never deleted, and the check would
 -- cost every insert a lookup. `tenant_user_id` is the user id as the tenant
--- sent it (NULL for the default tenant, where it equals user_id), for
--- answers to the tenant.
+-- sent it, for answers to the tenant (NULL where it equals user_id).
 ALTER TABLE pipeline_runs
     ADD COLUMN tenant_id uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000',
     ADD COLUMN tenant_user_id uuid;

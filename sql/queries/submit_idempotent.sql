@@ -28,6 +28,6 @@ WITH key AS (
 )
 INSERT INTO pipeline_runs (id, user_id, thread_id, user_query, callback_url, debug, tenant_id, tenant_user_id)
 SELECT request_id, maas_tenant_user($9, $1), $2, $3, $7, $8, $9,
-       CASE WHEN $9 <> '00000000-0000-0000-0000-000000000000'::uuid THEN $1 END
+       CASE WHEN maas_tenant_user($9, $1) <> $1 THEN $1 END
 FROM key
 RETURNING id

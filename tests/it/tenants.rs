@@ -177,9 +177,40 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
     for r in export_b["requests"].as_array().unwrap() {
         assert_eq!(r["user_id"], user.to_string(), "{r}");
     }
-    // The default tenant knows no such user.
+    // The default tenant knows no such user, and cannot name another
+    // tenant's stored user either (a version-8 id is mapped for it too).
     let (s, body) = get(&api, ADMIN, &format!("/api/users/{user}/memory")).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+    let acme_stored = rows.iter().find(|r| r.2 == "acme").unwrap().0;
+    assert_eq!(acme_stored.get_version_num(), 8);
+    let (s, body) = get(&api, ADMIN, &format!("/api/users/{acme_stored}/memory")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+    let d1 = submit_ok(&api, ADMIN, acme_stored, thread, "What is my locker code?").await;
+    let d_context = finished_context(&api, ADMIN, d1).await;
+    assert!(!d_context.contains("ALPHA-7781"), "{d_context}");
+    let (stored, shown): (Uuid, Option<Uuid>) = c
+        .query_one(
+            "SELECT user_id, tenant_user_id FROM pipeline_runs WHERE id = $1",
+            &[&d1],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert!(
+        stored != acme_stored && shown == Some(acme_stored),
+        "{stored} {shown:?}"
+    );
+    // A plain id of the default tenant is stored as it is.
+    let d2 = submit_ok(&api, ADMIN, user, thread, "hello").await;
+    let (stored, shown): (Uuid, Option<Uuid>) = c
+        .query_one(
+            "SELECT user_id, tenant_user_id FROM pipeline_runs WHERE id = $1",
+            &[&d2],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!((stored, shown), (user, None));
 }
 
 /// Scopes: a route refuses a token whose scope does not allow it with 403
