@@ -35,7 +35,9 @@
 //! limits hold across any number of daemons; over one the answer is 429
 //! with `Retry-After` naming the limit. A tenant without limits (the
 //! default tenant always) pays nothing: the limits come with the cached
-//! token, so a change takes effect within [`TOKEN_TTL`].
+//! token, so a change takes effect within [`TOKEN_TTL`]. The limits are
+//! checked before the idempotency key: over a limit, a replay is 429 too
+//! (it gets its first request once under the limit again).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
