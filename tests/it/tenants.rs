@@ -788,3 +788,59 @@ async fn the_console_takes_database_tokens_by_scope() {
     )
     .await;
 }
+
+/// A WebSocket that follows a user follows the tenant's user: it never
+/// sees another tenant's request for the same user id; another tenant's
+/// request id is refused (404), and a `submit` token may not follow a user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_websocket_shows_only_the_tenants_requests() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = start(&db, Opts::default()).await;
+    let a = token(&c, "acme", "app", "admin").await;
+    let b = token(&c, "bravo", "app", "admin").await;
+    let b_submit = token(&c, "bravo", "submitter", "submit").await;
+    let user = Uuid::new_v4();
+    let connect = |query: String, tok: &str| {
+        let mut req = format!("ws://{}/api/ws?{query}", api.addr)
+            .into_client_request()
+            .unwrap();
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {tok}").parse().unwrap());
+        tokio_tungstenite::connect_async(req)
+    };
+
+    let (mut ws, _) = connect(format!("user_id={user}"), &b).await.unwrap();
+    let a1 = submit_ok(&api, &a, user, Uuid::new_v4(), "acme's question").await;
+    let (_, st) = get(&api, &a, &format!("/api/query/{a1}/status?wait=60s")).await;
+    assert_eq!(st["status"], "completed", "{st}");
+    let b1 = submit_ok(&api, &b, user, Uuid::new_v4(), "bravo's question").await;
+    let mut seen = Vec::new();
+    tokio::time::timeout(crate::support::GENEROUS, async {
+        while let Some(Ok(msg)) = ws.next().await {
+            if let Message::Text(t) = msg {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                seen.push(v["request_id"].as_str().unwrap_or_default().to_owned());
+                if v["request_id"] == b1.to_string() && v["status"] == "completed" {
+                    return;
+                }
+            }
+        }
+    })
+    .await
+    .expect("bravo's request completes on bravo's socket");
+    assert!(!seen.contains(&a1.to_string()), "{seen:?}");
+    assert!(seen.iter().all(|id| *id == b1.to_string()), "{seen:?}");
+
+    match connect(format!("request_id={a1}"), &b).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => assert_eq!(resp.status(), StatusCode::NOT_FOUND),
+        other => panic!("another tenant's request over WebSocket: {:?}", other.map(|_| ())),
+    }
+    match connect(format!("user_id={user}"), &b_submit).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => assert_eq!(resp.status(), StatusCode::FORBIDDEN),
+        other => panic!("a submit token followed a user: {:?}", other.map(|_| ())),
+    }
+}
