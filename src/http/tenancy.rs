@@ -278,7 +278,7 @@ pub async fn check_limits(client: &impl GenericClient, p: &Principal) -> Result<
     if rpm.is_none() && in_flight.is_none() {
         return Ok(());
     }
-    let c = tenants::limit_counts(client, p.tenant).await?;
+    let c = tenants::limit_counts(client, p.tenant, rpm, in_flight).await?;
     if let Some(rpm) = rpm
         && c.last_minute >= i64::from(rpm)
     {
@@ -298,8 +298,8 @@ pub async fn check_limits(client: &impl GenericClient, p: &Principal) -> Result<
         return Err(ApiError::too_many(
             "max_in_flight",
             format!(
-                "tenant `{}` has {} requests in flight, its limit (max_in_flight) is {max}",
-                p.tenant_name, c.in_flight
+                "tenant `{}` has {max} requests in flight, its limit (max_in_flight)",
+                p.tenant_name
             ),
         )
         .retry_after(IN_FLIGHT_RETRY_SECS));

@@ -114,11 +114,11 @@ super::row_struct! {
     /// A limited tenant's usage, counted after its row was locked.
     #[derive(Debug, Clone)]
     pub struct LimitCounts {
-        /// Submissions in the last minute.
+        /// Submissions in the last minute (counted up to the limit).
         pub last_minute: i64,
         /// Whole seconds until the oldest of them leaves the minute (at least 1).
         pub window_frees_in: i64,
-        /// Requests not yet terminal.
+        /// Requests not yet terminal (counted up to the limit).
         pub in_flight: i64,
     }
 }
@@ -137,10 +137,16 @@ pub async fn lock_limits(
     })
 }
 
-/// Counts the tenant's usage (a statement after [`lock_limits`], so it sees
-/// every submission committed before the lock was granted).
-pub async fn limit_counts(client: &impl GenericClient, tenant: Uuid) -> Result<LimitCounts, Error> {
-    super::query_one_as(client, LIMIT_COUNTS, &[&tenant]).await
+/// Counts the tenant's usage up to its limits `rpm` and `in_flight` (a
+/// statement after [`lock_limits`], so it sees every submission committed
+/// before the lock was granted); a `None` limit is not counted.
+pub async fn limit_counts(
+    client: &impl GenericClient,
+    tenant: Uuid,
+    rpm: Option<i32>,
+    in_flight: Option<i32>,
+) -> Result<LimitCounts, Error> {
+    super::query_one_as(client, LIMIT_COUNTS, &[&tenant, &rpm, &in_flight]).await
 }
 
 // ---- maasctl ------------------------------------------------------------------
