@@ -2,6 +2,10 @@
 //! each tenant's users a namespace of their own, per-tenant limits, the
 //! per-tenant token metric and callback secret, `maasctl tenants|tokens`.
 //! Real daemon, real PostgreSQL, real `maasctl`.
+//!
+//! Size: one file per issue item, as the other modules here; each test
+//! stands alone (its own database and daemon) and shares the few helpers
+//! at the top.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
