@@ -15,8 +15,11 @@
 //! - **Retries** with exponential backoff and jitter, stored in the row
 //!   (`next_attempt_at`), up to `callbacks.max_attempts`, then `dead`.
 //! - **Signed.** `X-Maas-Signature: sha256=<hex HMAC-SHA256(secret,
-//!   "{X-Maas-Timestamp}.{body}")>`; see [`sign`] and [`verify`]. Without a
-//!   secret nothing is sent: deliveries wait in the outbox.
+//!   "{X-Maas-Timestamp}.{body}")>`; see [`sign`] and [`verify`]. The
+//!   secret is the request's tenant's `callback_secret` when it has one
+//!   (`maasctl tenants set --callback-secret`), else `callbacks.secret`.
+//!   Without `callbacks.secret` nothing is sent: deliveries wait in the
+//!   outbox.
 //! - Redirects are not followed; only a `2xx` counts as delivered.
 //! - Never to loopback, private, link-local or unique-local addresses unless
 //!   `callbacks.allow_networks` names them, checked on the address connected
@@ -281,7 +284,8 @@ impl Worker {
 
     async fn deliver(&self, d: Delivery) {
         let ts = chrono::Utc::now().timestamp();
-        let signature = sign(self.cb().secret.expose().as_bytes(), ts, d.body.as_bytes());
+        let secret = d.tenant_secret.as_ref().unwrap_or(&self.cb().secret);
+        let signature = sign(secret.expose().as_bytes(), ts, d.body.as_bytes());
         let started = Instant::now();
         // An address in the URL is not resolved, so not seen by the guard's resolver.
         if let Some(refused) = reqwest::Url::parse(&d.url)

@@ -186,6 +186,11 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
     ),
     (
         Kind::Counter,
+        "maas_llm_tenant_tokens_total",
+        "LLM tokens by tenant (name) and kind (prompt, completion)",
+    ),
+    (
+        Kind::Counter,
         "maas_llm_rate_limited_total",
         "LLM calls refused by a rate limit",
     ),
@@ -375,6 +380,13 @@ impl Drop for StreamGauge {
     fn drop(&mut self) {
         self.0.decrement(1.0);
     }
+}
+
+/// LLM tokens one attempt spent for a tenant.
+pub fn tenant_llm_tokens(tenant: &str, prompt: u64, completion: u64) {
+    let t = tenant.to_owned();
+    counter!("maas_llm_tenant_tokens_total", "tenant" => t.clone(), "kind" => "prompt").increment(prompt);
+    counter!("maas_llm_tenant_tokens_total", "tenant" => t, "kind" => "completion").increment(completion);
 }
 
 /// A live subscriber re-read its state from the database.

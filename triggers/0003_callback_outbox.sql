@@ -13,7 +13,8 @@ BEGIN
                 'event', 'request.' || lower(NEW.status),
                 'id', NEW.id,
                 'status', NEW.status,
-                'user_id', NEW.user_id,
+                -- The id the tenant knows its user by (sql/0012_tenants.sql).
+                'user_id', coalesce(NEW.tenant_user_id, NEW.user_id),
                 'thread_id', NEW.thread_id,
                 'answer', NEW.final_answer,
                 'error', NEW.error,

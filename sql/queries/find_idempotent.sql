@@ -1,4 +1,5 @@
--- The first request of an idempotency key and its fingerprint.
+-- The first request of an idempotency key and its fingerprint; the key
+-- belongs to the stored user maas_tenant_user($3, $1).
 SELECT request_id, fingerprint
 FROM http_idempotency_keys
-WHERE user_id = $1 AND key = $2
+WHERE user_id = maas_tenant_user($3, $1) AND key = $2

@@ -17,6 +17,7 @@ mod prompts;
 mod requests;
 mod stats;
 mod sweep;
+mod tenants;
 mod users;
 
 use std::path::PathBuf;
@@ -98,6 +99,16 @@ pub enum Command {
     Users {
         #[command(subcommand)]
         command: users::UsersCommand,
+    },
+    /// Tenants: their limits and callback signing secret.
+    Tenants {
+        #[command(subcommand)]
+        command: tenants::TenantsCommand,
+    },
+    /// API tokens of the database: create (shown once), list, rotate, revoke.
+    Tokens {
+        #[command(subcommand)]
+        command: tenants::TokensCommand,
     },
     /// A private PostgreSQL cluster for development, tests and benchmarks.
     #[command(name = "dev-db")]
@@ -188,6 +199,14 @@ pub async fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Users { command } => {
             let cfg = Config::load(cli.config.as_deref())?;
             users::run(&cfg, command, &actor(cli.operator), cli.json).await
+        }
+        Command::Tenants { command } => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            tenants::tenants(&cfg, command, &actor(cli.operator), cli.json).await
+        }
+        Command::Tokens { command } => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            tenants::tokens(&cfg, command, &actor(cli.operator), cli.json).await
         }
     }
 }

@@ -124,6 +124,12 @@ impl Engine {
             Some(Ok(ok)) => Attempt::Succeeded(ok),
         };
         let mut finished = self.record(stage, &row, result, latency);
+        self.tenant_names.count(
+            &self.pool,
+            row.tenant_id,
+            finished.prompt_tokens,
+            finished.completion_tokens,
+        );
         if stage == StageKind::Analyze && finished.outcome == Outcome::Succeeded && !row.debug {
             let fused = tracing::info_span!("stage", request.id = %row.id, stage = %StageKind::Assemble, fused = true);
             finished.fused = self.fuse(input, finished.analysis.clone()).instrument(fused).await;

@@ -30,6 +30,7 @@ mod lease;
 mod liveness;
 pub mod policy;
 pub mod sweep;
+mod tenant_tokens;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -109,6 +110,8 @@ pub struct Engine {
     pub stats: Arc<Stats>,
     /// Progress of the claim loops and the sweep, for the watchdog.
     liveness: liveness::Liveness,
+    /// Tenant names for the per-tenant token metric.
+    tenant_names: Arc<tenant_tokens::Names>,
 }
 
 impl Engine {
@@ -153,6 +156,7 @@ impl Engine {
             stats: notifier.stats().clone(),
             notifier,
             liveness: liveness::Liveness::new(),
+            tenant_names: tenant_tokens::Names::new(),
         })
     }
 

@@ -23,9 +23,11 @@ use super::AppState;
 use super::error::ApiError;
 use super::limits::{Caller, Pass};
 use super::live::{Follower, RequestState, Target};
+use super::tenancy::{self, Need, Principal};
 use crate::metrics::StreamGauge;
 use crate::repo::idempotency;
 use crate::repo::requests::{self as q, NewRequest};
+use deadpool_postgres::GenericClient;
 
 pub use super::input::MAX_QUERY_CHARS;
 /// Longest `Idempotency-Key`.
@@ -76,6 +78,7 @@ async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, ApiError
 /// `POST /api/query`.
 pub async fn submit(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
@@ -83,50 +86,27 @@ pub async fn submit(
     let body = read_body(body, app.cfg.http.max_body_bytes).await?;
     let key = idempotency_key(&headers)?;
     let sub = super::input::parse_submission(&body)?;
-    let user_id = sub.user_id;
     let req = NewRequest {
-        user_id,
+        user_id: sub.user_id,
         thread_id: sub.thread_id,
         query: &sub.query,
         callback_url: sub.callback_url.as_deref(),
         debug: sub.debug,
+        tenant_id: who.tenant,
     };
-    let client = app.pool.get().await?;
-    let (id, replayed) = match key {
-        None => (q::submit_request(&client, &req).await.map_err(refused)?, false),
-        Some(key) => {
-            let fp = fingerprint(&req);
-            let ttl = app.cfg.http.idempotency_ttl();
-            let mut found = None;
-            // A second round only if the key expired and was deleted between
-            // the two statements.
-            for _ in 0..3 {
-                if let Some(id) = idempotency::submit(&client, &req, key, &fp, ttl)
-                    .await
-                    .map_err(refused)?
-                {
-                    found = Some((id, false));
-                    break;
-                }
-                match idempotency::find(&client, user_id, key).await? {
-                    Some(k) if k.fingerprint == fp => {
-                        found = Some((k.request_id, true));
-                        break;
-                    }
-                    Some(_) => {
-                        return Err(ApiError::unprocessable(
-                            "idempotency_key_reused",
-                            "this Idempotency-Key was used for a different request",
-                        ));
-                    }
-                    None => continue,
-                }
-            }
-            found.ok_or_else(|| ApiError::unavailable("idempotency_conflict", "try again"))?
-        }
+    let mut client = app.pool.get().await?;
+    let (id, replayed) = if who.limited {
+        // Counted and inserted under the tenant's row lock (tenancy).
+        let tx = client.transaction().await.map_err(crate::db::Error::from)?;
+        tenancy::check_limits(&tx, &who).await?;
+        let done = insert(&app, &tx, &req, key).await?;
+        tx.commit().await.map_err(crate::db::Error::from)?;
+        done
+    } else {
+        insert(&app, &client, &req, key).await?
     };
     if !replayed {
-        tracing::debug!(request.id = %id, "http: request submitted");
+        tracing::debug!(request.id = %id, tenant = %who.tenant_name, "http: request submitted");
     }
     let mut resp = (
         StatusCode::ACCEPTED,
@@ -141,6 +121,39 @@ pub async fn submit(
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(resp)
+}
+
+/// Inserts `req` (under the idempotency key, when given): its id, and
+/// whether it was an earlier request's replay.
+async fn insert(
+    app: &AppState,
+    client: &impl GenericClient,
+    req: &NewRequest<'_>,
+    key: Option<&str>,
+) -> Result<(Uuid, bool), ApiError> {
+    let Some(key) = key else {
+        return Ok((q::submit_request(client, req).await.map_err(refused)?, false));
+    };
+    let fp = fingerprint(req);
+    let ttl = app.cfg.http.idempotency_ttl();
+    // A second round only if the key expired and was deleted between the
+    // two statements.
+    for _ in 0..3 {
+        if let Some(id) = idempotency::submit(client, req, key, &fp, ttl).await.map_err(refused)? {
+            return Ok((id, false));
+        }
+        match idempotency::find(client, req.user_id, key, req.tenant_id).await? {
+            Some(k) if k.fingerprint == fp => return Ok((k.request_id, true)),
+            Some(_) => {
+                return Err(ApiError::unprocessable(
+                    "idempotency_key_reused",
+                    "this Idempotency-Key was used for a different request",
+                ));
+            }
+            None => continue,
+        }
+    }
+    Err(ApiError::unavailable("idempotency_conflict", "try again"))
 }
 
 /// A request for a forgotten user is refused (410); other errors as usual.
@@ -236,6 +249,7 @@ pub fn parse_wait(raw: &str) -> Option<Duration> {
 pub async fn status(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -252,12 +266,12 @@ pub async fn status(
         }
     };
     let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
-    let state = state_after_wait(&app, caller, id, &params).await?;
+    let state = state_after_wait(&app, caller, who.tenant, id, &params).await?;
     let mut body = serde_json::to_value(&state)
         .map_err(|e| ApiError::from(crate::db::Error::Unexpected(format!("status of {id}: {e}"))))?;
     if with_context && let Some(obj) = body.as_object_mut() {
         let client = app.pool.get().await?;
-        let run = crate::repo::requests::context_of(&client, id).await?;
+        let run = crate::repo::requests::context_of(&client, id, who.tenant).await?;
         let (context, sources) = run.map_or((None, None), |r| (r.context, r.context_sources));
         obj.insert(
             "context".into(),
@@ -272,6 +286,7 @@ pub async fn status(
 async fn state_after_wait(
     app: &AppState,
     caller: Caller,
+    tenant: Uuid,
     id: Uuid,
     params: &HashMap<String, String>,
 ) -> Result<RequestState, ApiError> {
@@ -288,7 +303,7 @@ async fn state_after_wait(
     };
     // Subscribe before reading, so a change in between is not missed.
     let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
-    let mut follower = Follower::new(app.pool.clone(), sub);
+    let mut follower = Follower::new(app.pool.clone(), sub).for_tenant(tenant);
     let mut state = follower
         .current()
         .await?
@@ -327,7 +342,11 @@ async fn state_after_wait(
 /// resting in `ANALYZED` or `READY` (seed 002's step-by-step mode). 200 with
 /// `{request_id, status, next_stage}` when released; 409 when the run is not
 /// resting; 404 for an unknown id.
-pub async fn continue_run(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn continue_run(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     use crate::control::ContinueOutcome;
     let id = parse_id(&id)?;
     let client = app
@@ -335,6 +354,9 @@ pub async fn continue_run(State(app): State<AppState>, Path(id): Path<String>) -
         .get()
         .await
         .map_err(|e| ApiError::unavailable("database", format!("database unavailable: {e}")))?;
+    if !q::is_of_tenant(&client, id, who.tenant).await? {
+        return Err(ApiError::not_found(format!("no request {id}")));
+    }
     let outcome = crate::control::continue_run(&client, id, "http", None)
         .await
         .map_err(|e| ApiError::unavailable("database", format!("database error: {e}")))?;
@@ -363,12 +385,13 @@ pub async fn continue_run(State(app): State<AppState>, Path(id): Path<String>) -
 pub async fn events(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let place = app.streams.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
     let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
-    let mut follower = Follower::new(app.pool.clone(), sub);
+    let mut follower = Follower::new(app.pool.clone(), sub).for_tenant(who.tenant);
     let first = follower.current().await?;
     if first.is_empty() {
         return Err(ApiError::not_found(format!("no request {id}")));
@@ -441,13 +464,19 @@ impl Stream {
 pub async fn ws(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
+    Extension(who): Extension<Principal>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     let target = match (params.get("request_id"), params.get("user_id")) {
         (Some(r), None) => Target::Request(parse_id(r)?),
-        (None, Some(u)) => Target::User(super::input::parse_id(u, "user")?),
+        (None, Some(u)) => {
+            who.require(Need::ReadUser)?;
+            let user = super::input::parse_id(u, "user")?;
+            let client = app.pool.get().await?;
+            Target::User(tenancy::stored_user(&client, &who, user).await?)
+        }
         _ => {
             return Err(ApiError::bad_request(
                 "invalid_query",
@@ -461,7 +490,7 @@ pub async fn ws(
         Target::User(_) => USER_QUEUE,
     };
     let sub = app.hub.subscribe(target, queue);
-    let mut follower = Follower::new(app.pool.clone(), sub);
+    let mut follower = Follower::new(app.pool.clone(), sub).for_tenant(who.tenant);
     let first = follower.current().await?;
     if let Target::Request(id) = target
         && first.is_empty()
@@ -554,6 +583,7 @@ mod tests {
             query: "q",
             callback_url: None,
             debug: false,
+            tenant_id: Uuid::nil(),
         };
         let b = NewRequest {
             thread_id: Some(t),

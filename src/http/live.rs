@@ -38,7 +38,7 @@ use uuid::Uuid;
 use crate::db::Pool;
 use crate::listener::{Event, Notifier};
 use crate::model::Status;
-use crate::repo::requests::{RequestStatus, request_states, user_states};
+use crate::repo::requests::{RequestStatus, request_state_of_tenant, request_states, user_states};
 
 /// Most requests a subscriber by user is shown on (re)subscribing.
 const USER_STATES_LIMIT: i64 = 100;
@@ -420,6 +420,9 @@ pub struct Follower {
     since: DateTime<Utc>,
     /// A re-read was asked for and not yet done (cancel safety).
     resync: bool,
+    /// Reads a request only if it is this tenant's (a user target is a
+    /// stored user id, the tenant's by construction).
+    tenant: Option<Uuid>,
 }
 
 impl Follower {
@@ -430,7 +433,15 @@ impl Follower {
             last: HashMap::new(),
             since: Utc::now(),
             resync: false,
+            tenant: None,
         }
+    }
+
+    /// Shows a request only to tenant `tenant`: another tenant's reads as
+    /// absent.
+    pub fn for_tenant(mut self, tenant: Uuid) -> Follower {
+        self.tenant = Some(tenant);
+        self
     }
 
     pub fn target(&self) -> Target {
@@ -443,7 +454,10 @@ impl Follower {
         let now = Utc::now();
         let client = self.pool.get().await?;
         let rows = match self.sub.target() {
-            Target::Request(id) => request_states(&client, &[id]).await?,
+            Target::Request(id) => match self.tenant {
+                Some(t) => request_state_of_tenant(&client, id, t).await?,
+                None => request_states(&client, &[id]).await?,
+            },
             Target::User(u) => {
                 // Requests changed since the last read (a margin covers clock
                 // skew with the database); repeats are skipped below.

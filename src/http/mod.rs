@@ -19,7 +19,9 @@
 //! - Malformed input gets a 4xx JSON error naming the problem ([`input`]).
 //! - With `api_tokens` configured, every `/api` route needs
 //!   `Authorization: Bearer TOKEN`; without them the server refuses to bind
-//!   anything but a loopback address.
+//!   anything but a loopback address. Tokens of the database
+//!   (`maasctl tokens`) carry a tenant and a scope ([`tenancy`]); a caller
+//!   sees only its tenant's requests, streams and users.
 //! - `/console` is the operator console ([`console`]): HTML pages behind
 //!   the same tokens (a login form and a session cookie), outside the
 //!   OpenAPI document.
@@ -40,6 +42,7 @@ pub mod operate;
 pub mod ops;
 pub mod serve;
 mod submit_fields;
+pub mod tenancy;
 pub mod users;
 
 use std::net::SocketAddr;
@@ -94,6 +97,8 @@ pub struct Inner {
     pub shutdown: CancellationToken,
     /// SHA-256 of each accepted token (compared in constant time).
     tokens: Vec<[u8; 32]>,
+    /// The database's tokens (tenants), looked up by hash and cached briefly.
+    pub db_tokens: tenancy::TokenCache,
     /// Caps of long-polls and of streams (SSE, WebSocket).
     pub long_polls: Arc<limits::Gate>,
     pub streams: Arc<limits::Gate>,
@@ -193,35 +198,50 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Bearer authentication of the `/api` routes (when tokens are configured).
+/// Bearer authentication of the `/api` routes: the caller's tenant and
+/// scope ([`tenancy`]), checked against what the route needs.
 async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, mut req: Request, next: Next) -> Response {
-    if app.tokens.is_empty() {
-        // Loopback-only mode: local programs, not a browser's pages.
-        if let Err(refused) = local_guard::check(&headers) {
-            return refused.into_response();
-        }
-        req.extensions_mut().insert(limits::Caller::ANONYMOUS);
-        return next.run(req).await;
-    }
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim);
-    let Some(given) = given else {
-        return ApiError::unauthorized("missing Authorization: Bearer token").into_response();
+    let (caller, principal) = match given {
+        None if app.tokens.is_empty() => {
+            // Loopback-only mode: local programs, not a browser's pages.
+            if let Err(refused) = local_guard::check(&headers) {
+                return refused.into_response();
+            }
+            (limits::Caller::ANONYMOUS, tenancy::Principal::default_admin("local"))
+        }
+        None => return ApiError::unauthorized("missing Authorization: Bearer token").into_response(),
+        Some(given) => {
+            let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+            // Compare every token in full, so timing tells nothing.
+            let configured = app.tokens.iter().fold(false, |acc, t| {
+                acc | (t.iter().zip(digest.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
+            });
+            let principal = if configured {
+                tenancy::Principal::default_admin("config")
+            } else {
+                match app.db_tokens.lookup(&app.pool, digest).await {
+                    Ok(Some(p)) => p,
+                    Ok(None) => return ApiError::unauthorized("wrong or revoked bearer token").into_response(),
+                    Err(e) => return e.into_response(),
+                }
+            };
+            (limits::Caller(digest), principal)
+        }
     };
-    let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-    // Compare every token in full, so timing tells nothing.
-    let ok = app.tokens.iter().fold(false, |acc, t| {
-        acc | (t.iter().zip(digest.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
-    });
-    if ok {
-        req.extensions_mut().insert(limits::Caller(digest));
-        next.run(req).await
-    } else {
-        ApiError::unauthorized("wrong bearer token").into_response()
+    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
+    if let Some(route) = route
+        && let Err(refused) = principal.require(tenancy::Need::of_route(req.method(), &route))
+    {
+        return refused.into_response();
     }
+    req.extensions_mut().insert(caller);
+    req.extensions_mut().insert(principal);
+    next.run(req).await
 }
 
 /// The request timeout and the per-route HTTP metrics.
@@ -329,6 +349,7 @@ pub fn start(
         metrics: handle.clone(),
         shutdown: shutdown.clone(),
         tokens,
+        db_tokens: tenancy::TokenCache::default(),
         long_polls: limits::Gate::new("long-polls", cfg.http.max_long_polls, cfg.http.max_long_polls_per_token),
         streams: limits::Gate::new("streams", cfg.http.max_streams, cfg.http.max_streams_per_token),
     }));

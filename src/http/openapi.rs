@@ -67,8 +67,36 @@ fn correction_responses() -> Value {
     })
 }
 
-/// The document.
+/// The document, with the tenant answers of every `/api` operation
+/// ([`super::tenancy`]): 403 for a token whose scope does not allow it,
+/// and on submit 429 over the tenant's limits.
 pub fn document() -> Value {
+    let mut doc = base_document();
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for (path, item) in paths.iter_mut().filter(|(p, _)| p.starts_with("/api")) {
+            for (method, op) in item.as_object_mut().into_iter().flatten() {
+                let Some(responses) = op["responses"].as_object_mut() else {
+                    continue;
+                };
+                responses.insert(
+                    "403".into(),
+                    error_response(
+                        "The token's scope does not allow this route (scope_required, naming the scope needed)",
+                    ),
+                );
+                if path == "/api/query" && method == "post" {
+                    responses.insert(
+                        "429".into(),
+                        error_response("Over the tenant's requests_per_minute or max_in_flight (the code names which); see Retry-After"),
+                    );
+                }
+            }
+        }
+    }
+    doc
+}
+
+fn base_document() -> Value {
     let secured = json!([{ "bearer": [] }]);
     json!({
         "openapi": "3.1.0",
@@ -76,7 +104,8 @@ pub fn document() -> Value {
             "title": "maas",
             "version": env!("CARGO_PKG_VERSION"),
             "description": "Submit queries to the maas LLM pipeline and follow them to their answer. \
-                Every /api route needs `Authorization: Bearer TOKEN` when the daemon has api_tokens."
+                Every /api route needs `Authorization: Bearer TOKEN` when the daemon has api_tokens; \
+                a token of `maasctl tokens` sees only its tenant's requests and users, within its scope."
         },
         "paths": {
             "/api/query": {

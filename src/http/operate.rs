@@ -4,20 +4,22 @@
 //! The same statements as `maasctl requests cancel|retry`
 //! ([`crate::control`]), recorded in `operator_actions` with the actor
 //! `http` and the reason. A reason is required (1 to 1000 characters).
-//! Answers: 200 with what changed; 404 for an unknown request; 409 when the
+//! Answers: 200 with what changed; 404 for an unknown request (or another
+//! tenant's); 409 when the
 //! request is not in a state the action applies to (cancel: already
 //! finished; retry: not `FAILED`), naming its status.
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
+use super::tenancy::Principal;
 use crate::control::{self, CancelOutcome, RetryOutcome};
 
 const ACTOR: &str = "http";
@@ -55,10 +57,21 @@ fn db_error(e: impl std::fmt::Display) -> ApiError {
 }
 
 /// `POST /api/query/{id}/cancel`.
-pub async fn cancel(State(app): State<AppState>, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn cancel(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let reason = reason(&body)?;
     let client = app.pool.get().await.map_err(db_error)?;
+    if !crate::repo::requests::is_of_tenant(&client, id, who.tenant)
+        .await
+        .map_err(db_error)?
+    {
+        return Err(ApiError::not_found(format!("no request {id}")));
+    }
     match control::cancel(&client, id, ACTOR, Some(&reason))
         .await
         .map_err(db_error)?
@@ -79,10 +92,21 @@ pub async fn cancel(State(app): State<AppState>, Path(id): Path<String>, body: B
 }
 
 /// `POST /api/query/{id}/retry`.
-pub async fn retry(State(app): State<AppState>, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn retry(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let reason = reason(&body)?;
     let client = app.pool.get().await.map_err(db_error)?;
+    if !crate::repo::requests::is_of_tenant(&client, id, who.tenant)
+        .await
+        .map_err(db_error)?
+    {
+        return Err(ApiError::not_found(format!("no request {id}")));
+    }
     match control::retry(&client, id, ACTOR, Some(&reason))
         .await
         .map_err(db_error)?

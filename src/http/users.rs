@@ -1,6 +1,8 @@
 //! The `/api/users` routes: a user's memory (see, search, correct) and
 //! forgetting a user, over [`crate::users`]. Behind the API's bearer
-//! authentication like every `/api` route.
+//! authentication like every `/api` route. The user id in the path is the
+//! caller's tenant's: it is mapped to the stored user id in SQL, and
+//! answers show the tenant's id.
 //!
 //! Answers: 404 `unknown_user` when nothing is held about the user (the
 //! body keeps `memory_version: 0` for clients that only read the version),
@@ -9,16 +11,17 @@
 
 use std::collections::HashMap;
 
-use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
+use super::tenancy::{self, Principal};
 use crate::users::{self, Begun, Correction, Page, UserError, UserKey, Why};
 
 /// Most records (and pending turns) per page, and the default.
@@ -47,10 +50,20 @@ fn user_error(user: Uuid, e: UserError) -> Response {
     e.into_response()
 }
 
-fn parse_user(raw: &str) -> Result<UserKey, ApiError> {
-    raw.parse::<Uuid>()
-        .map(UserKey::new)
-        .map_err(|_| ApiError::bad_request("invalid_id", format!("{raw:?} is not a user id (a UUID)")))
+/// The caller's user `raw`, mapped to the stored user id in SQL
+/// ([`tenancy::stored_user`]): a tenant reaches only its own users.
+async fn user_key(app: &AppState, who: &Principal, raw: &str) -> Result<UserKey, ApiError> {
+    let shown = raw
+        .parse::<Uuid>()
+        .map_err(|_| ApiError::bad_request("invalid_id", format!("{raw:?} is not a user id (a UUID)")))?;
+    if who.is_default() && shown.get_version_num() != 8 {
+        return Ok(UserKey::new(shown));
+    }
+    let client = app.pool.get().await?;
+    Ok(UserKey::of_tenant(
+        tenancy::stored_user(&client, who, shown).await?,
+        shown,
+    ))
 }
 
 fn parse_row_id(raw: &str, what: &str) -> Result<i64, ApiError> {
@@ -89,10 +102,11 @@ fn actor(given: Option<&str>) -> String {
 /// the hits of the pipeline's retrieval for TEXT, with scores.
 pub async fn memory(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let user = parse_user(&id)?;
+    let user = user_key(&app, &who, &id).await?;
     let params = params(query)?;
     let client = app.pool.get().await?;
     if let Some(q) = params.get("q") {
@@ -101,7 +115,7 @@ pub async fn memory(
         }
         return Ok(match users::search(&client, &app.cfg, user, q).await {
             Ok(v) => Json(v).into_response(),
-            Err(e) => user_error(user.user_id, e),
+            Err(e) => user_error(user.shown, e),
         });
     }
     let limit = match int_param(&params, "limit")? {
@@ -118,17 +132,18 @@ pub async fn memory(
     };
     Ok(match users::view(&client, user, &page).await {
         Ok(v) => Json(v).into_response(),
-        Err(e) => user_error(user.user_id, e),
+        Err(e) => user_error(user.shown, e),
     })
 }
 
 /// `DELETE /api/users/{id}/memory/{record}[?reason=&actor=]`.
 pub async fn delete_record(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     Path((id, record)): Path<(String, String)>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let user = parse_user(&id)?;
+    let user = user_key(&app, &who, &id).await?;
     let record = parse_row_id(&record, "record")?;
     let params = params(query)?;
     apply(&app, user, Correction::DeleteRecord(record), &params).await
@@ -137,10 +152,11 @@ pub async fn delete_record(
 /// `DELETE /api/users/{id}/turns/{turn}[?reason=&actor=]`.
 pub async fn delete_turn(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     Path((id, turn)): Path<(String, String)>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let user = parse_user(&id)?;
+    let user = user_key(&app, &who, &id).await?;
     let turn = parse_row_id(&turn, "turn")?;
     let params = params(query)?;
     apply(&app, user, Correction::DeleteTurn(turn), &params).await
@@ -150,10 +166,11 @@ pub async fn delete_turn(
 /// "actor"?: …}`: replaces the record's summary.
 pub async fn replace_summary(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     Path((id, record)): Path<(String, String)>,
     body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let user = parse_user(&id)?;
+    let user = user_key(&app, &who, &id).await?;
     let record = parse_row_id(&record, "record")?;
     let Json(body) = body.map_err(|e| ApiError::bad_request("malformed_json", e.body_text()))?;
     let summary = match body.get("summary") {
@@ -187,7 +204,7 @@ async fn apply(
         Ok(done) => {
             Json(json!({ "user_id": user, "id": done.id, "memory_version": done.memory_version })).into_response()
         }
-        Err(e) => user_error(user.user_id, e),
+        Err(e) => user_error(user.shown, e),
     })
 }
 
@@ -197,10 +214,11 @@ async fn apply(
 /// of the user runs.
 pub async fn forget(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let user = parse_user(&id)?;
+    let user = user_key(&app, &who, &id).await?;
     let params = params(query)?;
     let who = actor(params.get("actor").map(String::as_str));
     let why = Why {
@@ -210,8 +228,8 @@ pub async fn forget(
     let client = app.pool.get().await?;
     match users::forget(&client, user, why).await {
         Ok(Begun::Started) => {}
-        Ok(Begun::Unfinished) => return Err(UserError::Erasing(user.user_id).into()),
-        Err(e) => return Ok(user_error(user.user_id, e)),
+        Ok(Begun::Unfinished) => return Err(UserError::Erasing(user.shown).into()),
+        Err(e) => return Ok(user_error(user.shown, e)),
     }
     drop(client);
     let pool = app.pool.clone();
@@ -230,10 +248,14 @@ pub async fn forget(
 /// `GET /api/users/{id}/export`: everything held about the user as one JSON
 /// document (see [`users::export`]), streamed as it is read. A cut
 /// document (the connection closes early) means the export failed.
-pub async fn export(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let user = parse_user(&id)?;
+pub async fn export(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let user = user_key(&app, &who, &id).await?;
     if let Err(e) = users::export::check(&app.pool, user).await {
-        return Ok(user_error(user.user_id, e));
+        return Ok(user_error(user.shown, e));
     }
     let (tx, rx) = tokio::sync::mpsc::channel(users::export::QUEUE);
     let pool = app.pool.clone();

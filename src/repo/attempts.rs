@@ -60,6 +60,8 @@ pub struct Claimed {
     pub analysis: Option<Value>,
     pub context: Option<String>,
     pub debug: bool,
+    /// Whose request it is (`tenants`; the nil id for the default tenant).
+    pub tenant_id: Uuid,
     pub claimed_at: DateTime<Utc>,
     /// How long the row had been due before this claim.
     pub due_for: Duration,
@@ -82,6 +84,7 @@ impl Claimed {
             analysis: r.try_get("analysis_result")?,
             context: r.try_get("final_context_payload")?,
             debug: r.try_get("debug")?,
+            tenant_id: r.try_get("tenant_id")?,
             claimed_at: r.try_get("claimed_at")?,
             due_for: Duration::ZERO,
             memory: memory.and_then(|m| serde_json::from_value(m).ok()).unwrap_or_default(),

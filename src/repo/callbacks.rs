@@ -31,6 +31,23 @@ super::row_struct! {
         pub body: String,
         /// This attempt's number, 1-based.
         pub attempt = "attempts": i32,
+        /// The request's tenant's `callback_secret`, when it has one: it
+        /// signs this delivery instead of `callbacks.secret`.
+        pub tenant_secret: Option<crate::secret::Secret>,
+    }
+}
+
+/// A secret read from a text column (kept out of `Debug` output).
+impl<'a> tokio_postgres::types::FromSql<'a> for crate::secret::Secret {
+    fn from_sql(
+        ty: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        String::from_sql(ty, raw).map(crate::secret::Secret::new)
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        <String as tokio_postgres::types::FromSql>::accepts(ty)
     }
 }
 

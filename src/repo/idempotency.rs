@@ -18,7 +18,7 @@ super::statements! {
 }
 
 super::statement_params! {
-    /// The inputs of `submit_idempotent.sql`, `$1` to `$6` in field order.
+    /// The inputs of `submit_idempotent.sql`, `$1` to `$9` in field order.
     struct SubmitParams<'a> {
         user_id: Uuid,
         thread_id: Option<Uuid>,
@@ -28,6 +28,7 @@ super::statement_params! {
         ttl_secs: f64,
         callback_url: Option<&'a str>,
         debug: bool,
+        tenant_id: Uuid,
     }
 }
 
@@ -49,6 +50,7 @@ pub async fn submit(
         ttl_secs: secs(ttl),
         callback_url: req.callback_url,
         debug: req.debug,
+        tenant_id: req.tenant_id,
     };
     super::query_opt_value(client, SUBMIT, &params.params(), "id").await
 }
@@ -63,9 +65,10 @@ super::row_struct! {
     }
 }
 
-/// The first request of a key and its fingerprint.
-pub async fn find(client: &impl GenericClient, user_id: Uuid, key: &str) -> Result<Option<Keyed>, Error> {
-    super::query_opt_as(client, FIND, &[&user_id, &key]).await
+/// The first request of a key of tenant `tenant`'s user `user_id`, and its
+/// fingerprint.
+pub async fn find(client: &impl GenericClient, user_id: Uuid, key: &str, tenant: Uuid) -> Result<Option<Keyed>, Error> {
+    super::query_opt_as(client, FIND, &[&user_id, &key, &tenant]).await
 }
 
 /// Deletes up to `limit` keys older than `ttl`; returns how many.

@@ -56,6 +56,7 @@ pub mod requests;
 pub mod retention;
 pub mod stats;
 pub mod steps;
+pub mod tenants;
 pub mod users;
 
 // The dispatcher's statements, at the paths it calls them by.
@@ -281,6 +282,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         gauges::STATEMENTS,
         users::STATEMENTS,
         console::STATEMENTS,
+        tenants::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

@@ -30,6 +30,8 @@ super::statements! {
     GET = "show_run",
     LIST = "list_runs",
     STATES = "request_states",
+    TENANT_STATE = "request_state_of_tenant",
+    OF_TENANT = "request_of_tenant": "SELECT id FROM pipeline_runs WHERE id = $1 AND tenant_id = $2",
     USER_STATES = "user_states",
     CONTEXT = "run_context",
     STATUS = "run_status",
@@ -55,6 +57,9 @@ pub struct NewRequest<'a> {
     pub callback_url: Option<&'a str>,
     /// Rest between stages until continued.
     pub debug: bool,
+    /// Whose request it is ([`super::tenants::DEFAULT`] for the default
+    /// tenant); `user_id` is the tenant's own id for its user.
+    pub tenant_id: Uuid,
 }
 
 /// Inserts a request; returns its id. (With an idempotency key:
@@ -63,7 +68,14 @@ pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -
     super::query_one_value(
         client,
         SUBMIT,
-        &[&req.user_id, &req.thread_id, &req.query, &req.callback_url, &req.debug],
+        &[
+            &req.user_id,
+            &req.thread_id,
+            &req.query,
+            &req.callback_url,
+            &req.debug,
+            &req.tenant_id,
+        ],
         "id",
     )
     .await
@@ -116,9 +128,15 @@ super::row_struct! {
     }
 }
 
-/// One request's context and its sources, `None` for an unknown id.
-pub async fn context_of(client: &impl GenericClient, id: Uuid) -> Result<Option<RequestContext>, Error> {
-    super::query_opt_as(client, CONTEXT, &[&id]).await
+/// One request's context and its sources, `None` for an unknown id or a
+/// request of another tenant than `tenant`.
+pub async fn context_of(client: &impl GenericClient, id: Uuid, tenant: Uuid) -> Result<Option<RequestContext>, Error> {
+    super::query_opt_as(client, CONTEXT, &[&id, &tenant]).await
+}
+
+/// True when request `id` exists and is tenant `tenant`'s.
+pub async fn is_of_tenant(client: &impl GenericClient, id: Uuid, tenant: Uuid) -> Result<bool, Error> {
+    super::query_found(client, OF_TENANT, &[&id, &tenant]).await
 }
 
 /// Filters of `maasctl requests list`; `None` means any.
@@ -198,6 +216,15 @@ impl RequestStatus {
 /// The states of the given requests (absent ids are left out).
 pub async fn request_states(client: &impl GenericClient, ids: &[Uuid]) -> Result<Vec<RequestStatus>, Error> {
     RequestStatus::query(client, STATES, &[&ids]).await
+}
+
+/// The state of request `id` if it is tenant `tenant`'s (else none).
+pub async fn request_state_of_tenant(
+    client: &impl GenericClient,
+    id: Uuid,
+    tenant: Uuid,
+) -> Result<Vec<RequestStatus>, Error> {
+    RequestStatus::query(client, TENANT_STATE, &[&id, &tenant]).await
 }
 
 /// The requests of `user` that are not terminal, plus those changed since

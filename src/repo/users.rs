@@ -5,7 +5,7 @@
 //! Guarantees:
 //! - Every statement takes the user as [`UserKey`] and filters by it first,
 //!   so a record or turn of another user is "not found" (invariant 7). A
-//!   tenant, when it exists, joins the key here and nowhere else.
+//!   tenant's user is a stored user id of its own ([`UserKey`]).
 //! - A correction is one statement: the change, the memory version bump and
 //!   the `operator_actions` row commit together. The audit detail names
 //!   rows, never the text that was removed.
@@ -44,23 +44,42 @@ super::statements! {
     EXPORT_RECORDS = "users_export_records",
 }
 
-/// Whose data a statement reads or changes: today a user id; a tenant
-/// joins it here when tenants exist.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(transparent)]
+/// Whose data a statement reads or changes: the stored user id (a
+/// tenant's user id mapped by `maas_tenant_user`, sql/0012_tenants.sql, so
+/// a tenant reaches only its own users) and the id the caller knows the
+/// user by, which answers show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UserKey {
+    /// As stored; every statement filters by it.
     pub user_id: Uuid,
+    /// As the caller named it (equal for the default tenant).
+    pub shown: Uuid,
 }
 
 impl UserKey {
+    /// A user of the default tenant (stored and shown ids are one).
     pub fn new(user_id: Uuid) -> UserKey {
-        UserKey { user_id }
+        UserKey {
+            user_id,
+            shown: user_id,
+        }
+    }
+
+    /// A tenant's user `shown`, stored as `user_id`.
+    pub fn of_tenant(user_id: Uuid, shown: Uuid) -> UserKey {
+        UserKey { user_id, shown }
+    }
+}
+
+impl Serialize for UserKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.shown.serialize(s)
     }
 }
 
 impl std::fmt::Display for UserKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.user_id.fmt(f)
+        self.shown.fmt(f)
     }
 }
 

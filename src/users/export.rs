@@ -125,7 +125,7 @@ async fn write(pool: &Pool, user: UserKey, w: &mut Writer) -> Result<Result<Coun
     }
     let mark = repo::archive::show_mark(&t, user.user_id).await?;
     out!(w.raw("{\"user_id\":"));
-    out!(w.value(&user.user_id));
+    out!(w.value(&user.shown));
     out!(w.raw(",\"exported_at\":"));
     out!(w.value(&chrono::Utc::now()));
     out!(w.raw(",\"archive_state\":"));

@@ -81,10 +81,10 @@ pub fn is_refusal(e: &db::Error) -> bool {
 async fn live_state(client: &impl GenericClient, user: UserKey) -> Result<UserState, UserError> {
     let st = repo::users::state(client, user).await?;
     match (&st.forgotten_at, &st.erase_finished_at) {
-        (Some(_), None) => return Err(UserError::Erasing(user.user_id)),
+        (Some(_), None) => return Err(UserError::Erasing(user.shown)),
         (Some(at), Some(_)) => {
             return Err(UserError::Forgotten {
-                user: user.user_id,
+                user: user.shown,
                 at: *at,
                 by: st.forgotten_by.clone().unwrap_or_default(),
             });
@@ -92,7 +92,7 @@ async fn live_state(client: &impl GenericClient, user: UserKey) -> Result<UserSt
         _ => {}
     }
     if !st.is_known() {
-        return Err(UserError::Unknown(user.user_id));
+        return Err(UserError::Unknown(user.shown));
     }
     Ok(st)
 }
@@ -140,7 +140,7 @@ pub async fn view(client: &impl GenericClient, user: UserKey, page: &Page) -> Re
     let logged = st.logged_seq.unwrap_or(0);
     let archived = st.archived_seq.unwrap_or(0);
     Ok(MemoryView {
-        user_id: user.user_id,
+        user_id: user.shown,
         memory_version: st.memory_version.unwrap_or(0),
         logged_seq: logged,
         archived_seq: archived,
@@ -189,7 +189,7 @@ pub async fn search(
     };
     let hits = repo::memory::search(client, &s).await?;
     Ok(SearchView {
-        user_id: user.user_id,
+        user_id: user.shown,
         memory_version: st.memory_version.unwrap_or(0),
         query: query.to_owned(),
         hits,
@@ -223,7 +223,7 @@ pub async fn correct(
         ),
     };
     done.ok_or(UserError::NoSuch {
-        user: user.user_id,
+        user: user.shown,
         what,
         id,
     })
@@ -247,7 +247,7 @@ pub async fn forget(client: &impl GenericClient, user: UserKey, why: Why<'_>) ->
         (Some(_), None) => return Ok(Begun::Unfinished),
         (Some(at), Some(_)) => {
             return Err(UserError::Forgotten {
-                user: user.user_id,
+                user: user.shown,
                 at: *at,
                 by: st.forgotten_by.clone().unwrap_or_default(),
             });
@@ -255,7 +255,7 @@ pub async fn forget(client: &impl GenericClient, user: UserKey, why: Why<'_>) ->
         _ => {}
     }
     if !st.is_known() {
-        return Err(UserError::Unknown(user.user_id));
+        return Err(UserError::Unknown(user.shown));
     }
     if repo::users::forget_begin(client, user, why).await? {
         tracing::info!(user = %user, actor = why.actor, "users: forgetting a user");

@@ -29,5 +29,6 @@ mod schema;
 mod stages;
 mod support;
 mod systemd;
+mod tenants;
 mod tls;
 mod users;

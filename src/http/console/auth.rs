@@ -3,10 +3,20 @@
 //! Guarantees:
 //! - With `api_tokens`, a page needs the session cookie `maas_console`:
 //!   `EXPIRY.MAC` where MAC is HMAC-SHA256 over the expiry, keyed by the
-//!   SHA-256 of one configured token. It is set only by a POST of that
+//!   SHA-256 of one configured token; or, for a token of the database
+//!   (`maasctl tokens`), `EXPIRY.tID.MAC` keyed by that token's SHA-256
+//!   over the expiry and the token's id. It is set only by a POST of the
 //!   token to `/console/login`, HttpOnly, SameSite=Strict, path
 //!   `/console`, for [`SESSION`]; removing the token from the
-//!   configuration ends its sessions. Nothing is stored on the server.
+//!   configuration, or revoking it (within the token cache period,
+//!   `http::tenancy::TOKEN_TTL`), ends its sessions. Nothing is stored on
+//!   the server.
+//! - Scopes (the same tokens as the API): a configured token is `admin`;
+//!   a database token needs `read` to view and `operate` or `admin` to act
+//!   (a `read` session is read-only, as `http.console_read_only` makes
+//!   every session). The console shows every request, so only tokens of
+//!   the default tenant log in; another tenant's token, or a `submit`
+//!   one, is refused with 403.
 //! - Without tokens (the server binds only loopback then) the console is
 //!   open, as the API is.
 //! - Every POST other than the login carries `csrf`, an HMAC of the
@@ -30,6 +40,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Fail, fail, render};
 use crate::http::AppState;
+use crate::http::tenancy::{Need, Principal, Scope};
 
 /// How long a session lasts.
 pub const SESSION: Duration = Duration::from_secs(12 * 3600);
@@ -40,7 +51,11 @@ const COOKIE: &str = "maas_console";
 pub struct Session {
     /// The CSRF token every action form must carry.
     pub csrf: String,
+    /// No action is allowed: `http.console_read_only`, or a token whose
+    /// scope is `read`.
     pub read_only: bool,
+    /// The token's scope is `admin` (a configured token, or no tokens).
+    pub admin: bool,
 }
 
 fn process_key() -> &'static [u8; 32] {
@@ -83,21 +98,37 @@ fn cookie_value(headers: &HeaderMap) -> Option<String> {
         .map(|(_, v)| v.to_owned())
 }
 
-/// The key of a valid session cookie, if it is one.
-fn verify(app: &AppState, value: &str) -> Option<[u8; 32]> {
-    let (expiry, given) = value.split_once('.')?;
+/// The key of a valid session cookie and its token's scope, if it is one.
+async fn verify(app: &AppState, value: &str) -> Option<([u8; 32], Scope)> {
+    let mut parts = value.split('.');
+    let (expiry, second, third) = (parts.next()?, parts.next()?, parts.next());
     let exp: u64 = expiry.parse().ok()?;
-    if exp <= now_secs() {
+    if exp <= now_secs() || parts.next().is_some() {
         return None;
     }
-    // Check every token in full, so timing tells nothing.
+    if let Some(given) = third {
+        // A database token's session: `EXPIRY.tID.MAC`.
+        let id: i64 = second.strip_prefix('t')?.parse().ok()?;
+        let (key, who) = app.db_tokens.by_id(&app.pool, id).await.ok()??;
+        if !console_may(&who) || !same(&mac(&key, &format!("session:{expiry}:t{id}")), given) {
+            return None;
+        }
+        return Some((key, who.scope));
+    }
+    // Check every configured token in full, so timing tells nothing.
     let mut found = None;
     for key in &app.tokens {
-        if same(&mac(key, &format!("session:{expiry}")), given) {
-            found = Some(*key);
+        if same(&mac(key, &format!("session:{expiry}")), second) {
+            found = Some((*key, Scope::Admin));
         }
     }
     found
+}
+
+/// Whether a database token may use the console at all: the default
+/// tenant's, with scope `read` or more.
+fn console_may(who: &Principal) -> bool {
+    who.is_default() && who.scope.allows(Need::ReadUser)
 }
 
 /// Lets a request through with its [`Session`], or sends it to the login.
@@ -107,14 +138,17 @@ pub async fn guard(Extension(app): Extension<AppState>, mut req: Request, next: 
         Some(Session {
             csrf: mac(process_key(), "csrf:open"),
             read_only,
+            admin: true,
         })
     } else {
-        cookie_value(req.headers()).and_then(|v| {
-            verify(&app, &v).map(|key| Session {
+        match cookie_value(req.headers()) {
+            None => None,
+            Some(v) => verify(&app, &v).await.map(|(key, scope)| Session {
                 csrf: mac(&key, &format!("csrf:{v}")),
-                read_only,
-            })
-        })
+                read_only: read_only || !scope.allows(Need::Operate),
+                admin: scope == Scope::Admin,
+            }),
+        }
     };
     let Some(session) = session else {
         if req.method() == Method::GET {
@@ -135,7 +169,7 @@ pub fn check_action(s: &Session, given: &str) -> Result<(), Fail> {
     if s.read_only {
         return Err(fail(
             StatusCode::FORBIDDEN,
-            "console: read-only mode (http.console_read_only): actions are refused",
+            "console: read-only session (http.console_read_only, or a token of scope read; actions need scope operate): actions are refused",
         ));
     }
     if !same(&s.csrf, given) {
@@ -162,7 +196,8 @@ pub struct LoginForm {
     token: String,
 }
 
-/// `POST /console/login`: a configured token → the session cookie.
+/// `POST /console/login`: a configured token, or a database token of the
+/// default tenant with scope `read` or more → the session cookie.
 pub async fn login(Extension(app): Extension<AppState>, Form(f): Form<LoginForm>) -> Response {
     if app.tokens.is_empty() {
         return Redirect::to("/console").into_response();
@@ -172,13 +207,36 @@ pub async fn login(Extension(app): Extension<AppState>, Form(f): Form<LoginForm>
     for t in &app.tokens {
         ok |= same(&hex(t), &hex(&digest));
     }
-    if !ok {
-        let mut resp = render("login.html", login_ctx("wrong token"));
-        *resp.status_mut() = StatusCode::UNAUTHORIZED;
-        return resp;
-    }
     let expiry = now_secs() + SESSION.as_secs();
-    let value = format!("{expiry}.{}", mac(&digest, &format!("session:{expiry}")));
+    let value = if ok {
+        format!("{expiry}.{}", mac(&digest, &format!("session:{expiry}")))
+    } else {
+        let who = match app.db_tokens.lookup(&app.pool, digest).await {
+            Ok(who) => who,
+            Err(e) => return fail(StatusCode::SERVICE_UNAVAILABLE, &format!("console: {}", e.message)).into_response(),
+        };
+        let Some(who) = who else {
+            let mut resp = render("login.html", login_ctx("wrong token"));
+            *resp.status_mut() = StatusCode::UNAUTHORIZED;
+            return resp;
+        };
+        let Some(id) = who.token_id.filter(|_| console_may(&who)) else {
+            let why = if who.is_default() {
+                format!(
+                    "token `{}` has scope {}; the console needs scope read, operate or admin",
+                    who.token,
+                    who.scope.as_str()
+                )
+            } else {
+                format!(
+                    "token `{}` is of tenant `{}`; the console shows every tenant's requests, so only the default tenant's tokens log in",
+                    who.token, who.tenant_name
+                )
+            };
+            return fail(StatusCode::FORBIDDEN, &format!("console: {why}")).into_response();
+        };
+        format!("{expiry}.t{id}.{}", mac(&digest, &format!("session:{expiry}:t{id}")))
+    };
     let cookie = format!(
         "{COOKIE}={value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
         SESSION.as_secs()

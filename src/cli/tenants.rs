@@ -1,0 +1,291 @@
+//! `maasctl tenants add|list|set` and `maasctl tokens create|list|rotate|revoke`.
+//!
+//! Guarantees:
+//! - A token is 32 random bytes, hex, after the prefix `maas_`; only its
+//!   SHA-256 is stored. `create` and `rotate` print it once; nothing prints
+//!   it again.
+//! - `revoke` takes effect in every daemon within the token cache period
+//!   (5 s, `http::tenancy::TOKEN_TTL`); `rotate` revokes the live token of
+//!   that name and creates a new one with the same scope, in one
+//!   transaction.
+//! - Every change writes its `operator_actions` row in the statement that
+//!   makes it (never the token, its hash or a callback secret).
+
+use clap::Subcommand;
+
+use super::{CliError, Outcome, connect};
+use crate::config::Config;
+use crate::repo::tenants::{self, Tenant, TenantChange, TokenInfo};
+
+#[derive(Subcommand, Debug)]
+pub enum TenantsCommand {
+    /// Add a tenant (its users are a namespace of their own).
+    Add {
+        /// Lower-case letters, digits, `_`, `.`, `-`; at most 63.
+        name: String,
+        /// Submissions per rolling minute (default: unlimited).
+        #[arg(long)]
+        requests_per_minute: Option<i32>,
+        /// Requests not yet finished (default: unlimited).
+        #[arg(long)]
+        max_in_flight: Option<i32>,
+        /// Signs this tenant's callbacks instead of `callbacks.secret`
+        /// (16 to 512 characters).
+        #[arg(long)]
+        callback_secret: Option<String>,
+    },
+    /// Every tenant with its limits (never the callback secret).
+    List,
+    /// Change a tenant's limits or callback secret; `none` clears one.
+    Set {
+        name: String,
+        #[arg(long, value_name = "N|none")]
+        requests_per_minute: Option<String>,
+        #[arg(long, value_name = "N|none")]
+        max_in_flight: Option<String>,
+        #[arg(long, value_name = "SECRET|none")]
+        callback_secret: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokensCommand {
+    /// Create a token and print it (once).
+    Create {
+        /// A name for the token, unique among the tenant's live tokens.
+        name: String,
+        /// The tenant (default: the default tenant).
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// submit, read, operate or admin (see the README's scope matrix).
+        #[arg(long)]
+        scope: String,
+    },
+    /// Tokens (never the token itself).
+    List {
+        /// Revoked tokens too.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Revoke the live token NAME and create a new one with its scope; print it.
+    Rotate {
+        name: String,
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Revoke the live token NAME (refused by every daemon within 5 s).
+    Revoke {
+        name: String,
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+const SCOPES: [&str; 4] = ["submit", "read", "operate", "admin"];
+
+/// A new token: `maas_` and 64 hex digits; and its SHA-256.
+fn new_token() -> (String, [u8; 32]) {
+    use sha2::Digest;
+    let bytes: [u8; 32] = rand::random();
+    let token = format!("maas_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let hash = sha2::Sha256::digest(token.as_bytes()).into();
+    (token, hash)
+}
+
+/// `N` or `none`.
+fn limit(flag: &str, v: &str) -> Result<Option<i32>, CliError> {
+    if v.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    v.parse::<i32>()
+        .ok()
+        .filter(|n| *n > 0)
+        .map(Some)
+        .ok_or_else(|| CliError::Usage(format!("--{flag} {v:?}: expected a positive number or none")))
+}
+
+fn show_tenant(t: &Tenant) -> String {
+    let lim = |v: Option<i32>| v.map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
+    format!(
+        "{:<24} {:>12} {:>12}  {:<6} {}",
+        t.name,
+        lim(t.requests_per_minute),
+        lim(t.max_in_flight),
+        if t.has_callback_secret { "own" } else { "config" },
+        t.id
+    )
+}
+
+pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
+    let client = connect(cfg).await?;
+    let done = match cmd {
+        TenantsCommand::Add {
+            name,
+            requests_per_minute,
+            max_in_flight,
+            callback_secret,
+        } => tenants::add(
+            &client,
+            &name,
+            requests_per_minute,
+            max_in_flight,
+            callback_secret.as_deref(),
+            actor,
+        )
+        .await
+        .map_err(|e| CliError::Usage(format!("tenant {name}: {e}")))?,
+        TenantsCommand::List => {
+            let all = tenants::list(&client).await?;
+            if json {
+                println!("{}", serde_json::to_string(&all).unwrap_or_default());
+            } else {
+                println!(
+                    "{:<24} {:>12} {:>12}  {:<6} id",
+                    "name", "req/minute", "in flight", "secret"
+                );
+                for t in &all {
+                    println!("{}", show_tenant(t));
+                }
+            }
+            return Ok(Outcome::Ok);
+        }
+        TenantsCommand::Set {
+            name,
+            requests_per_minute,
+            max_in_flight,
+            callback_secret,
+        } => {
+            let change = TenantChange {
+                requests_per_minute: requests_per_minute
+                    .map(|v| limit("requests-per-minute", &v))
+                    .transpose()?,
+                max_in_flight: max_in_flight.map(|v| limit("max-in-flight", &v)).transpose()?,
+                callback_secret: callback_secret
+                    .as_deref()
+                    .map(|s| (!s.eq_ignore_ascii_case("none")).then_some(s)),
+            };
+            match tenants::set(&client, &name, &change, actor)
+                .await
+                .map_err(|e| CliError::Usage(format!("tenant {name}: {e}")))?
+            {
+                Some(t) => t,
+                None => {
+                    eprintln!("no tenant {name:?}");
+                    return Ok(Outcome::Finding);
+                }
+            }
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string(&done).unwrap_or_default());
+    } else {
+        println!("{}", show_tenant(&done));
+    }
+    Ok(Outcome::Ok)
+}
+
+fn print_token(info: &TokenInfo, token: &str, json: bool) {
+    if json {
+        let mut v = serde_json::to_value(info).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("token".into(), token.into());
+        }
+        println!("{v}");
+    } else {
+        println!("{token}");
+        eprintln!(
+            "token {:?} of tenant {} with scope {} (id {}): shown once, keep it now",
+            info.name, info.tenant, info.scope, info.id
+        );
+    }
+}
+
+pub async fn tokens(cfg: &Config, cmd: TokensCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
+    let mut client = connect(cfg).await?;
+    match cmd {
+        TokensCommand::Create { name, tenant, scope } => {
+            if !SCOPES.contains(&scope.as_str()) {
+                return Err(CliError::Usage(format!(
+                    "--scope {scope:?}: one of {}",
+                    SCOPES.join(", ")
+                )));
+            }
+            let (token, hash) = new_token();
+            let made = tenants::create_token(&client, &name, &tenant, &scope, &hash, actor)
+                .await
+                .map_err(|e| CliError::Usage(format!("token {name:?} of tenant {tenant}: {e}")))?;
+            match made {
+                Some(info) => print_token(&info, &token, json),
+                None => {
+                    eprintln!("no tenant {tenant:?} (maasctl tenants list)");
+                    return Ok(Outcome::Finding);
+                }
+            }
+        }
+        TokensCommand::List { all } => {
+            let list = tenants::list_tokens(&client, all).await?;
+            if json {
+                println!("{}", serde_json::to_string(&list).unwrap_or_default());
+            } else {
+                println!(
+                    "{:>5} {:<24} {:<16} {:<8} {:<20} state",
+                    "id", "name", "tenant", "scope", "last used"
+                );
+                for t in &list {
+                    println!(
+                        "{:>5} {:<24} {:<16} {:<8} {:<20} {}",
+                        t.id,
+                        t.name,
+                        t.tenant,
+                        t.scope,
+                        t.last_used_at
+                            .map_or_else(|| "never".to_owned(), |a| a.format("%Y-%m-%d %H:%M:%S").to_string()),
+                        t.revoked_at.map_or_else(
+                            || "live".to_owned(),
+                            |a| format!("revoked {}", a.format("%Y-%m-%d %H:%M:%S"))
+                        )
+                    );
+                }
+            }
+        }
+        TokensCommand::Revoke { name, tenant, reason } => {
+            match tenants::revoke_token(&client, &name, &tenant, actor, reason.as_deref()).await? {
+                Some(info) if json => println!("{}", serde_json::to_string(&info).unwrap_or_default()),
+                Some(info) => println!(
+                    "revoked token {:?} of tenant {} (id {}); every daemon refuses it within 5 s",
+                    info.name, info.tenant, info.id
+                ),
+                None => {
+                    eprintln!("no live token {name:?} of tenant {tenant:?}");
+                    return Ok(Outcome::Finding);
+                }
+            }
+        }
+        TokensCommand::Rotate { name, tenant, reason } => {
+            let tx = client.transaction().await.map_err(crate::db::Error::from)?;
+            let reason = reason.unwrap_or_else(|| "rotated".to_owned());
+            let Some(old) = tenants::revoke_token(&tx, &name, &tenant, actor, Some(&reason)).await? else {
+                eprintln!("no live token {name:?} of tenant {tenant:?}");
+                return Ok(Outcome::Finding);
+            };
+            let (token, hash) = new_token();
+            let made = tenants::create_token(&tx, &name, &tenant, &old.scope, &hash, actor).await?;
+            tx.commit().await.map_err(crate::db::Error::from)?;
+            match made {
+                Some(info) => print_token(&info, &token, json),
+                None => {
+                    return Err(CliError::Usage(format!(
+                        "tenant {tenant:?} vanished during the rotation"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(Outcome::Ok)
+}

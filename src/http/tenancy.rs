@@ -1,0 +1,345 @@
+//! Who calls the API: the tenant and scope of a bearer token, the scope
+//! each route needs, and the per-tenant submission limits.
+//!
+//! Tokens:
+//! - A configured token (`api_tokens`) is the default tenant with scope
+//!   `admin`, as before tenants existed. Without configured tokens the
+//!   server binds only loopback and a call without a token is the default
+//!   tenant with scope `admin` (a token, when one is sent, is checked).
+//! - A database token (`maasctl tokens create`) is looked up by its
+//!   SHA-256. A found token is kept in memory for at most [`TOKEN_TTL`], an
+//!   unknown one likewise: a revoked token is refused within that time, a
+//!   new one accepted within it. One lookup per token per period, none per
+//!   request.
+//!
+//! Scopes (what each allows; each route needs one [`Need`]):
+//!
+//! | route                                          | need         | submit | read | operate | admin |
+//! |------------------------------------------------|--------------|--------|------|---------|-------|
+//! | `POST /api/query`                              | submit       | yes    | –    | yes     | yes   |
+//! | `GET /api/query/{id}/status`, `/events`, `GET /api/ws?request_id=` | read request | yes | yes | yes | yes |
+//! | `GET /api/ws?user_id=`, `GET /api/users/{id}/memory`, `/export`  | read user | – | yes | yes | yes |
+//! | `POST /api/query/{id}/cancel`, `/retry`, `/continue`; `PUT`/`DELETE /api/users/{id}/memory/{record}`, `DELETE /api/users/{id}/turns/{turn}` | operate | – | – | yes | yes |
+//! | `DELETE /api/users/{id}` (forget)              | admin        | –      | –    | –       | yes   |
+//!
+//! A refusal is 403 `scope_required` naming the scope needed.
+//!
+//! Isolation: every statement that reads a request by id takes the
+//! caller's tenant (`WHERE id = $1 AND tenant_id = $2`): another tenant's
+//! request is 404. A user id in a path is mapped to the stored one by
+//! `maas_tenant_user` in SQL ([`stored_user`]).
+//!
+//! Limits ([`check_limits`]): a tenant with `requests_per_minute` or
+//! `max_in_flight` set is counted in PostgreSQL under a lock on its
+//! `tenants` row, in the transaction that inserts the request, so the
+//! limits hold across any number of daemons; over one the answer is 429
+//! with `Retry-After` naming the limit. A tenant without limits (the
+//! default tenant always) pays nothing: the limits come with the cached
+//! token, so a change takes effect within [`TOKEN_TTL`]. The limits are
+//! checked before the idempotency key: over a limit, a replay is 429 too
+//! (it gets its first request once under the limit again).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::{Method, StatusCode};
+use deadpool_postgres::GenericClient;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use crate::db::Pool;
+use crate::repo::tenants::{self, TokenRow};
+
+/// How long a token lookup (found or not) is trusted.
+pub const TOKEN_TTL: Duration = Duration::from_secs(5);
+/// Most cached lookups; the cache is emptied when full.
+const CACHE_LIMIT: usize = 10_000;
+/// `Retry-After` when over `max_in_flight` (when a request finishes is
+/// not known).
+const IN_FLIGHT_RETRY_SECS: u64 = 2;
+
+/// A token's scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Submit,
+    Read,
+    Operate,
+    Admin,
+}
+
+impl Scope {
+    pub fn parse(s: &str) -> Option<Scope> {
+        match s {
+            "submit" => Some(Scope::Submit),
+            "read" => Some(Scope::Read),
+            "operate" => Some(Scope::Operate),
+            "admin" => Some(Scope::Admin),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Submit => "submit",
+            Scope::Read => "read",
+            Scope::Operate => "operate",
+            Scope::Admin => "admin",
+        }
+    }
+
+    /// The matrix of the module docs.
+    pub fn allows(self, need: Need) -> bool {
+        match self {
+            Scope::Admin => true,
+            Scope::Operate => need != Need::Admin,
+            Scope::Read => matches!(need, Need::ReadRequest | Need::ReadUser),
+            Scope::Submit => matches!(need, Need::Submit | Need::ReadRequest),
+        }
+    }
+}
+
+/// What a route needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    Submit,
+    /// A request by id (its status and stream).
+    ReadRequest,
+    /// A user's memory and stream.
+    ReadUser,
+    Operate,
+    Admin,
+}
+
+impl Need {
+    /// The least scope that allows it, for the refusal.
+    fn least(self) -> &'static str {
+        match self {
+            Need::Submit => "submit",
+            Need::ReadRequest => "submit or read",
+            Need::ReadUser => "read",
+            Need::Operate => "operate",
+            Need::Admin => "admin",
+        }
+    }
+
+    /// What the route `method path` (as routed) needs. `GET /api/ws` needs
+    /// [`Need::ReadRequest`] here; its handler asks for [`Need::ReadUser`]
+    /// when it follows a user.
+    pub fn of_route(method: &Method, path: &str) -> Need {
+        match (method.as_str(), path) {
+            ("POST", "/api/query") => Need::Submit,
+            ("GET", "/api/users/{id}/memory" | "/api/users/{id}/export") => Need::ReadUser,
+            ("GET", _) => Need::ReadRequest,
+            ("DELETE", "/api/users/{id}") => Need::Admin,
+            _ => Need::Operate,
+        }
+    }
+}
+
+/// The caller of an `/api` route, put in the request's extensions by the
+/// authentication.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub tenant: Uuid,
+    pub tenant_name: Arc<str>,
+    pub scope: Scope,
+    /// The token's name (`config` for a configured token, `local` without).
+    pub token: Arc<str>,
+    /// The tenant has a limit set (as of the cached lookup).
+    pub limited: bool,
+    /// The database token's id (`None` for a configured token).
+    pub token_id: Option<i64>,
+}
+
+impl Principal {
+    /// A configured token, or the loopback mode.
+    pub fn default_admin(token: &str) -> Principal {
+        Principal {
+            tenant: tenants::DEFAULT,
+            tenant_name: Arc::from("default"),
+            scope: Scope::Admin,
+            token: Arc::from(token),
+            limited: false,
+            token_id: None,
+        }
+    }
+
+    fn of_row(r: &TokenRow) -> Option<Principal> {
+        Some(Principal {
+            tenant: r.tenant_id,
+            tenant_name: Arc::from(r.tenant_name.as_str()),
+            scope: Scope::parse(&r.scope)?,
+            token: Arc::from(r.name.as_str()),
+            limited: r.requests_per_minute.is_some() || r.max_in_flight.is_some(),
+            token_id: Some(r.id),
+        })
+    }
+
+    pub fn is_default(&self) -> bool {
+        self.tenant == tenants::DEFAULT
+    }
+
+    /// 403 naming the scope needed unless this caller's scope allows `need`.
+    pub fn require(&self, need: Need) -> Result<(), ApiError> {
+        if self.scope.allows(need) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "scope_required",
+            format!(
+                "this needs a token with scope {}; token `{}` has scope {}",
+                need.least(),
+                self.token,
+                self.scope.as_str()
+            ),
+        ))
+    }
+}
+
+/// A database token found by id: its SHA-256 and principal.
+type ById = Option<([u8; 32], Principal)>;
+/// A lookup by SHA-256: when, and what it found.
+type ByHash = (Instant, Option<Principal>);
+
+/// Database tokens by SHA-256 (and by id, for console sessions), each
+/// trusted for [`TOKEN_TTL`].
+#[derive(Default)]
+pub struct TokenCache {
+    entries: Mutex<HashMap<[u8; 32], ByHash>>,
+    by_id: Mutex<HashMap<i64, (Instant, ById)>>,
+}
+
+impl TokenCache {
+    /// The live token with id `id`: its SHA-256 and principal (`None` when
+    /// unknown or revoked).
+    pub async fn by_id(&self, pool: &Pool, id: i64) -> Result<ById, ApiError> {
+        if let Ok(entries) = self.by_id.lock()
+            && let Some((at, found)) = entries.get(&id)
+            && at.elapsed() < TOKEN_TTL
+        {
+            return Ok(found.clone());
+        }
+        let client = pool.get().await?;
+        let found = tenants::token_by_id(&client, id).await?.and_then(|r| {
+            let digest: [u8; 32] = r.token_sha256.as_slice().try_into().ok()?;
+            Some((digest, Principal::of_row(&r)?))
+        });
+        if let Ok(mut entries) = self.by_id.lock() {
+            if entries.len() >= CACHE_LIMIT {
+                entries.clear();
+            }
+            entries.insert(id, (Instant::now(), found.clone()));
+        }
+        Ok(found)
+    }
+
+    /// The principal of the token with SHA-256 `digest`, `None` for an
+    /// unknown or revoked token.
+    pub async fn lookup(&self, pool: &Pool, digest: [u8; 32]) -> Result<Option<Principal>, ApiError> {
+        if let Ok(entries) = self.entries.lock()
+            && let Some((at, p)) = entries.get(&digest)
+            && at.elapsed() < TOKEN_TTL
+        {
+            return Ok(p.clone());
+        }
+        let client = pool.get().await?;
+        let found = tenants::token_by_hash(&client, &digest)
+            .await?
+            .and_then(|r| Principal::of_row(&r));
+        if let Ok(mut entries) = self.entries.lock() {
+            if entries.len() >= CACHE_LIMIT {
+                entries.clear();
+            }
+            entries.insert(digest, (Instant::now(), found.clone()));
+        }
+        Ok(found)
+    }
+}
+
+/// The stored user id of the caller's user `user` (the same id for the
+/// default tenant, without a round trip, unless it is a version-8 id: see
+/// `maas_tenant_user`).
+pub async fn stored_user(client: &impl GenericClient, p: &Principal, user: Uuid) -> Result<Uuid, ApiError> {
+    if p.is_default() && user.get_version_num() != 8 {
+        return Ok(user);
+    }
+    Ok(tenants::stored_user(client, p.tenant, user).await?)
+}
+
+/// Checks a limited tenant's limits inside the submitting transaction (its
+/// `tenants` row stays locked until that commits): 429 with `Retry-After`
+/// over one.
+pub async fn check_limits(client: &impl GenericClient, p: &Principal) -> Result<(), ApiError> {
+    let Some((rpm, in_flight)) = tenants::lock_limits(client, p.tenant).await? else {
+        return Ok(());
+    };
+    if rpm.is_none() && in_flight.is_none() {
+        return Ok(());
+    }
+    let c = tenants::limit_counts(client, p.tenant, rpm, in_flight).await?;
+    if let Some(rpm) = rpm
+        && c.last_minute >= i64::from(rpm)
+    {
+        let secs = u64::try_from(c.window_frees_in).unwrap_or(1).max(1);
+        return Err(ApiError::too_many(
+            "requests_per_minute",
+            format!(
+                "tenant `{}` is over its limit of {rpm} requests per minute (requests_per_minute); retry in {secs} s",
+                p.tenant_name
+            ),
+        )
+        .retry_after(secs));
+    }
+    if let Some(max) = in_flight
+        && c.in_flight >= i64::from(max)
+    {
+        return Err(ApiError::too_many(
+            "max_in_flight",
+            format!(
+                "tenant `{}` has {max} requests in flight, its limit (max_in_flight)",
+                p.tenant_name
+            ),
+        )
+        .retry_after(IN_FLIGHT_RETRY_SECS));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scope_matrix_holds() {
+        use Need::*;
+        let all = [Submit, ReadRequest, ReadUser, Operate, Admin];
+        let allowed = |s: Scope| all.iter().filter(|n| s.allows(**n)).copied().collect::<Vec<_>>();
+        assert_eq!(allowed(Scope::Submit), vec![Submit, ReadRequest]);
+        assert_eq!(allowed(Scope::Read), vec![ReadRequest, ReadUser]);
+        assert_eq!(allowed(Scope::Operate), vec![Submit, ReadRequest, ReadUser, Operate]);
+        assert_eq!(allowed(Scope::Admin), all.to_vec());
+    }
+
+    #[test]
+    fn routes_need_what_the_docs_say() {
+        assert_eq!(Need::of_route(&Method::POST, "/api/query"), Need::Submit);
+        assert_eq!(
+            Need::of_route(&Method::GET, "/api/query/{id}/status"),
+            Need::ReadRequest
+        );
+        assert_eq!(
+            Need::of_route(&Method::GET, "/api/query/{id}/events"),
+            Need::ReadRequest
+        );
+        assert_eq!(Need::of_route(&Method::GET, "/api/users/{id}/export"), Need::ReadUser);
+        assert_eq!(Need::of_route(&Method::POST, "/api/query/{id}/cancel"), Need::Operate);
+        assert_eq!(Need::of_route(&Method::POST, "/api/query/{id}/continue"), Need::Operate);
+        assert_eq!(
+            Need::of_route(&Method::DELETE, "/api/users/{id}/memory/{record}"),
+            Need::Operate
+        );
+        assert_eq!(Need::of_route(&Method::DELETE, "/api/users/{id}"), Need::Admin);
+    }
+}

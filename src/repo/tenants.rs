@@ -1,0 +1,256 @@
+//! Tenants (`tenants`) and the API tokens of the database (`api_tokens`),
+//! sql/0012_tenants.sql.
+//!
+//! Guarantees:
+//! - A token is kept only as its SHA-256; [`token_by_hash`] finds a live
+//!   (not revoked) one and stamps `last_used_at`.
+//! - A tenant's user id becomes the stored user id only in SQL
+//!   (`maas_tenant_user`, [`stored_user`]); for [`DEFAULT`] they are equal.
+//! - Every change made here for `maasctl` writes its `operator_actions` row
+//!   in the same statement.
+//! - [`limit_counts`] locks the tenant's row (`FOR UPDATE`) before it
+//!   counts, in a statement of its own: submissions of one limited tenant
+//!   from any number of daemons are counted one after the other when the
+//!   caller inserts in the same transaction.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::db::Error;
+
+/// The default tenant (the nil UUID): configured tokens and the loopback
+/// mode act as this one.
+pub const DEFAULT: Uuid = Uuid::nil();
+
+super::statements! {
+    TOKEN_BY_HASH = "tokens_by_hash",
+    TOKEN_BY_ID = "tokens_by_id",
+    TOKEN_CREATE = "tokens_create",
+    TOKEN_LIST = "tokens_list",
+    TOKEN_REVOKE = "tokens_revoke",
+    TENANT_GET = "tenants_get": "SELECT id, name, requests_per_minute, max_in_flight, callback_secret IS NOT NULL AS has_callback_secret, created_at FROM tenants WHERE id = $1",
+    TENANT_ADD = "tenants_add",
+    TENANT_LIST = "tenants_list",
+    TENANT_SET = "tenants_set",
+    STORED_USER = "tenants_stored_user": "SELECT maas_tenant_user($1, $2) AS user_id",
+    LIMIT_LOCK = "tenants_limit_lock": "SELECT requests_per_minute, max_in_flight FROM tenants WHERE id = $1 FOR UPDATE",
+    LIMIT_COUNTS = "tenants_limit_counts",
+    SECRETS = "tenants_callback_secrets": "SELECT id, callback_secret FROM tenants WHERE callback_secret IS NOT NULL",
+    NAMES = "tenants_names": "SELECT id, name FROM tenants",
+}
+
+super::row_struct! {
+    /// A tenant as the API and `maasctl tenants list` see it (the callback
+    /// secret itself is never read out).
+    #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+    pub struct Tenant {
+        pub id: Uuid,
+        pub name: String,
+        pub requests_per_minute: Option<i32>,
+        pub max_in_flight: Option<i32>,
+        pub has_callback_secret: bool,
+        pub created_at: DateTime<Utc>,
+    }
+}
+
+super::row_struct! {
+    /// A live token found by its hash or id, with its tenant.
+    #[derive(Debug, Clone)]
+    pub struct TokenRow {
+        pub id: i64,
+        pub name: String,
+        pub scope: String,
+        pub token_sha256: Vec<u8>,
+        pub tenant_id: Uuid,
+        pub tenant_name: String,
+        pub requests_per_minute: Option<i32>,
+        pub max_in_flight: Option<i32>,
+    }
+}
+
+/// The live token whose SHA-256 is `hash`; stamps its `last_used_at`.
+pub async fn token_by_hash(client: &impl GenericClient, hash: &[u8; 32]) -> Result<Option<TokenRow>, Error> {
+    super::query_opt_as(client, TOKEN_BY_HASH, &[&hash.as_slice()]).await
+}
+
+/// The live token with id `id`.
+pub async fn token_by_id(client: &impl GenericClient, id: i64) -> Result<Option<TokenRow>, Error> {
+    super::query_opt_as(client, TOKEN_BY_ID, &[&id]).await
+}
+
+/// Tenant `id`, `None` when unknown.
+pub async fn get(client: &impl GenericClient, id: Uuid) -> Result<Option<Tenant>, Error> {
+    super::query_opt_as(client, TENANT_GET, &[&id]).await
+}
+
+/// The stored user id of tenant `tenant`'s user `user` (`maas_tenant_user`).
+pub async fn stored_user(client: &impl GenericClient, tenant: Uuid, user: Uuid) -> Result<Uuid, Error> {
+    super::query_one_value(client, STORED_USER, &[&tenant, &user], "user_id").await
+}
+
+/// Every tenant's callback signing secret, where one is set.
+pub async fn callback_secrets(client: &impl GenericClient) -> Result<Vec<(Uuid, String)>, Error> {
+    let stmt = client.prepare_cached(SECRETS).await?;
+    let rows = client.query(&stmt, &[]).await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("id")?, r.try_get("callback_secret")?)))
+        .collect()
+}
+
+/// Every tenant's name by id.
+pub async fn names(client: &impl GenericClient) -> Result<Vec<(Uuid, String)>, Error> {
+    let stmt = client.prepare_cached(NAMES).await?;
+    let rows = client.query(&stmt, &[]).await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("id")?, r.try_get("name")?)))
+        .collect()
+}
+
+// ---- limits ----------------------------------------------------------------
+
+super::row_struct! {
+    /// A limited tenant's usage, counted after its row was locked.
+    #[derive(Debug, Clone)]
+    pub struct LimitCounts {
+        /// Submissions in the last minute (counted up to the limit).
+        pub last_minute: i64,
+        /// Whole seconds until the oldest of them leaves the minute (at least 1).
+        pub window_frees_in: i64,
+        /// Requests not yet terminal (counted up to the limit).
+        pub in_flight: i64,
+    }
+}
+
+/// The tenant's limits, read under a row lock held until the transaction
+/// ends: (requests per minute, requests in flight). Call first in the
+/// transaction that then counts with [`limit_counts`] and inserts.
+pub async fn lock_limits(
+    client: &impl GenericClient,
+    tenant: Uuid,
+) -> Result<Option<(Option<i32>, Option<i32>)>, Error> {
+    let stmt = client.prepare_cached(LIMIT_LOCK).await?;
+    Ok(match client.query_opt(&stmt, &[&tenant]).await? {
+        None => None,
+        Some(r) => Some((r.try_get("requests_per_minute")?, r.try_get("max_in_flight")?)),
+    })
+}
+
+/// Counts the tenant's usage up to its limits `rpm` and `in_flight` (a
+/// statement after [`lock_limits`], so it sees every submission committed
+/// before the lock was granted); a `None` limit is not counted.
+pub async fn limit_counts(
+    client: &impl GenericClient,
+    tenant: Uuid,
+    rpm: Option<i32>,
+    in_flight: Option<i32>,
+) -> Result<LimitCounts, Error> {
+    super::query_one_as(client, LIMIT_COUNTS, &[&tenant, &rpm, &in_flight]).await
+}
+
+// ---- maasctl ------------------------------------------------------------------
+
+/// Adds tenant `name`, recorded as `actor`'s action.
+pub async fn add(
+    client: &impl GenericClient,
+    name: &str,
+    requests_per_minute: Option<i32>,
+    max_in_flight: Option<i32>,
+    callback_secret: Option<&str>,
+    actor: &str,
+) -> Result<Tenant, Error> {
+    super::query_one_as(
+        client,
+        TENANT_ADD,
+        &[&name, &requests_per_minute, &max_in_flight, &callback_secret, &actor],
+    )
+    .await
+}
+
+/// Every tenant, by name.
+pub async fn list(client: &impl GenericClient) -> Result<Vec<Tenant>, Error> {
+    super::query_as(client, TENANT_LIST, &[]).await
+}
+
+/// A change of `maasctl tenants set`: `None` leaves a field alone,
+/// `Some(None)` clears it.
+#[derive(Debug, Clone, Default)]
+pub struct TenantChange<'a> {
+    pub requests_per_minute: Option<Option<i32>>,
+    pub max_in_flight: Option<Option<i32>>,
+    pub callback_secret: Option<Option<&'a str>>,
+}
+
+/// Changes tenant `name`, recorded as `actor`'s action; `None` when unknown.
+pub async fn set(
+    client: &impl GenericClient,
+    name: &str,
+    c: &TenantChange<'_>,
+    actor: &str,
+) -> Result<Option<Tenant>, Error> {
+    super::query_opt_as(
+        client,
+        TENANT_SET,
+        &[
+            &name,
+            &c.requests_per_minute.is_some(),
+            &c.requests_per_minute.flatten(),
+            &c.max_in_flight.is_some(),
+            &c.max_in_flight.flatten(),
+            &c.callback_secret.is_some(),
+            &c.callback_secret.flatten(),
+            &actor,
+        ],
+    )
+    .await
+}
+
+super::row_struct! {
+    /// A token as `maasctl tokens list` shows it (never the token).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct TokenInfo {
+        pub id: i64,
+        pub name: String,
+        pub tenant: String,
+        pub scope: String,
+        pub created_at: DateTime<Utc>,
+        pub last_used_at: Option<DateTime<Utc>>,
+        pub revoked_at: Option<DateTime<Utc>>,
+    }
+}
+
+/// Stores a new token's hash for tenant `tenant` (by name), recorded as
+/// `actor`'s action; `None` when the tenant is unknown.
+pub async fn create_token(
+    client: &impl GenericClient,
+    name: &str,
+    tenant: &str,
+    scope: &str,
+    hash: &[u8; 32],
+    actor: &str,
+) -> Result<Option<TokenInfo>, Error> {
+    super::query_opt_as(
+        client,
+        TOKEN_CREATE,
+        &[&name, &tenant, &scope, &hash.as_slice(), &actor],
+    )
+    .await
+}
+
+/// Tokens, newest first; with `all`, revoked ones too.
+pub async fn list_tokens(client: &impl GenericClient, all: bool) -> Result<Vec<TokenInfo>, Error> {
+    super::query_as(client, TOKEN_LIST, &[&all]).await
+}
+
+/// Revokes tenant `tenant`'s live token `name`, recorded as `actor`'s
+/// action with `reason`; `None` when there is no such live token.
+pub async fn revoke_token(
+    client: &impl GenericClient,
+    name: &str,
+    tenant: &str,
+    actor: &str,
+    reason: Option<&str>,
+) -> Result<Option<TokenInfo>, Error> {
+    super::query_opt_as(client, TOKEN_REVOKE, &[&name, &tenant, &actor, &reason]).await
+}
