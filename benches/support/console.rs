@@ -114,36 +114,25 @@ async fn database(b: &Bench, rows: i64) -> String {
     url
 }
 
-/// `SAMPLES` values of `column` from random requests (a user or thread
-/// appears as often as it has requests).
-async fn sample(c: &Client, column: &str, rows: i64) -> Vec<String> {
-    let sql = format!(
-        "SELECT {column}::text FROM pipeline_runs
-         WHERE id = md5('run' || (1 + floor(random() * $1::int8)::int8))::uuid AND {column} IS NOT NULL"
-    );
-    let mut out = Vec::with_capacity(SAMPLES);
-    while out.len() < SAMPLES {
-        if let Some(r) = c.query_opt(&sql, &[&rows]).await.unwrap() {
-            out.push(r.get::<_, String>(0));
-        }
-    }
-    out
+/// The load's number of the `i`-th sampled request: spread over the whole
+/// table, the same in every run.
+fn spread(i: i64, rows: i64) -> i64 {
+    1 + (i * 2_654_435_761).rem_euclid(rows)
 }
 
-/// Keyset cursors (`after=`) at random depths: the key of a random request.
-async fn cursors(c: &Client, rows: i64) -> Vec<String> {
+/// `SAMPLES` values of `expr` (SQL over a request) of requests spread over
+/// the table, where it is not NULL (a user or thread appears as often as
+/// it has requests).
+async fn sample(c: &Client, expr: &str, rows: i64) -> Vec<String> {
+    let sql = format!("SELECT ({expr})::text FROM pipeline_runs WHERE id = md5('run' || $1::int8)::uuid");
     let mut out = Vec::with_capacity(SAMPLES);
+    let mut i = 0;
     while out.len() < SAMPLES {
-        let r = c
-            .query_opt(
-                "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"') || ',' || id
-                 FROM pipeline_runs WHERE id = md5('run' || (1 + floor(random() * $1::int8)::int8))::uuid",
-                &[&rows],
-            )
-            .await
-            .unwrap();
-        if let Some(r) = r {
-            out.push(r.get::<_, String>(0));
+        i += 1;
+        if let Some(r) = c.query_opt(&sql, &[&spread(i, rows)]).await.unwrap() {
+            if let Some(v) = r.get::<_, Option<String>>(0) {
+                out.push(v);
+            }
         }
     }
     out
@@ -183,7 +172,13 @@ pub async fn console(b: &mut Bench, rows: Option<i64>) {
     let users = sample(&c, "user_id", rows).await;
     let threads = sample(&c, "thread_id", rows).await;
     let ids = sample(&c, "id", rows).await;
-    let after = cursors(&c, rows).await;
+    // Keyset cursors (`after=`) at random depths: the key of a request.
+    let after = sample(
+        &c,
+        "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"') || ',' || id",
+        rows,
+    )
+    .await;
     // The detail page's requests get a timeline (idempotent across runs).
     c.execute(
         "INSERT INTO pipeline_steps (run_id, stage, attempt, worker, started_at, finished_at, outcome,
@@ -209,7 +204,8 @@ pub async fn console(b: &mut Bench, rows: Option<i64>) {
             .unwrap();
         (r.get(0), r.get(1))
     };
-    let mut d = start_daemon(&url, Opts::default().env("RUST_LOG", "warn")).await;
+    // The default log level: the HTTP address is logged at info.
+    let mut d = start_daemon(&url, Opts::default()).await;
     let addr = d.http_addr(Duration::from_secs(60)).await;
     let base = format!("http://{addr}");
     let http = reqwest::Client::builder()

@@ -16,9 +16,9 @@
 -- reads at most $10 of the newest rows matching the indexed filters
 -- (`scanned`) and keeps those that match the rest. Besides the matches,
 -- the result then has one `edge` row: the oldest row it read, with `scanned`, how
--- many it read. When fewer than $10 were read the search reached the end;
--- otherwise the next page starts after the edge (or after the last match,
--- when the page is full).
+-- many it read, when the matches did not fill the page. When it read
+-- fewer than $10, the search reached the end; otherwise the next page
+-- starts after the edge (or after the last match, when the page is full).
 -- $1 statuses
 -- $2 user_id
 -- $3 thread_id
@@ -44,17 +44,24 @@ WITH scanned AS MATERIALIZED (
     ORDER BY created_at DESC, id DESC
     LIMIT CASE WHEN $4::text IS NULL AND ($1::text[] IS NULL OR ($2::uuid IS NULL AND $3::uuid IS NULL))
                THEN $9::int8 ELSE $10::int8 END
+), hits AS MATERIALIZED (
+    -- No ORDER BY: a CTE is read lazily, in the order it produces rows
+    -- (newest first, `n`), so this stops reading `scanned` at a page's
+    -- last match instead of reading the whole window; the caller orders
+    -- by `n`.
+    SELECT * FROM scanned
+    WHERE ($4::text IS NULL OR strpos(lower(user_query), lower($4::text)) > 0)
+      AND ($1::text[] IS NULL OR status = ANY($1::text[]))
+    LIMIT $9::int8
 )
-(SELECT id, status, user_id, thread_id, attempt, debug, held, created_at, updated_at, error,
-        left(user_query, 120) AS query, false AS edge, n AS scanned
- FROM scanned
- WHERE ($4::text IS NULL OR strpos(lower(user_query), lower($4::text)) > 0)
-   AND ($1::text[] IS NULL OR status = ANY($1::text[]))
- ORDER BY n
- LIMIT $9::int8)
+SELECT id, status, user_id, thread_id, attempt, debug, held, created_at, updated_at, error,
+       left(user_query, 120) AS query, false AS edge, n AS scanned
+FROM hits
 UNION ALL
-(SELECT id, status, user_id, thread_id, attempt, debug, held, created_at, updated_at, error,
-        left(user_query, 120) AS query, true AS edge, n AS scanned
- FROM scanned
- WHERE ($4::text IS NOT NULL OR ($1::text[] IS NOT NULL AND ($2::uuid IS NOT NULL OR $3::uuid IS NOT NULL)))
-   AND n = (SELECT max(n) FROM scanned))
+-- The edge, only when the window was read whole (fewer matches than a page).
+SELECT id, status, user_id, thread_id, attempt, debug, held, created_at, updated_at, error,
+       left(user_query, 120) AS query, true AS edge, n AS scanned
+FROM scanned
+WHERE ($4::text IS NOT NULL OR ($1::text[] IS NOT NULL AND ($2::uuid IS NOT NULL OR $3::uuid IS NOT NULL)))
+  AND (SELECT count(*) FROM hits) < $9::int8
+  AND n = (SELECT max(n) FROM scanned)

@@ -133,7 +133,10 @@ pub async fn list(client: &impl GenericClient, f: &Filter) -> Result<Page, Error
         limit: as_limit(f.limit),
         scan: as_limit(TEXT_SCAN.max(f.limit)),
     };
-    let rows: Vec<ListRow> = super::query_as(client, LIST, &p.params()).await?;
+    let mut rows: Vec<ListRow> = super::query_as(client, LIST, &p.params()).await?;
+    // Matches come in the order read (`scanned` is the row's place in the
+    // window); the SQL does not sort them.
+    rows.sort_by_key(|r| (r.edge, r.scanned));
     let mut page = Page::default();
     let mut edge = None;
     for r in rows {

@@ -191,7 +191,13 @@ async fn a_text_search_reads_a_bounded_window_per_page_and_says_how_far() {
         ..filter()
     };
     let page = list(&pc, &plain).await.unwrap();
-    assert_eq!(page.lines.len(), 50);
+    let newest: Vec<String> = (1..n)
+        .rev()
+        .filter(|g| !needles.contains(g))
+        .take(50)
+        .map(|g| format!("plain question {g}"))
+        .collect();
+    assert_eq!(page.lines.iter().map(|l| l.query.clone()).collect::<Vec<_>>(), newest);
     assert!(page.searched.is_none());
     assert_eq!(page.next, page.lines.last().map(|l| (l.created_at, l.id)));
 }
