@@ -29,6 +29,9 @@ use super::support::daemon::Opts;
 use super::support::percentile;
 use super::{Bench, connect, round, start_daemon};
 
+/// The path of the `i`-th GET of a measurement.
+type PathOf<'a> = Box<dyn Fn(usize) -> String + 'a>;
+
 /// Rows per `INSERT` of the load.
 const SLICE: i64 = 1_000_000;
 /// Requests sampled for the pages that take an id, a user or a thread.
@@ -217,7 +220,7 @@ pub async fn console(b: &mut Bench, rows: Option<i64>) {
 
     let enc = |s: &str| s.replace('+', "%2B").replace(':', "%3A").replace(',', "%2C");
     let row = "class=\"row\"";
-    let cases: Vec<(&str, &str, Box<dyn Fn(usize) -> String>, &str)> = vec![
+    let cases: Vec<(&str, &str, PathOf<'_>, &str)> = vec![
         (
             "console_list",
             "no filter, first page",
@@ -280,7 +283,7 @@ pub async fn console(b: &mut Bench, rows: Option<i64>) {
         (
             "console_list_text_rare",
             "text in one row (a ticket number): reads the bounded window",
-            Box::new(move |i| format!("/console/requests?text=ticket+{}", 1 + (i as i64 * 7919) % rows)),
+            Box::new(move |i| format!("/console/requests?text=ticket+{}", spread(i64::try_from(i).unwrap_or(0), rows))),
             "<table",
         ),
         (
