@@ -283,7 +283,12 @@ pub async fn console(b: &mut Bench, rows: Option<i64>) {
         (
             "console_list_text_rare",
             "text in one row (a ticket number): reads the bounded window",
-            Box::new(move |i| format!("/console/requests?text=ticket+{}", spread(i64::try_from(i).unwrap_or(0), rows))),
+            Box::new(move |i| {
+                format!(
+                    "/console/requests?text=ticket+{}",
+                    spread(i64::try_from(i).unwrap_or(0), rows)
+                )
+            }),
             "<table",
         ),
         (
