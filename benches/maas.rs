@@ -2,7 +2,7 @@
 //! concurrency and crash recovery of real `maasd` processes, measured against
 //! the limit of the same PostgreSQL cluster (pgbench) in the same run.
 //!
-//! `cargo bench --bench maas -- [--quick] [--json] [--tls]`; `bin/bench` provisions
+//! `cargo bench --bench maas -- [--quick] [--json] [--tls] [--console-rows=N]`; `bin/bench` provisions
 //! nothing else: the cluster is made here (durable: fsync and
 //! synchronous_commit on) under the target directory.
 //!
@@ -23,6 +23,8 @@
     reason = "statistics over small counts"
 )]
 
+#[path = "support/console.rs"]
+mod console;
 #[allow(
     dead_code,
     reason = "shared with the chaos bench and the tests, which use more of it"
@@ -813,6 +815,9 @@ fn main() {
     let json = args.iter().any(|a| a == "--json");
     let only: Option<String> = args.iter().find_map(|a| a.strip_prefix("--only=").map(str::to_owned));
     let tls = args.iter().any(|a| a == "--tls");
+    let console_rows: Option<i64> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--console-rows=")?.parse().ok());
     support::runtime().block_on(async move {
         let cluster = support::start_cluster("maas-bench-pg", 300).await;
         let tls = if tls { Some(serve_tls(&cluster).await) } else { None };
@@ -874,6 +879,9 @@ fn main() {
         }
         if want("archivist") {
             archivist(&mut b).await;
+        }
+        if want("console") {
+            console::console(&mut b, console_rows).await;
         }
         let values: HashMap<String, f64> = b
             .results

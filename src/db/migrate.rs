@@ -70,6 +70,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     10 => "0010_user_data.sql",
     11 => "0011_memory_search_pending_list.sql",
     12 => "0012_tenants.sql",
+    13 => "0013_console_lists.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

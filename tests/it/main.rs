@@ -6,6 +6,7 @@ mod callbacks;
 mod caps;
 mod cli;
 mod console;
+mod console_list;
 mod control;
 mod engine;
 mod failover;

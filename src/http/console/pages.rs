@@ -105,6 +105,12 @@ pub struct ListQuery {
     thread: String,
     #[serde(default)]
     text: String,
+    /// Created at or after (RFC 3339, or `YYYY-MM-DDTHH:MM` from a form, UTC).
+    #[serde(default)]
+    since: String,
+    /// Created before (as `since`).
+    #[serde(default)]
+    until: String,
     /// `CREATED_AT_RFC3339,ID` of the last row of the page before.
     #[serde(default)]
     after: String,
@@ -141,12 +147,24 @@ impl ListQuery {
                 Some((t, id.parse().map_err(|_| bad("after", a))?))
             }
         };
+        let time = |field: &str, v: &str| -> Result<Option<DateTime<Utc>>, Fail> {
+            let v = v.trim();
+            if v.is_empty() {
+                return Ok(None);
+            }
+            v.parse::<DateTime<Utc>>()
+                .or_else(|_| chrono::NaiveDateTime::parse_from_str(v, "%Y-%m-%dT%H:%M").map(|t| t.and_utc()))
+                .map(Some)
+                .map_err(|_| bad(field, v))
+        };
         let text = self.text.trim();
         Ok(console::Filter {
             statuses,
             user_id: uuid("user", &self.user)?,
             thread_id: uuid("thread", &self.thread)?,
             text: (!text.is_empty()).then(|| text.to_owned()),
+            since: time("since", &self.since)?,
+            until: time("until", &self.until)?,
             before,
             limit: PAGE,
         })
@@ -156,15 +174,15 @@ impl ListQuery {
 async fn rows_data(app: &AppState, q: &ListQuery) -> Result<minijinja::Value, Fail> {
     let f = q.filter()?;
     let c = client(app).await?;
-    let rows = console::list(&c, &f).await.map_err(|e| db_fail("list", e))?;
-    let next = if rows.len() == PAGE {
-        rows.last().map(|r| format!("{},{}", r.created_at.to_rfc3339(), r.id))
-    } else {
-        None
-    };
+    let page = console::list(&c, &f).await.map_err(|e| db_fail("list", e))?;
+    let next = page.next.map(|(t, id)| format!("{},{id}", t.to_rfc3339()));
+    let searched = page
+        .searched
+        .map(|(n, t)| context! { rows => n, to => t.format("%Y-%m-%d %H:%M:%S").to_string() });
     Ok(context! {
-        rows => v(&rows), next,
-        q => context! { status => q.status.trim(), user => q.user.trim(), thread => q.thread.trim(), text => q.text.trim() },
+        rows => v(&page.lines), next, searched,
+        q => context! { status => q.status.trim(), user => q.user.trim(), thread => q.thread.trim(), text => q.text.trim(),
+                        since => q.since.trim(), until => q.until.trim() },
         statuses => crate::model::Status::ALL.iter().map(ToString::to_string).collect::<Vec<_>>(),
     })
 }
