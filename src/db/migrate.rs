@@ -69,6 +69,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     9 => "0009_row_bounds.sql",
     10 => "0010_user_data.sql",
     11 => "0011_memory_search_pending_list.sql",
+    15 => "0015_console_actions.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

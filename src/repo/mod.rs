@@ -47,6 +47,7 @@ pub mod attempts;
 pub mod audit;
 pub mod callbacks;
 pub mod console;
+pub mod console_views;
 pub mod control;
 pub mod gauges;
 pub mod idempotency;
@@ -281,6 +282,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         gauges::STATEMENTS,
         users::STATEMENTS,
         console::STATEMENTS,
+        console_views::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

@@ -467,3 +467,118 @@ async fn console_steps_a_debug_request_through_with_continue() {
     b.screenshot("debug-continued").await;
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_memory_page_searches_a_users_memory_and_archives_now() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // The offline provider; no schedule, so only the button archives;
+    // records searched too (off by default).
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_MEMORY__RECORDS", 3),
+    )
+    .await;
+    let user = Uuid::new_v4();
+    let id = submit(
+        &api,
+        json!({ "user_id": user, "query": "my sister is moving to Lisbon next spring" }),
+    )
+    .await;
+    wait_status(&c, id, "COMPLETED").await;
+    c.execute(
+        "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, tags, summary, raw_log_ids)
+         VALUES ($1, now() - interval '2 days', now() - interval '1 day', '{garden}', 'The user grows tomatoes on a balcony.', '{}')",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    let pending: i64 = value(
+        &c,
+        "SELECT logged_seq - archived_seq FROM archive_marks WHERE user_id = $1",
+        &[&user],
+    )
+    .await;
+    assert!(pending >= 1, "the request left turns to archive");
+
+    // From the request's page to its user's memory.
+    b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
+    b.click("#user-link").await;
+    b.wait_js(
+        "the memory page is open",
+        "return !!document.querySelector('#archive-state') && document.body.dataset.live === 'on';",
+    )
+    .await;
+    assert_eq!(b.text("#pending").await, pending.to_string());
+    assert_eq!(
+        b.js("return document.querySelectorAll('#turns tr.turn').length;").await,
+        json!(pending)
+    );
+    assert!(b.text("#records").await.contains("tomatoes"));
+
+    // The search box runs the pipeline's retrieval and shows scores.
+    b.fill("#q", "tomatoes balcony").await;
+    b.click("#search-go").await;
+    b.wait_js(
+        "the search shows a scored record",
+        "return [...document.querySelectorAll('#hits tr.hit')].some(r => r.dataset.kind === 'record' && parseFloat(r.dataset.score) > 0);",
+    )
+    .await;
+    b.fill("#q", "Lisbon").await;
+    b.click("#search-go").await;
+    b.wait_js(
+        "the search shows a scored turn",
+        "return location.search.includes('q=Lisbon') && [...document.querySelectorAll('#hits tr.hit')].some(r => r.dataset.kind === 'turn' && parseFloat(r.dataset.score) > 0);",
+    )
+    .await;
+    let shot = b.screenshot("memory-search").await;
+    to_docs(&shot, "console-memory.png");
+
+    // Archive now: the pending turns become a record, recorded with the reason.
+    let records_before: i64 = value(&c, "SELECT count(*) FROM lsm_storage WHERE user_id = $1", &[&user]).await;
+    b.fill("#archive-reason", "support ticket 42").await;
+    b.click("#archive").await;
+    b.wait_js(
+        "the page shows nothing pending",
+        "return !!document.querySelector('#pending') && document.querySelector('#pending').textContent.trim() === '0';",
+    )
+    .await;
+    let (left, records): (i64, i64) = {
+        let r = c
+            .query_one(
+                "SELECT (SELECT logged_seq - archived_seq FROM archive_marks WHERE user_id = $1),
+                        (SELECT count(*) FROM lsm_storage WHERE user_id = $1)",
+                &[&user],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(left, 0, "every pending turn was archived");
+    assert!(records > records_before, "a record was written");
+    let covered: i64 = value(
+        &c,
+        "SELECT count(*) FROM lsm_storage s, unnest(s.raw_log_ids) t WHERE s.user_id = $1",
+        &[&user],
+    )
+    .await;
+    assert_eq!(covered, pending, "the new records cover the pending turns");
+    let logged: i64 = value(
+        &c,
+        "SELECT count(*) FROM operator_actions WHERE action = 'archive_run' AND actor = 'console'
+           AND reason = 'support ticket 42' AND detail ->> 'user_id' = $1::uuid::text AND detail ->> 'outcome' = 'archived'",
+        &[&user],
+    )
+    .await;
+    assert_eq!(logged, 1);
+    assert!(b.text("#actions-log").await.contains("support ticket 42"));
+    assert_eq!(
+        b.js("return document.querySelectorAll('#turns tr.turn').length;").await,
+        json!(0)
+    );
+    b.screenshot("memory-archived").await;
+    b.close().await;
+}

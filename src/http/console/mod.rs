@@ -19,6 +19,7 @@
 //!   action is a POST carrying a CSRF token derived from the session.
 
 pub mod auth;
+pub mod memory;
 pub mod pages;
 
 use std::convert::Infallible;
@@ -55,6 +56,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("request_rows.html", include_str!("templates/request_rows.html")),
     ("request.html", include_str!("templates/request.html")),
     ("request_body.html", include_str!("templates/request_body.html")),
+    ("user.html", include_str!("templates/user.html")),
 ];
 
 /// The templates, parsed once.
@@ -110,6 +112,8 @@ pub fn router() -> Router<AppState> {
         .route("/console/requests/{id}", get(pages::request))
         .route("/console/requests/{id}/body", get(pages::request_body))
         .route("/console/requests/{id}/{action}", post(pages::act))
+        .route("/console/users/{id}", get(memory::user))
+        .route("/console/users/{id}/archive", post(memory::archive))
         .route("/console/logout", post(auth::logout))
         .route_layer(middleware::from_fn(auth::guard));
     Router::new()

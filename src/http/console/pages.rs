@@ -31,7 +31,7 @@ const RECENT: usize = 15;
 
 type Client = deadpool_postgres::Object;
 
-async fn client(app: &AppState) -> Result<Client, Fail> {
+pub(super) async fn client(app: &AppState) -> Result<Client, Fail> {
     app.pool.get().await.map_err(|e| {
         fail(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -40,17 +40,17 @@ async fn client(app: &AppState) -> Result<Client, Fail> {
     })
 }
 
-fn db_fail(what: &str, e: impl std::fmt::Display) -> Fail {
+pub(super) fn db_fail(what: &str, e: impl std::fmt::Display) -> Fail {
     fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("console: {what}: {e}"))
 }
 
 /// A row (any `Serialize`) as a template value.
-fn v<T: serde::Serialize>(x: &T) -> minijinja::Value {
+pub(super) fn v<T: serde::Serialize>(x: &T) -> minijinja::Value {
     minijinja::Value::from(minijinja::value::Serde(x))
 }
 
 /// What every page's header needs of the session.
-fn session_ctx(app: &AppState, s: &Session) -> minijinja::Value {
+pub(super) fn session_ctx(app: &AppState, s: &Session) -> minijinja::Value {
     context! { csrf => s.csrf.clone(), read_only => s.read_only, auth => !app.tokens.is_empty() }
 }
 
@@ -255,9 +255,9 @@ pub async fn request_body(
 #[derive(Deserialize)]
 pub struct ActionForm {
     #[serde(default)]
-    csrf: String,
+    pub(super) csrf: String,
     #[serde(default)]
-    reason: String,
+    pub(super) reason: String,
 }
 
 /// `POST /console/requests/{id}/{retry|cancel|continue}` with `csrf` and
