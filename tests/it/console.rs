@@ -582,3 +582,224 @@ async fn console_memory_page_searches_a_users_memory_and_archives_now() {
     b.screenshot("memory-archived").await;
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_prompts_page_diffs_two_versions_and_activates_one() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    // A second Analyzer version, kept inactive: the first with one line
+    // changed and one added.
+    let v1: String = value(
+        &c,
+        "SELECT prompt_template FROM system_prompts WHERE role_name = 'Analyzer' AND is_active",
+        &[],
+    )
+    .await;
+    let first = v1.lines().next().unwrap().to_owned();
+    let v2 = format!(
+        "{}\nAlways answer in JSON, even when unsure.",
+        v1.replacen(&first, "You are the careful analyzer of a memory service.", 1)
+    );
+    let new: i32 = value(
+        &c,
+        "INSERT INTO system_prompts (role_name, version, prompt_template, is_active)
+         SELECT 'Analyzer', max(version) + 1, $1, false FROM system_prompts WHERE role_name = 'Analyzer'
+         RETURNING version",
+        &[&v2],
+    )
+    .await;
+
+    b.goto_live(&api.url("/console")).await;
+    b.click("header a[href='/console/prompts']").await;
+    b.wait_js(
+        "the prompts page is open",
+        "return !!document.querySelector('#roles') && document.body.dataset.live === 'on';",
+    )
+    .await;
+    b.c.find(Locator::Css("#diff-b"))
+        .await
+        .unwrap()
+        .select_by_value(&new.to_string())
+        .await
+        .unwrap();
+    b.c.find(Locator::Css("#diff-a"))
+        .await
+        .unwrap()
+        .select_by_value(&(new - 1).to_string())
+        .await
+        .unwrap();
+    b.click("#diff-go").await;
+    b.wait_js(
+        "the diff shows the changed and the added lines",
+        "const rows = [...document.querySelectorAll('#diff tr')]; \
+         return rows.some(r => r.dataset.tag === 'ins' && r.innerText.includes('Always answer in JSON')) \
+             && rows.some(r => r.dataset.tag === 'ins' && r.innerText.includes('careful analyzer')) \
+             && rows.some(r => r.dataset.tag === 'del');",
+    )
+    .await;
+    let shot = b.screenshot("prompts-diff").await;
+    to_docs(&shot, "console-prompts.png");
+
+    b.fill(&format!("#activate-reason-{new}"), "roll forward").await;
+    b.click(&format!("#activate-{new}")).await;
+    b.wait_js(
+        "the page shows the new version active",
+        &format!("return document.querySelector('#versions tr[data-version=\"{new}\"]')?.dataset.active === 'yes';"),
+    )
+    .await;
+    let active: i32 = value(
+        &c,
+        "SELECT version FROM system_prompts WHERE role_name = 'Analyzer' AND is_active",
+        &[],
+    )
+    .await;
+    assert_eq!(active, new);
+    let logged: i64 = value(
+        &c,
+        "SELECT count(*) FROM operator_actions WHERE action = 'prompt_activate' AND actor = 'console'
+           AND reason = 'roll forward' AND detail ->> 'role' = 'Analyzer' AND (detail ->> 'version')::int = $1
+           AND (detail ->> 'previous')::int = $1 - 1",
+        &[&new],
+    )
+    .await;
+    assert_eq!(logged, 1);
+    assert!(b.text("#actions-log").await.contains("roll forward"));
+    b.screenshot("prompts-activated").await;
+    b.close().await;
+}
+
+/// The CSRF token of a console page (empty when the page has none).
+fn csrf_of(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_archive_now_and_prompt_activation_need_csrf_and_are_refused_read_only() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    c.execute(
+        "INSERT INTO raw_logs (user_id, thread_id, message_type, content) VALUES ($1, gen_random_uuid(), 'user_query', 'keep me pending')",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO system_prompts (role_name, version, prompt_template, is_active)
+         SELECT 'Assembler', max(version) + 1, 'another assembler', false FROM system_prompts WHERE role_name = 'Assembler'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let active = || async {
+        value::<i32>(
+            &c,
+            "SELECT version FROM system_prompts WHERE role_name = 'Assembler' AND is_active",
+            &[],
+        )
+        .await
+    };
+    let before = active().await;
+    let pending = || async {
+        value::<i64>(
+            &c,
+            "SELECT logged_seq - archived_seq FROM archive_marks WHERE user_id = $1",
+            &[&user],
+        )
+        .await
+    };
+    let http = plain_client();
+    let archive = format!("/console/users/{user}/archive");
+    let activate = format!("/console/prompts/Assembler/{}/activate", before + 1);
+
+    let api = Api::start(&db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await;
+    for path in [&archive, &activate] {
+        // No CSRF token, then a wrong one: refused before anything runs.
+        for form in [
+            vec![("reason", "no csrf")],
+            vec![("reason", "bad csrf"), ("csrf", "0000")],
+        ] {
+            let r = http.post(api.url(path)).form(&form).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path} {form:?}");
+            assert!(r.text().await.unwrap().contains("csrf"));
+        }
+    }
+    // The right token but no reason: refused too.
+    let page = http
+        .get(api.url(&format!("/console/users/{user}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&page);
+    assert!(!csrf.is_empty(), "the page carries the token");
+    let r = http
+        .post(api.url(&archive))
+        .form(&[("csrf", csrf.as_str()), ("reason", " ")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("reason"));
+    assert_eq!(pending().await, 1);
+    assert_eq!(active().await, before);
+    let actions: i64 = value(
+        &c,
+        "SELECT count(*) FROM operator_actions WHERE action IN ('archive_run', 'prompt_activate')",
+        &[],
+    )
+    .await;
+    assert_eq!(actions, 0, "nothing refused was recorded");
+    drop(api);
+
+    // Read-only: no button, and refused even with the right token.
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_HTTP__CONSOLE_READ_ONLY", "true"),
+    )
+    .await;
+    let page = http
+        .get(api.url(&format!("/console/users/{user}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("read-only mode") && !page.contains("id=\"archive\""),
+        "{page}"
+    );
+    let prompts_page = http
+        .get(api.url("/console/prompts?role=Assembler"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!prompts_page.contains("id=\"activate-"), "no activate button read-only");
+    let csrf = csrf_of(&prompts_page);
+    for path in [&archive, &activate] {
+        let r = http
+            .post(api.url(path))
+            .form(&[("csrf", csrf.as_str()), ("reason", "try anyway")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+        assert!(r.text().await.unwrap().contains("read-only"));
+    }
+    assert_eq!(pending().await, 1);
+    assert_eq!(active().await, before);
+}

@@ -21,6 +21,7 @@
 pub mod auth;
 pub mod memory;
 pub mod pages;
+pub mod prompts;
 
 use std::convert::Infallible;
 use std::sync::OnceLock;
@@ -57,6 +58,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("request.html", include_str!("templates/request.html")),
     ("request_body.html", include_str!("templates/request_body.html")),
     ("user.html", include_str!("templates/user.html")),
+    ("prompts.html", include_str!("templates/prompts.html")),
 ];
 
 /// The templates, parsed once.
@@ -114,6 +116,8 @@ pub fn router() -> Router<AppState> {
         .route("/console/requests/{id}/{action}", post(pages::act))
         .route("/console/users/{id}", get(memory::user))
         .route("/console/users/{id}/archive", post(memory::archive))
+        .route("/console/prompts", get(prompts::page))
+        .route("/console/prompts/{role}/{version}/activate", post(prompts::activate))
         .route("/console/logout", post(auth::logout))
         .route_layer(middleware::from_fn(auth::guard));
     Router::new()
