@@ -803,3 +803,84 @@ async fn console_archive_now_and_prompt_activation_need_csrf_and_are_refused_rea
     assert_eq!(pending().await, 1);
     assert_eq!(active().await, before);
 }
+
+/// A chart's `data-*` figure, as a number.
+async fn chart(b: &Browser, id: &str, attr: &str) -> f64 {
+    let v = b
+        .js(&format!(
+            "const e = document.querySelector('svg#{id}'); return e ? Number(e.dataset.{attr}) : -1;"
+        ))
+        .await;
+    v.as_f64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_overview_charts_the_last_hour_and_counts_model_calls_per_provider() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    let opts = Opts::default()
+        .env("MAAS_LLM_PROVIDER", "openai")
+        .env("OPENAI_BASE_URL", fake.openai_base_url())
+        .env("OPENAI_API_KEY", KEY);
+    let api = Api::start(&db, opts).await;
+    let c = db.client().await;
+    fake.push(FakeApi::OpenAi, Reply::bad_request(FakeApi::OpenAi));
+    let failed = submit(&api, json!({ "user_id": Uuid::new_v4(), "query": "one fails" })).await;
+    wait_status(&c, failed, "FAILED").await;
+    fake.set_default(analysis(), None);
+    let done = submit(&api, json!({ "user_id": Uuid::new_v4(), "query": "one completes" })).await;
+    wait_status(&c, done, "COMPLETED").await;
+
+    b.goto_live(&api.url("/console")).await;
+    // Throughput: a point per bucket, the newest with the finished requests.
+    assert_eq!(chart(&b, "chart-throughput", "points").await, 24.0);
+    assert!(chart(&b, "chart-throughput", "max").await > 0.0);
+    // Failure rate: one of two failed in the newest bucket.
+    assert_eq!(chart(&b, "chart-failures", "points").await, 1.0);
+    assert_eq!(chart(&b, "chart-failures", "max").await, 50.0);
+    // Latency: p50 and p99 of the stages that ran.
+    assert!(chart(&b, "chart-latency", "points").await >= 2.0);
+    let circles = b
+        .js("return document.querySelectorAll('svg#chart-latency circle').length;")
+        .await;
+    assert!(circles.as_u64().unwrap() >= 2, "{circles}");
+    // The provider line: this daemon's counters.
+    let calls = b
+        .js("const r = document.querySelector('#providers tr[data-provider=openai]'); return r ? Number(r.dataset.calls) : -1;")
+        .await;
+    let steps_with_model: i64 = value(
+        &c,
+        "SELECT count(*) FROM pipeline_steps WHERE model IS NOT NULL OR error_class IS NOT NULL",
+        &[],
+    )
+    .await;
+    assert!(calls.as_f64().unwrap() >= 2.0, "openai calls: {calls}");
+    assert!(b.text("#providers").await.contains("openai"));
+    assert!(steps_with_model >= 1);
+    assert!(
+        b.js("return document.querySelectorAll('#models tr.model').length;")
+            .await
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "the per-model lines from the steps"
+    );
+
+    // The charts refresh with the live overview, without a reload.
+    b.mark().await;
+    let max_before = chart(&b, "chart-throughput", "max").await;
+    for i in 0..3 {
+        let id = submit(&api, json!({ "user_id": Uuid::new_v4(), "query": format!("more {i}") })).await;
+        wait_status(&c, id, "COMPLETED").await;
+    }
+    b.wait_js(
+        "the throughput chart shows the new requests",
+        &format!("return Number(document.querySelector('svg#chart-throughput').dataset.max) > {max_before};"),
+    )
+    .await;
+    assert!(b.same_page().await, "the page was not reloaded");
+    let shot = b.screenshot("overview-charts").await;
+    to_docs(&shot, "console-charts.png");
+    b.close().await;
+}

@@ -19,6 +19,7 @@
 //!   action is a POST carrying a CSRF token derived from the session.
 
 pub mod auth;
+pub mod charts;
 pub mod memory;
 pub mod pages;
 pub mod prompts;

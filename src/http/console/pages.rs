@@ -69,10 +69,11 @@ async fn overview_data(app: &AppState) -> Result<minijinja::Value, Fail> {
     let recent = console::recent(&c, RECENT)
         .await
         .map_err(|e| db_fail("recent requests", e))?;
+    let charts = super::charts::data(app, &c).await?;
     Ok(context! {
         backlog => v(&backlog), finished => v(&finished), leases => v(&leases), callbacks => v(&cbs),
         daemons => v(&daemons), pause => v(&pause), recent => v(&recent),
-        now => Utc::now().format("%H:%M:%S").to_string(),
+        now => Utc::now().format("%H:%M:%S").to_string(), charts,
     })
 }
 
