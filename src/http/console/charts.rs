@@ -267,9 +267,8 @@ pub fn provider_counters(exposition: &str) -> Vec<ProviderCounters> {
         let Some(provider) = label(labels, "provider") else {
             continue;
         };
-        // Counters are integers; the text may still spell them as floats.
-        let Ok(n) = value.trim().parse::<f64>() else { continue };
-        let n = if n.is_finite() && n > 0.0 { n as u64 } else { 0 };
+        // Counters are rendered as integers.
+        let Ok(n) = value.trim().parse::<u64>() else { continue };
         let e = by.entry(provider.to_owned()).or_insert_with(|| ProviderCounters {
             provider: provider.to_owned(),
             ..ProviderCounters::default()
@@ -292,6 +291,28 @@ pub fn provider_counters(exposition: &str) -> Vec<ProviderCounters> {
         }
     }
     by.into_values().collect()
+}
+
+/// The overview's charts and model lines, read on `c`.
+pub async fn data(app: &crate::http::AppState, c: &deadpool_postgres::Object) -> Result<minijinja::Value, super::Fail> {
+    use super::pages::{db_fail, v};
+    let finished = console_views::throughput(c, BUCKETS, bucket_width())
+        .await
+        .map_err(|e| db_fail("throughput", e))?;
+    let latency = console_views::latency(c, BUCKETS, bucket_width())
+        .await
+        .map_err(|e| db_fail("stage latency", e))?;
+    let models = console_views::models(c, WINDOW)
+        .await
+        .map_err(|e| db_fail("model calls", e))?;
+    let providers = provider_counters(&app.metrics.render());
+    Ok(minijinja::context! {
+        throughput => v(&throughput_chart(&finished)),
+        failures => v(&failure_chart(&finished)),
+        latency => v(&latency_chart(&latency)),
+        models => v(&models),
+        providers => v(&providers),
+    })
 }
 
 #[cfg(test)]
@@ -359,26 +380,4 @@ maas_runs_total{status=\"x\"} 9
         }];
         assert!(failure_chart(&rows).svg.contains("failed: 25 %"));
     }
-}
-
-/// The overview's charts and model lines, read on `c`.
-pub async fn data(app: &crate::http::AppState, c: &deadpool_postgres::Object) -> Result<minijinja::Value, super::Fail> {
-    use super::pages::{db_fail, v};
-    let finished = console_views::throughput(c, BUCKETS, bucket_width())
-        .await
-        .map_err(|e| db_fail("throughput", e))?;
-    let latency = console_views::latency(c, BUCKETS, bucket_width())
-        .await
-        .map_err(|e| db_fail("stage latency", e))?;
-    let models = console_views::models(c, WINDOW)
-        .await
-        .map_err(|e| db_fail("model calls", e))?;
-    let providers = provider_counters(&app.metrics.render());
-    Ok(minijinja::context! {
-        throughput => v(&throughput_chart(&finished)),
-        failures => v(&failure_chart(&finished)),
-        latency => v(&latency_chart(&latency)),
-        models => v(&models),
-        providers => v(&providers),
-    })
 }
