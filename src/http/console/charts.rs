@@ -10,6 +10,12 @@
 //! - Per provider, the figures are this daemon's own counters since it
 //!   started (`maas_llm_*` of its `/metrics`; the steps do not record the
 //!   provider), and the page says so.
+//! - Cost: the three statements read only the last hour, but they read
+//!   all of it, and the latency percentiles sort it per stage and bucket;
+//!   measured 1.0 ms (throughput), 8.0 ms (latency) and 1.4 ms (models)
+//!   with 1 M requests and 3 M steps in the tables and about 1,400
+//!   requests and 4,100 steps in the last hour. They grow with the last
+//!   hour's traffic, not with the tables.
 //! - An SVG holds only numbers and fixed words that this file writes; each
 //!   chart carries `data-points` (the points drawn) for tests and scripts.
 
