@@ -884,3 +884,49 @@ async fn console_overview_charts_the_last_hour_and_counts_model_calls_per_provid
     to_docs(&shot, "console-charts.png");
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_memory_page_pages_pending_turns_by_keyset() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    c.execute(
+        "INSERT INTO raw_logs (user_id, thread_id, message_type, content)
+         SELECT $1, gen_random_uuid(), 'user_query', 'turn number ' || g FROM generate_series(1, 60) g",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    let api = Api::start(&db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await;
+    let http = plain_client();
+    let get = |path: String| {
+        let http = http.clone();
+        let url = api.url(&path);
+        async move {
+            let r = http.get(url).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK, "{path}");
+            r.text().await.unwrap()
+        }
+    };
+    let first = get(format!("/console/users/{user}")).await;
+    assert_eq!(first.matches("class=\"turn\"").count(), 50);
+    assert!(first.contains(">turn number 60<") && !first.contains(">turn number 10<"));
+    let href = first
+        .split("id=\"turns-older\" href=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .expect("a link to the older pending turns")
+        .replace("&amp;", "&");
+    let second = get(href).await;
+    assert_eq!(second.matches("class=\"turn\"").count(), 10);
+    assert!(second.contains(">turn number 10<") && !second.contains(">turn number 11<"));
+    assert!(!second.contains("id=\"turns-older\""), "the last page");
+    // A position that is not a number is refused, naming the field.
+    let r = http
+        .get(api.url(&format!("/console/users/{user}?turns_before=x")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("turns_before"));
+}

@@ -153,19 +153,39 @@ pub fn eligibility(m: &MarkView, cfg: &Config, now: DateTime<Utc>) -> Eligibilit
     }
 }
 
-/// The page's query: the search text.
+/// The page's query: the search text, and where the lists start (the
+/// `next_before` / `next_turns_before` of the page before).
 #[derive(Debug, Default, Deserialize)]
 pub struct UserQuery {
     #[serde(default)]
     q: String,
+    #[serde(default)]
+    before: String,
+    #[serde(default)]
+    turns_before: String,
 }
 
-async fn user_data(app: &AppState, id: &str, q: &str) -> Result<minijinja::Value, Fail> {
+/// An optional keyset position of the page's query (empty: from the newest).
+fn position(field: &str, v: &str) -> Result<Option<i64>, Fail> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    v.parse().map(Some).map_err(|_| {
+        fail(
+            StatusCode::BAD_REQUEST,
+            &format!("console: {field}: {v:?} is not a number"),
+        )
+    })
+}
+
+async fn user_data(app: &AppState, id: &str, uq: &UserQuery) -> Result<minijinja::Value, Fail> {
     let user = UserKey::new(parse_user(id)?);
     let mut c = client(app).await?;
     let page = Page {
+        before: position("before", &uq.before)?,
+        turns_before: position("turns_before", &uq.turns_before)?,
         limit: SHOWN,
-        ..Page::default()
     };
     let view = users::view(&c, user, &page).await.map_err(user_fail)?;
     let mark = crate::repo::archive::show_mark(&c, user.user_id)
@@ -175,7 +195,7 @@ async fn user_data(app: &AppState, id: &str, q: &str) -> Result<minijinja::Value
     let actions = console_views::user_actions(&c, user.user_id, ACTIONS)
         .await
         .map_err(|e| db_fail("operator actions", e))?;
-    let q = q.trim();
+    let q = uq.q.trim();
     let hits = if q.is_empty() {
         None
     } else {
@@ -201,7 +221,7 @@ pub async fn user(
     Path(id): Path<String>,
     Query(q): Query<UserQuery>,
 ) -> Response {
-    match user_data(&app, &id, &q.q).await {
+    match user_data(&app, &id, &q).await {
         Ok(data) => render("user.html", context! { session => session_ctx(&app, &s), ..data }),
         Err(r) => r.into_response(),
     }
