@@ -16,7 +16,9 @@
 //!   [`Archivist`], regardless of thresholds and cooldown), after the CSRF
 //!   and read-only checks and with a reason; it is recorded in
 //!   `operator_actions` as `archive_run` with the run's outcome, and
-//!   answers with a redirect (303) to the page.
+//!   answers with a redirect (303) to the page. The run and its record
+//!   happen in a task of their own, so a browser that leaves does not cut
+//!   them short.
 
 use std::sync::Arc;
 
@@ -251,6 +253,21 @@ async fn archive_now(app: &AppState, s: &Session, id: &str, f: &ActionForm) -> R
             "console: reason: an action needs a reason",
         ));
     }
+    // Its own task: a browser that leaves does not cut the run (or its
+    // record) short; shutdown still cancels it cleanly.
+    let task = tokio::spawn(run_and_record(app.clone(), user, reason.to_owned()));
+    task.await.map_err(|e| {
+        fail(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("console: archive now: the run's task ended: {e}"),
+        )
+    })?
+}
+
+/// One manual archive run of `user`, recorded in `operator_actions`.
+async fn run_and_record(app: AppState, user: Uuid, reason: String) -> Result<Uuid, Fail> {
+    let app = &app;
+    let reason = reason.as_str();
     let llm = Llm::from_config(&app.cfg.llm, &app.cfg.llm_provider).map_err(|e| {
         fail(
             StatusCode::INTERNAL_SERVER_ERROR,
