@@ -71,6 +71,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     11 => "0011_memory_search_pending_list.sql",
     12 => "0012_tenants.sql",
     13 => "0013_console_lists.sql",
+    15 => "0015_console_actions.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

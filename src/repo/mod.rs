@@ -47,6 +47,7 @@ pub mod attempts;
 pub mod audit;
 pub mod callbacks;
 pub mod console;
+pub mod console_views;
 pub mod control;
 pub mod gauges;
 pub mod idempotency;
@@ -283,6 +284,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         users::STATEMENTS,
         console::STATEMENTS,
         tenants::STATEMENTS,
+        console_views::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

@@ -467,3 +467,466 @@ async fn console_steps_a_debug_request_through_with_continue() {
     b.screenshot("debug-continued").await;
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_memory_page_searches_a_users_memory_and_archives_now() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // The offline provider; no schedule, so only the button archives;
+    // records searched too (off by default).
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_MEMORY__RECORDS", 3),
+    )
+    .await;
+    let user = Uuid::new_v4();
+    let id = submit(
+        &api,
+        json!({ "user_id": user, "query": "my sister is moving to Lisbon next spring" }),
+    )
+    .await;
+    wait_status(&c, id, "COMPLETED").await;
+    c.execute(
+        "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, tags, summary, raw_log_ids)
+         VALUES ($1, now() - interval '2 days', now() - interval '1 day', '{garden}', 'The user grows tomatoes on a balcony.', '{}')",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    let pending: i64 = value(
+        &c,
+        "SELECT logged_seq - archived_seq FROM archive_marks WHERE user_id = $1",
+        &[&user],
+    )
+    .await;
+    assert!(pending >= 1, "the request left turns to archive");
+
+    // From the request's page to its user's memory.
+    b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
+    b.click("#user-link").await;
+    b.wait_js(
+        "the memory page is open",
+        "return !!document.querySelector('#archive-state') && document.body.dataset.live === 'on';",
+    )
+    .await;
+    assert_eq!(b.text("#pending").await, pending.to_string());
+    assert_eq!(
+        b.js("return document.querySelectorAll('#turns tr.turn').length;").await,
+        json!(pending)
+    );
+    assert!(b.text("#records").await.contains("tomatoes"));
+
+    // The search box runs the pipeline's retrieval and shows scores.
+    b.fill("#q", "tomatoes balcony").await;
+    b.click("#search-go").await;
+    b.wait_js(
+        "the search shows a scored record",
+        "return [...document.querySelectorAll('#hits tr.hit')].some(r => r.dataset.kind === 'record' && parseFloat(r.dataset.score) > 0);",
+    )
+    .await;
+    b.fill("#q", "Lisbon").await;
+    b.click("#search-go").await;
+    b.wait_js(
+        "the search shows a scored turn",
+        "return location.search.includes('q=Lisbon') && [...document.querySelectorAll('#hits tr.hit')].some(r => r.dataset.kind === 'turn' && parseFloat(r.dataset.score) > 0);",
+    )
+    .await;
+    let shot = b.screenshot("memory-search").await;
+    to_docs(&shot, "console-memory.png");
+
+    // Archive now: the pending turns become a record, recorded with the reason.
+    let records_before: i64 = value(&c, "SELECT count(*) FROM lsm_storage WHERE user_id = $1", &[&user]).await;
+    b.fill("#archive-reason", "support ticket 42").await;
+    b.click("#archive").await;
+    b.wait_js(
+        "the page shows nothing pending",
+        "return !!document.querySelector('#pending') && document.querySelector('#pending').textContent.trim() === '0';",
+    )
+    .await;
+    let (left, records): (i64, i64) = {
+        let r = c
+            .query_one(
+                "SELECT (SELECT logged_seq - archived_seq FROM archive_marks WHERE user_id = $1),
+                        (SELECT count(*) FROM lsm_storage WHERE user_id = $1)",
+                &[&user],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(left, 0, "every pending turn was archived");
+    assert!(records > records_before, "a record was written");
+    let covered: i64 = value(
+        &c,
+        "SELECT count(*) FROM lsm_storage s, unnest(s.raw_log_ids) t WHERE s.user_id = $1",
+        &[&user],
+    )
+    .await;
+    assert_eq!(covered, pending, "the new records cover the pending turns");
+    let logged: i64 = value(
+        &c,
+        "SELECT count(*) FROM operator_actions WHERE action = 'archive_run' AND actor = 'console'
+           AND reason = 'support ticket 42' AND detail ->> 'user_id' = $1::uuid::text AND detail ->> 'outcome' = 'archived'",
+        &[&user],
+    )
+    .await;
+    assert_eq!(logged, 1);
+    assert!(b.text("#actions-log").await.contains("support ticket 42"));
+    assert_eq!(
+        b.js("return document.querySelectorAll('#turns tr.turn').length;").await,
+        json!(0)
+    );
+    b.screenshot("memory-archived").await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_prompts_page_diffs_two_versions_and_activates_one() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    // A second Analyzer version, kept inactive: the first with one line
+    // changed and one added.
+    let v1: String = value(
+        &c,
+        "SELECT prompt_template FROM system_prompts WHERE role_name = 'Analyzer' AND is_active",
+        &[],
+    )
+    .await;
+    let first = v1.lines().next().unwrap().to_owned();
+    let v2 = format!(
+        "{}\nAlways answer in JSON, even when unsure.",
+        v1.replacen(&first, "You are the careful analyzer of a memory service.", 1)
+    );
+    let new: i32 = value(
+        &c,
+        "INSERT INTO system_prompts (role_name, version, prompt_template, is_active)
+         SELECT 'Analyzer', max(version) + 1, $1, false FROM system_prompts WHERE role_name = 'Analyzer'
+         RETURNING version",
+        &[&v2],
+    )
+    .await;
+
+    b.goto_live(&api.url("/console")).await;
+    b.click("header a[href='/console/prompts']").await;
+    b.wait_js(
+        "the prompts page is open",
+        "return !!document.querySelector('#roles') && document.body.dataset.live === 'on';",
+    )
+    .await;
+    b.c.find(Locator::Css("#diff-b"))
+        .await
+        .unwrap()
+        .select_by_value(&new.to_string())
+        .await
+        .unwrap();
+    b.c.find(Locator::Css("#diff-a"))
+        .await
+        .unwrap()
+        .select_by_value(&(new - 1).to_string())
+        .await
+        .unwrap();
+    b.click("#diff-go").await;
+    b.wait_js(
+        "the diff shows the changed and the added lines",
+        "const rows = [...document.querySelectorAll('#diff tr')]; \
+         return rows.some(r => r.dataset.tag === 'ins' && r.innerText.includes('Always answer in JSON')) \
+             && rows.some(r => r.dataset.tag === 'ins' && r.innerText.includes('careful analyzer')) \
+             && rows.some(r => r.dataset.tag === 'del');",
+    )
+    .await;
+    let shot = b.screenshot("prompts-diff").await;
+    to_docs(&shot, "console-prompts.png");
+
+    b.fill(&format!("#activate-reason-{new}"), "roll forward").await;
+    b.click(&format!("#activate-{new}")).await;
+    b.wait_js(
+        "the page shows the new version active",
+        &format!("return document.querySelector('#versions tr[data-version=\"{new}\"]')?.dataset.active === 'yes';"),
+    )
+    .await;
+    let active: i32 = value(
+        &c,
+        "SELECT version FROM system_prompts WHERE role_name = 'Analyzer' AND is_active",
+        &[],
+    )
+    .await;
+    assert_eq!(active, new);
+    let logged: i64 = value(
+        &c,
+        "SELECT count(*) FROM operator_actions WHERE action = 'prompt_activate' AND actor = 'console'
+           AND reason = 'roll forward' AND detail ->> 'role' = 'Analyzer' AND (detail ->> 'version')::int = $1
+           AND (detail ->> 'previous')::int = $1 - 1",
+        &[&new],
+    )
+    .await;
+    assert_eq!(logged, 1);
+    assert!(b.text("#actions-log").await.contains("roll forward"));
+    b.screenshot("prompts-activated").await;
+    b.close().await;
+}
+
+/// The CSRF token of a console page (empty when the page has none).
+fn csrf_of(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_archive_now_and_prompt_activation_need_csrf_and_are_refused_read_only() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    c.execute(
+        "INSERT INTO raw_logs (user_id, thread_id, message_type, content) VALUES ($1, gen_random_uuid(), 'user_query', 'keep me pending')",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO system_prompts (role_name, version, prompt_template, is_active)
+         SELECT 'Assembler', max(version) + 1, 'another assembler', false FROM system_prompts WHERE role_name = 'Assembler'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let active = || async {
+        value::<i32>(
+            &c,
+            "SELECT version FROM system_prompts WHERE role_name = 'Assembler' AND is_active",
+            &[],
+        )
+        .await
+    };
+    let before = active().await;
+    let pending = || async {
+        value::<i64>(
+            &c,
+            "SELECT logged_seq - archived_seq FROM archive_marks WHERE user_id = $1",
+            &[&user],
+        )
+        .await
+    };
+    let http = plain_client();
+    let archive = format!("/console/users/{user}/archive");
+    let activate = format!("/console/prompts/Assembler/{}/activate", before + 1);
+
+    let api = Api::start(&db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await;
+    for path in [&archive, &activate] {
+        // No CSRF token, then a wrong one: refused before anything runs.
+        for form in [
+            vec![("reason", "no csrf")],
+            vec![("reason", "bad csrf"), ("csrf", "0000")],
+        ] {
+            let r = http.post(api.url(path)).form(&form).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path} {form:?}");
+            assert!(r.text().await.unwrap().contains("csrf"));
+        }
+    }
+    // The right token but no reason: refused too.
+    let page = http
+        .get(api.url(&format!("/console/users/{user}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&page);
+    assert!(!csrf.is_empty(), "the page carries the token");
+    let r = http
+        .post(api.url(&archive))
+        .form(&[("csrf", csrf.as_str()), ("reason", " ")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("reason"));
+    assert_eq!(pending().await, 1);
+    assert_eq!(active().await, before);
+    let actions: i64 = value(
+        &c,
+        "SELECT count(*) FROM operator_actions WHERE action IN ('archive_run', 'prompt_activate')",
+        &[],
+    )
+    .await;
+    assert_eq!(actions, 0, "nothing refused was recorded");
+    drop(api);
+
+    // Read-only: no button, and refused even with the right token.
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_HTTP__CONSOLE_READ_ONLY", "true"),
+    )
+    .await;
+    let page = http
+        .get(api.url(&format!("/console/users/{user}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("read-only mode") && !page.contains("id=\"archive\""),
+        "{page}"
+    );
+    let prompts_page = http
+        .get(api.url("/console/prompts?role=Assembler"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!prompts_page.contains("id=\"activate-"), "no activate button read-only");
+    let csrf = csrf_of(&prompts_page);
+    for path in [&archive, &activate] {
+        let r = http
+            .post(api.url(path))
+            .form(&[("csrf", csrf.as_str()), ("reason", "try anyway")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+        assert!(r.text().await.unwrap().contains("read-only"));
+    }
+    assert_eq!(pending().await, 1);
+    assert_eq!(active().await, before);
+}
+
+/// A chart's `data-*` figure, as a number.
+async fn chart(b: &Browser, id: &str, attr: &str) -> f64 {
+    let v = b
+        .js(&format!(
+            "const e = document.querySelector('svg#{id}'); return e ? Number(e.dataset.{attr}) : -1;"
+        ))
+        .await;
+    v.as_f64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_overview_charts_the_last_hour_and_counts_model_calls_per_provider() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    let opts = Opts::default()
+        .env("MAAS_LLM_PROVIDER", "openai")
+        .env("OPENAI_BASE_URL", fake.openai_base_url())
+        .env("OPENAI_API_KEY", KEY);
+    let api = Api::start(&db, opts).await;
+    let c = db.client().await;
+    fake.push(FakeApi::OpenAi, Reply::bad_request(FakeApi::OpenAi));
+    let failed = submit(&api, json!({ "user_id": Uuid::new_v4(), "query": "one fails" })).await;
+    wait_status(&c, failed, "FAILED").await;
+    fake.set_default(analysis(), None);
+    let done = submit(&api, json!({ "user_id": Uuid::new_v4(), "query": "one completes" })).await;
+    wait_status(&c, done, "COMPLETED").await;
+
+    b.goto_live(&api.url("/console")).await;
+    // Throughput: a point per bucket, the newest with the finished requests.
+    assert_eq!(chart(&b, "chart-throughput", "points").await, 24.0);
+    assert!(chart(&b, "chart-throughput", "max").await > 0.0);
+    // Failure rate: one of two failed in the newest bucket.
+    assert_eq!(chart(&b, "chart-failures", "points").await, 1.0);
+    assert_eq!(chart(&b, "chart-failures", "max").await, 50.0);
+    // Latency: p50 and p99 of the stages that ran.
+    assert!(chart(&b, "chart-latency", "points").await >= 2.0);
+    let circles = b
+        .js("return document.querySelectorAll('svg#chart-latency circle').length;")
+        .await;
+    assert!(circles.as_u64().unwrap() >= 2, "{circles}");
+    // The provider line: this daemon's counters.
+    let calls = b
+        .js("const r = document.querySelector('#providers tr[data-provider=openai]'); return r ? Number(r.dataset.calls) : -1;")
+        .await;
+    let steps_with_model: i64 = value(
+        &c,
+        "SELECT count(*) FROM pipeline_steps WHERE model IS NOT NULL OR error_class IS NOT NULL",
+        &[],
+    )
+    .await;
+    assert!(calls.as_f64().unwrap() >= 2.0, "openai calls: {calls}");
+    assert!(b.text("#providers").await.contains("openai"));
+    assert!(steps_with_model >= 1);
+    assert!(
+        b.js("return document.querySelectorAll('#models tr.model').length;")
+            .await
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "the per-model lines from the steps"
+    );
+
+    // The charts refresh with the live overview, without a reload.
+    b.mark().await;
+    let max_before = chart(&b, "chart-throughput", "max").await;
+    for i in 0..3 {
+        let id = submit(&api, json!({ "user_id": Uuid::new_v4(), "query": format!("more {i}") })).await;
+        wait_status(&c, id, "COMPLETED").await;
+    }
+    b.wait_js(
+        "the throughput chart shows the new requests",
+        &format!("return Number(document.querySelector('svg#chart-throughput').dataset.max) > {max_before};"),
+    )
+    .await;
+    assert!(b.same_page().await, "the page was not reloaded");
+    let shot = b.screenshot("overview-charts").await;
+    to_docs(&shot, "console-charts.png");
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_memory_page_pages_pending_turns_by_keyset() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    c.execute(
+        "INSERT INTO raw_logs (user_id, thread_id, message_type, content)
+         SELECT $1, gen_random_uuid(), 'user_query', 'turn number ' || g FROM generate_series(1, 60) g",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    let api = Api::start(&db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await;
+    let http = plain_client();
+    let get = |path: String| {
+        let http = http.clone();
+        let url = api.url(&path);
+        async move {
+            let r = http.get(url).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK, "{path}");
+            r.text().await.unwrap()
+        }
+    };
+    let first = get(format!("/console/users/{user}")).await;
+    assert_eq!(first.matches("class=\"turn\"").count(), 50);
+    assert!(first.contains(">turn number 60<") && !first.contains(">turn number 10<"));
+    let href = first
+        .split("id=\"turns-older\" href=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .expect("a link to the older pending turns")
+        .replace("&amp;", "&");
+    let second = get(href).await;
+    assert_eq!(second.matches("class=\"turn\"").count(), 10);
+    assert!(second.contains(">turn number 10<") && !second.contains(">turn number 11<"));
+    assert!(!second.contains("id=\"turns-older\""), "the last page");
+    // A position that is not a number is refused, naming the field.
+    let r = http
+        .get(api.url(&format!("/console/users/{user}?turns_before=x")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("turns_before"));
+}

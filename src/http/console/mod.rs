@@ -19,7 +19,10 @@
 //!   action is a POST carrying a CSRF token derived from the session.
 
 pub mod auth;
+pub mod charts;
+pub mod memory;
 pub mod pages;
+pub mod prompts;
 
 use std::convert::Infallible;
 use std::sync::OnceLock;
@@ -55,6 +58,8 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("request_rows.html", include_str!("templates/request_rows.html")),
     ("request.html", include_str!("templates/request.html")),
     ("request_body.html", include_str!("templates/request_body.html")),
+    ("user.html", include_str!("templates/user.html")),
+    ("prompts.html", include_str!("templates/prompts.html")),
 ];
 
 /// The templates, parsed once.
@@ -110,6 +115,10 @@ pub fn router() -> Router<AppState> {
         .route("/console/requests/{id}", get(pages::request))
         .route("/console/requests/{id}/body", get(pages::request_body))
         .route("/console/requests/{id}/{action}", post(pages::act))
+        .route("/console/users/{id}", get(memory::user))
+        .route("/console/users/{id}/archive", post(memory::archive))
+        .route("/console/prompts", get(prompts::page))
+        .route("/console/prompts/{role}/{version}/activate", post(prompts::activate))
         .route("/console/logout", post(auth::logout))
         .route_layer(middleware::from_fn(auth::guard));
     Router::new()

@@ -31,7 +31,7 @@ const RECENT: usize = 15;
 
 type Client = deadpool_postgres::Object;
 
-async fn client(app: &AppState) -> Result<Client, Fail> {
+pub(super) async fn client(app: &AppState) -> Result<Client, Fail> {
     app.pool.get().await.map_err(|e| {
         fail(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -40,17 +40,17 @@ async fn client(app: &AppState) -> Result<Client, Fail> {
     })
 }
 
-fn db_fail(what: &str, e: impl std::fmt::Display) -> Fail {
+pub(super) fn db_fail(what: &str, e: impl std::fmt::Display) -> Fail {
     fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("console: {what}: {e}"))
 }
 
 /// A row (any `Serialize`) as a template value.
-fn v<T: serde::Serialize>(x: &T) -> minijinja::Value {
+pub(super) fn v<T: serde::Serialize>(x: &T) -> minijinja::Value {
     minijinja::Value::from(minijinja::value::Serde(x))
 }
 
 /// What every page's header needs of the session.
-fn session_ctx(app: &AppState, s: &Session) -> minijinja::Value {
+pub(super) fn session_ctx(app: &AppState, s: &Session) -> minijinja::Value {
     context! { csrf => s.csrf.clone(), read_only => s.read_only, auth => !app.tokens.is_empty() }
 }
 
@@ -69,10 +69,11 @@ async fn overview_data(app: &AppState) -> Result<minijinja::Value, Fail> {
     let recent = console::recent(&c, RECENT)
         .await
         .map_err(|e| db_fail("recent requests", e))?;
+    let charts = super::charts::data(app, &c).await?;
     Ok(context! {
         backlog => v(&backlog), finished => v(&finished), leases => v(&leases), callbacks => v(&cbs),
         daemons => v(&daemons), pause => v(&pause), recent => v(&recent),
-        now => Utc::now().format("%H:%M:%S").to_string(),
+        now => Utc::now().format("%H:%M:%S").to_string(), charts,
     })
 }
 
@@ -273,9 +274,9 @@ pub async fn request_body(
 #[derive(Deserialize)]
 pub struct ActionForm {
     #[serde(default)]
-    csrf: String,
+    pub(super) csrf: String,
     #[serde(default)]
-    reason: String,
+    pub(super) reason: String,
 }
 
 /// `POST /console/requests/{id}/{retry|cancel|continue}` with `csrf` and
