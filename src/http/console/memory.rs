@@ -183,7 +183,7 @@ fn position(field: &str, v: &str) -> Result<Option<i64>, Fail> {
 
 async fn user_data(app: &AppState, id: &str, uq: &UserQuery) -> Result<minijinja::Value, Fail> {
     let user = UserKey::new(parse_user(id)?);
-    let mut c = client(app).await?;
+    let c = client(app).await?;
     let page = Page {
         before: position("before", &uq.before)?,
         turns_before: position("turns_before", &uq.turns_before)?,
@@ -203,7 +203,7 @@ async fn user_data(app: &AppState, id: &str, uq: &UserQuery) -> Result<minijinja
     } else {
         // The plan the assemble stage makes for a query without analysis.
         let plan = crate::stage::memory::plan(None, q, None, Utc::now());
-        let found = users::search(&mut c, &app.cfg, user, &plan.query)
+        let found = users::search(&c, &app.cfg, user, &plan.query)
             .await
             .map_err(user_fail)?;
         Some(plan.arrange(found.hits))
