@@ -8,6 +8,7 @@
 -- $6  ttl_secs
 -- $7  callback_url
 -- $8  debug
+-- $9  metadata
 --
 -- Inserts a request under an idempotency key ($4, scoped to user $1, with
 -- fingerprint $5), in one statement: the key row and the request exist
@@ -24,6 +25,6 @@ WITH key AS (
         WHERE k.created_at < now() - make_interval(secs => $6)
     RETURNING request_id
 )
-INSERT INTO pipeline_runs (id, user_id, thread_id, user_query, callback_url, debug)
-SELECT request_id, $1, $2, $3, $7, $8 FROM key
+INSERT INTO pipeline_runs (id, user_id, thread_id, user_query, callback_url, debug, metadata)
+SELECT request_id, $1, $2, $3, $7, $8, $9 FROM key
 RETURNING id

@@ -8,7 +8,8 @@
 //! `idle_in_transaction_session_timeout`), set as startup options, so a lock
 //! held by another transaction fails a statement after `db.lock_timeout_ms`
 //! instead of holding it forever. Options given in the connection string
-//! come after ours and win.
+//! come after ours and win. With `db.pooler = "transaction"` the pools send
+//! no options (PgBouncer refuses them): the role's settings hold instead.
 
 use std::time::Duration;
 
@@ -62,7 +63,9 @@ pub fn connect_api_pool(cfg: &Config, application_name: &str) -> Result<Pool, su
 
 fn sized_pool(cfg: &Config, application_name: &str, size: usize) -> Result<Pool, super::Error> {
     let mut pg = pg_config(cfg.database_url.expose(), application_name)?;
-    with_limits(&mut pg, &cfg.db);
+    if !cfg.db.through_pooler() {
+        with_limits(&mut pg, &cfg.db);
+    }
     let recycling_method = super::failover::recycling(&pg);
     let mgr = Manager::from_config(
         pg,

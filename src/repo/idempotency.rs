@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
+use super::GenericClient;
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::requests::NewRequest;
@@ -28,6 +29,7 @@ super::statement_params! {
         ttl_secs: f64,
         callback_url: Option<&'a str>,
         debug: bool,
+        metadata: Option<&'a Value>,
     }
 }
 
@@ -49,6 +51,7 @@ pub async fn submit(
         ttl_secs: secs(ttl),
         callback_url: req.callback_url,
         debug: req.debug,
+        metadata: req.metadata,
     };
     super::query_opt_value(client, SUBMIT, &params.params(), "id").await
 }

@@ -6,7 +6,7 @@
 //! through an index that leads with `user_id` (invariant 7); the request's
 //! own turns are never returned; one round trip.
 
-use deadpool_postgres::GenericClient;
+use super::GenericClient;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -74,18 +74,16 @@ impl FromRow for MemoryItem {
     }
 }
 
-/// Run with a generic plan: a custom plan of this statement costs about a
-/// millisecond to plan and chose worse joins where measured (8 ms against
-/// 2.5 ms), and a pooled connection makes five of them before PostgreSQL
-/// settles on the generic one. `SET LOCAL` keeps the setting to this
-/// statement's transaction.
+/// Run with a generic plan: a custom plan of this statement chose worse
+/// joins where measured (8 ms against 2.5 ms). `SET LOCAL` keeps the
+/// setting to this statement's transaction (it holds for the unnamed
+/// statement too).
 const GENERIC_PLAN: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
 
 /// The thread's newest turns (newest first), then the long-term items in
 /// packing order (see `memory_search.sql`). One statement, in a transaction
 /// of its own that asks for the generic plan (the three are pipelined).
 pub async fn search(client: &mut impl GenericClient, s: &MemorySearch<'_>) -> Result<Vec<MemoryItem>, Error> {
-    let stmt = client.prepare_cached(SEARCH).await?;
     let long_term = !s.query.trim().is_empty();
     let params = SearchParams {
         user_id: s.user_id,
@@ -99,7 +97,7 @@ pub async fn search(client: &mut impl GenericClient, s: &MemorySearch<'_>) -> Re
     };
     let values = params.params();
     let tx = client.transaction().await?;
-    let (set, rows) = futures_util::join!(tx.batch_execute(GENERIC_PLAN), tx.query(&stmt, &values));
+    let (set, rows) = futures_util::join!(tx.batch_execute(GENERIC_PLAN), super::rows_of(&tx, SEARCH, &values));
     set?;
     let rows = rows?;
     tx.commit().await?;

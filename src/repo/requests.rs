@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde::Serialize;
 use serde_json::Value;
 use tokio_postgres::Row;
@@ -41,6 +41,7 @@ super::statements! {
     COUNT_EXPIRED_LEASES = "count_expired_leases",
     DUE_COUNTS = "due_counts",
     RING_DUE = "ring_due",
+    METADATA = "run_metadata",
 }
 
 // ---- submit ------------------------------------------------------------
@@ -55,6 +56,8 @@ pub struct NewRequest<'a> {
     pub callback_url: Option<&'a str>,
     /// Rest between stages until continued.
     pub debug: bool,
+    /// The client's own JSON object (`metadata`), stored as is.
+    pub metadata: Option<&'a Value>,
 }
 
 /// Inserts a request; returns its id. (With an idempotency key:
@@ -63,7 +66,14 @@ pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -
     super::query_one_value(
         client,
         SUBMIT,
-        &[&req.user_id, &req.thread_id, &req.query, &req.callback_url, &req.debug],
+        &[
+            &req.user_id,
+            &req.thread_id,
+            &req.query,
+            &req.callback_url,
+            &req.debug,
+            &req.metadata,
+        ],
         "id",
     )
     .await
@@ -98,6 +108,8 @@ super::row_struct! {
         pub callback_url: Option<String>,
         /// The memory its context holds: `[{kind, id, score, why}]`.
         pub context_sources: Option<Value>,
+        /// The client's own JSON object given at submit.
+        pub metadata: Option<Value>,
     }
 }
 
@@ -119,6 +131,11 @@ super::row_struct! {
 /// One request's context and its sources, `None` for an unknown id.
 pub async fn context_of(client: &impl GenericClient, id: Uuid) -> Result<Option<RequestContext>, Error> {
     super::query_opt_as(client, CONTEXT, &[&id]).await
+}
+
+/// A request's `metadata`: the outer `None` for an unknown id.
+pub async fn metadata_of(client: &impl GenericClient, id: Uuid) -> Result<Option<Option<Value>>, Error> {
+    super::query_opt_value(client, METADATA, &[&id], "metadata").await
 }
 
 /// Filters of `maasctl requests list`; `None` means any.
@@ -189,8 +206,7 @@ impl RequestStatus {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<RequestStatus>, Error> {
-        let stmt = client.prepare_cached(sql).await?;
-        let rows = client.query(&stmt, params).await?;
+        let rows = super::rows_of(client, sql, params).await?;
         rows.iter().filter_map(|r| Self::from_row(r).transpose()).collect()
     }
 }
@@ -324,6 +340,5 @@ super::row_struct! {
 /// Rings the doorbell for every status that has due rows; returns how many
 /// notifications were sent.
 pub async fn ring_due(client: &impl GenericClient) -> Result<usize, Error> {
-    let stmt = client.prepare_cached(RING_DUE).await?;
-    Ok(client.query(&stmt, &[]).await?.len())
+    Ok(super::rows_of(client, RING_DUE, &[]).await?.len())
 }
