@@ -113,6 +113,11 @@ mod tests {
         metadata(&fields).map_err(|e| format!("{} {}", e.code, e.message))
     }
 
+    /// The refusal of `v`, empty when it was accepted.
+    fn refusal(v: Value) -> String {
+        meta(v).err().unwrap_or_default()
+    }
+
     #[test]
     fn metadata_is_an_object_within_bounds() {
         assert_eq!(meta(Value::Null), Ok(None));
@@ -121,21 +126,21 @@ mod tests {
             Ok(Some(json!({"a": [1, {"b": "c"}]})))
         );
         for bad in [json!([1]), json!("x"), json!(3)] {
-            let e = meta(bad).unwrap_err();
+            let e = refusal(bad);
             assert!(e.starts_with("invalid_metadata metadata must be a JSON object"), "{e}");
         }
         let big = json!({ "k": "x".repeat(MAX_METADATA_BYTES) });
-        assert!(meta(big).unwrap_err().contains("bytes as JSON"));
+        assert!(refusal(big).contains("bytes as JSON"));
         let mut deep = json!({});
         for _ in 0..MAX_METADATA_DEPTH {
             deep = json!({ "d": deep });
         }
-        assert!(meta(deep).unwrap_err().contains("levels deep"));
+        assert!(refusal(deep).contains("levels deep"));
         let mut just = json!({});
         for _ in 1..MAX_METADATA_DEPTH {
             just = json!({ "d": just });
         }
         assert!(meta(just).is_ok());
-        assert!(meta(json!({ "a\u{0}": 1 })).unwrap_err().contains("NUL"));
+        assert!(refusal(json!({ "a\u{0}": 1 })).contains("NUL"));
     }
 }
