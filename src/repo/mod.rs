@@ -7,15 +7,17 @@
 //!   `statements!` so a file's constants and its list cannot disagree) and
 //!   callers see only functions and row types. [`all`] lists every
 //!   statement for the test that prepares them against the schema.
-//! - Every statement runs as the unnamed statement of the extended protocol
-//!   with its parameters' types given (`query_typed`): parse, bind and
-//!   execute in one round trip, nothing left on the server connection
-//!   afterwards. So each statement works through PgBouncer in transaction
-//!   mode (any version: no prepared statement outlives its round trip), on
-//!   a pooled connection or inside a transaction alike. A function makes the
-//!   round trips its doc says, usually one. The parameters' types are read
-//!   from the Rust values ([`param_type`]): the type each value's `ToSql`
-//!   accepts, `jsonb` for JSON, `text` for strings.
+//! - Straight to PostgreSQL, each statement is prepared once per connection
+//!   and cached (`prepare_cached`), so its plan is cached too. Behind a
+//!   transaction-mode pooler (`db.pooler = "transaction"`, see
+//!   [`crate::db::unnamed_statements`]) every statement runs instead as the
+//!   unnamed statement with its parameters' types given (`query_typed`):
+//!   parse, bind and execute in one round trip, nothing left on the server
+//!   connection afterwards, so it works through PgBouncer of any version,
+//!   on a pooled connection or inside a transaction alike. The parameters'
+//!   types are then read from the Rust values ([`param_type`]): the type
+//!   each value's `ToSql` accepts, `jsonb` for JSON, `text` for strings.
+//!   A function makes the round trips its doc says, usually one.
 //! - Rows are read by column name into small typed structs ([`FromRow`]),
 //!   never by position; a renamed or missing column is an error naming it.
 //!   A plain row struct and its reading are one `row_struct!` declaration,
@@ -143,9 +145,15 @@ fn typed<'a>(params: Params<'a>) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
     params.iter().map(|p| (*p, param_type(*p))).collect()
 }
 
-/// Runs `sql` as the unnamed statement (one round trip); every row.
+/// Runs `sql` (cached prepared statement, or behind a transaction-mode
+/// pooler the unnamed statement: see the module's guarantees); every row.
 async fn rows_of(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<Vec<Row>, Error> {
-    Ok(client.driver().query_typed(sql, &typed(params)).await?)
+    if crate::db::unnamed_statements() {
+        Ok(client.driver().query_typed(sql, &typed(params)).await?)
+    } else {
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.query(&stmt, params).await?)
+    }
 }
 
 /// [`rows_of`], for a statement that returns at most one row.
@@ -249,7 +257,12 @@ async fn query_found(client: &impl GenericClient, sql: &str, params: Params<'_>)
 
 /// Executes `sql`; returns the rows it changed.
 async fn execute(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<u64, Error> {
-    Ok(client.driver().execute_typed(sql, &typed(params)).await?)
+    if crate::db::unnamed_statements() {
+        Ok(client.driver().execute_typed(sql, &typed(params)).await?)
+    } else {
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.execute(&stmt, params).await?)
+    }
 }
 
 /// Declares a file's statements from one list of `CONST = "name"`: each

@@ -313,3 +313,62 @@ fn transaction_pooling_needs_a_direct_listen_url() {
     assert_ne!(code, 0);
     assert!(err.contains("listen_database_url"), "{err}");
 }
+
+/// The scheduled archivist's run lease (what replaced the session advisory
+/// lock): one owner at a time, renewable by its owner, free again when
+/// released or run out.
+#[tokio::test]
+async fn the_archive_run_lease_admits_one_owner_at_a_time() {
+    use maas::repo::archive::{lease_runs, release_runs};
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let cfg = maas::config::Config {
+        database_url: maas::config::Secret(db.url.clone()),
+        ..Default::default()
+    };
+    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let client = pool.get().await.unwrap();
+    let (long, short) = (Duration::from_secs(60), Duration::from_millis(200));
+    assert!(
+        lease_runs(&client, "archivist", "a", long).await.unwrap(),
+        "a free lease is taken"
+    );
+    assert!(
+        !lease_runs(&client, "archivist", "b", long).await.unwrap(),
+        "a held lease is not"
+    );
+    assert!(
+        lease_runs(&client, "archivist", "a", short).await.unwrap(),
+        "its owner renews it"
+    );
+    // Run out: another owner takes it, and the first one's release is a no-op.
+    wait_until(GENEROUS, "the short lease runs out", || async {
+        count(
+            &c,
+            "SELECT count(*) FROM archive_schedule WHERE run_expires_at <= now()",
+        )
+        .await
+            == 1
+    })
+    .await;
+    assert!(
+        lease_runs(&client, "archivist", "b", long).await.unwrap(),
+        "a lease run out is taken"
+    );
+    release_runs(&client, "archivist", "a").await.unwrap();
+    assert!(
+        !lease_runs(&client, "archivist", "a", long).await.unwrap(),
+        "a stale release frees nothing"
+    );
+    release_runs(&client, "archivist", "b").await.unwrap();
+    assert!(
+        lease_runs(&client, "archivist", "a", long).await.unwrap(),
+        "a released lease is free"
+    );
+    // The lease row claims no tick: the schedule's tick claim still moves it forward.
+    assert!(
+        maas::repo::archive::claim_tick(&client, "archivist", chrono::Utc::now())
+            .await
+            .unwrap()
+    );
+}
