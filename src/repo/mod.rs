@@ -396,6 +396,45 @@ pub fn statement(name: &str) -> Option<&'static str> {
 }
 
 #[cfg(test)]
+mod param_type_tests {
+    use chrono::{DateTime, Utc};
+    use serde_json::json;
+    use tokio_postgres::types::{ToSql, Type};
+    use uuid::Uuid;
+
+    use super::param_type;
+
+    #[test]
+    fn each_rust_value_is_sent_as_the_type_it_accepts() {
+        let none_i64: Option<i64> = None;
+        let none_text: Option<&str> = None;
+        let cases: Vec<(Box<dyn ToSql + Sync>, Type)> = vec![
+            (Box::new(Uuid::nil()), Type::UUID),
+            (Box::new("text"), Type::TEXT),
+            (Box::new(String::from("text")), Type::TEXT),
+            (Box::new(none_text), Type::TEXT),
+            (Box::new(7_i64), Type::INT8),
+            (Box::new(none_i64), Type::INT8),
+            (Box::new(7_i32), Type::INT4),
+            (Box::new(7_i16), Type::INT2),
+            (Box::new(1.5_f64), Type::FLOAT8),
+            (Box::new(true), Type::BOOL),
+            (Box::new(DateTime::<Utc>::UNIX_EPOCH), Type::TIMESTAMPTZ),
+            (Box::new(json!({"a": 1})), Type::JSONB),
+            (Box::new(vec![Uuid::nil()]), Type::UUID_ARRAY),
+            (Box::new(vec![String::from("a")]), Type::TEXT_ARRAY),
+            (Box::new(vec![1_i64]), Type::INT8_ARRAY),
+            (Box::new(vec![1_i32]), Type::INT4_ARRAY),
+            (Box::new(vec![true]), Type::BOOL_ARRAY),
+            (Box::new(vec![json!(1)]), Type::JSONB_ARRAY),
+        ];
+        for (value, expected) in &cases {
+            assert_eq!(param_type(value.as_ref()), *expected, "{value:?}");
+        }
+    }
+}
+
+#[cfg(test)]
 pub(crate) mod params_check {
     //! Checks a `statement_params!` struct against its SQL.
 
