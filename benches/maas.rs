@@ -8,9 +8,13 @@
 //!
 //! `--tls`: the cluster serves TLS (a CA and server certificate made here)
 //! and every connection of the daemons and of the bench uses
-//! `sslmode=verify-full`; the throughput run is repeated without TLS in the
-//! same run and `tls_throughput_ratio` is with ÷ without. pgbench, the
-//! reference limit, stays plain.
+//! `sslmode=verify-full`; the throughput and latency runs are repeated
+//! without TLS in the same run (lines ending `_no_tls`) and
+//! `tls_throughput_ratio` is with ÷ without. pgbench runs plain (the
+//! reference lines) and once more with TLS (`pgbench_tps_c16_tls`), so the
+//! must lines are reported both ways: `stage_exec_per_pgbench_tps_tls`
+//! (maasd and pgbench both on TLS), `stage_exec_per_pgbench_tps_no_tls`
+//! (both plain), `pickup_p50_ms_tls` / `pickup_p50_ms_no_tls` (and p99).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -62,7 +66,8 @@ impl Bench {
         let url = fresh_database(&self.cluster, &format!("bench_{name}")).await;
         match &self.tls {
             Some(params) => format!("{url}?{params}"),
-            None => url,
+            // Plain even where the cluster serves TLS (`prefer` would take it).
+            None => format!("{url}?sslmode=disable"),
         }
     }
 }
@@ -165,6 +170,8 @@ async fn pgbench(b: &mut Bench) {
     let secs = if b.quick { "5" } else { "15" };
     let run = |clients: &str| -> f64 {
         let out = Command::new(b.cluster.binary("pgbench"))
+            // Plain even where the cluster serves TLS (libpq prefers it).
+            .env("PGSSLMODE", "disable")
             .args([
                 "-n",
                 "-h",
@@ -177,7 +184,8 @@ async fn pgbench(b: &mut Bench) {
             .args(["-c", clients, "-j", if clients == "1" { "1" } else { "2" }, "-T", secs])
             .arg("-f")
             .arg(&script)
-            .arg(url.rsplit('/').next().unwrap())
+            // The database's name, without the URL's parameters (--tls).
+            .arg(url.split('?').next().unwrap().rsplit('/').next().unwrap())
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
@@ -189,6 +197,11 @@ async fn pgbench(b: &mut Bench) {
     };
     let c1 = run("1");
     let c16 = run("16");
+    // With --tls, the same 16 clients on TLS (before the trigger below).
+    let c16_tls = b
+        .tls
+        .as_deref()
+        .map(|params| pgbench_tls(b, &url, &script, secs, params));
     c.batch_execute(
         "CREATE FUNCTION bench_notify() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN PERFORM pg_notify('bench_events', json_build_object('id', NEW.id, 'v', NEW.v)::text); RETURN NULL; END $$;
@@ -200,11 +213,80 @@ async fn pgbench(b: &mut Bench) {
     let _ = std::fs::remove_file(&script);
     b.record("pgbench_tps_c1", round(c1, 0), "single-row UPDATE by key, 1 client");
     b.record("pgbench_tps_c16", round(c16, 0), "single-row UPDATE by key, 16 clients");
+    if let Some(tls) = c16_tls {
+        b.record(
+            "pgbench_tps_c16_tls",
+            round(tls, 0),
+            "single-row UPDATE by key, 16 clients, TLS (verify-full)",
+        );
+    }
     b.record(
         "pgbench_notify_tps_c16",
         round(n16, 0),
         "the same with a pg_notify trigger, 16 clients",
     );
+}
+
+/// pgbench's 16-client run of `script` with TLS: `params` (the bench's URL
+/// parameters, `sslmode=…&sslrootcert=…`) as libpq's environment.
+fn pgbench_tls(b: &Bench, url: &str, script: &std::path::Path, secs: &str, params: &str) -> f64 {
+    let mut cmd = Command::new(b.cluster.binary("pgbench"));
+    for (k, v) in params.split('&').filter_map(|kv| kv.split_once('=')) {
+        match k {
+            "sslmode" => cmd.env("PGSSLMODE", v),
+            "sslrootcert" => cmd.env("PGSSLROOTCERT", v),
+            _ => &mut cmd,
+        };
+    }
+    let out = cmd
+        .args([
+            "-n",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &b.cluster.port.to_string(),
+            "-U",
+            "postgres",
+        ])
+        .args(["-c", "16", "-j", "2", "-T", secs])
+        .arg("-f")
+        .arg(script)
+        .arg(url.split('?').next().unwrap().rsplit('/').next().unwrap())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("pgbench with TLS said: {text}{}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// With `--tls`: the must lines both ways, from the runs with and without
+/// TLS of this run.
+fn tls_must_lines(b: &mut Bench, num: &dyn Fn(&str) -> Option<f64>) {
+    if let (Some(ours), Some(limit)) = (num("stage_exec_per_s"), num("pgbench_tps_c16_tls")) {
+        b.record(
+            "stage_exec_per_pgbench_tps_tls",
+            round(ours / limit, 2),
+            "stage executions/s ÷ pgbench TPS, maasd and pgbench both on TLS (verify-full)",
+        );
+    }
+    if let (Some(ours), Some(limit)) = (num("stage_exec_per_s_no_tls_mean"), num("pgbench_tps_c16")) {
+        b.record(
+            "stage_exec_per_pgbench_tps_no_tls",
+            round(ours / limit, 2),
+            "the same, both without TLS (maasd: mean of the runs before and after)",
+        );
+    }
+    for (line, from) in [
+        ("pickup_p50_ms_tls", "pickup_p50_ms"),
+        ("pickup_p99_ms_tls", "pickup_p99_ms"),
+    ] {
+        if let Some(v) = num(from) {
+            b.record(line, v, "insert commit → claim committed, every connection on TLS");
+        }
+    }
 }
 
 /// Rows a daemon may hold per stage in the throughput runs. With an
@@ -869,6 +951,16 @@ fn main() {
             throughput(&mut b, true, Some(THROUGHPUT_CONCURRENCY)).await;
         }
         if want("latency") {
+            // With --tls: without TLS first (lines ending `_no_tls`), then with.
+            if b.tls.is_some() {
+                let first = b.results.len();
+                let tls = b.tls.take();
+                latency(&mut b).await;
+                b.tls = tls;
+                for r in &mut b.results[first..] {
+                    r.0.push_str("_no_tls");
+                }
+            }
             latency(&mut b).await;
         }
         if want("llm") {
@@ -902,6 +994,9 @@ fn main() {
                 round(ours / limit, 2),
                 "stage executions per second ÷ plain pgbench TPS",
             );
+        }
+        if b.tls.is_some() {
+            tls_must_lines(&mut b, &num);
         }
         let mut table = String::new();
         let _ = writeln!(table, "{:<28} {:>12}  note", "metric", "value");

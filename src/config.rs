@@ -60,7 +60,7 @@ fn retry_delay(base_ms: u64, max_secs: u64, attempt: u32) -> Duration {
 }
 mod memory;
 pub use archivist::{ArchivistConfig, cron_schedule};
-pub use db::DbConfig;
+pub use db::{DbConfig, Pooler};
 pub use http::{HttpAddr, HttpConfig, exposed_without_tokens, is_loopback};
 pub use memory::MemoryConfig;
 
@@ -457,6 +457,13 @@ impl Config {
             return invalid(
                 "database_url",
                 "not set: export DATABASE_URL (or put database_url in the config file)",
+            );
+        }
+        if self.db.through_pooler() && self.listen_database_url.0.trim().is_empty() {
+            return invalid(
+                "listen_database_url",
+                "db.pooler = \"transaction\" needs listen_database_url straight to PostgreSQL \
+                 (the LISTEN session cannot go through a transaction-mode pooler)",
             );
         }
         for (key, url) in [

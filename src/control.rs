@@ -15,7 +15,7 @@
 //! - [`pause`] / [`resume`]: every daemon stops (resumes) claiming at its
 //!   next claim; running stages finish. Resuming rings the doorbell.
 
-use deadpool_postgres::GenericClient;
+use crate::repo::GenericClient;
 use serde::Serialize;
 use uuid::Uuid;
 

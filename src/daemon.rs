@@ -42,7 +42,9 @@ pub enum DaemonError {
 /// Applies pending migrations (and missing triggers) under the advisory lock.
 pub async fn migrate_at_start(cfg: &Config) -> Result<migrate::Report, db::Error> {
     let mut pg = db::pg_config(cfg.database_url.expose(), "maasd-migrate")?;
-    db::with_limits(&mut pg, &cfg.db.for_migrations());
+    if !cfg.db.through_pooler() {
+        db::with_limits(&mut pg, &cfg.db.for_migrations());
+    }
     let (mut client, conn) = pg.connect(db::tls::connector(cfg.database_url.expose())?).await?;
     let driver = tokio::spawn(conn);
     // A current schema needs no DDL, so a runtime role without CREATE

@@ -50,6 +50,23 @@ ensure_promtool() {
     command -v promtool >/dev/null 2>&1
 }
 
+# Installs PgBouncer (the distribution's `pgbouncer` package) when missing,
+# for the pooler test (tests/it/pooler.rs). Returns 1, with a message,
+# where it cannot be installed: that test skips then.
+have_pgbouncer() {
+    command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]]
+}
+
+ensure_pgbouncer() {
+    have_pgbouncer && return 0
+    command -v apt-get >/dev/null 2>&1 || { say "pgbouncer missing and no apt-get to install it"; return 1; }
+    say "pgbouncer is not installed; installing the distribution's pgbouncer package with apt-get"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq || return 1
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer >/dev/null ||
+        return 1
+    have_pgbouncer
+}
+
 ensure_cargo() {
     if ! command -v cargo >/dev/null 2>&1; then
         # shellcheck disable=SC1091

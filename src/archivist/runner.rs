@@ -52,6 +52,11 @@ pub struct Archivist {
 }
 
 impl Archivist {
+    /// The name this daemon's runs are recorded under (`archive_runs.worker`).
+    pub(super) fn worker(&self) -> &str {
+        &self.worker
+    }
+
     pub fn new(pool: Pool, llm: Arc<Llm>, cfg: Arc<Config>, worker: String) -> Archivist {
         let counter = TokenCounter::for_model(llm.model(Role::Archivist));
         Archivist {

@@ -4,11 +4,14 @@
 //! Guarantees: a tick runs at most once cluster-wide (a forward-only row per
 //! tick in `archive_schedule`, claimed by one daemon) and never overlaps a
 //! run still going, in this process (a local lock) or in another daemon (a
-//! session-level advisory lock); a tick every daemon missed is run once at
-//! start; shutdown waits for a run in progress, which stops between
-//! batches.
+//! lease row, `archive_schedule.run_owner`, renewed while the run goes: no
+//! session state, so it holds through a transaction-mode pooler); a run
+//! whose lease cannot be renewed stops between batches; a tick every daemon
+//! missed is run once at start; shutdown waits for a run in progress, which
+//! stops between batches.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
@@ -20,13 +23,18 @@ use crate::repo;
 /// The row of `archive_schedule` the daemons share.
 pub const SCHEDULE_NAME: &str = "archivist";
 
+/// How long a scheduled run's lease lasts unrenewed.
+pub const RUN_LEASE: Duration = Duration::from_secs(30);
+
 /// Runs the archivist on `cfg.archivist.schedule` (UTC) until `shutdown`,
 /// then waits for a run in progress to stop (it stops between batches and
 /// abandons an open batch, whose lease runs out).
 ///
 /// - Overlap: a tick that fires while this process's previous run is still
-///   going is skipped; across daemons, a run holds a session-level advisory
-///   lock, so a tick that finds another daemon's run going is skipped too.
+///   going is skipped; across daemons, a run holds the schedule's run lease
+///   (renewed every third of [`RUN_LEASE`]), so a tick that finds another
+///   daemon's run going is skipped too. A daemon that dies mid-run leaves a
+///   lease that runs out after [`RUN_LEASE`].
 /// - Once per tick cluster-wide: the tick is claimed by moving
 ///   `archive_schedule.last_tick` forward, which succeeds for one daemon.
 /// - Catch-up: at start, a tick that every daemon missed (all were down) is
@@ -86,15 +94,17 @@ pub async fn run_scheduled(archivist: Arc<Archivist>, shutdown: CancellationToke
 }
 
 impl Archivist {
-    /// One scheduled tick: the cluster-wide run lock, the tick claim, the run.
+    /// One scheduled tick: the cluster-wide run lease, the tick claim, the run.
     async fn tick(&self, tick: DateTime<Utc>, shutdown: &CancellationToken) {
+        let owner = format!("{} {}", self.worker(), uuid::Uuid::new_v4().simple());
         let result = async {
-            let lock = self.pool.get().await?;
-            if !repo::archive::try_lock_runs(&lock).await? {
+            let client = self.pool.get().await?;
+            if !repo::archive::lease_runs(&client, SCHEDULE_NAME, &owner, RUN_LEASE).await? {
                 tracing::info!(%tick, "archivist tick skipped: another daemon's run is still going");
                 return Ok(());
             }
-            let claimed = repo::archive::claim_tick(&lock, SCHEDULE_NAME, tick).await;
+            let claimed = repo::archive::claim_tick(&client, SCHEDULE_NAME, tick).await;
+            drop(client);
             let run = match claimed {
                 Ok(true) => {
                     let opts = RunOptions {
@@ -103,7 +113,15 @@ impl Archivist {
                         dry_run: false,
                         tick: Some(tick),
                     };
-                    self.run(opts, &Quiet, shutdown).await.map(drop)
+                    // The run stops between batches when the lease is lost.
+                    let stop = shutdown.child_token();
+                    let renew = self.renew_lease(&owner, &stop);
+                    let run = self.run(opts, &Quiet, &stop);
+                    tokio::pin!(run);
+                    tokio::select! {
+                        r = &mut run => r.map(drop),
+                        () = renew => run.await.map(drop),
+                    }
                 }
                 Ok(false) => {
                     tracing::debug!(%tick, "archivist tick already run by another daemon");
@@ -111,12 +129,40 @@ impl Archivist {
                 }
                 Err(e) => Err(e.into()),
             };
-            repo::archive::unlock_runs(&lock).await?;
+            let client = self.pool.get().await?;
+            repo::archive::release_runs(&client, SCHEDULE_NAME, &owner).await?;
             run
         }
         .await;
         if let Err(e) = result {
             tracing::warn!(%tick, error = %e, "scheduled archive run failed");
         }
+    }
+
+    /// Renews `owner`'s run lease every third of [`RUN_LEASE`]; returns (after
+    /// cancelling `stop`) when the lease is lost or cannot be renewed before
+    /// it runs out. Never returns otherwise.
+    async fn renew_lease(&self, owner: &str, stop: &CancellationToken) {
+        let mut renewed = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(RUN_LEASE / 3).await;
+            let held = match self.pool.get().await {
+                Ok(client) => repo::archive::lease_runs(&client, SCHEDULE_NAME, owner, RUN_LEASE).await,
+                Err(e) => Err(e.into()),
+            };
+            match held {
+                Ok(true) => renewed = tokio::time::Instant::now(),
+                Ok(false) => {
+                    tracing::warn!("archive run stopping: its lease was taken over by another daemon");
+                    break;
+                }
+                Err(e) if renewed.elapsed() + RUN_LEASE / 3 >= RUN_LEASE => {
+                    tracing::warn!(error = %e, "archive run stopping: its lease could not be renewed");
+                    break;
+                }
+                Err(e) => tracing::warn!(error = %e, "archive run lease not renewed; trying again"),
+            }
+        }
+        stop.cancel();
     }
 }

@@ -231,6 +231,9 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
     if let Some(url) = &run.callback_url {
         println!("callback  {url}");
     }
+    if let Some(m) = &run.metadata {
+        println!("metadata  {m}");
+    }
     println!("query     {}", one_line(&run.user_query, 200));
     if let Some(a) = &run.analysis_result {
         println!("analysis  {}", one_line(&a.to_string(), 200));

@@ -4,6 +4,9 @@
 //! Guarantees: plain data with its defaults; [`DbConfig::session_options`]
 //! is the libpq `options` string that sets the three timeouts at connect,
 //! so they hold from a session's first statement, also after a reconnect.
+//! With [`Pooler::Transaction`] it is not sent on `database_url` (PgBouncer
+//! refuses the `options` startup parameter): the timeouts are then the
+//! role's (`ALTER ROLE … SET statement_timeout = …`, README "Poolers").
 //! Imports nothing of the crate.
 
 use std::time::Duration;
@@ -29,6 +32,20 @@ pub struct DbConfig {
     /// re-reads). The engine's claims, heartbeats and result writes use
     /// `pool_size` and never wait for HTTP traffic. Default 8.
     pub api_pool_size: usize,
+    /// What `database_url` goes through: `none` (straight to PostgreSQL,
+    /// or a session-mode pooler) or `transaction` (PgBouncer in transaction
+    /// mode: no session options at connect; `listen_database_url` must then
+    /// go straight to PostgreSQL). Default `none`. `MAAS_DB__POOLER`.
+    pub pooler: Pooler,
+}
+
+/// The pooler `database_url` goes through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooler {
+    #[default]
+    None,
+    Transaction,
 }
 
 impl Default for DbConfig {
@@ -38,6 +55,7 @@ impl Default for DbConfig {
             lock_timeout_ms: 5_000,
             idle_in_transaction_timeout_ms: 60_000,
             api_pool_size: 8,
+            pooler: Pooler::None,
         }
     }
 }
@@ -60,6 +78,11 @@ impl DbConfig {
             lock_timeout_ms: 0,
             ..self.clone()
         }
+    }
+
+    /// True when `database_url`'s sessions may not carry startup options.
+    pub fn through_pooler(&self) -> bool {
+        self.pooler == Pooler::Transaction
     }
 
     pub fn lock_timeout(&self) -> Duration {

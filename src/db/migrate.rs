@@ -9,6 +9,9 @@
 //! - Safe when several daemons start at once: the transaction first takes a
 //!   transaction-scoped advisory lock, so the others wait and then find
 //!   nothing left to do.
+//! - Outside that transaction, every read is an unnamed statement
+//!   (`query_typed`), so the state check works through a transaction-mode
+//!   pooler.
 //! - Trigger files are re-applied when their text changed or a trigger they
 //!   create is missing (`maasctl migrate` re-applies them always).
 
@@ -71,6 +74,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     11 => "0011_memory_search_pending_list.sql",
     12 => "0012_tenants.sql",
     13 => "0013_console_lists.sql",
+    14 => "0014_metadata_and_run_lease.sql",
     15 => "0015_console_actions.sql",
 ];
 
@@ -108,7 +112,7 @@ impl SchemaState {
 /// against this binary's ([`verify_applied`]).
 async fn read_applied(client: &impl tokio_postgres::GenericClient) -> Result<Vec<(i32, String, String)>, Error> {
     let applied: Vec<(i32, String, String)> = client
-        .query(
+        .query_typed(
             "SELECT version, name, checksum FROM maas_migrations ORDER BY version",
             &[],
         )
@@ -133,6 +137,10 @@ pub fn latest_version() -> i32 {
 /// file even when unchanged.
 pub async fn migrate(client: &mut Client, force_triggers: bool) -> Result<Report, Error> {
     let tx = client.transaction().await?;
+    // No statement or lock limit for a migration, also where the session's
+    // own settings say otherwise (a pooled session cannot be given options).
+    tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
+        .await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS maas_migrations (
@@ -164,7 +172,7 @@ pub async fn migrate(client: &mut Client, force_triggers: bool) -> Result<Report
     }
 
     let recorded: Vec<(String, String)> = tx
-        .query("SELECT name, checksum FROM maas_triggers", &[])
+        .query_typed("SELECT name, checksum FROM maas_triggers", &[])
         .await?
         .iter()
         .map(|r| Ok((r.try_get("name")?, r.try_get("checksum")?)))
@@ -195,7 +203,7 @@ pub async fn migrate(client: &mut Client, force_triggers: bool) -> Result<Report
 /// Reads the schema state without changing anything.
 pub async fn state(client: &Client) -> Result<SchemaState, Error> {
     let exists: bool = client
-        .query_one("SELECT to_regclass('maas_migrations') IS NOT NULL AS installed", &[])
+        .query_typed_one("SELECT to_regclass('maas_migrations') IS NOT NULL AS installed", &[])
         .await?
         .try_get("installed")?;
     let current_version = if exists {
@@ -219,7 +227,7 @@ pub async fn state(client: &Client) -> Result<SchemaState, Error> {
 
 async fn present_triggers(client: &impl tokio_postgres::GenericClient) -> Result<Vec<String>, Error> {
     client
-        .query(
+        .query_typed(
             "SELECT t.tgname::text AS name FROM pg_trigger t
              WHERE t.tgrelid IN (to_regclass('pipeline_runs'), to_regclass('raw_logs')) AND NOT t.tgisinternal",
             &[],

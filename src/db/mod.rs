@@ -7,7 +7,7 @@ pub mod migrate;
 pub mod pool;
 pub mod tls;
 
-pub use pool::{Pool, connect_api_pool, connect_pool, pg_config, with_limits};
+pub use pool::{Pool, connect_api_pool, connect_pool, pg_config, unnamed_statements, with_limits};
 
 /// A database failure, classified for the caller.
 ///

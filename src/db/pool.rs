@@ -8,8 +8,10 @@
 //! `idle_in_transaction_session_timeout`), set as startup options, so a lock
 //! held by another transaction fails a statement after `db.lock_timeout_ms`
 //! instead of holding it forever. Options given in the connection string
-//! come after ours and win.
+//! come after ours and win. With `db.pooler = "transaction"` the pools send
+//! no options (PgBouncer refuses them): the role's settings hold instead.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Runtime};
@@ -49,6 +51,18 @@ pub fn with_limits(pg: &mut tokio_postgres::Config, limits: &DbConfig) {
     pg.options(&options);
 }
 
+/// Set for the whole process once a pool for a transaction-mode pooler is
+/// built (`db.pooler = "transaction"`; one configuration per process).
+static UNNAMED_STATEMENTS: AtomicBool = AtomicBool::new(false);
+
+/// True when statements must leave nothing on a server connection: no
+/// prepared statement kept across round trips (`repo` then sends each as
+/// the unnamed statement). A prepared statement cached per connection,
+/// whose plan PostgreSQL caches too, is what every other setup uses.
+pub fn unnamed_statements() -> bool {
+    UNNAMED_STATEMENTS.load(Ordering::Relaxed)
+}
+
 /// Builds the engine's pool (`pool_size`). Connections are made lazily; a
 /// dead one is replaced.
 pub fn connect_pool(cfg: &Config, application_name: &str) -> Result<Pool, super::Error> {
@@ -62,7 +76,11 @@ pub fn connect_api_pool(cfg: &Config, application_name: &str) -> Result<Pool, su
 
 fn sized_pool(cfg: &Config, application_name: &str, size: usize) -> Result<Pool, super::Error> {
     let mut pg = pg_config(cfg.database_url.expose(), application_name)?;
-    with_limits(&mut pg, &cfg.db);
+    if cfg.db.through_pooler() {
+        UNNAMED_STATEMENTS.store(true, Ordering::Relaxed);
+    } else {
+        with_limits(&mut pg, &cfg.db);
+    }
     let recycling_method = super::failover::recycling(&pg);
     let mgr = Manager::from_config(
         pg,

@@ -93,6 +93,7 @@ pub async fn submit(
         callback_url: sub.callback_url.as_deref(),
         debug: sub.debug,
         tenant_id: who.tenant,
+        metadata: sub.metadata.as_ref(),
     };
     let mut client = app.pool.get().await?;
     let (id, replayed) = if who.limited {
@@ -216,6 +217,11 @@ fn fingerprint(req: &NewRequest<'_>) -> String {
     h.update([0u8]);
     h.update(req.callback_url.unwrap_or_default().as_bytes());
     h.update([0u8, u8::from(req.debug)]);
+    // Only when given, so a key's fingerprint from before `metadata` holds.
+    if let Some(m) = req.metadata {
+        h.update([0u8]);
+        h.update(m.to_string().as_bytes());
+    }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -243,9 +249,10 @@ pub fn parse_wait(raw: &str) -> Option<Duration> {
     Duration::try_from_secs_f64(secs).ok()
 }
 
-/// `GET /api/query/{id}/status[?wait=30s][&include=context]`: the state;
-/// with `include=context` also `context` and `context_sources` (the memory
-/// it holds), read after the state.
+/// `GET /api/query/{id}/status[?wait=30s][&include=context]`: the state,
+/// and `metadata` when the request carries one; with `include=context` also
+/// `context` and `context_sources` (the memory it holds), read after the
+/// state.
 pub async fn status(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
@@ -269,8 +276,13 @@ pub async fn status(
     let state = state_after_wait(&app, caller, who.tenant, id, &params).await?;
     let mut body = serde_json::to_value(&state)
         .map_err(|e| ApiError::from(crate::db::Error::Unexpected(format!("status of {id}: {e}"))))?;
+    let client = app.pool.get().await?;
+    if let Some(obj) = body.as_object_mut()
+        && let Some(Some(metadata)) = crate::repo::requests::metadata_of(&client, id).await?
+    {
+        obj.insert("metadata".into(), metadata);
+    }
     if with_context && let Some(obj) = body.as_object_mut() {
-        let client = app.pool.get().await?;
         let run = crate::repo::requests::context_of(&client, id, who.tenant).await?;
         let (context, sources) = run.map_or((None, None), |r| (r.context, r.context_sources));
         obj.insert(
@@ -584,6 +596,7 @@ mod tests {
             callback_url: None,
             debug: false,
             tenant_id: Uuid::nil(),
+            metadata: None,
         };
         let b = NewRequest {
             thread_id: Some(t),
@@ -609,6 +622,14 @@ mod tests {
             fingerprint(&a),
             fingerprint(&NewRequest {
                 callback_url: Some("https://x.example/h"),
+                ..a.clone()
+            })
+        );
+        let m = serde_json::json!({"order": 7});
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&NewRequest {
+                metadata: Some(&m),
                 ..a.clone()
             })
         );

@@ -8,6 +8,8 @@
 //!   non-blank text of at most [`MAX_QUERY_CHARS`] characters without a NUL
 //!   (PostgreSQL `text` cannot hold U+0000); anything else is a 4xx naming
 //!   the field. It never panics, whatever the bytes (property-tested).
+//!   `metadata`, when given, is a JSON object within the bounds of
+//!   `submit_fields` (a 400 naming it otherwise).
 //!   Unknown fields are ignored, as they always were: clients may send
 //!   more than this version reads.
 //! - [`parse_id`] and [`crate::http::api::parse_wait`] read a path or query
@@ -45,6 +47,8 @@ pub struct Submission {
     pub callback_url: Option<String>,
     /// Rest between stages until continued.
     pub debug: bool,
+    /// The client's own JSON object, stored with the request.
+    pub metadata: Option<Value>,
 }
 
 /// Reads a submit body (see the module's guarantees).
@@ -79,12 +83,14 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
         check_text("callback_url", url)?;
     }
     let debug = super::submit_fields::debug(&fields)?;
+    let metadata = super::submit_fields::metadata(&fields)?;
     Ok(Submission {
         user_id,
         thread_id,
         query,
         callback_url,
         debug,
+        metadata,
     })
 }
 

@@ -401,6 +401,10 @@ fn base_document() -> Value {
                         "debug": {
                             "type": ["boolean", "null"],
                             "description": "Rest in ANALYZED and READY until POST /api/query/{id}/continue"
+                        },
+                        "metadata": {
+                            "type": ["object", "null"],
+                            "description": "The client's own JSON object, stored with the request and shown by GET /api/query/{id}/status; at most 4096 bytes as compact JSON and 8 levels deep, no NUL character (400 invalid_metadata otherwise)"
                         }
                     }
                 },
@@ -422,6 +426,7 @@ fn base_document() -> Value {
                         "stage": { "enum": ["NEW", "ANALYZING", "ANALYZED", "ASSEMBLING", "READY", "RESPONDING", "COMPLETED", "FAILED", "CANCELLED"] },
                         "answer": { "type": "string" },
                         "error": { "type": "string" },
+                        "metadata": { "type": "object", "description": "GET /api/query/{id}/status only: the metadata given at submit, when it was" },
                         "context": { "type": ["string", "null"], "description": "With include=context: the assembled context (null before the assemble stage)" },
                         "context_sources": {
                             "type": ["array", "null"],

@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -32,8 +32,8 @@ super::statements! {
     RUN_FINISH = "archive_run_finish",
     TICK = "archive_tick",
     SCHEDULE_INIT = "archive_schedule_init",
-    TRY_LOCK_RUNS = "archive_try_lock_runs": "SELECT pg_try_advisory_lock($1) AS locked",
-    UNLOCK_RUNS = "archive_unlock_runs": "SELECT pg_advisory_unlock($1) AS unlocked",
+    RUN_LEASE = "archive_run_lease",
+    RUN_RELEASE = "archive_run_release",
 }
 
 /// The thresholds of candidate selection (seed 004).
@@ -167,15 +167,16 @@ pub async fn commit_batch(
     to: i64,
     records: &[NewRecord],
 ) -> Result<Committed, Error> {
-    let stmt = client.prepare_cached(COMMIT).await?;
     let json = serde_json::to_value(records).unwrap_or(Value::Array(Vec::new()));
-    Ok(match client.query_opt(&stmt, &[&user, &from, &to, &json]).await? {
-        Some(r) => Committed::Applied {
-            memory_version: r.try_get("memory_version")?,
-            records: r.try_get("records")?,
+    Ok(
+        match super::row_of(client, COMMIT, &[&user, &from, &to, &json]).await? {
+            Some(r) => Committed::Applied {
+                memory_version: r.try_get("memory_version")?,
+                records: r.try_get("records")?,
+            },
+            None => Committed::Fenced,
         },
-        None => Committed::Fenced,
-    })
+    )
 }
 
 /// Records a failed attempt and gives up the lease; the user is not selected
@@ -287,21 +288,26 @@ pub async fn init_schedule(client: &impl GenericClient, schedule: &str, tick: Da
     super::query_found(client, SCHEDULE_INIT, &[&schedule, &tick]).await
 }
 
-/// Takes the cluster-wide archive-run lock for this session (released by
-/// [`unlock_runs`] or when the session ends, e.g. the daemon dies); false
-/// when another session holds it. Needs a direct or session-pooled
-/// connection, not PgBouncer in transaction mode.
-pub async fn try_lock_runs(client: &impl GenericClient) -> Result<bool, Error> {
-    super::query_one_value(client, TRY_LOCK_RUNS, &[&RUN_LOCK_KEY], "locked").await
+/// Takes or renews the cluster-wide run lease of `schedule` for `owner`,
+/// for `ttl`: true when `owner` holds it now, false while another owner's
+/// lease runs. One statement in its own transaction, so it works through a
+/// transaction-mode pooler; a daemon that dies leaves a lease that runs out
+/// after `ttl`.
+pub async fn lease_runs(
+    client: &impl GenericClient,
+    schedule: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<bool, Error> {
+    super::query_found(client, RUN_LEASE, &[&schedule, &owner, &secs(ttl)]).await
 }
 
-pub async fn unlock_runs(client: &impl GenericClient) -> Result<(), Error> {
-    super::execute(client, UNLOCK_RUNS, &[&RUN_LOCK_KEY]).await?;
+/// Gives up `owner`'s run lease of `schedule` (nothing if it ran out and
+/// another owner took it).
+pub async fn release_runs(client: &impl GenericClient, schedule: &str, owner: &str) -> Result<(), Error> {
+    super::execute(client, RUN_RELEASE, &[&schedule, &owner]).await?;
     Ok(())
 }
-
-/// Advisory lock key of scheduled archive runs ("arch" in ASCII).
-const RUN_LOCK_KEY: i64 = 0x6172_6368;
 
 #[cfg(test)]
 mod tests {

@@ -5,14 +5,14 @@
 
 use std::time::Duration;
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::{FromRow, rows_as, secs};
+use super::{FromRow, secs};
 use crate::db::Error;
 use crate::model::{MemoryRecord, Outcome, StageKind, Status};
 
@@ -338,10 +338,8 @@ pub async fn finish_batch(
     chain: impl Fn(&Finished) -> Option<StageKind>,
     lease: Duration,
 ) -> Result<Vec<Applied>, Error> {
-    let stmt = client.prepare_cached(FINISH).await?;
     let params = FinishParams::new(worker, batch, chain, lease);
-    let rows = client.query(&stmt, &params.params()).await?;
-    rows_as(&rows)
+    super::query_as(client, FINISH, &params.params()).await
 }
 
 /// Renews the given leases; returns the ids still held.

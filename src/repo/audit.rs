@@ -3,8 +3,8 @@
 //! them ([`super::requests`], [`super::control`]); this file records the
 //! others and reads the trail.
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;

@@ -2,8 +2,8 @@
 //! recent requests, the filtered list); everything else the console shows
 //! comes from the files that own those tables. Read-only.
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde::Serialize;
 use uuid::Uuid;
 

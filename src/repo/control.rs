@@ -1,8 +1,8 @@
 //! The cluster-wide pause flag (`maas_control`, one row). Setting it also
 //! records the operator action, in the same statement.
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde::Serialize;
 
 use crate::db::Error;

@@ -4,7 +4,7 @@
 //! big table (the other gauges reuse [`super::stats`] and
 //! [`super::requests`]).
 
-use deadpool_postgres::GenericClient;
+use super::GenericClient;
 
 use crate::db::Error;
 

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
+use super::GenericClient;
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::requests::NewRequest;
@@ -29,6 +30,7 @@ super::statement_params! {
         callback_url: Option<&'a str>,
         debug: bool,
         tenant_id: Uuid,
+        metadata: Option<&'a Value>,
     }
 }
 
@@ -51,6 +53,7 @@ pub async fn submit(
         callback_url: req.callback_url,
         debug: req.debug,
         tenant_id: req.tenant_id,
+        metadata: req.metadata,
     };
     super::query_opt_value(client, SUBMIT, &params.params(), "id").await
 }

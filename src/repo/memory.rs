@@ -78,19 +78,21 @@ impl FromRow for MemoryItem {
 /// millisecond to plan and chose worse joins where measured (8 ms against
 /// 2.5 ms), and a pooled connection makes five of them before PostgreSQL
 /// settles on the generic one. `SET LOCAL` keeps the setting to this
-/// statement's transaction.
+/// statement's transaction (behind a transaction-mode pooler, where the
+/// statement is unnamed, the generic plan is made at each run).
 const BEGIN_GENERIC: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
 
 /// The thread's newest turns (newest first), then the long-term items in
 /// packing order (see `memory_search.sql`). One statement, in a transaction
 /// of its own that asks for the generic plan: `BEGIN; SET LOCAL`, the
-/// statement and `COMMIT` go out together, one round trip. All three are
+/// statement and `COMMIT` go out together, one round trip (the driver
+/// sends requests in the order they are first polled). All three are
 /// queued at once, so the transaction ends however the caller stops
-/// waiting (a failed statement makes the `COMMIT` a rollback). It takes a
-/// pooled connection, never a transaction: its `COMMIT` would end the
-/// caller's.
+/// waiting (a failed statement makes the `COMMIT` a rollback), and behind
+/// a transaction-mode pooler they are one transaction on one server
+/// connection. It takes a pooled connection, never a transaction: its
+/// `COMMIT` would end the caller's.
 pub async fn search(client: &Client, s: &MemorySearch<'_>) -> Result<Vec<MemoryItem>, Error> {
-    let stmt = client.prepare_cached(SEARCH).await?;
     let long_term = !s.query.trim().is_empty();
     let params = SearchParams {
         user_id: s.user_id,
@@ -103,11 +105,23 @@ pub async fn search(client: &Client, s: &MemorySearch<'_>) -> Result<Vec<MemoryI
         request_id: s.request_id,
     };
     let values = params.params();
-    let (begin, rows, commit) = futures_util::join!(
-        client.batch_execute(BEGIN_GENERIC),
-        client.query(&stmt, &values),
-        client.batch_execute("COMMIT")
-    );
+    let (begin, rows, commit) = if crate::db::unnamed_statements() {
+        let typed = super::typed(&values);
+        futures_util::join!(
+            client.batch_execute(BEGIN_GENERIC),
+            client.query_typed(SEARCH, &typed),
+            client.batch_execute("COMMIT")
+        )
+    } else {
+        // Prepared (and cached) before the three go out, so nothing comes
+        // between them.
+        let stmt = client.prepare_cached(SEARCH).await?;
+        futures_util::join!(
+            client.batch_execute(BEGIN_GENERIC),
+            client.query(&stmt, &values),
+            client.batch_execute("COMMIT")
+        )
+    };
     begin?;
     let rows = rows?;
     commit?;

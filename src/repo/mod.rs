@@ -7,9 +7,17 @@
 //!   `statements!` so a file's constants and its list cannot disagree) and
 //!   callers see only functions and row types. [`all`] lists every
 //!   statement for the test that prepares them against the schema.
-//! - Each statement is prepared once per connection and cached
-//!   (`prepare_cached`); a function makes the round trips its doc says,
-//!   usually one.
+//! - Straight to PostgreSQL, each statement is prepared once per connection
+//!   and cached (`prepare_cached`), so its plan is cached too. Behind a
+//!   transaction-mode pooler (`db.pooler = "transaction"`, see
+//!   [`crate::db::unnamed_statements`]) every statement runs instead as the
+//!   unnamed statement with its parameters' types given (`query_typed`):
+//!   parse, bind and execute in one round trip, nothing left on the server
+//!   connection afterwards, so it works through PgBouncer of any version,
+//!   on a pooled connection or inside a transaction alike. The parameters'
+//!   types are then read from the Rust values ([`param_type`]): the type
+//!   each value's `ToSql` accepts, `jsonb` for JSON, `text` for strings.
+//!   A function makes the round trips its doc says, usually one.
 //! - Rows are read by column name into small typed structs ([`FromRow`]),
 //!   never by position; a renamed or missing column is an error naming it.
 //!   A plain row struct and its reading are one `row_struct!` declaration,
@@ -17,8 +25,8 @@
 //! - Statements with many inputs bind them from a struct declared with
 //!   `statement_params!`, whose field order a unit test checks against the
 //!   `-- $n name` comments of the SQL.
-//! - Functions accept any `GenericClient`, so callers choose between a
-//!   pooled connection and a transaction.
+//! - Functions accept any [`GenericClient`] (a pooled connection or a
+//!   transaction on one), so callers choose.
 //!
 //! Files: [`requests`] (`pipeline_runs`: submit, read, operator
 //! transitions), [`attempts`] (`pipeline_runs` and `pipeline_steps`: claim,
@@ -33,9 +41,8 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
-use tokio_postgres::types::{FromSqlOwned, ToSql};
+use tokio_postgres::types::{FromSqlOwned, ToSql, Type, WrongType};
 
 use crate::db::Error;
 
@@ -68,6 +75,105 @@ pub use attempts::{
 pub use prompts::active_prompts;
 pub use requests::{due_counts, ring_due};
 
+/// What statements run on: a pooled connection or a transaction on one
+/// (deadpool's [`deadpool_postgres::GenericClient`], whose methods it
+/// keeps), plus the driver's client under it for the unnamed statements.
+pub trait GenericClient: deadpool_postgres::GenericClient {
+    /// The driver's client of this connection (a transaction's statements
+    /// go to its connection, inside the transaction).
+    fn driver(&self) -> &tokio_postgres::Client;
+}
+
+impl GenericClient for deadpool_postgres::Client {
+    fn driver(&self) -> &tokio_postgres::Client {
+        self
+    }
+}
+
+impl GenericClient for deadpool_postgres::Transaction<'_> {
+    fn driver(&self) -> &tokio_postgres::Client {
+        self.client()
+    }
+}
+
+/// The PostgreSQL types a parameter is declared as, in order of preference:
+/// the first one the Rust value accepts is taken.
+const PARAM_TYPES: &[Type] = &[
+    Type::UUID,
+    Type::TEXT,
+    Type::INT8,
+    Type::INT4,
+    Type::TIMESTAMPTZ,
+    Type::BOOL,
+    Type::FLOAT8,
+    Type::JSONB,
+    Type::UUID_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT4_ARRAY,
+    Type::INT2,
+    Type::FLOAT4,
+    Type::BYTEA,
+    Type::TIMESTAMPTZ_ARRAY,
+    Type::BOOL_ARRAY,
+    Type::FLOAT8_ARRAY,
+    Type::JSONB_ARRAY,
+    Type::INT2_ARRAY,
+    Type::TIMESTAMP,
+    Type::DATE,
+    Type::JSON,
+];
+
+/// The type `value` is sent as: the first of [`PARAM_TYPES`] its `ToSql`
+/// accepts (a `None` is typed like its `Some`). A value that accepts none
+/// is sent as `unknown`, and binding it fails with the driver's error
+/// naming the Rust type.
+pub fn param_type(value: &(dyn ToSql + Sync)) -> Type {
+    let mut scratch = bytes::BytesMut::new();
+    for ty in PARAM_TYPES {
+        scratch.clear();
+        match value.to_sql_checked(ty, &mut scratch) {
+            Ok(_) => return ty.clone(),
+            // Accepted, but the value itself is refused: binding reports it.
+            Err(e) if !e.is::<WrongType>() => return ty.clone(),
+            Err(_) => {}
+        }
+    }
+    Type::UNKNOWN
+}
+
+/// `params` with their types, for `query_typed`.
+fn typed<'a>(params: Params<'a>) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    params.iter().map(|p| (*p, param_type(*p))).collect()
+}
+
+/// Runs `sql` (cached prepared statement, or behind a transaction-mode
+/// pooler the unnamed statement: see the module's guarantees); every row.
+async fn rows_of(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<Vec<Row>, Error> {
+    if crate::db::unnamed_statements() {
+        Ok(client.driver().query_typed(sql, &typed(params)).await?)
+    } else {
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.query(&stmt, params).await?)
+    }
+}
+
+/// [`rows_of`], for a statement that returns at most one row.
+async fn row_of(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<Option<Row>, Error> {
+    let mut rows = rows_of(client, sql, params).await?;
+    match rows.len() {
+        0 | 1 => Ok(rows.pop()),
+        n => Err(Error::Unexpected(format!("{n} rows where at most one was expected"))),
+    }
+}
+
+/// [`rows_of`], for a statement that returns exactly one row.
+async fn one_row(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<Row, Error> {
+    row_of(client, sql, params)
+        .await?
+        .ok_or_else(|| Error::Unexpected("no row where one was expected".into()))
+}
+
 /// A row of one statement, read by column name.
 pub trait FromRow: Sized {
     fn from_row(row: &Row) -> Result<Self, Error>;
@@ -93,76 +199,72 @@ fn as_limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Prepares (cached) and runs `sql`, reading every row as `T`.
+/// Runs `sql`, reading every row as `T`.
 async fn query_as<T: FromRow>(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<Vec<T>, Error> {
-    let stmt = client.prepare_cached(sql).await?;
-    rows_as(&client.query(&stmt, params).await?)
+    rows_as(&rows_of(client, sql, params).await?)
 }
 
-/// Prepares (cached) and runs `sql`, reading its row, if any, as `T`.
+/// Runs `sql`, reading its row, if any, as `T`.
 async fn query_opt_as<T: FromRow>(
     client: &impl GenericClient,
     sql: &str,
     params: Params<'_>,
 ) -> Result<Option<T>, Error> {
-    let stmt = client.prepare_cached(sql).await?;
-    row_as(client.query_opt(&stmt, params).await?)
+    row_as(row_of(client, sql, params).await?)
 }
 
-/// Prepares (cached) and runs `sql`, reading its one row as `T`.
+/// Runs `sql`, reading its one row as `T`.
 async fn query_one_as<T: FromRow>(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<T, Error> {
-    let stmt = client.prepare_cached(sql).await?;
-    T::from_row(&client.query_one(&stmt, params).await?)
+    T::from_row(&one_row(client, sql, params).await?)
 }
 
-/// Prepares (cached) and runs `sql`, reading column `column` of every row.
+/// Runs `sql`, reading column `column` of every row.
 async fn query_column<T: FromSqlOwned>(
     client: &impl GenericClient,
     sql: &str,
     params: Params<'_>,
     column: &str,
 ) -> Result<Vec<T>, Error> {
-    let stmt = client.prepare_cached(sql).await?;
-    let rows = client.query(&stmt, params).await?;
+    let rows = rows_of(client, sql, params).await?;
     rows.iter().map(|r| Ok(r.try_get(column)?)).collect()
 }
 
-/// Prepares (cached) and runs `sql`, reading column `column` of its row, if any.
+/// Runs `sql`, reading column `column` of its row, if any.
 async fn query_opt_value<T: FromSqlOwned>(
     client: &impl GenericClient,
     sql: &str,
     params: Params<'_>,
     column: &str,
 ) -> Result<Option<T>, Error> {
-    let stmt = client.prepare_cached(sql).await?;
-    Ok(client
-        .query_opt(&stmt, params)
+    Ok(row_of(client, sql, params)
         .await?
         .map(|r| r.try_get(column))
         .transpose()?)
 }
 
-/// Prepares (cached) and runs `sql`, reading column `column` of its one row.
+/// Runs `sql`, reading column `column` of its one row.
 async fn query_one_value<T: FromSqlOwned>(
     client: &impl GenericClient,
     sql: &str,
     params: Params<'_>,
     column: &str,
 ) -> Result<T, Error> {
-    let stmt = client.prepare_cached(sql).await?;
-    Ok(client.query_one(&stmt, params).await?.try_get(column)?)
+    Ok(one_row(client, sql, params).await?.try_get(column)?)
 }
 
-/// Prepares (cached) and runs `sql`; true when it returned a row.
+/// Runs `sql`; true when it returned a row.
 async fn query_found(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<bool, Error> {
-    let stmt = client.prepare_cached(sql).await?;
-    Ok(client.query_opt(&stmt, params).await?.is_some())
+    Ok(row_of(client, sql, params).await?.is_some())
 }
 
-/// Prepares (cached) and executes `sql`; returns the rows it changed.
+/// Executes `sql`; returns the rows it changed.
 async fn execute(client: &impl GenericClient, sql: &str, params: Params<'_>) -> Result<u64, Error> {
-    let stmt = client.prepare_cached(sql).await?;
-    Ok(client.execute(&stmt, params).await?)
+    if crate::db::unnamed_statements() {
+        Ok(client.driver().execute_typed(sql, &typed(params)).await?)
+    } else {
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.execute(&stmt, params).await?)
+    }
 }
 
 /// Declares a file's statements from one list of `CONST = "name"`: each
@@ -224,7 +326,7 @@ row_struct! {
     }
 }
 
-/// Prepares (cached) and runs `sql`, a count by status: (status, count).
+/// Runs `sql`, a count by status: (status, count).
 async fn status_counts(
     client: &impl GenericClient,
     sql: &str,
@@ -295,6 +397,45 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
 /// benchmarks that look at its plan.
 pub fn statement(name: &str) -> Option<&'static str> {
     all().into_iter().find(|(n, _)| *n == name).map(|(_, sql)| sql)
+}
+
+#[cfg(test)]
+mod param_type_tests {
+    use chrono::{DateTime, Utc};
+    use serde_json::json;
+    use tokio_postgres::types::{ToSql, Type};
+    use uuid::Uuid;
+
+    use super::param_type;
+
+    #[test]
+    fn each_rust_value_is_sent_as_the_type_it_accepts() {
+        let none_i64: Option<i64> = None;
+        let none_text: Option<&str> = None;
+        let cases: Vec<(Box<dyn ToSql + Sync>, Type)> = vec![
+            (Box::new(Uuid::nil()), Type::UUID),
+            (Box::new("text"), Type::TEXT),
+            (Box::new(String::from("text")), Type::TEXT),
+            (Box::new(none_text), Type::TEXT),
+            (Box::new(7_i64), Type::INT8),
+            (Box::new(none_i64), Type::INT8),
+            (Box::new(7_i32), Type::INT4),
+            (Box::new(7_i16), Type::INT2),
+            (Box::new(1.5_f64), Type::FLOAT8),
+            (Box::new(true), Type::BOOL),
+            (Box::new(DateTime::<Utc>::UNIX_EPOCH), Type::TIMESTAMPTZ),
+            (Box::new(json!({"a": 1})), Type::JSONB),
+            (Box::new(vec![Uuid::nil()]), Type::UUID_ARRAY),
+            (Box::new(vec![String::from("a")]), Type::TEXT_ARRAY),
+            (Box::new(vec![1_i64]), Type::INT8_ARRAY),
+            (Box::new(vec![1_i32]), Type::INT4_ARRAY),
+            (Box::new(vec![true]), Type::BOOL_ARRAY),
+            (Box::new(vec![json!(1)]), Type::JSONB_ARRAY),
+        ];
+        for (value, expected) in &cases {
+            assert_eq!(param_type(value.as_ref()), *expected, "{value:?}");
+        }
+    }
 }
 
 #[cfg(test)]

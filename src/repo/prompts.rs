@@ -2,8 +2,8 @@
 //! change takes the role's advisory lock, in the caller's transaction, so
 //! changes of one role are serialised.
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde::Serialize;
 
 use crate::db::Error;

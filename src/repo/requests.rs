@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde::Serialize;
 use serde_json::Value;
 use tokio_postgres::Row;
@@ -43,6 +43,7 @@ super::statements! {
     COUNT_EXPIRED_LEASES = "count_expired_leases",
     DUE_COUNTS = "due_counts",
     RING_DUE = "ring_due",
+    METADATA = "run_metadata",
 }
 
 // ---- submit ------------------------------------------------------------
@@ -60,6 +61,8 @@ pub struct NewRequest<'a> {
     /// Whose request it is ([`super::tenants::DEFAULT`] for the default
     /// tenant); `user_id` is the tenant's own id for its user.
     pub tenant_id: Uuid,
+    /// The client's own JSON object (`metadata`), stored as is.
+    pub metadata: Option<&'a Value>,
 }
 
 /// Inserts a request; returns its id. (With an idempotency key:
@@ -75,6 +78,7 @@ pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -
             &req.callback_url,
             &req.debug,
             &req.tenant_id,
+            &req.metadata,
         ],
         "id",
     )
@@ -110,6 +114,8 @@ super::row_struct! {
         pub callback_url: Option<String>,
         /// The memory its context holds: `[{kind, id, score, why}]`.
         pub context_sources: Option<Value>,
+        /// The client's own JSON object given at submit.
+        pub metadata: Option<Value>,
     }
 }
 
@@ -137,6 +143,11 @@ pub async fn context_of(client: &impl GenericClient, id: Uuid, tenant: Uuid) -> 
 /// True when request `id` exists and is tenant `tenant`'s.
 pub async fn is_of_tenant(client: &impl GenericClient, id: Uuid, tenant: Uuid) -> Result<bool, Error> {
     super::query_found(client, OF_TENANT, &[&id, &tenant]).await
+}
+
+/// A request's `metadata`: the outer `None` for an unknown id.
+pub async fn metadata_of(client: &impl GenericClient, id: Uuid) -> Result<Option<Option<Value>>, Error> {
+    super::query_opt_value(client, METADATA, &[&id], "metadata").await
 }
 
 /// Filters of `maasctl requests list`; `None` means any.
@@ -207,8 +218,7 @@ impl RequestStatus {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<RequestStatus>, Error> {
-        let stmt = client.prepare_cached(sql).await?;
-        let rows = client.query(&stmt, params).await?;
+        let rows = super::rows_of(client, sql, params).await?;
         rows.iter().filter_map(|r| Self::from_row(r).transpose()).collect()
     }
 }
@@ -351,6 +361,5 @@ super::row_struct! {
 /// Rings the doorbell for every status that has due rows; returns how many
 /// notifications were sent.
 pub async fn ring_due(client: &impl GenericClient) -> Result<usize, Error> {
-    let stmt = client.prepare_cached(RING_DUE).await?;
-    Ok(client.query(&stmt, &[]).await?.len())
+    Ok(super::rows_of(client, RING_DUE, &[]).await?.len())
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
+use super::GenericClient;
 
 use super::{as_limit, secs};
 use crate::db::Error;

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde::Serialize;
 
 use super::secs;

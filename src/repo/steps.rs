@@ -1,8 +1,8 @@
 //! The step history (`pipeline_steps`): one row per finished stage attempt,
 //! written by [`super::attempts`] (finish, reclaim); read here.
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde::Serialize;
 use uuid::Uuid;
 

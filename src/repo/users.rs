@@ -12,8 +12,8 @@
 //! - An erase batch deletes at most `batch` rows in one short statement;
 //!   the caller loops until a batch comes back short.
 
+use super::GenericClient;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
 use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;

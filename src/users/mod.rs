@@ -23,7 +23,7 @@ pub mod export;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
+use crate::repo::GenericClient;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde::Serialize;

@@ -276,11 +276,7 @@ async fn daemon_setup() -> (
 const LEASE: Duration = Duration::from_secs(30);
 
 /// Claims up to `limit` due requests for analyze as `worker`, with [`LEASE`].
-async fn claim_analyze(
-    client: &impl deadpool_postgres::GenericClient,
-    limit: usize,
-    worker: &str,
-) -> Vec<repo::Claimed> {
+async fn claim_analyze(client: &impl maas::repo::GenericClient, limit: usize, worker: &str) -> Vec<repo::Claimed> {
     repo::claim_next(client, maas::model::StageKind::Analyze, limit, worker, LEASE, 20)
         .await
         .unwrap()
