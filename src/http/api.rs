@@ -27,7 +27,7 @@ use super::tenancy::{self, Need, Principal};
 use crate::metrics::StreamGauge;
 use crate::repo::idempotency;
 use crate::repo::requests::{self as q, NewRequest};
-use deadpool_postgres::GenericClient;
+use crate::repo::GenericClient;
 
 pub use super::input::MAX_QUERY_CHARS;
 /// Longest `Idempotency-Key`.

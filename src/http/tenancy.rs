@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
-use deadpool_postgres::GenericClient;
+use crate::repo::GenericClient;
 use uuid::Uuid;
 
 use super::error::ApiError;

@@ -9,7 +9,7 @@
 //! `pipeline_steps_finished_brin` — so none grows with the tables.
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
+use super::GenericClient;
 use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;

@@ -14,7 +14,7 @@
 //!   caller inserts in the same transaction.
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::GenericClient;
+use super::GenericClient;
 use serde::Serialize;
 use uuid::Uuid;
 
