@@ -25,9 +25,9 @@ use super::limits::{Caller, Pass};
 use super::live::{Follower, RequestState, Target};
 use super::tenancy::{self, Need, Principal};
 use crate::metrics::StreamGauge;
+use crate::repo::GenericClient;
 use crate::repo::idempotency;
 use crate::repo::requests::{self as q, NewRequest};
-use crate::repo::GenericClient;
 
 pub use super::input::MAX_QUERY_CHARS;
 /// Longest `Idempotency-Key`.

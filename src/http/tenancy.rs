@@ -43,8 +43,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::http::{Method, StatusCode};
 use crate::repo::GenericClient;
+use axum::http::{Method, StatusCode};
 use uuid::Uuid;
 
 use super::error::ApiError;

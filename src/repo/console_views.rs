@@ -8,8 +8,8 @@
 //! last hour by `pipeline_runs_finished_idx` and
 //! `pipeline_steps_finished_brin` — so none grows with the tables.
 
-use chrono::{DateTime, Utc};
 use super::GenericClient;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;

@@ -13,8 +13,8 @@
 //!   from any number of daemons are counted one after the other when the
 //!   caller inserts in the same transaction.
 
-use chrono::{DateTime, Utc};
 use super::GenericClient;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
