@@ -262,23 +262,30 @@ fn pgbench_tls(b: &Bench, url: &str, script: &std::path::Path, secs: &str, param
         .unwrap_or_else(|| panic!("pgbench with TLS said: {text}{}", String::from_utf8_lossy(&out.stderr)))
 }
 
+/// Records `line` = `top ÷ bottom` (two decimals) when both were measured.
+fn record_ratio(b: &mut Bench, num: &dyn Fn(&str) -> Option<f64>, line: &str, (top, bottom): (&str, &str), note: &str) {
+    if let (Some(x), Some(y)) = (num(top), num(bottom)) {
+        b.record(line, round(x / y, 2), note);
+    }
+}
+
 /// With `--tls`: the must lines both ways, from the runs with and without
 /// TLS of this run.
 fn tls_must_lines(b: &mut Bench, num: &dyn Fn(&str) -> Option<f64>) {
-    if let (Some(ours), Some(limit)) = (num("stage_exec_per_s"), num("pgbench_tps_c16_tls")) {
-        b.record(
-            "stage_exec_per_pgbench_tps_tls",
-            round(ours / limit, 2),
-            "stage executions/s ÷ pgbench TPS, maasd and pgbench both on TLS (verify-full)",
-        );
-    }
-    if let (Some(ours), Some(limit)) = (num("stage_exec_per_s_no_tls_mean"), num("pgbench_tps_c16")) {
-        b.record(
-            "stage_exec_per_pgbench_tps_no_tls",
-            round(ours / limit, 2),
-            "the same, both without TLS (maasd: mean of the runs before and after)",
-        );
-    }
+    record_ratio(
+        b,
+        num,
+        "stage_exec_per_pgbench_tps_tls",
+        ("stage_exec_per_s", "pgbench_tps_c16_tls"),
+        "stage executions/s ÷ pgbench TPS, maasd and pgbench both on TLS (verify-full)",
+    );
+    record_ratio(
+        b,
+        num,
+        "stage_exec_per_pgbench_tps_no_tls",
+        ("stage_exec_per_s_no_tls_mean", "pgbench_tps_c16"),
+        "the same, both without TLS (maasd: mean of the runs before and after)",
+    );
     for (line, from) in [
         ("pickup_p50_ms_tls", "pickup_p50_ms"),
         ("pickup_p99_ms_tls", "pickup_p99_ms"),
@@ -981,20 +988,20 @@ fn main() {
             .filter_map(|(k, v, _)| v.as_f64().map(|f| (k.clone(), f)))
             .collect();
         let num = |k: &str| values.get(k).copied();
-        if let (Some(ours), Some(limit)) = (num("stage_exec_per_s"), num("pgbench_notify_tps_c16")) {
-            b.record(
-                "stage_exec_per_notify_tps",
-                round(ours / limit, 2),
-                "stage executions per second ÷ pgbench TPS with a NOTIFY trigger",
-            );
-        }
-        if let (Some(ours), Some(limit)) = (num("stage_exec_per_s"), num("pgbench_tps_c16")) {
-            b.record(
-                "stage_exec_per_pgbench_tps",
-                round(ours / limit, 2),
-                "stage executions per second ÷ plain pgbench TPS",
-            );
-        }
+        record_ratio(
+            &mut b,
+            &num,
+            "stage_exec_per_notify_tps",
+            ("stage_exec_per_s", "pgbench_notify_tps_c16"),
+            "stage executions per second ÷ pgbench TPS with a NOTIFY trigger",
+        );
+        record_ratio(
+            &mut b,
+            &num,
+            "stage_exec_per_pgbench_tps",
+            ("stage_exec_per_s", "pgbench_tps_c16"),
+            "stage executions per second ÷ plain pgbench TPS",
+        );
         if b.tls.is_some() {
             tls_must_lines(&mut b, &num);
         }

@@ -3,7 +3,7 @@
 -- operator_actions_user_idx.
 -- $1 user_id
 -- $2 limit
-SELECT action, actor, reason, detail, at
+SELECT action, actor, reason, from_status, to_status, detail, at
 FROM operator_actions
 WHERE detail ? 'user_id' AND detail ->> 'user_id' = $1::uuid::text
 ORDER BY id DESC

@@ -11,7 +11,6 @@
 use super::GenericClient;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::Value;
 use uuid::Uuid;
 
 use super::as_limit;
@@ -26,17 +25,9 @@ super::statements! {
     MODELS = "console_models",
 }
 
-super::row_struct! {
-    /// An operator action that concerns no single request.
-    #[derive(Debug, Clone, Serialize)]
-    pub struct Action {
-        pub action: String,
-        pub actor: String,
-        pub reason: Option<String>,
-        pub detail: Option<Value>,
-        pub at: DateTime<Utc>,
-    }
-}
+/// An operator action that concerns no single request: the same row as
+/// a request's ([`super::audit::Action`]), its statuses empty.
+pub use super::audit::Action;
 
 /// The newest `limit` actions about `user`'s memory, newest first.
 pub async fn user_actions(client: &impl GenericClient, user: Uuid, limit: usize) -> Result<Vec<Action>, Error> {

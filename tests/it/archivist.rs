@@ -14,7 +14,7 @@ use crate::support::cli::{NO_ENV, maasctl_async, tokio_command};
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, column, value};
 use crate::support::fake_llm::{Api, FakeConfig, FakeLlm, Reply};
-use crate::support::{count, wait_until};
+use crate::support::{assert_no_overlapping_cron_runs, count, wait_until};
 
 const KEY: &str = "sk-test-key-arch";
 const WAIT: Duration = Duration::from_secs(60);
@@ -656,14 +656,7 @@ async fn the_schedule_archives_unattended_once_per_tick_across_daemons() {
     )
     .await;
     assert_eq!(per_tick, 0);
-    let overlapping = count(
-        &c,
-        "SELECT count(*) FROM archive_runs a JOIN archive_runs b ON a.id < b.id
-         WHERE a.trigger = 'cron' AND b.trigger = 'cron'
-           AND tstzrange(a.started_at, coalesce(a.finished_at, 'infinity')) && tstzrange(b.started_at, coalesce(b.finished_at, 'infinity'))",
-    )
-    .await;
-    assert_eq!(overlapping, 0, "two scheduled runs overlapped");
+    assert_no_overlapping_cron_runs(&c).await;
     let workers = count(
         &c,
         "SELECT count(DISTINCT worker) FROM archive_runs WHERE trigger = 'cron'",

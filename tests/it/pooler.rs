@@ -21,7 +21,9 @@ use crate::support::api::Api;
 use crate::support::cli::maasctl_async;
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::TestDb;
-use crate::support::{GENEROUS, assert_all_completed_once, count, insert_requests, wait_until};
+use crate::support::{
+    GENEROUS, assert_all_completed_once, assert_no_overlapping_cron_runs, count, insert_requests, wait_until,
+};
 
 /// Server connections PgBouncer keeps per database and user.
 const POOL_SIZE: i64 = 2;
@@ -227,14 +229,7 @@ async fn everything_but_listen_works_through_pgbouncer_in_transaction_mode() {
             && count(&c, "SELECT count(*) FROM archive_marks").await > 0
     })
     .await;
-    let overlapping = count(
-        &c,
-        "SELECT count(*) FROM archive_runs a JOIN archive_runs b ON a.id < b.id
-         WHERE a.trigger = 'cron' AND b.trigger = 'cron'
-           AND tstzrange(a.started_at, coalesce(a.finished_at, 'infinity')) && tstzrange(b.started_at, coalesce(b.finished_at, 'infinity'))",
-    )
-    .await;
-    assert_eq!(overlapping, 0, "two scheduled runs overlapped");
+    assert_no_overlapping_cron_runs(&c).await;
     let double = count(
         &c,
         "SELECT count(*) FROM (SELECT u.lid FROM lsm_storage l, unnest(l.raw_log_ids) u(lid) GROUP BY u.lid HAVING count(*) > 1) d",

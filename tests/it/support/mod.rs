@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::support::db::{column, value};
 use tokio_postgres::Client;
 
-pub use poll::count;
+pub use poll::{assert_no_overlapping_cron_runs, count};
 
 /// How long a test waits for what daemons do: long enough for a loaded CI.
 pub const GENEROUS: Duration = Duration::from_secs(60);

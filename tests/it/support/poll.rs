@@ -31,3 +31,16 @@ where
 pub async fn count(c: &Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.unwrap().get(0)
 }
+
+/// Asserts that no two scheduled (cron) archive runs overlapped in time,
+/// whichever daemons ran them.
+pub async fn assert_no_overlapping_cron_runs(c: &Client) {
+    let overlapping = count(
+        c,
+        "SELECT count(*) FROM archive_runs a JOIN archive_runs b ON a.id < b.id
+         WHERE a.trigger = 'cron' AND b.trigger = 'cron'
+           AND tstzrange(a.started_at, coalesce(a.finished_at, 'infinity')) && tstzrange(b.started_at, coalesce(b.finished_at, 'infinity'))",
+    )
+    .await;
+    assert_eq!(overlapping, 0, "two scheduled runs overlapped");
+}
