@@ -32,9 +32,9 @@ pub const RUN_LEASE: Duration = Duration::from_secs(30);
 ///
 /// - Overlap: a tick that fires while this process's previous run is still
 ///   going is skipped; across daemons, a run holds the schedule's run lease
-///   (renewed every third of [`RUN_LEASE`]), so a tick that finds another
+///   (renewed every third of `RUN_LEASE`), so a tick that finds another
 ///   daemon's run going is skipped too. A daemon that dies mid-run leaves a
-///   lease that runs out after [`RUN_LEASE`].
+///   lease that runs out after `RUN_LEASE`.
 /// - Once per tick cluster-wide: the tick is claimed by moving
 ///   `archive_schedule.last_tick` forward, which succeeds for one daemon.
 /// - Catch-up: at start, a tick that every daemon missed (all were down) is

@@ -124,7 +124,7 @@ const PARAM_TYPES: &[Type] = &[
     Type::JSON,
 ];
 
-/// The type `value` is sent as: the first of [`PARAM_TYPES`] its `ToSql`
+/// The type `value` is sent as: the first of `PARAM_TYPES` its `ToSql`
 /// accepts (a `None` is typed like its `Some`). A value that accepts none
 /// is sent as `unknown`, and binding it fails with the driver's error
 /// naming the Rust type.

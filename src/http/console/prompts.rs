@@ -63,7 +63,7 @@ pub struct DiffLine {
     pub text: String,
 }
 
-/// The line diff from `old` to `new`, with [`CONTEXT`] lines around each
+/// The line diff from `old` to `new`, with `CONTEXT` lines around each
 /// change; an empty list when the texts are equal.
 pub fn diff_lines(old: &str, new: &str) -> Vec<DiffLine> {
     let diff = TextDiff::from_lines(old, new);
