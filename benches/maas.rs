@@ -468,9 +468,10 @@ async fn load_memory(c: &Client, users: i64, turns: i64, records: i64) -> Vec<(U
         .collect()
 }
 
-/// Pickup and end-to-end latency of sequential requests; every other one
-/// is of a user with memory (in one of that user's threads, with words its
-/// turns contain), so retrieval's cost shows as the difference.
+/// Pickup and end-to-end latency of sequential requests; one in three is
+/// of a user with memory (in one of that user's threads, with words its
+/// turns contain) and one in three the same request of a new user, so
+/// retrieval's cost shows as the difference of those two.
 async fn latency(b: &mut Bench) {
     let samples = if b.quick { 300 } else { 1000 };
     let (users, turns, records) = if b.quick {
@@ -514,14 +515,25 @@ async fn latency(b: &mut Bench) {
         )
         .await
         .unwrap();
-    let (mut pickup, mut e2e, mut e2e_memory) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..2 * (samples + 20) {
-        let memory = i % 2 == 1;
-        let id: Uuid = if memory {
-            let (user, thread) = with_memory[(i / 2) % with_memory.len()];
-            c.query_one(&insert_memory, &[&user, &thread]).await.unwrap().get(0)
-        } else {
-            c.query_one(&insert, &[&Uuid::new_v4()]).await.unwrap().get(0)
+    // Three kinds, interleaved: a probe (a new user, no thread: pickup and
+    // e2e), the memory request of a user with memory, and the same request
+    // (same text, a thread of its own) of a new user without memory, so the
+    // difference of the last two is what the memory costs and nothing else.
+    let (mut pickup, mut e2e, mut e2e_memory, mut e2e_same) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..3 * (samples + 20) {
+        let kind = i % 3;
+        let memory = kind == 1;
+        let id: Uuid = match kind {
+            1 => {
+                let (user, thread) = with_memory[(i / 3) % with_memory.len()];
+                c.query_one(&insert_memory, &[&user, &thread]).await.unwrap().get(0)
+            }
+            2 => c
+                .query_one(&insert_memory, &[&Uuid::new_v4(), &Uuid::new_v4()])
+                .await
+                .unwrap()
+                .get(0),
+            _ => c.query_one(&insert, &[&Uuid::new_v4()]).await.unwrap().get(0),
         };
         let t0 = Instant::now();
         let mut claimed = None;
@@ -537,11 +549,13 @@ async fn latency(b: &mut Bench) {
             match ev.status.as_str() {
                 "ANALYZING" => claimed = Some(at),
                 "COMPLETED" => {
-                    if i >= 40 {
+                    if i >= 60 {
                         // The first 20 of each kind warm up connections and caches.
                         let ms = (at - t0).as_secs_f64() * 1000.0;
                         if memory {
                             e2e_memory.push(ms);
+                        } else if kind == 2 {
+                            e2e_same.push(ms);
                         } else {
                             pickup.push(claimed.map_or(f64::NAN, |c| (c - t0).as_secs_f64() * 1000.0));
                             e2e.push(ms);
@@ -584,10 +598,22 @@ async fn latency(b: &mut Bench) {
         round(percentile(&e2e_memory, 0.99).unwrap_or(f64::NAN), 3),
         "",
     );
+    e2e_same.sort_by(f64::total_cmp);
+    let same_p50 = percentile(&e2e_same, 0.5).unwrap_or(f64::NAN);
+    b.record(
+        "e2e_no_memory_p50_ms",
+        round(same_p50, 3),
+        "the same request (text, own thread) of new users without memory",
+    );
     b.record(
         "e2e_memory_delta_p50_ms",
+        round(memory_p50 - same_p50, 3),
+        "with memory − the same request without, interleaved in one run (must < 1)",
+    );
+    b.record(
+        "e2e_memory_delta_vs_probe_p50_ms",
         round(memory_p50 - percentile(&e2e, 0.5).unwrap_or(f64::NAN), 3),
-        "with memory − without, interleaved in one run (must < 1)",
+        "with memory − the probe (sessions 4-6's difference: shorter text, no thread)",
     );
 }
 
