@@ -168,40 +168,14 @@ async fn pgbench(b: &mut Bench) {
     )
     .unwrap();
     let secs = if b.quick { "5" } else { "15" };
-    let run = |clients: &str| -> f64 {
-        let out = Command::new(b.cluster.binary("pgbench"))
-            // Plain even where the cluster serves TLS (libpq prefers it).
-            .env("PGSSLMODE", "disable")
-            .args([
-                "-n",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &b.cluster.port.to_string(),
-                "-U",
-                "postgres",
-            ])
-            .args(["-c", clients, "-j", if clients == "1" { "1" } else { "2" }, "-T", secs])
-            .arg("-f")
-            .arg(&script)
-            // The database's name, without the URL's parameters (--tls).
-            .arg(url.split('?').next().unwrap().rsplit('/').next().unwrap())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        text.lines()
-            .find_map(|l| l.strip_prefix("tps = "))
-            .and_then(|l| l.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("pgbench said: {text}{}", String::from_utf8_lossy(&out.stderr)))
-    };
+    let run = |clients: &str| run_pgbench(b, &url, &script, secs, clients, None);
     let c1 = run("1");
     let c16 = run("16");
     // With --tls, the same 16 clients on TLS (before the trigger below).
     let c16_tls = b
         .tls
         .as_deref()
-        .map(|params| pgbench_tls(b, &url, &script, secs, params));
+        .map(|params| run_pgbench(b, &url, &script, secs, "16", Some(params)));
     c.batch_execute(
         "CREATE FUNCTION bench_notify() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN PERFORM pg_notify('bench_events', json_build_object('id', NEW.id, 'v', NEW.v)::text); RETURN NULL; END $$;
@@ -227,16 +201,25 @@ async fn pgbench(b: &mut Bench) {
     );
 }
 
-/// pgbench's 16-client run of `script` with TLS: `params` (the bench's URL
-/// parameters, `sslmode=…&sslrootcert=…`) as libpq's environment.
-fn pgbench_tls(b: &Bench, url: &str, script: &std::path::Path, secs: &str, params: &str) -> f64 {
+/// TPS of one pgbench run of `script` with `clients` clients. Plain
+/// without `tls`, even where the cluster serves TLS (libpq would prefer
+/// it); with it, its parameters (the bench's URL parameters,
+/// `sslmode=…&sslrootcert=…`) as libpq's environment.
+fn run_pgbench(b: &Bench, url: &str, script: &std::path::Path, secs: &str, clients: &str, tls: Option<&str>) -> f64 {
     let mut cmd = Command::new(b.cluster.binary("pgbench"));
-    for (k, v) in params.split('&').filter_map(|kv| kv.split_once('=')) {
-        match k {
-            "sslmode" => cmd.env("PGSSLMODE", v),
-            "sslrootcert" => cmd.env("PGSSLROOTCERT", v),
-            _ => &mut cmd,
-        };
+    match tls {
+        None => {
+            cmd.env("PGSSLMODE", "disable");
+        }
+        Some(params) => {
+            for (k, v) in params.split('&').filter_map(|kv| kv.split_once('=')) {
+                match k {
+                    "sslmode" => cmd.env("PGSSLMODE", v),
+                    "sslrootcert" => cmd.env("PGSSLROOTCERT", v),
+                    _ => &mut cmd,
+                };
+            }
+        }
     }
     let out = cmd
         .args([
@@ -248,9 +231,10 @@ fn pgbench_tls(b: &Bench, url: &str, script: &std::path::Path, secs: &str, param
             "-U",
             "postgres",
         ])
-        .args(["-c", "16", "-j", "2", "-T", secs])
+        .args(["-c", clients, "-j", if clients == "1" { "1" } else { "2" }, "-T", secs])
         .arg("-f")
         .arg(script)
+        // The database's name, without the URL's parameters (--tls).
         .arg(url.split('?').next().unwrap().rsplit('/').next().unwrap())
         .output()
         .unwrap();
@@ -259,7 +243,7 @@ fn pgbench_tls(b: &Bench, url: &str, script: &std::path::Path, secs: &str, param
         .find_map(|l| l.strip_prefix("tps = "))
         .and_then(|l| l.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("pgbench with TLS said: {text}{}", String::from_utf8_lossy(&out.stderr)))
+        .unwrap_or_else(|| panic!("pgbench said: {text}{}", String::from_utf8_lossy(&out.stderr)))
 }
 
 /// Records `line` = `top ÷ bottom` (two decimals) when both were measured.
