@@ -61,15 +61,18 @@ WITH q AS (
         FROM raw_logs r
         WHERE $3::int > 0 AND r.user_id = $1::uuid AND r.search @@ q.tq
         LIMIT 256) r
+), df AS (
+    -- Each lexeme's document frequency (up to 256), in one pass over m.
+    SELECT m.lexeme, count(*)::float8 AS turns FROM m GROUP BY m.lexeme
 ), w AS (
-    SELECT q.lexeme, q.tq, d.turns,
-           ln(1 + (n.turns - d.turns + 0.5) / (d.turns + 0.5)) AS idf_turn,
+    SELECT q.lexeme, q.tq, coalesce(df.turns, 0) AS turns,
+           ln(1 + (n.turns - coalesce(df.turns, 0) + 0.5) / (coalesce(df.turns, 0) + 0.5)) AS idf_turn,
            ln(1 + (n.records - d.records + 0.5) / (d.records + 0.5)) AS idf_record
     FROM q
     CROSS JOIN n
+    LEFT JOIN df ON df.lexeme = q.lexeme
     CROSS JOIN LATERAL (
-        SELECT (SELECT count(*) FROM m WHERE m.lexeme = q.lexeme)::float8 AS turns,
-               CASE WHEN $5::int > 0 THEN
+        SELECT CASE WHEN $5::int > 0 THEN
                    (SELECT count(*) FROM lsm_storage s
                     WHERE s.user_id = $1::uuid AND s.search @@ q.tq)
                ELSE 0 END::float8 AS records) d
@@ -90,11 +93,14 @@ WITH q AS (
 ), candidates AS (
     SELECT DISTINCT ON (u.id) u.* FROM (SELECT * FROM rare UNION ALL SELECT * FROM common) u
 ), hits AS (
+    -- A candidate's score: the idf of the query lexemes it holds, over its
+    -- length term (1 + k1 (1 − b + b · length / 13) = 1.3 + 0.9 · length / 13),
+    -- in float8. Summed per candidate rather than grouped: a GROUP BY had
+    -- to sort the candidates with their tsvectors (BENCHMARKS.md, session 7).
     SELECT c.id, c.thread_id, c.user_seq, c.created_at,
-           sum(w.idf_turn) * 2.2 / (1 + 1.2 * (0.25 + 0.75 * length(c.search) / 13.0)) AS score
+           (SELECT sum(w.idf_turn) FROM w WHERE c.search @@ w.tq) * 2.2::float8
+               / (1.3::float8 + 0.9::float8 * length(c.search) / 13) AS score
     FROM candidates c
-    JOIN w ON c.search @@ w.tq
-    GROUP BY c.id, c.thread_id, c.user_seq, c.created_at, c.search
     ORDER BY score DESC, c.created_at DESC, c.id DESC
     LIMIT $3::int
 ), ranked AS (
