@@ -76,6 +76,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     13 => "0013_console_lists.sql",
     14 => "0014_metadata_and_run_lease.sql",
     15 => "0015_console_actions.sql",
+    16 => "0016_context_compression.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![
