@@ -469,7 +469,14 @@ async fn latency(b: &mut Bench) {
         maas::db::migrate::migrate(&mut c, false).await.unwrap();
     }
     let with_memory = load_memory(&connect(&url).await, users, turns, records).await;
-    let mut d = start_daemon(&url, Opts::default().env("RUST_LOG", "warn")).await;
+    // The `[memory]` settings of the caller's environment reach this daemon
+    // (`MAAS_MEMORY__HITS=8 bin/bench --only=latency`), so a retrieval
+    // setting's cost can be measured as it would run.
+    let mut opts = Opts::default().env("RUST_LOG", "warn");
+    for (k, v) in std::env::vars().filter(|(k, _)| k.starts_with("MAAS_MEMORY__")) {
+        opts = opts.env(&k, v);
+    }
+    let mut d = start_daemon(&url, opts).await;
     let (rest, tls) = maas::db::tls::split(&url).unwrap();
     let (listener, mut conn) = rest
         .parse::<tokio_postgres::Config>()
