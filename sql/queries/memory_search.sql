@@ -65,14 +65,15 @@ WITH q AS (
     -- Each lexeme's document frequency (up to 256), in one pass over m.
     SELECT m.lexeme, count(*)::float8 AS turns FROM m GROUP BY m.lexeme
 ), w AS (
-    SELECT q.lexeme, q.tq, coalesce(df.turns, 0) AS turns,
-           ln(1 + (n.turns - coalesce(df.turns, 0) + 0.5) / (coalesce(df.turns, 0) + 0.5)) AS idf_turn,
+    SELECT q.lexeme, q.tq, d.turns,
+           ln(1 + (n.turns - d.turns + 0.5) / (d.turns + 0.5)) AS idf_turn,
            ln(1 + (n.records - d.records + 0.5) / (d.records + 0.5)) AS idf_record
     FROM q
     CROSS JOIN n
     LEFT JOIN df ON df.lexeme = q.lexeme
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN $5::int > 0 THEN
+        SELECT coalesce(df.turns, 0) AS turns,
+               CASE WHEN $5::int > 0 THEN
                    (SELECT count(*) FROM lsm_storage s
                     WHERE s.user_id = $1::uuid AND s.search @@ q.tq)
                ELSE 0 END::float8 AS records) d
