@@ -39,6 +39,10 @@ impl Drop for PgBouncer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Its folder (configuration, user list, log): read by then.
+        if let Some(dir) = self.log.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -75,7 +79,16 @@ impl PgBouncer {
         let pg: tokio_postgres::Config = direct.parse().unwrap();
         let user = pg.get_user().unwrap_or("postgres").to_owned();
         let server_port = pg.get_ports().first().copied().unwrap_or(5432);
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("pgbouncer-{}", Uuid::new_v4().simple()));
+        // As root it runs as `postgres` (below), which must reach its files:
+        // the system's temporary folder, as for the test cluster
+        // (`db::devdb`), not the target folder, which may sit in a folder
+        // only root can enter (a clone made with `mktemp -d`).
+        let base = if nix::unistd::Uid::effective().is_root() {
+            std::env::temp_dir()
+        } else {
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        };
+        let dir = base.join(format!("maas-pgbouncer-{}", Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let port = free_port();
         let ini = dir.join("pgbouncer.ini");
