@@ -19,6 +19,9 @@
 //!   logger writes for a request's query and its answer alike.
 //! - `maasctl archivist run --user U` for every user (thresholds do not
 //!   apply; the dates are in the past).
+//! - When `MAAS_LLM__EMBEDDING__PROVIDER` names a provider (`bin/eval-memory`
+//!   sets the local one unless told otherwise), the run waits until maasd's
+//!   embedder has embedded every loaded turn.
 //! - Every question of categories 1–4 whose evidence names existing turns is
 //!   submitted by `POST /api/query` as a request of its user in a new thread,
 //!   `N` at a time (default 8), each followed to its end by the long-poll
@@ -440,6 +443,37 @@ async fn run(args: Args) -> bool {
         .unwrap()
         .get(0);
 
+    // Embeddings, when on: every loaded turn has its embedding before the
+    // first question (the embedder service of maasd makes them).
+    let embedding = std::env::var("MAAS_LLM__EMBEDDING__PROVIDER")
+        .ok()
+        .filter(|p| !p.trim().is_empty() && !p.trim().eq_ignore_ascii_case("off"));
+    let t_embed = Instant::now();
+    if embedding.is_some() {
+        let until = Instant::now() + Duration::from_secs(args.wait_secs);
+        loop {
+            let left: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM raw_logs r WHERE NOT EXISTS \
+                     (SELECT 1 FROM turn_embeddings e WHERE e.turn_id = r.id)",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if left == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "{left} turns still without an embedding after {} s (see maasd's log)",
+                args.wait_secs
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let embed_ms = t_embed.elapsed().as_millis();
+
     // Ask.
     let t_ask = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(args.wait_secs);
@@ -520,6 +554,7 @@ async fn run(args: Args) -> bool {
     let report = json!({
         "files": args.files.len(),
         "provider": provider,
+        "embedding": embedding.as_deref().unwrap_or("off"),
         "users": conversations.len(),
         "turns": turns,
         "records": records,
@@ -542,6 +577,7 @@ async fn run(args: Args) -> bool {
         "concurrency": args.concurrency,
         "load_ms": load_ms,
         "archive_ms": archive_ms,
+        "embed_ms": embed_ms,
         "ask_ms": ask_ms,
         "total_secs": t0.elapsed().as_secs(),
     });
@@ -555,10 +591,11 @@ async fn run(args: Args) -> bool {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "eval-memory: {} users, {turns} turns, {records} records, {} questions ({} left out: no evidence, or evidence naming no turn), provider {provider}",
+            "eval-memory: {} users, {turns} turns, {records} records, {} questions ({} left out: no evidence, or evidence naming no turn), provider {provider}, embeddings {}",
             conversations.len(),
             questions.len(),
-            dropped
+            dropped,
+            embedding.as_deref().unwrap_or("off")
         );
         let _ = writeln!(
             s,
@@ -600,7 +637,7 @@ async fn run(args: Args) -> bool {
         );
         let _ = writeln!(
             s,
-            "load {load_ms} ms, archivist {archive_ms} ms, questions {ask_ms} ms, total {} s",
+            "load {load_ms} ms, archivist {archive_ms} ms, embeddings {embed_ms} ms, questions {ask_ms} ms, total {} s",
             report["total_secs"]
         );
         if !errors.is_empty() {

@@ -37,6 +37,25 @@ pub enum DaemonError {
     Llm(#[from] crate::llm::ConfigError),
     #[error(transparent)]
     Http(#[from] crate::http::HttpError),
+    #[error("llm.embedding: {0}")]
+    Embed(#[from] crate::llm::embed::EmbedError),
+}
+
+/// The embedder of `[llm.embedding]`, or `None` when embeddings are off. A
+/// local model is loaded here: a missing one stops the start, naming its
+/// folder.
+pub fn embedder(cfg: &Config) -> Result<Option<crate::llm::embed::Embedder>, DaemonError> {
+    let env = |name: &str| std::env::var(name).ok();
+    let Some(settings) = cfg.llm.embedding.resolve(&cfg.llm, &env)? else {
+        return Ok(None);
+    };
+    let embedder = crate::llm::embed::Embedder::new(&settings)?;
+    tracing::info!(
+        provider = embedder.provider_name(),
+        model = embedder.model(),
+        "embeddings on"
+    );
+    Ok(Some(embedder))
 }
 
 /// Applies pending migrations (and missing triggers) under the advisory lock.
@@ -84,6 +103,7 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let cfg = Arc::new(cfg);
     let pipeline = pipeline(&cfg)?;
+    let embedder = embedder(&cfg)?;
     // Bind first: a taken port or a refused address stops us before we
     // touch the database.
     let bound = crate::http::bind(&cfg).await?;
@@ -140,6 +160,13 @@ pub async fn run(
     ];
     if let Some(archivist) = archivist {
         services.push(Arc::new(ArchivistSchedule(archivist)));
+    }
+    if let Some(embedder) = embedder {
+        engine.use_embedder(embedder.clone());
+        services.push(Arc::new(crate::embedder::EmbedderService::new(
+            engine.pool().clone(),
+            embedder,
+        )));
     }
     let services = service::start(services, &shutdown);
     ready(&engine);

@@ -41,6 +41,10 @@
 //!   `lsm_storage` (long-term memory).
 //! - **archive run** — one pass of the archivist over the users that have
 //!   turns to archive ([`archivist`]).
+//! - **embedding** — the vector of a turn's text (with the turn before it)
+//!   or of a query, for the semantic part of the memory search: a row of
+//!   `turn_embeddings`, made by the **embedder** service ([`embedder`],
+//!   [`llm::embed`]); optional, `[llm.embedding]`.
 //! - **service** — a background job of `maasd` with one `run(shutdown)`
 //!   ([`service::Service`]).
 //!
@@ -70,7 +74,7 @@
 //!    `maasctl` and HTTP), [`users`] (a user's data: see, correct, forget).
 //! 6. Engine and services: [`dispatcher`] (claim → run → decide → write;
 //!    the sweep), [`archivist`] (turns → records, on a schedule and on
-//!    demand, exactly once), [`callbacks`] (signed deliveries from a
+//!    demand, exactly once), [`embedder`] (turns → embeddings, when on), [`callbacks`] (signed deliveries from a
 //!    durable outbox), [`retention`] (old requests deleted in batches).
 //! 7. Front ends: [`http`] (submit, status, long-poll, SSE, WebSocket,
 //!    health, metrics, OpenAPI; the operator console, `http::console`), [`cli`] (`maasctl`), [`systemd`]
@@ -92,6 +96,7 @@ pub mod control;
 pub mod daemon;
 pub mod db;
 pub mod dispatcher;
+pub mod embedder;
 pub mod error;
 pub mod http;
 pub mod listener;

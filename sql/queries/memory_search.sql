@@ -13,6 +13,9 @@
 -- $6 thread_id (the request's thread; NULL: no short-term turns)
 -- $7 thread_turns (newest turns of that thread)
 -- $8 request_id (the request itself, whose turns are left out)
+-- $9 embedding (real[], unit length: the query's embedding; NULL: no semantic part)
+-- $10 model (the model of $9; only turn embeddings of that model are compared)
+-- $11 weight (of the semantic part in a hit's score, 0 to 1; 0.5 measured best)
 --
 -- Short-term: the newest $7 turns of the thread $6, archived or not, why
 -- 'thread', score 0, newest first.
@@ -36,6 +39,15 @@
 -- that hold them. Only when fewer than 40 turns match a rarer lexeme are
 -- the newest 256 turns matching any lexeme scored besides. On LoCoMo this
 -- picks the same hits as scoring every matching turn (BENCHMARKS.md).
+--
+-- Semantic part (only when $9 is given, `[llm.embedding]`): the cosine of
+-- the query's embedding with each of the user's turn embeddings
+-- (turn_embeddings_user_idx); the 100 nearest turns join the candidates. A
+-- candidate's score is then (1 − $11) · its BM25 score over the best BM25
+-- score of the candidates + $11 · its cosine scaled to 0..1 over the
+-- user's turns (min to max): linear fusion, which beat reciprocal rank
+-- fusion by 5 points of recall on LoCoMo (BENCHMARKS.md, "Semantic memory
+-- search"). Without $9 the score is the BM25 score, as before.
 --
 -- Rows: kind ('turn' | 'record'), id, why ('thread' | 'hit' | 'neighbour' |
 -- 'record'), hit_id (the turn whose window brought the row; its own id for a
@@ -91,18 +103,42 @@ WITH q AS (
     WHERE (SELECT count(*) FROM rare) < 40
     ORDER BY r.user_seq DESC
     LIMIT 256
+), dense AS MATERIALIZED (
+    -- (in float8: the product of two small real components underflows,
+    -- which PostgreSQL reports as an error rather than rounding to 0)
+    SELECT e.turn_id AS id,
+           (SELECT sum(x.a::float8 * x.b::float8) FROM unnest(e.embedding, $9::real[]) AS x(a, b)) AS cosine
+    FROM turn_embeddings e
+    WHERE $9::real[] IS NOT NULL AND $3::int > 0 AND e.user_id = $1::uuid AND e.model = $10::text
+), span AS (
+    SELECT min(d.cosine) AS lo, greatest(max(d.cosine) - min(d.cosine), 1e-9) AS width FROM dense d
+), near AS (
+    SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search
+    FROM (SELECT d.id FROM dense d ORDER BY d.cosine DESC LIMIT 100) d
+    JOIN raw_logs r ON r.id = d.id AND r.user_id = $1::uuid
+    WHERE r.request_id IS DISTINCT FROM $8::uuid
 ), candidates AS (
-    SELECT DISTINCT ON (u.id) u.* FROM (SELECT * FROM rare UNION ALL SELECT * FROM common) u
-), hits AS (
-    -- A candidate's score: the idf of the query lexemes it holds, over its
-    -- length term (1 + k1 (1 − b + b · length / 13) = 1.3 + 0.9 · length / 13),
+    SELECT DISTINCT ON (u.id) u.*
+    FROM (SELECT * FROM rare UNION ALL SELECT * FROM common UNION ALL SELECT * FROM near) u
+), scored AS (
+    -- A candidate's BM25 score: the idf of the query lexemes it holds, over
+    -- its length term (1 + k1 (1 − b + b · length / 13) = 1.3 + 0.9 · length / 13),
     -- in float8. Summed per candidate rather than grouped: a GROUP BY had
     -- to sort the candidates with their tsvectors (BENCHMARKS.md, session 7).
     SELECT c.id, c.thread_id, c.user_seq, c.created_at,
-           (SELECT sum(w.idf_turn) FROM w WHERE c.search @@ w.tq) * 2.2::float8
-               / (1.3::float8 + 0.9::float8 * length(c.search) / 13) AS score
+           coalesce((SELECT sum(w.idf_turn) FROM w WHERE c.search @@ w.tq), 0) * 2.2::float8
+               / (1.3::float8 + 0.9::float8 * length(c.search) / 13) AS bm25
     FROM candidates c
-    ORDER BY score DESC, c.created_at DESC, c.id DESC
+), hits AS (
+    SELECT s.id, s.thread_id, s.user_seq, s.created_at,
+           CASE WHEN $9::real[] IS NULL THEN s.bm25
+                ELSE (1 - $11::float8) * s.bm25 / greatest(max(s.bm25) OVER (), 1e-9)
+                     + $11::float8 * coalesce((d.cosine - span.lo) / span.width, 0)
+           END AS score
+    FROM scored s
+    CROSS JOIN span
+    LEFT JOIN dense d ON d.id = s.id
+    ORDER BY score DESC, s.created_at DESC, s.id DESC
     LIMIT $3::int
 ), ranked AS (
     SELECT h.*, row_number() OVER (ORDER BY h.score DESC, h.created_at DESC, h.id DESC) AS rank

@@ -77,6 +77,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     14 => "0014_metadata_and_run_lease.sql",
     15 => "0015_console_actions.sql",
     16 => "0016_context_compression.sql",
+    17 => "0017_turn_embeddings.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

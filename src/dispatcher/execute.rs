@@ -180,6 +180,10 @@ impl Engine {
             return Ok(());
         }
         let m = &self.cfg.memory;
+        let semantic = match self.embedder.get() {
+            Some(e) if !plan.query.trim().is_empty() => self.embed_query(e, &input.user_query).await,
+            _ => None,
+        };
         let search = repo::memory::MemorySearch {
             user_id: input.user_id,
             request_id: input.request_id,
@@ -189,6 +193,11 @@ impl Engine {
             hits: m.hits,
             window: m.window,
             records: m.records,
+            semantic: semantic.map(|embedding| repo::memory::Semantic {
+                embedding,
+                model: self.embedder.get().map_or("", |e| e.model()),
+                weight: m.semantic_weight,
+            }),
         };
         let read = async {
             let client = self.pool.get().await?;
@@ -214,6 +223,19 @@ impl Engine {
         };
         input.retrieved = plan.arrange(items);
         Ok(())
+    }
+
+    /// The embedding of a request's query, or `None` when it cannot be had
+    /// (logged): the search then runs on full text alone rather than
+    /// failing the request.
+    async fn embed_query(&self, embedder: &crate::llm::embed::Embedder, query: &str) -> Option<Vec<f32>> {
+        match embedder.embed(&[query.to_owned()]).await {
+            Ok(mut v) => v.pop(),
+            Err(e) => {
+                tracing::warn!(error = %e, "embedding the query failed; the memory search runs on full text alone");
+                None
+            }
+        }
     }
 
     /// Runs one stage within the stage timeout; a timeout or a panic is a

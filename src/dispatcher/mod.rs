@@ -112,6 +112,9 @@ pub struct Engine {
     liveness: liveness::Liveness,
     /// Tenant names for the per-tenant token metric.
     tenant_names: Arc<tenant_tokens::Names>,
+    /// Embeds a request's query for the semantic part of its memory
+    /// search, when `[llm.embedding]` is on ([`Engine::use_embedder`]).
+    embedder: std::sync::OnceLock<crate::llm::embed::Embedder>,
 }
 
 impl Engine {
@@ -157,7 +160,15 @@ impl Engine {
             notifier,
             liveness: liveness::Liveness::new(),
             tenant_names: tenant_tokens::Names::new(),
+            embedder: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Gives the engine the embedder of `[llm.embedding]`: from then on the
+    /// memory search of each request has its semantic part. Set once,
+    /// before [`Engine::run`]; a second call changes nothing.
+    pub fn use_embedder(&self, embedder: crate::llm::embed::Embedder) {
+        let _ = self.embedder.set(embedder);
     }
 
     pub fn worker(&self) -> &str {

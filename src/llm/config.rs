@@ -75,6 +75,9 @@ pub struct LlmConfig {
     pub gemini: EndpointConfig,
     /// The built-in offline provider.
     pub offline: OfflineConfig,
+    /// Embeddings of memory text for the semantic part of the memory
+    /// search; off by default (see [`super::embed`]).
+    pub embedding: super::embed::EmbeddingConfig,
 }
 
 /// One role's settings; every field falls back to a default.
@@ -371,7 +374,7 @@ impl LlmConfig {
             }
         };
 
-        let endpoint = self.resolve_endpoint(role, provider, env)?;
+        let endpoint = self.resolve_endpoint(provider, role.as_str(), env)?;
 
         Ok(RoleSettings {
             role,
@@ -386,10 +389,12 @@ impl LlmConfig {
         })
     }
 
-    fn resolve_endpoint(
+    /// The endpoint of a provider (`None` for offline), for the settings
+    /// named `user` (a role, or `embedding`) when the key is missing.
+    pub(super) fn resolve_endpoint(
         &self,
-        role: Role,
         provider: ProviderKind,
+        user: &'static str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<Endpoint>, ConfigError> {
         let (Some(section), Some(vars)) = (self.endpoint(provider), provider_env(provider)) else {
@@ -427,7 +432,7 @@ impl LlmConfig {
                 .find_map(|var| env(var))
                 .map(|k| Secret::new(k.trim()))
                 .ok_or(ConfigError::MissingApiKey {
-                    role: role.as_str(),
+                    role: user,
                     provider: provider.as_str(),
                     variable: vars.key_vars[0],
                 })?,

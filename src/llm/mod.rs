@@ -42,6 +42,7 @@
 mod anthropic;
 mod client;
 pub mod config;
+pub mod embed;
 mod error;
 pub mod failure;
 mod gemini;

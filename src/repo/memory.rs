@@ -36,6 +36,20 @@ pub struct MemorySearch<'a> {
     pub window: usize,
     /// Most matching records.
     pub records: usize,
+    /// The semantic part, when embeddings are on.
+    pub semantic: Option<Semantic<'a>>,
+}
+
+/// The semantic part of a search: the query's embedding and how much it
+/// weighs (see `memory_search.sql`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Semantic<'a> {
+    /// The query's embedding (unit length).
+    pub embedding: Vec<f32>,
+    /// The model that made it; only turn embeddings of this model count.
+    pub model: &'a str,
+    /// Weight of the cosine in a hit's score, 0 to 1.
+    pub weight: f64,
 }
 
 super::statement_params! {
@@ -49,6 +63,9 @@ super::statement_params! {
         thread_id: Option<Uuid>,
         thread_turns: i32,
         request_id: Uuid,
+        embedding: Option<&'a [f32]>,
+        model: Option<&'a str>,
+        weight: f64,
     }
 }
 
@@ -103,6 +120,13 @@ pub async fn search(client: &Client, s: &MemorySearch<'_>) -> Result<Vec<MemoryI
         thread_id: s.thread_id,
         thread_turns: int(s.thread_turns),
         request_id: s.request_id,
+        embedding: s
+            .semantic
+            .as_ref()
+            .filter(|_| long_term)
+            .map(|m| m.embedding.as_slice()),
+        model: s.semantic.as_ref().map(|m| m.model),
+        weight: s.semantic.as_ref().map_or(0.0, |m| m.weight.clamp(0.0, 1.0)),
     };
     let values = params.params();
     let (begin, rows, commit) = if crate::db::unnamed_statements() {

@@ -56,6 +56,7 @@ pub mod callbacks;
 pub mod console;
 pub mod console_views;
 pub mod control;
+pub mod embeddings;
 pub mod gauges;
 pub mod idempotency;
 pub mod memory;
@@ -117,6 +118,7 @@ const PARAM_TYPES: &[Type] = &[
     Type::TIMESTAMPTZ_ARRAY,
     Type::BOOL_ARRAY,
     Type::FLOAT8_ARRAY,
+    Type::FLOAT4_ARRAY,
     Type::JSONB_ARRAY,
     Type::INT2_ARRAY,
     Type::TIMESTAMP,
@@ -381,6 +383,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         idempotency::STATEMENTS,
         archive::STATEMENTS,
         memory::STATEMENTS,
+        embeddings::STATEMENTS,
         stats::STATEMENTS,
         gauges::STATEMENTS,
         users::STATEMENTS,

@@ -186,6 +186,7 @@ pub async fn search(
         hits: cfg.memory.hits,
         window: cfg.memory.window,
         records: cfg.memory.records,
+        semantic: None,
     };
     let hits = repo::memory::search(client, &s).await?;
     Ok(SearchView {

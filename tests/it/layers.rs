@@ -25,7 +25,7 @@ const LAYERS: &[&[&str]] = &[
     &["repo"],
     &["metrics", "stage", "service"],
     &["listener", "control", "users"],
-    &["dispatcher", "archivist", "callbacks", "retention"],
+    &["dispatcher", "archivist", "embedder", "callbacks", "retention"],
     &["http", "cli", "systemd"],
     &["daemon"],
 ];

@@ -2,6 +2,8 @@
 //! once, the user's long-term memory found by search and never another
 //! user's, and the provenance of a context (status API, `maasctl`).
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio_postgres::Client;
@@ -11,6 +13,8 @@ use crate::support::api::Api;
 use crate::support::cli::maasctl_async;
 use crate::support::daemon::Opts;
 use crate::support::db::TestDb;
+use crate::support::fake_llm::FakeLlm;
+use crate::support::poll::{count, poll_until};
 
 /// A daemon with the offline provider (no provider is configured) and the
 /// archivist off.
@@ -161,4 +165,147 @@ async fn two_users_sharing_words_never_see_each_others_memory() {
         let sources = state["context_sources"].as_array().cloned().unwrap_or_default();
         assert!(sources.iter().any(|s| s["why"] == "hit"), "{sources:?}");
     }
+}
+
+/// A record of `user`, so that the offline analyzer says a query needs
+/// context.
+async fn a_record(c: &Client, user: Uuid, summary: &str) {
+    c.execute(
+        "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, tags, summary)
+         VALUES ($1, now() - interval '2 days', now() - interval '1 day', '{family}', $2)",
+        &[&user, &summary],
+    )
+    .await
+    .unwrap();
+}
+
+/// Waits until every turn of `user` has an embedding of `model`.
+async fn every_turn_embedded(c: &Client, user: Uuid, model: &str) {
+    let sql = format!(
+        "SELECT count(*) FROM raw_logs r WHERE r.user_id = '{user}' AND NOT EXISTS \
+         (SELECT 1 FROM turn_embeddings e WHERE e.turn_id = r.id AND e.model = '{model}' AND e.user_id = r.user_id)"
+    );
+    let done = poll_until(Duration::from_secs(60), Duration::from_millis(100), || async {
+        count(c, &sql).await == 0
+    })
+    .await;
+    assert!(
+        done,
+        "{} turns of {user} still without an embedding of {model}",
+        count(c, &sql).await
+    );
+}
+
+/// With embeddings on (the offline provider's hashed ones), maasd's
+/// embedder gives every turn its embedding, and the memory search finds a
+/// turn that shares no word with the query (Lisboa for Lisbon), which full
+/// text alone cannot; the provenance names it as the best hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    let chat = Uuid::new_v4();
+    for i in 0..12 {
+        let kind = if i % 2 == 0 { "user_query" } else { "assistant_response" };
+        log_turn(&c, user, chat, kind, &format!("Ann: the weather was grey on day {i}")).await;
+    }
+    log_turn(
+        &c,
+        user,
+        Uuid::new_v4(),
+        "user_query",
+        "Ann: my sister now lives in Lisboa",
+    )
+    .await;
+    let lisboa: i64 = c
+        .query_one("SELECT id FROM raw_logs WHERE content LIKE '%Lisboa'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    a_record(&c, user, "Ann talks about her family").await;
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_LLM__EMBEDDING__PROVIDER", "offline"),
+    )
+    .await;
+    every_turn_embedded(&c, user, "offline-hash-384").await;
+
+    let id = api.ask(user, None, "Lisbon?").await;
+    let state = api.status_with(id, "include=context").await;
+    let context = state["context"].as_str().unwrap_or_default();
+    assert!(context.contains("my sister now lives in Lisboa"), "{context}");
+    let sources = state["context_sources"].as_array().cloned().unwrap_or_default();
+    let best = sources.iter().filter(|s| s["why"] == "hit").max_by(|a, b| {
+        a["score"]
+            .as_f64()
+            .unwrap_or(0.0)
+            .total_cmp(&b["score"].as_f64().unwrap_or(0.0))
+    });
+    assert_eq!(best.map(|s| s["id"].clone()), Some(json!(lisboa)), "{sources:?}");
+    // The request's own turns are embedded too, as they are logged.
+    every_turn_embedded(&c, user, "offline-hash-384").await;
+    // A deleted turn takes its embedding with it.
+    c.execute("DELETE FROM raw_logs WHERE id = $1", &[&lisboa])
+        .await
+        .unwrap();
+    let left = count(
+        &c,
+        &format!("SELECT count(*) FROM turn_embeddings WHERE turn_id = {lisboa}"),
+    )
+    .await;
+    assert_eq!(left, 0);
+}
+
+/// Embeddings from an OpenAI-compatible provider over HTTP. While the
+/// provider fails, requests still complete (the search runs on full text
+/// alone) and no turn is skipped: once it is back, every turn gets its
+/// embedding, and a request's query is embedded with the configured key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_embeddings_over_http_and_a_failing_provider_harms_no_request() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let fake = FakeLlm::start().await;
+    fake.set_embeddings_failing(true);
+    let (user, chat) = (Uuid::new_v4(), Uuid::new_v4());
+    log_turn(&c, user, chat, "user_query", "Bea: the pottery class moved to Tuesday").await;
+    log_turn(&c, user, chat, "assistant_response", "Noted: pottery on Tuesday.").await;
+    a_record(&c, user, "Bea talks about pottery").await;
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_LLM__EMBEDDING__PROVIDER", "openai")
+            .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
+            .env("OPENAI_API_KEY", "embed-test-key"),
+    )
+    .await;
+    fake.wait_for_requests(1, Duration::from_secs(30)).await;
+
+    let id = api.ask(user, None, "When is my pottery class?").await;
+    let state = api.status_with(id, "include=context").await;
+    let context = state["context"].as_str().unwrap_or_default();
+    assert!(context.contains("pottery class moved to Tuesday"), "{context}");
+    let sql = format!("SELECT count(*) FROM turn_embeddings WHERE user_id = '{user}'");
+    assert_eq!(count(&c, &sql).await, 0, "nothing stored while the provider fails");
+    let mark: i64 = c
+        .query_one("SELECT embedded_seq FROM archive_marks WHERE user_id = $1", &[&user])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mark, 0, "the mark waits for the embeddings");
+
+    fake.set_embeddings_failing(false);
+    every_turn_embedded(&c, user, "text-embedding-3-small").await;
+    let before = fake.requests().len();
+    api.ask(user, None, "Which day is pottery?").await;
+    let asked = fake.requests()[before..]
+        .iter()
+        .find(|r| r.path == "/v1/embeddings" && r.body["input"] == json!(["Which day is pottery?"]))
+        .cloned();
+    let asked = asked.unwrap_or_else(|| panic!("the query was not embedded: {:?}", fake.requests()));
+    assert_eq!(asked.header("authorization"), Some("Bearer embed-test-key"));
+    assert_eq!(asked.body["model"], "text-embedding-3-small");
 }

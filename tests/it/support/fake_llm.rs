@@ -5,7 +5,11 @@
 //! - OpenAI chat completions: `POST /v1/chat/completions` (so the OpenAI base
 //!   URL is [`FakeLlm::openai_base_url`], which ends in `/v1`);
 //! - Anthropic Messages: `POST /v1/messages`;
-//! - Gemini: `POST /v1beta/models/{model}:generateContent`.
+//! - Gemini: `POST /v1beta/models/{model}:generateContent`;
+//! - OpenAI embeddings: `POST /v1/embeddings` (recorded as [`Api::OpenAi`]),
+//!   answered with a vector of 16 word counts per input (each word counted
+//!   in the component its letters' byte sum picks), or with a 503 while
+//!   [`FakeLlm::set_embeddings_failing`] says so.
 //!
 //! Each shape follows its own script, a queue of [`Reply`]s pushed with
 //! [`FakeLlm::push`]: a completion with given text and usage, any status with
@@ -443,6 +447,8 @@ struct Shared {
     faults: Mutex<FaultRates>,
     tally: Mutex<Tally>,
     seed: AtomicU64,
+    /// `/v1/embeddings` answers 503 while set.
+    embeddings_failing: std::sync::atomic::AtomicBool,
 }
 
 /// splitmix64 over a shared counter: a uniform number in [0, 1) without a
@@ -496,6 +502,7 @@ impl FakeLlm {
             faults: Mutex::new(FaultRates::default()),
             tally: Mutex::new(Tally::default()),
             seed: AtomicU64::new(u64::from(std::process::id()) << 32),
+            embeddings_failing: std::sync::atomic::AtomicBool::new(false),
         });
         let app = Router::new()
             .route(
@@ -503,6 +510,14 @@ impl FakeLlm {
                 post(
                     |State(s): State<Arc<Shared>>, uri: Uri, headers: HeaderMap, body: Bytes| {
                         handle(s, Api::OpenAi, None, uri, headers, body)
+                    },
+                ),
+            )
+            .route(
+                "/v1/embeddings",
+                post(
+                    |State(s): State<Arc<Shared>>, uri: Uri, headers: HeaderMap, body: Bytes| {
+                        embeddings(s, uri, headers, body)
                     },
                 ),
             )
@@ -584,6 +599,11 @@ impl FakeLlm {
         self.stop.is_some()
     }
 
+    /// Makes `/v1/embeddings` answer 503 (true) or vectors (false).
+    pub fn set_embeddings_failing(&self, failing: bool) {
+        self.shared.embeddings_failing.store(failing, Ordering::SeqCst);
+    }
+
     /// Replaces the random fault rates of the default reply.
     pub fn set_faults(&self, faults: FaultRates) {
         *lock(&self.shared.faults) = faults;
@@ -659,19 +679,8 @@ impl FakeLlm {
     }
 }
 
-async fn handle(
-    shared: Arc<Shared>,
-    api: Api,
-    path_model: Option<String>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let text = body.to_string();
-    let model = path_model
-        .or_else(|| body.get("model").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| "unknown-model".to_owned());
+/// Records a request (path, lower-cased headers, JSON body) and counts it.
+fn record(shared: &Shared, api: Api, uri: &Uri, headers: &HeaderMap, body: Value) {
     let headers = headers
         .iter()
         .map(|(k, v)| {
@@ -691,6 +700,65 @@ async fn handle(
         received_at: Instant::now(),
     });
     shared.count.send_modify(|c| *c += 1);
+}
+
+/// `POST /v1/embeddings`: 16 word counts per input, in input order.
+async fn embeddings(shared: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let inputs: Vec<String> = body
+        .get("input")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .unwrap_or_default();
+    record(&shared, Api::OpenAi, &uri, &headers, body);
+    if shared.embeddings_failing.load(Ordering::SeqCst) {
+        return json_response(
+            503,
+            &json!({"error": {"message": "embeddings are down", "type": "server_error"}}),
+        );
+    }
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let mut v = [0.0f64; 16];
+            for word in text
+                .to_lowercase()
+                .split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+            {
+                let slot = word.bytes().map(usize::from).sum::<usize>() % 16;
+                v[slot] += 1.0;
+            }
+            v[15] += 0.01;
+            json!({"object": "embedding", "index": i, "embedding": v.to_vec()})
+        })
+        .collect();
+    json_response(200, &json!({"object": "list", "data": data, "model": "fake-embedding"}))
+}
+
+fn json_response(status: u16, body: &Value) -> Response {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("fake LLM: response")
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    api: Api,
+    path_model: Option<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let text = body.to_string();
+    let model = path_model
+        .or_else(|| body.get("model").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "unknown-model".to_owned());
+    record(&shared, api, &uri, &headers, body);
 
     let ruled = lock(&shared.rules)
         .iter()

@@ -1,0 +1,29 @@
+-- Stores the embeddings of user $1's turns $3 (all of dimension $5, one
+-- after another in $4) made by model $2, and moves the user's mark to $6,
+-- in one statement. A turn deleted meanwhile is skipped; a turn embedded
+-- before (another model, or another daemon) is overwritten. The mark never
+-- moves back, except to start over with a new model.
+-- $1 user_id
+-- $2 model
+-- $3 turn ids (bigint[])
+-- $4 embeddings (real[], $5 components each, in the order of $3)
+-- $5 dimensions
+-- $6 mark (user_seq)
+WITH v AS (
+    SELECT x.id, x.n::int AS n FROM unnest($3::bigint[]) WITH ORDINALITY AS x(id, n)
+), stored AS (
+    INSERT INTO turn_embeddings AS e (turn_id, user_id, model, embedding)
+    SELECT v.id, $1::uuid, $2::text, ($4::real[])[(v.n - 1) * $5::int + 1 : v.n * $5::int]
+    FROM v
+    JOIN raw_logs r ON r.id = v.id AND r.user_id = $1::uuid
+    ON CONFLICT (turn_id) DO UPDATE SET model = EXCLUDED.model, embedding = EXCLUDED.embedding
+    RETURNING e.turn_id
+), mark AS (
+    UPDATE archive_marks m
+    SET embedded_seq = CASE WHEN m.embedded_model IS DISTINCT FROM $2::text THEN $6::bigint
+                            ELSE greatest(m.embedded_seq, $6::bigint) END,
+        embedded_model = $2::text
+    WHERE m.user_id = $1::uuid
+    RETURNING m.embedded_seq
+)
+SELECT (SELECT count(*) FROM stored) AS stored, (SELECT m.embedded_seq FROM mark m) AS embedded_seq

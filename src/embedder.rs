@@ -1,0 +1,152 @@
+//! The embedder: a daemon service that gives every turn its embedding for
+//! the semantic part of the memory search, when `[llm.embedding]` is on.
+//!
+//! Each pass takes up to [`USERS_PER_PASS`] users with turns past their
+//! mark (`archive_marks.embedded_seq`), and for each the next batch of
+//! turns, oldest first. A turn is embedded together with the turns on
+//! either side of it in its thread (`previous`, `content`, `next`, a line
+//! each): a reply is often meaningless alone ("Yes, in March!"), and on
+//! LoCoMo this window beat the turn with only its previous one (recall of
+//! all evidence 0.808 against 0.797) and the turn alone (BENCHMARKS.md,
+//! "Semantic memory search"). So the turn before a new one is embedded
+//! again, now with its next turn. The embeddings and the mark are written in one
+//! statement ([`repo::embeddings::store`]), so a crash loses nothing.
+//! Passes follow each other at once while there is work, then every
+//! [`IDLE`]; several daemons may run it: they at worst embed a batch twice.
+//!
+//! A failure (the provider, the database) is logged with its cause and the
+//! pass ends; the next one, after [`IDLE`] (longer after repeated failures),
+//! tries again. A turn is never skipped because its embedding failed.
+//! Until a turn has its embedding, the memory search finds it by full text
+//! alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::db::Pool;
+use crate::llm::embed::Embedder;
+use crate::repo;
+use crate::service::Service;
+
+/// Users taken by one pass.
+pub const USERS_PER_PASS: usize = 16;
+/// Pause when there is nothing to embed.
+pub const IDLE: Duration = Duration::from_secs(1);
+/// Longest pause after repeated failures.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Users whose turns were read.
+    pub users: usize,
+    /// Embeddings stored.
+    pub embedded: i64,
+}
+
+/// The embedder service.
+pub struct EmbedderService {
+    pool: Pool,
+    embedder: Embedder,
+}
+
+impl EmbedderService {
+    pub fn new(pool: Pool, embedder: Embedder) -> EmbedderService {
+        EmbedderService { pool, embedder }
+    }
+}
+
+/// The text a turn is embedded from.
+fn text_of(turn: &repo::embeddings::TurnText) -> String {
+    [
+        turn.previous.as_deref(),
+        Some(turn.content.as_str()),
+        turn.next.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join("\n")
+}
+
+/// Why a pass stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("{0}")]
+    Db(#[from] crate::db::Error),
+    #[error("{0}")]
+    Embed(#[from] crate::llm::embed::EmbedError),
+}
+
+/// One pass: up to [`USERS_PER_PASS`] users, one batch of turns each.
+pub async fn pass(pool: &Pool, embedder: &Embedder) -> Result<Pass, PassError> {
+    let client = pool.get().await.map_err(crate::db::Error::from)?;
+    let users = repo::embeddings::pending(&client, embedder.model(), USERS_PER_PASS).await?;
+    let mut done = Pass::default();
+    for user in users {
+        let turns = repo::embeddings::turns(&client, user.user_id, user.embedded_seq, embedder.batch()).await?;
+        // No new turn left (deleted ones leave gaps): the mark goes to the end.
+        let mark = turns
+            .iter()
+            .filter(|t| !t.again)
+            .map(|t| t.user_seq)
+            .max()
+            .unwrap_or(user.logged_seq);
+        let texts: Vec<String> = turns.iter().map(text_of).collect();
+        let vectors = if texts.is_empty() {
+            Vec::new()
+        } else {
+            embedder.embed(&texts).await?
+        };
+        let ids: Vec<i64> = turns.iter().map(|t| t.id).collect();
+        done.embedded += repo::embeddings::store(&client, user.user_id, embedder.model(), &ids, &vectors, mark).await?;
+        done.users += 1;
+    }
+    Ok(done)
+}
+
+impl Service for EmbedderService {
+    fn name(&self) -> &'static str {
+        "embedder"
+    }
+
+    fn run(self: Arc<Self>, shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+        async move {
+            tracing::info!(
+                provider = self.embedder.provider_name(),
+                model = self.embedder.model(),
+                "embedder started"
+            );
+            let mut failures: u32 = 0;
+            loop {
+                let pause = match pass(&self.pool, &self.embedder).await {
+                    Ok(p) => {
+                        failures = 0;
+                        if p.embedded > 0 {
+                            tracing::debug!(users = p.users, embedded = p.embedded, "turns embedded");
+                        }
+                        if p.users == 0 { IDLE } else { Duration::ZERO }
+                    }
+                    Err(e) => {
+                        failures = failures.saturating_add(1);
+                        let pause = IDLE
+                            .saturating_mul(2u32.saturating_pow(failures.min(6)))
+                            .min(MAX_BACKOFF);
+                        tracing::warn!(error = %e, failures, retry_in_secs = pause.as_secs(),
+                            "embedding turns failed; the turns stay to embed");
+                        pause
+                    }
+                };
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,451 @@
+//! Embeddings of memory text: the vectors the semantic part of the memory
+//! search compares (`memory_search.sql`, the embedder service).
+//!
+//! Optional and off by default (`[llm.embedding] provider = "off"`). The
+//! providers:
+//! - **local**: all-MiniLM-L6-v2 (384 dimensions) run in-process on the CPU
+//!   from a folder holding `config.json`, `tokenizer.json` and
+//!   `model.safetensors` ([`local`]). No network, no key.
+//! - **offline**: a deterministic hashed embedding of words and their
+//!   letter trigrams ([`offline`]), so tests cover the whole path without a
+//!   model; it finds spelling neighbours, not meaning.
+//! - **openai**: an OpenAI-compatible `POST {base}/embeddings`.
+//! - **gemini**: Gemini `batchEmbedContents`.
+//!
+//! The HTTP providers use the endpoint and key of `[llm.openai]` /
+//! `[llm.gemini]` (and their environment variables), like the chat roles.
+//!
+//! Guarantees: every vector [`Embedder::embed`] returns has
+//! [`Embedder::dimensions`] components and unit length (cosine = dot
+//! product), one per input text, in input order; a provider reply of any
+//! other shape is an [`EmbedError`], never a short or reordered result.
+//! Nothing here logs the texts.
+
+mod http;
+pub mod local;
+pub mod offline;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::ProviderKind;
+use super::config::{ConfigError, Endpoint, LlmConfig};
+
+/// `[llm.embedding]`: which provider embeds memory text. Every field may
+/// be omitted.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EmbeddingConfig {
+    /// `off` (default), `local`, `offline`, `openai` or `gemini`.
+    pub provider: Option<String>,
+    /// The provider's model name. Defaults: openai `text-embedding-3-small`,
+    /// gemini `text-embedding-004`, local `all-MiniLM-L6-v2`, offline
+    /// `offline-hash-384`. Stored with every embedding: a change of model
+    /// re-embeds the user's turns.
+    pub model: Option<String>,
+    /// The local provider's model folder (`config.json`, `tokenizer.json`,
+    /// `model.safetensors`; `bin/eval-memory` fetches one). Required for
+    /// `local`.
+    pub model_dir: Option<PathBuf>,
+    /// Texts per call. Default 32.
+    pub batch: Option<usize>,
+    /// Timeout of one call, in seconds. Default 30.
+    pub timeout_secs: Option<u64>,
+}
+
+/// Which provider embeds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EmbeddingProvider {
+    /// A model run in-process from this folder.
+    Local(PathBuf),
+    /// The deterministic hashed embedding.
+    Offline,
+    /// An OpenAI-compatible endpoint.
+    OpenAi(Endpoint),
+    /// Gemini.
+    Gemini(Endpoint),
+}
+
+impl EmbeddingProvider {
+    /// Its name in configuration, logs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EmbeddingProvider::Local(_) => "local",
+            EmbeddingProvider::Offline => "offline",
+            EmbeddingProvider::OpenAi(_) => "openai",
+            EmbeddingProvider::Gemini(_) => "gemini",
+        }
+    }
+}
+
+/// The resolved `[llm.embedding]` when it is on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddingSettings {
+    /// The provider.
+    pub provider: EmbeddingProvider,
+    /// The model name (stored with every embedding).
+    pub model: String,
+    /// Texts per call.
+    pub batch: usize,
+    /// Timeout of one call.
+    pub timeout: Duration,
+}
+
+/// Default texts per call.
+pub const DEFAULT_BATCH: usize = 32;
+
+impl EmbeddingConfig {
+    /// The settings, or `None` when embeddings are off. `llm` gives the
+    /// HTTP providers' endpoints; `env` looks a variable up.
+    pub fn resolve(
+        &self,
+        llm: &LlmConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<EmbeddingSettings>, ConfigError> {
+        let invalid = |field: &str, reason: String| ConfigError::Invalid {
+            key: format!("llm.embedding.{field}"),
+            reason,
+        };
+        let name = self.provider.as_deref().map(str::trim).unwrap_or("off");
+        let (provider, default_model) = match name.to_ascii_lowercase().as_str() {
+            "off" | "" => return Ok(None),
+            "local" => {
+                let dir = self.model_dir.clone().ok_or_else(|| {
+                    invalid(
+                        "model_dir",
+                        "the local provider needs the folder of its model (config.json, tokenizer.json, \
+                         model.safetensors)"
+                            .into(),
+                    )
+                })?;
+                (EmbeddingProvider::Local(dir), local::MODEL)
+            }
+            "offline" => (EmbeddingProvider::Offline, offline::MODEL),
+            other => {
+                let kind: ProviderKind = other.parse().map_err(|_| {
+                    invalid(
+                        "provider",
+                        format!("unknown embedding provider {name:?} (expected off, local, offline, openai or gemini)"),
+                    )
+                })?;
+                let endpoint = llm.resolve_endpoint(kind, "embedding", env)?;
+                match (kind, endpoint) {
+                    (ProviderKind::OpenAi, Some(e)) => (EmbeddingProvider::OpenAi(e), "text-embedding-3-small"),
+                    (ProviderKind::Gemini, Some(e)) => (EmbeddingProvider::Gemini(e), "text-embedding-004"),
+                    _ => {
+                        return Err(invalid(
+                            "provider",
+                            format!("{name} offers no embeddings (expected off, local, offline, openai or gemini)"),
+                        ));
+                    }
+                }
+            }
+        };
+        let batch = self.batch.unwrap_or(DEFAULT_BATCH);
+        if !(1..=2048).contains(&batch) {
+            return Err(invalid("batch", format!("must be between 1 and 2048 (got {batch})")));
+        }
+        let timeout_secs = self.timeout_secs.unwrap_or(30);
+        if !(1..=3600).contains(&timeout_secs) {
+            return Err(invalid(
+                "timeout_secs",
+                format!("must be between 1 and 3600 (got {timeout_secs})"),
+            ));
+        }
+        let model = self
+            .model
+            .as_deref()
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .unwrap_or(default_model)
+            .to_owned();
+        Ok(Some(EmbeddingSettings {
+            provider,
+            model,
+            batch,
+            timeout: Duration::from_secs(timeout_secs),
+        }))
+    }
+}
+
+/// Why texts could not be embedded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EmbedError {
+    /// The local model could not be loaded (at startup).
+    #[error("the embedding model in {dir} could not be loaded: {reason}")]
+    Load {
+        /// Its folder.
+        dir: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A call failed: transport, status, timeout, or a reply of the wrong
+    /// shape. `retryable` says whether trying again later may succeed.
+    #[error("{provider} embeddings: {message}")]
+    Call {
+        /// The provider's name.
+        provider: &'static str,
+        /// What happened, with the provider's own words where it gave some
+        /// (never the key).
+        message: String,
+        /// Whether a later try may succeed (transport, 429, 5xx, timeout).
+        retryable: bool,
+    },
+}
+
+impl EmbedError {
+    /// Whether a later try may succeed.
+    pub fn retryable(&self) -> bool {
+        match self {
+            EmbedError::Load { .. } => false,
+            EmbedError::Call { retryable, .. } => *retryable,
+        }
+    }
+}
+
+enum Backend {
+    Local(Arc<local::Local>),
+    Offline,
+    Http {
+        http: reqwest::Client,
+        provider: EmbeddingProvider,
+    },
+}
+
+/// Embeds texts with the configured provider. Cheap to clone.
+#[derive(Clone)]
+pub struct Embedder {
+    backend: Arc<Backend>,
+    model: String,
+    batch: usize,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Embedder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embedder")
+            .field("provider", &self.provider_name())
+            .field("model", &self.model)
+            .finish()
+    }
+}
+
+impl Embedder {
+    /// Builds the embedder; the local provider loads its model here (a
+    /// missing or broken model fails startup, naming the folder).
+    pub fn new(settings: &EmbeddingSettings) -> Result<Embedder, EmbedError> {
+        let backend = match &settings.provider {
+            EmbeddingProvider::Local(dir) => Backend::Local(Arc::new(local::Local::load(dir)?)),
+            EmbeddingProvider::Offline => Backend::Offline,
+            p @ (EmbeddingProvider::OpenAi(_) | EmbeddingProvider::Gemini(_)) => {
+                let http = reqwest::Client::builder()
+                    .user_agent(concat!("maas/", env!("CARGO_PKG_VERSION")))
+                    // A redirect would carry the API key to another host.
+                    .redirect(reqwest::redirect::Policy::none())
+                    .build()
+                    .map_err(|e| EmbedError::Call {
+                        provider: p.name(),
+                        message: format!("cannot build the HTTP client: {e}"),
+                        retryable: false,
+                    })?;
+                Backend::Http {
+                    http,
+                    provider: p.clone(),
+                }
+            }
+        };
+        Ok(Embedder {
+            backend: Arc::new(backend),
+            model: settings.model.clone(),
+            batch: settings.batch,
+            timeout: settings.timeout,
+        })
+    }
+
+    /// The provider's name.
+    pub fn provider_name(&self) -> &'static str {
+        match &*self.backend {
+            Backend::Local(_) => "local",
+            Backend::Offline => "offline",
+            Backend::Http { provider, .. } => provider.name(),
+        }
+    }
+
+    /// The model name stored with every embedding.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Texts per call.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// One unit vector per text, in order (calls of at most
+    /// [`Embedder::batch`] texts each, each within the timeout).
+    pub async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let mut out = Vec::with_capacity(texts.len());
+        for chunk in texts.chunks(self.batch.max(1)) {
+            let call = self.embed_chunk(chunk);
+            let vectors = tokio::time::timeout(self.timeout, call)
+                .await
+                .map_err(|_| EmbedError::Call {
+                    provider: self.provider_name(),
+                    message: format!("no answer within {} s", self.timeout.as_secs()),
+                    retryable: true,
+                })??;
+            if vectors.len() != chunk.len() {
+                return Err(EmbedError::Call {
+                    provider: self.provider_name(),
+                    message: format!("asked for {} vectors, got {}", chunk.len(), vectors.len()),
+                    retryable: false,
+                });
+            }
+            for v in vectors {
+                out.push(normalised(v).ok_or_else(|| EmbedError::Call {
+                    provider: self.provider_name(),
+                    message: "a vector was empty, zero or not finite".into(),
+                    retryable: false,
+                })?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn embed_chunk(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        match &*self.backend {
+            Backend::Offline => Ok(texts.iter().map(|t| offline::embed(t)).collect()),
+            Backend::Local(model) => {
+                let model = Arc::clone(model);
+                let texts = texts.to_vec();
+                tokio::task::spawn_blocking(move || model.embed(&texts))
+                    .await
+                    .map_err(|e| EmbedError::Call {
+                        provider: "local",
+                        message: format!("the embedding task stopped: {e}"),
+                        retryable: true,
+                    })?
+            }
+            Backend::Http {
+                http,
+                provider: EmbeddingProvider::OpenAi(endpoint),
+            } => http::openai(http, endpoint, &self.model, texts).await,
+            Backend::Http {
+                http,
+                provider: EmbeddingProvider::Gemini(endpoint),
+            } => http::gemini(http, endpoint, &self.model, texts).await,
+            Backend::Http { provider, .. } => Err(EmbedError::Call {
+                provider: provider.name(),
+                message: "not an HTTP provider".into(),
+                retryable: false,
+            }),
+        }
+    }
+}
+
+/// `v` scaled to unit length; `None` if empty, zero or not finite.
+fn normalised(mut v: Vec<f32>) -> Option<Vec<f32>> {
+    let norm = v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum::<f64>().sqrt();
+    if v.is_empty() || !norm.is_finite() || norm == 0.0 {
+        return None;
+    }
+    for x in &mut v {
+        // Narrowing back to f32 is the point: the vector is stored as real[].
+        #[allow(clippy::cast_possible_truncation)]
+        let scaled = (f64::from(*x) / norm) as f32;
+        *x = scaled;
+    }
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn cfg(provider: &str) -> EmbeddingConfig {
+        EmbeddingConfig {
+            provider: Some(provider.into()),
+            ..EmbeddingConfig::default()
+        }
+    }
+
+    #[test]
+    fn off_by_default() {
+        let got = EmbeddingConfig::default().resolve(&LlmConfig::default(), &env);
+        assert_eq!(got, Ok(None));
+    }
+
+    #[test]
+    fn local_needs_its_folder_and_unknown_names_are_named() {
+        let e = cfg("local")
+            .resolve(&LlmConfig::default(), &env)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_deref().is_some_and(|e| e.starts_with("llm.embedding.model_dir")),
+            "{e:?}"
+        );
+        let e = cfg("word2vec")
+            .resolve(&LlmConfig::default(), &env)
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.as_deref().is_some_and(|e| e.contains("\"word2vec\"")), "{e:?}");
+        let e = cfg("anthropic")
+            .resolve(&LlmConfig::default(), &env)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_deref().is_some_and(|e| e.contains("offers no embeddings")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn openai_needs_a_key_and_takes_the_endpoint_of_llm_openai() {
+        let e = cfg("openai")
+            .resolve(&LlmConfig::default(), &env)
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.as_deref().is_some_and(|e| e.contains("OPENAI_API_KEY")), "{e:?}");
+        let key = |name: &str| (name == "OPENAI_API_KEY").then(|| "sk-test".to_owned());
+        let got = cfg("openai").resolve(&LlmConfig::default(), &key);
+        let Ok(Some(s)) = got else { panic!("{got:?}") };
+        assert_eq!(s.model, "text-embedding-3-small");
+        let EmbeddingProvider::OpenAi(endpoint) = s.provider else {
+            panic!("{:?}", s.provider)
+        };
+        assert_eq!(endpoint.base_url, "https://api.openai.com/v1");
+    }
+
+    #[test]
+    fn vectors_come_back_unit_length_or_not_at_all() {
+        let v = normalised(vec![3.0, 4.0]).unwrap_or_default();
+        assert!((v[0] - 0.6).abs() < 1e-6 && (v[1] - 0.8).abs() < 1e-6, "{v:?}");
+        assert_eq!(normalised(vec![0.0, 0.0]), None);
+        assert_eq!(normalised(vec![]), None);
+        assert_eq!(normalised(vec![f32::NAN]), None);
+    }
+
+    #[tokio::test]
+    async fn the_offline_embedder_is_deterministic_and_batches_in_order() {
+        let Ok(Some(s)) = cfg("offline").resolve(&LlmConfig::default(), &env) else {
+            panic!("offline resolves")
+        };
+        let e = Embedder::new(&EmbeddingSettings { batch: 2, ..s }).unwrap_or_else(|e| panic!("{e}"));
+        let texts: Vec<String> = ["a sister in Lisbon", "the weather", "Lisboa", "tea"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let a = e.embed(&texts).await.unwrap_or_else(|e| panic!("{e}"));
+        let b = e.embed(&texts[2..]).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.len(), 4);
+        assert_eq!(a[2..], b[..], "the same text, the same vector, whatever its batch");
+    }
+}
