@@ -649,7 +649,7 @@ def main():
     ap.add_argument("--extra", action="store_true",
                     help="also the further packing experiments (windows by rank or by question, budgets, passages)")
     ap.add_argument("--proposed", action="store_true",
-                    help="also run sql/queries/memory_search.sql verbatim on the draft migration (schema memprop)")
+                    help="also run the full-text memory search (sql/queries/memory_search*.sql) verbatim on the draft migration (schema memprop)")
     ap.add_argument("--skip", default="", help="comma-separated name prefixes to leave out")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args()
@@ -695,8 +695,11 @@ def main():
             root = __file__.rsplit("/benches/", 1)[0]
             with open(f"{root}/sql/0008_memory_search.sql", encoding="utf-8") as f:
                 migration = f.read()
-            with open(f"{root}/sql/queries/memory_search.sql", encoding="utf-8") as f:
-                query = f.read()
+            # The full-text statement, as src/repo/memory.rs puts it together.
+            query = ""
+            for part in ("memory_search", "memory_search_fulltext", "memory_search_items"):
+                with open(f"{root}/sql/queries/{part}.sql", encoding="utf-8") as f:
+                    query += f.read()
             setup_proposed(conn, users, migration)
             for hits, window, records in PROPOSED:
                 r = evaluate_proposed(conn, questions, query, args.budget, hits, window, records)

@@ -1,5 +1,11 @@
 -- The memory of one request, short-term and long-term, in one statement
--- (src/repo/memory.rs). Every scan is filtered by the user (invariant 7)
+-- (src/repo/memory.rs), written in parts: this file (the query's lexemes
+-- and the full-text candidates), then memory_search_fulltext.sql (the
+-- hits by full text alone) or memory_search_semantic.sql (the hits by full
+-- text fused with embeddings, when they are on), then
+-- memory_search_items.sql (the hits' neighbours, the records, the thread's
+-- turns, and the rows in packing order). A statement is the
+-- concatenation; the full-text one carries nothing of the semantic part. Every scan is filtered by the user (invariant 7)
 -- and goes through an index that leads with user_id: the (user_id, search)
 -- GIN indexes for the search, raw_logs_user_seq_idx for the neighbours,
 -- raw_logs_thread_idx for the thread; another user's rows are never read.
@@ -13,9 +19,6 @@
 -- $6 thread_id (the request's thread; NULL: no short-term turns)
 -- $7 thread_turns (newest turns of that thread)
 -- $8 request_id (the request itself, whose turns are left out)
--- $9 embedding (real[], unit length: the query's embedding; NULL: no semantic part)
--- $10 model (the model of $9; only turn embeddings of that model are compared)
--- $11 weight (of the semantic part in a hit's score, 0 to 1; 0.5 measured best)
 --
 -- Short-term: the newest $7 turns of the thread $6, archived or not, why
 -- 'thread', score 0, newest first.
@@ -39,15 +42,6 @@
 -- that hold them. Only when fewer than 40 turns match a rarer lexeme are
 -- the newest 256 turns matching any lexeme scored besides. On LoCoMo this
 -- picks the same hits as scoring every matching turn (BENCHMARKS.md).
---
--- Semantic part (only when $9 is given, `[llm.embedding]`): the cosine of
--- the query's embedding with each of the user's turn embeddings
--- (turn_embeddings_user_idx); the 100 nearest turns join the candidates. A
--- candidate's score is then (1 − $11) · its BM25 score over the best BM25
--- score of the candidates + $11 · its cosine scaled to 0..1 over the
--- user's turns (min to max): linear fusion, which beat reciprocal rank
--- fusion by 5 points of recall on LoCoMo (BENCHMARKS.md, "Semantic memory
--- search"). Without $9 the score is the BM25 score, as before.
 --
 -- Rows: kind ('turn' | 'record'), id, why ('thread' | 'hit' | 'neighbour' |
 -- 'record'), hit_id (the turn whose window brought the row; its own id for a
@@ -103,96 +97,3 @@ WITH q AS (
     WHERE (SELECT count(*) FROM rare) < 40
     ORDER BY r.user_seq DESC
     LIMIT 256
-), dense AS MATERIALIZED (
-    -- (in float8: the product of two small real components underflows,
-    -- which PostgreSQL reports as an error rather than rounding to 0)
-    SELECT e.turn_id AS id,
-           (SELECT sum(x.a::float8 * x.b::float8) FROM unnest(e.embedding, $9::real[]) AS x(a, b)) AS cosine
-    FROM turn_embeddings e
-    WHERE $9::real[] IS NOT NULL AND $3::int > 0 AND e.user_id = $1::uuid AND e.model = $10::text
-), span AS (
-    SELECT min(d.cosine) AS lo, greatest(max(d.cosine) - min(d.cosine), 1e-9) AS width FROM dense d
-), near AS (
-    SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search
-    FROM (SELECT d.id FROM dense d ORDER BY d.cosine DESC LIMIT 100) d
-    JOIN raw_logs r ON r.id = d.id AND r.user_id = $1::uuid
-    WHERE r.request_id IS DISTINCT FROM $8::uuid
-), candidates AS (
-    SELECT DISTINCT ON (u.id) u.*
-    FROM (SELECT * FROM rare UNION ALL SELECT * FROM common UNION ALL SELECT * FROM near) u
-), scored AS (
-    -- A candidate's BM25 score: the idf of the query lexemes it holds, over
-    -- its length term (1 + k1 (1 − b + b · length / 13) = 1.3 + 0.9 · length / 13),
-    -- in float8. Summed per candidate rather than grouped: a GROUP BY had
-    -- to sort the candidates with their tsvectors (BENCHMARKS.md, session 7).
-    SELECT c.id, c.thread_id, c.user_seq, c.created_at,
-           coalesce((SELECT sum(w.idf_turn) FROM w WHERE c.search @@ w.tq), 0) * 2.2::float8
-               / (1.3::float8 + 0.9::float8 * length(c.search) / 13) AS bm25
-    FROM candidates c
-), hits AS (
-    SELECT s.id, s.thread_id, s.user_seq, s.created_at,
-           CASE WHEN $9::real[] IS NULL THEN s.bm25
-                ELSE (1 - $11::float8) * s.bm25 / greatest(max(s.bm25) OVER (), 1e-9)
-                     + $11::float8 * coalesce((d.cosine - span.lo) / span.width, 0)
-           END AS score
-    FROM scored s
-    CROSS JOIN span
-    LEFT JOIN dense d ON d.id = s.id
-    ORDER BY score DESC, s.created_at DESC, s.id DESC
-    LIMIT $3::int
-), ranked AS (
-    SELECT h.*, row_number() OVER (ORDER BY h.score DESC, h.created_at DESC, h.id DESC) AS rank
-    FROM hits h
-), turns AS (
-    SELECT DISTINCT ON (t.id)
-           'turn'::text AS kind, t.id,
-           CASE WHEN t.id = k.id THEN 'hit' ELSE 'neighbour' END AS why,
-           k.id AS hit_id, k.rank, k.score,
-           abs(t.user_seq - k.user_seq) AS distance,
-           t.thread_id, t.message_type, t.content, t.created_at, NULL::timestamptz AS period_end
-    FROM ranked k
-    -- A lateral lookup per hit (raw_logs_user_seq_idx), never a pass over
-    -- the user's whole history.
-    CROSS JOIN LATERAL (
-        SELECT n.id, n.user_seq, n.thread_id, n.message_type, n.content, n.created_at
-        FROM raw_logs n
-        WHERE n.user_id = $1::uuid
-          AND n.user_seq BETWEEN k.user_seq - $4::int AND k.user_seq + $4::int
-          AND n.thread_id IS NOT DISTINCT FROM k.thread_id
-          AND n.request_id IS DISTINCT FROM $8::uuid
-        -- (a window holds at most this many; the LIMIT also keeps the
-        -- planner from flattening the lookup into a join)
-        LIMIT 2 * $4::int + 1
-    ) t
-    ORDER BY t.id, k.rank, abs(t.user_seq - k.user_seq)
-), records AS (
-    SELECT 'record'::text AS kind, s.id, 'record'::text AS why, s.id AS hit_id, NULL::bigint AS rank,
-           sum(w.idf_record * (coalesce(array_length(x.positions, 1), 1) * 2.2)
-               / (coalesce(array_length(x.positions, 1), 1)
-                  + 1.2 * (0.25 + 0.75 * length(s.search) / 13.0))) AS score,
-           0::bigint AS distance,
-           NULL::uuid AS thread_id, NULL::text AS message_type, s.summary AS content,
-           s.time_bucket_start AS created_at, s.time_bucket_end AS period_end
-    FROM anyq
-    JOIN lsm_storage s ON s.user_id = $1::uuid AND s.search @@ anyq.tq
-    CROSS JOIN LATERAL unnest(s.search) AS x
-    JOIN w ON w.lexeme = x.lexeme
-    WHERE $5::int > 0
-    GROUP BY s.id
-    ORDER BY score DESC, s.time_bucket_start DESC
-    LIMIT $5::int
-), thread AS (
-    SELECT 'turn'::text AS kind, t.id, 'thread'::text AS why, t.id AS hit_id, NULL::bigint AS rank,
-           0::float8 AS score, 0::bigint AS distance,
-           t.thread_id, t.message_type, t.content, t.created_at, NULL::timestamptz AS period_end
-    FROM raw_logs t
-    WHERE $6::uuid IS NOT NULL AND t.user_id = $1::uuid AND t.thread_id = $6::uuid
-      AND t.request_id IS DISTINCT FROM $8::uuid
-    ORDER BY t.user_seq DESC
-    LIMIT $7::int
-)
-SELECT kind, id, why, hit_id, score, thread_id, message_type, content, created_at, period_end
-FROM (SELECT 0 AS part, * FROM thread
-      UNION ALL SELECT 1, * FROM turns
-      UNION ALL SELECT 1, * FROM records) items
-ORDER BY part, score DESC, hit_id DESC, distance, created_at

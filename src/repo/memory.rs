@@ -14,8 +14,18 @@ use super::{FromRow, as_limit, rows_as};
 use crate::db::Error;
 use crate::model::MemoryItem;
 
+/// The parts of the memory search (`memory_search.sql` says what each
+/// holds); the full-text statement has nothing of the semantic part.
+macro_rules! part {
+    ($name:literal) => {
+        include_str!(concat!("../../sql/queries/", $name, ".sql"))
+    };
+}
+
 super::statements! {
-    SEARCH = "memory_search",
+    SEARCH = "memory_search": concat!(part!("memory_search"), part!("memory_search_fulltext"), part!("memory_search_items")),
+    SEARCH_SEMANTIC = "memory_search_semantic":
+        concat!(part!("memory_search"), part!("memory_search_semantic"), part!("memory_search_items")),
 }
 
 /// What to retrieve for one request.
@@ -41,7 +51,7 @@ pub struct MemorySearch<'a> {
 }
 
 /// The semantic part of a search: the query's embedding and how much it
-/// weighs (see `memory_search.sql`).
+/// weighs (see `memory_search_semantic.sql`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Semantic<'a> {
     /// The query's embedding (unit length).
@@ -63,8 +73,14 @@ super::statement_params! {
         thread_id: Option<Uuid>,
         thread_turns: i32,
         request_id: Uuid,
-        embedding: Option<&'a [f32]>,
-        model: Option<&'a str>,
+    }
+}
+
+super::statement_params! {
+    /// The further inputs of `memory_search_semantic.sql`, `$9` to `$11`.
+    struct SemanticParams<'a> {
+        embedding: &'a [f32],
+        model: &'a str,
         weight: f64,
     }
 }
@@ -74,7 +90,7 @@ fn int(n: usize) -> i32 {
 }
 
 impl FromRow for MemoryItem {
-    /// A row of `memory_search.sql`.
+    /// A row of the memory search.
     fn from_row(r: &Row) -> Result<MemoryItem, Error> {
         Ok(MemoryItem {
             kind: r.try_get("kind")?,
@@ -100,7 +116,8 @@ impl FromRow for MemoryItem {
 const BEGIN_GENERIC: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
 
 /// The thread's newest turns (newest first), then the long-term items in
-/// packing order (see `memory_search.sql`). One statement, in a transaction
+/// packing order (see `memory_search.sql`); with `semantic`, the hits are
+/// ranked by full text and embeddings together. One statement, in a transaction
 /// of its own that asks for the generic plan: `BEGIN; SET LOCAL`, the
 /// statement and `COMMIT` go out together, one round trip (the driver
 /// sends requests in the order they are first polled). All three are
@@ -120,26 +137,31 @@ pub async fn search(client: &Client, s: &MemorySearch<'_>) -> Result<Vec<MemoryI
         thread_id: s.thread_id,
         thread_turns: int(s.thread_turns),
         request_id: s.request_id,
-        embedding: s
-            .semantic
-            .as_ref()
-            .filter(|_| long_term)
-            .map(|m| m.embedding.as_slice()),
-        model: s.semantic.as_ref().map(|m| m.model),
-        weight: s.semantic.as_ref().map_or(0.0, |m| m.weight.clamp(0.0, 1.0)),
     };
-    let values = params.params();
+    let semantic = s.semantic.as_ref().filter(|_| long_term).map(|m| SemanticParams {
+        embedding: m.embedding.as_slice(),
+        model: m.model,
+        weight: m.weight.clamp(0.0, 1.0),
+    });
+    let mut values = params.params();
+    let sql = match &semantic {
+        Some(more) => {
+            values.extend(more.params());
+            SEARCH_SEMANTIC
+        }
+        None => SEARCH,
+    };
     let (begin, rows, commit) = if crate::db::unnamed_statements() {
         let typed = super::typed(&values);
         futures_util::join!(
             client.batch_execute(BEGIN_GENERIC),
-            client.query_typed(SEARCH, &typed),
+            client.query_typed(sql, &typed),
             client.batch_execute("COMMIT")
         )
     } else {
         // Prepared (and cached) before the three go out, so nothing comes
         // between them.
-        let stmt = client.prepare_cached(SEARCH).await?;
+        let stmt = client.prepare_cached(sql).await?;
         futures_util::join!(
             client.batch_execute(BEGIN_GENERIC),
             client.query(&stmt, &values),
@@ -160,5 +182,11 @@ mod tests {
     #[test]
     fn search_params_are_in_the_order_the_sql_documents() {
         check(SEARCH, SearchParams::NAMES);
+        let all: Vec<&str> = SearchParams::NAMES
+            .iter()
+            .chain(SemanticParams::NAMES)
+            .copied()
+            .collect();
+        check(SEARCH_SEMANTIC, &all);
     }
 }

@@ -270,10 +270,11 @@ async fn execute(client: &impl GenericClient, sql: &str, params: Params<'_>) -> 
 }
 
 /// Declares a file's statements from one list of `CONST = "name"`: each
-/// constant holds `sql/queries/<name>.sql` (or, with `: "SQL"`, that text),
-/// and `STATEMENTS` pairs every name with its text for [`all`].
+/// constant holds `sql/queries/<name>.sql` (or, with `: TEXT`, that text,
+/// e.g. a `concat!` of `include_str!`s of parts), and `STATEMENTS` pairs
+/// every name with its text for [`all`].
 macro_rules! statements {
-    ($($const:ident = $name:literal $(: $sql:literal)?,)+) => {
+    ($($const:ident = $name:literal $(: $sql:expr)?,)+) => {
         $(const $const: &str = $crate::repo::statements!(@text $name $($sql)?);)+
 
         /// This file's statements, for [`super::all`].
@@ -282,7 +283,7 @@ macro_rules! statements {
     (@text $name:literal) => {
         include_str!(concat!("../../sql/queries/", $name, ".sql"))
     };
-    (@text $name:literal $sql:literal) => {
+    (@text $name:literal $sql:expr) => {
         $sql
     };
 }

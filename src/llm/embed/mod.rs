@@ -1,5 +1,5 @@
 //! Embeddings of memory text: the vectors the semantic part of the memory
-//! search compares (`memory_search.sql`, the embedder service).
+//! search compares (`memory_search_semantic.sql`, the embedder service).
 //!
 //! Optional and off by default (`[llm.embedding] provider = "off"`). The
 //! providers:
