@@ -7,8 +7,8 @@
 -- Stored as real[] (unit length, so the cosine is the dot product): plain
 -- PostgreSQL, no extension. The search computes the cosine of every one of
 -- the user's embeddings (through turn_embeddings_user_idx, never another
--- user's rows): about 25 ms for 600 turns of 384 dimensions
--- (BENCHMARKS.md, "Semantic memory search").
+-- user's rows): about 21 ms for 680 turns of 384 dimensions
+-- (BENCHMARKS.md, session 8).
 --
 -- A turn's embedding goes with the turn (ON DELETE CASCADE): deleting a
 -- turn, retention, and forgetting a user delete it too. `model` names what

@@ -7,16 +7,19 @@
 //! either side of it in its thread (`previous`, `content`, `next`, a line
 //! each): a reply is often meaningless alone ("Yes, in March!"), and on
 //! LoCoMo this window beat the turn with only its previous one (recall of
-//! all evidence 0.808 against 0.797) and the turn alone (BENCHMARKS.md,
-//! "Semantic memory search"). So the turn before a new one is embedded
-//! again, now with its next turn. The embeddings and the mark are written in one
-//! statement ([`repo::embeddings::store`]), so a crash loses nothing.
+//! all evidence 0.808 against 0.797 in the replay; BENCHMARKS.md, session
+//! 8). So the turn before a new one is embedded again, now with its next
+//! turn. The embeddings and the mark are written in one statement
+//! ([`repo::embeddings::store`]), so a crash loses nothing.
 //! Passes follow each other at once while there is work, then every
 //! [`IDLE`]; several daemons may run it: they at worst embed a batch twice.
 //!
-//! A failure (the provider, the database) is logged with its cause and the
-//! pass ends; the next one, after [`IDLE`] (longer after repeated failures),
-//! tries again. A turn is never skipped because its embedding failed.
+//! A failure (the provider is down, the database) is logged with its cause
+//! and the pass ends; the next one, after [`IDLE`] (longer after repeated
+//! failures), tries again: no turn is skipped for it. A text the provider
+//! refuses (a non-retryable error: too long for its model, say) leaves only
+//! that turn without an embedding, logged with its id; it holds up no other
+//! turn and no other user.
 //! Until a turn has its embedding, the memory search finds it by full text
 //! alone.
 
@@ -82,7 +85,10 @@ pub enum PassError {
     Embed(#[from] crate::llm::embed::EmbedError),
 }
 
-/// One pass: up to [`USERS_PER_PASS`] users, one batch of turns each.
+/// One pass: up to [`USERS_PER_PASS`] users, one batch of turns each. A
+/// provider that is down (a retryable error) or a database error ends the
+/// pass; a text the provider refuses (any other error) costs only that
+/// turn its embedding (see [`embed_refusing`]).
 pub async fn pass(pool: &Pool, embedder: &Embedder) -> Result<Pass, PassError> {
     let client = pool.get().await.map_err(crate::db::Error::from)?;
     let users = repo::embeddings::pending(&client, embedder.model(), USERS_PER_PASS).await?;
@@ -97,16 +103,45 @@ pub async fn pass(pool: &Pool, embedder: &Embedder) -> Result<Pass, PassError> {
             .max()
             .unwrap_or(user.logged_seq);
         let texts: Vec<String> = turns.iter().map(text_of).collect();
-        let vectors = if texts.is_empty() {
-            Vec::new()
-        } else {
-            embedder.embed(&texts).await?
+        let embedded = match embedder.embed(&texts).await {
+            Ok(vectors) => turns.iter().map(|t| t.id).zip(vectors).collect(),
+            Err(e) if e.retryable() => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(user = %user.user_id, error = %e,
+                    "the provider refused a batch of turns; embedding them one at a time");
+                embed_refusing(embedder, &turns, &texts).await?
+            }
         };
-        let ids: Vec<i64> = turns.iter().map(|t| t.id).collect();
+        let (ids, vectors): (Vec<i64>, Vec<Vec<f32>>) = embedded.into_iter().unzip();
         done.embedded += repo::embeddings::store(&client, user.user_id, embedder.model(), &ids, &vectors, mark).await?;
         done.users += 1;
     }
     Ok(done)
+}
+
+/// The turns' embeddings one text at a time, leaving out (and logging)
+/// each turn whose text the provider refuses: such a turn is found by full
+/// text alone, and it can hold up no other turn or user. A retryable error
+/// (the provider is down) still ends the pass.
+async fn embed_refusing(
+    embedder: &Embedder,
+    turns: &[repo::embeddings::TurnText],
+    texts: &[String],
+) -> Result<Vec<(i64, Vec<f32>)>, PassError> {
+    let mut out = Vec::with_capacity(turns.len());
+    for (turn, text) in turns.iter().zip(texts) {
+        match embedder.embed(std::slice::from_ref(text)).await {
+            Ok(mut v) => {
+                if let Some(v) = v.pop() {
+                    out.push((turn.id, v));
+                }
+            }
+            Err(e) if e.retryable() => return Err(e.into()),
+            Err(e) => tracing::warn!(turn = turn.id, error = %e,
+                "the provider refused this turn's text; it stays without an embedding"),
+        }
+    }
+    Ok(out)
 }
 
 impl Service for EmbedderService {

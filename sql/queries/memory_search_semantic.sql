@@ -10,8 +10,7 @@
 -- 100 nearest turns join the full-text candidates. A candidate's score is (1 − $11) · its BM25 score over the best BM25
 -- score of the candidates + $11 · its cosine scaled to 0..1 over the
 -- user's turns (min to max): linear fusion, which beat reciprocal rank
--- fusion by 5 points of recall on LoCoMo (BENCHMARKS.md, "Semantic memory
--- search").
+-- fusion by 5 points of recall on LoCoMo (BENCHMARKS.md, session 8).
 ), dense AS MATERIALIZED (
     -- (in float8: the product of two small real components underflows,
     -- which PostgreSQL reports as an error rather than rounding to 0)
@@ -19,6 +18,8 @@
            (SELECT sum(x.a::float8 * x.b::float8) FROM unnest(e.embedding, $9::real[]) AS x(a, b)) AS cosine
     FROM turn_embeddings e
     WHERE $3::int > 0 AND e.user_id = $1::uuid AND e.model = $10::text
+      -- (a model that changed its dimensions under the same name is skipped)
+      AND array_length(e.embedding, 1) = array_length($9::real[], 1)
 ), span AS (
     SELECT min(d.cosine) AS lo, greatest(max(d.cosine) - min(d.cosine), 1e-9) AS width FROM dense d
 ), near AS (

@@ -13,7 +13,7 @@ use crate::support::api::Api;
 use crate::support::cli::maasctl_async;
 use crate::support::daemon::Opts;
 use crate::support::db::TestDb;
-use crate::support::fake_llm::FakeLlm;
+use crate::support::fake_llm::{FakeLlm, REFUSED_TEXT};
 use crate::support::poll::{count, poll_until};
 
 /// A daemon with the offline provider (no provider is configured) and the
@@ -308,4 +308,57 @@ async fn provider_embeddings_over_http_and_a_failing_provider_harms_no_request()
     let asked = asked.unwrap_or_else(|| panic!("the query was not embedded: {:?}", fake.requests()));
     assert_eq!(asked.header("authorization"), Some("Bearer embed-test-key"));
     assert_eq!(asked.body["model"], "text-embedding-3-small");
+}
+
+/// A text the provider refuses costs only that turn its embedding: the
+/// user's other turns and another user's turns are embedded, the marks
+/// reach the end, and the refused turn is still found by full text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_the_provider_refuses_holds_up_no_other_turn_or_user() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let fake = FakeLlm::start().await;
+    let (ann, bob) = (Uuid::new_v4(), Uuid::new_v4());
+    let (a_chat, b_chat) = (Uuid::new_v4(), Uuid::new_v4());
+    log_turn(&c, ann, a_chat, "user_query", "Ann: the kiln fires at noon").await;
+    log_turn(
+        &c,
+        ann,
+        Uuid::new_v4(),
+        "user_query",
+        &format!("Ann: glaze notes {REFUSED_TEXT}"),
+    )
+    .await;
+    log_turn(&c, ann, a_chat, "assistant_response", "Noted: the kiln at noon.").await;
+    for i in 0..3 {
+        log_turn(&c, bob, b_chat, "user_query", &format!("Bob: chess opening number {i}")).await;
+    }
+    let refused: i64 = c
+        .query_one("SELECT id FROM raw_logs WHERE content LIKE '%glaze notes%'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let _api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_LLM__EMBEDDING__PROVIDER", "openai")
+            .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
+            .env("OPENAI_API_KEY", "embed-test-key"),
+    )
+    .await;
+    let marks_done = poll_until(Duration::from_secs(60), Duration::from_millis(100), || async {
+        count(&c, "SELECT count(*) FROM archive_marks WHERE embedded_seq = logged_seq").await == 2
+    })
+    .await;
+    assert!(marks_done, "both users' marks reach their last turn");
+    let sql = |user: Uuid| format!("SELECT count(*) FROM turn_embeddings WHERE user_id = '{user}'");
+    assert_eq!(count(&c, &sql(bob)).await, 3, "the other user is embedded");
+    assert_eq!(count(&c, &sql(ann)).await, 2, "the user's other turns are embedded");
+    let left = count(
+        &c,
+        &format!("SELECT count(*) FROM turn_embeddings WHERE turn_id = {refused}"),
+    )
+    .await;
+    assert_eq!(left, 0, "the refused turn has none");
 }

@@ -8,8 +8,9 @@
 //! - Gemini: `POST /v1beta/models/{model}:generateContent`;
 //! - OpenAI embeddings: `POST /v1/embeddings` (recorded as [`Api::OpenAi`]),
 //!   answered with a vector of 16 word counts per input (each word counted
-//!   in the component its letters' byte sum picks), or with a 503 while
-//!   [`FakeLlm::set_embeddings_failing`] says so.
+//!   in the component its letters' byte sum picks), with a 503 while
+//!   [`FakeLlm::set_embeddings_failing`] says so, and with a 400 when an
+//!   input holds [`REFUSED_TEXT`].
 //!
 //! Each shape follows its own script, a queue of [`Reply`]s pushed with
 //! [`FakeLlm::push`]: a completion with given text and usage, any status with
@@ -702,6 +703,10 @@ fn record(shared: &Shared, api: Api, uri: &Uri, headers: &HeaderMap, body: Value
     shared.count.send_modify(|c| *c += 1);
 }
 
+/// An embeddings input holding this is refused with a 400 (like a text too
+/// long for the model).
+pub const REFUSED_TEXT: &str = "EMBED-REFUSED";
+
 /// `POST /v1/embeddings`: 16 word counts per input, in input order.
 async fn embeddings(shared: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -715,6 +720,12 @@ async fn embeddings(shared: Arc<Shared>, uri: Uri, headers: HeaderMap, body: Byt
         return json_response(
             503,
             &json!({"error": {"message": "embeddings are down", "type": "server_error"}}),
+        );
+    }
+    if inputs.iter().any(|t| t.contains(REFUSED_TEXT)) {
+        return json_response(
+            400,
+            &json!({"error": {"message": "this input is too long for the model", "type": "invalid_request_error"}}),
         );
     }
     let data: Vec<Value> = inputs
