@@ -145,13 +145,7 @@ async fn two_users_sharing_words_never_see_each_others_memory() {
     .await;
     // A record each, so that the offline analyzer says the query needs context.
     for (user, text) in [(alice, "Alice talks about pottery"), (bob, "Bob talks about pottery")] {
-        c.execute(
-            "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, tags, summary)
-             VALUES ($1, now() - interval '2 days', now() - interval '1 day', '{pottery}', $2)",
-            &[&user, &text],
-        )
-        .await
-        .unwrap();
+        a_record(&c, user, "pottery", text).await;
     }
     let api = start(&db).await;
     for (user, mine, theirs) in [(bob, "BOB-ONLY", "ALICE-ONLY"), (alice, "ALICE-ONLY", "BOB-ONLY")] {
@@ -167,16 +161,43 @@ async fn two_users_sharing_words_never_see_each_others_memory() {
     }
 }
 
-/// A record of `user`, so that the offline analyzer says a query needs
-/// context.
-async fn a_record(c: &Client, user: Uuid, summary: &str) {
+/// A record of `user` with one tag, so that the offline analyzer says a
+/// query needs context.
+async fn a_record(c: &Client, user: Uuid, tag: &str, summary: &str) {
     c.execute(
         "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, tags, summary)
-         VALUES ($1, now() - interval '2 days', now() - interval '1 day', '{family}', $2)",
-        &[&user, &summary],
+         VALUES ($1, now() - interval '2 days', now() - interval '1 day', ARRAY[$2], $3)",
+        &[&user, &tag, &summary],
     )
     .await
     .unwrap();
+}
+
+/// A daemon (archivist off) whose embeddings come from `fake`, as an
+/// OpenAI-compatible provider with the key `embed-test-key`.
+async fn start_with_provider_embeddings(db: &TestDb, fake: &FakeLlm) -> Api {
+    Api::start(
+        db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_LLM__EMBEDDING__PROVIDER", "openai")
+            .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
+            .env("OPENAI_API_KEY", "embed-test-key"),
+    )
+    .await
+}
+
+/// The id of the one turn whose content contains `text`.
+async fn turn_with(c: &Client, text: &str) -> i64 {
+    c.query_one("SELECT id FROM raw_logs WHERE strpos(content, $1) > 0", &[&text])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// How many embeddings turn `id` has (0 or 1).
+async fn embeddings_of(c: &Client, id: i64) -> i64 {
+    count(c, &format!("SELECT count(*) FROM turn_embeddings WHERE turn_id = {id}")).await
 }
 
 /// Waits until every turn of `user` has an embedding of `model`.
@@ -218,12 +239,8 @@ async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
         "Ann: my sister now lives in Lisboa",
     )
     .await;
-    let lisboa: i64 = c
-        .query_one("SELECT id FROM raw_logs WHERE content LIKE '%Lisboa'", &[])
-        .await
-        .unwrap()
-        .get(0);
-    a_record(&c, user, "Ann talks about her family").await;
+    let lisboa = turn_with(&c, "lives in Lisboa").await;
+    a_record(&c, user, "family", "Ann talks about her family").await;
     let api = Api::start(
         &db,
         Opts::default()
@@ -251,12 +268,7 @@ async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
     c.execute("DELETE FROM raw_logs WHERE id = $1", &[&lisboa])
         .await
         .unwrap();
-    let left = count(
-        &c,
-        &format!("SELECT count(*) FROM turn_embeddings WHERE turn_id = {lisboa}"),
-    )
-    .await;
-    assert_eq!(left, 0);
+    assert_eq!(embeddings_of(&c, lisboa).await, 0);
 }
 
 /// Embeddings from an OpenAI-compatible provider over HTTP. While the
@@ -272,16 +284,8 @@ async fn provider_embeddings_over_http_and_a_failing_provider_harms_no_request()
     let (user, chat) = (Uuid::new_v4(), Uuid::new_v4());
     log_turn(&c, user, chat, "user_query", "Bea: the pottery class moved to Tuesday").await;
     log_turn(&c, user, chat, "assistant_response", "Noted: pottery on Tuesday.").await;
-    a_record(&c, user, "Bea talks about pottery").await;
-    let api = Api::start(
-        &db,
-        Opts::default()
-            .env("MAAS_ARCHIVIST__ENABLED", "false")
-            .env("MAAS_LLM__EMBEDDING__PROVIDER", "openai")
-            .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
-            .env("OPENAI_API_KEY", "embed-test-key"),
-    )
-    .await;
+    a_record(&c, user, "pottery", "Bea talks about pottery").await;
+    let api = start_with_provider_embeddings(&db, &fake).await;
     fake.wait_for_requests(1, Duration::from_secs(30)).await;
 
     let id = api.ask(user, None, "When is my pottery class?").await;
@@ -333,20 +337,8 @@ async fn a_text_the_provider_refuses_holds_up_no_other_turn_or_user() {
     for i in 0..3 {
         log_turn(&c, bob, b_chat, "user_query", &format!("Bob: chess opening number {i}")).await;
     }
-    let refused: i64 = c
-        .query_one("SELECT id FROM raw_logs WHERE content LIKE '%glaze notes%'", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let _api = Api::start(
-        &db,
-        Opts::default()
-            .env("MAAS_ARCHIVIST__ENABLED", "false")
-            .env("MAAS_LLM__EMBEDDING__PROVIDER", "openai")
-            .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
-            .env("OPENAI_API_KEY", "embed-test-key"),
-    )
-    .await;
+    let refused = turn_with(&c, "glaze notes").await;
+    let _api = start_with_provider_embeddings(&db, &fake).await;
     let marks_done = poll_until(Duration::from_secs(60), Duration::from_millis(100), || async {
         count(&c, "SELECT count(*) FROM archive_marks WHERE embedded_seq = logged_seq").await == 2
     })
@@ -355,10 +347,5 @@ async fn a_text_the_provider_refuses_holds_up_no_other_turn_or_user() {
     let sql = |user: Uuid| format!("SELECT count(*) FROM turn_embeddings WHERE user_id = '{user}'");
     assert_eq!(count(&c, &sql(bob)).await, 3, "the other user is embedded");
     assert_eq!(count(&c, &sql(ann)).await, 2, "the user's other turns are embedded");
-    let left = count(
-        &c,
-        &format!("SELECT count(*) FROM turn_embeddings WHERE turn_id = {refused}"),
-    )
-    .await;
-    assert_eq!(left, 0, "the refused turn has none");
+    assert_eq!(embeddings_of(&c, refused).await, 0, "the refused turn has none");
 }

@@ -131,15 +131,17 @@ impl EmbeddingConfig {
                         format!("unknown embedding provider {name:?} (expected off, local, offline, openai or gemini)"),
                     )
                 })?;
-                let endpoint = llm.resolve_endpoint(kind, "embedding", env)?;
-                match (kind, endpoint) {
+                if !matches!(kind, ProviderKind::OpenAi | ProviderKind::Gemini) {
+                    return Err(invalid(
+                        "provider",
+                        format!("{name} offers no embeddings (expected off, local, offline, openai or gemini)"),
+                    ));
+                }
+                match (kind, llm.resolve_endpoint(kind, "embedding", env)?) {
                     (ProviderKind::OpenAi, Some(e)) => (EmbeddingProvider::OpenAi(e), "text-embedding-3-small"),
-                    (ProviderKind::Gemini, Some(e)) => (EmbeddingProvider::Gemini(e), "text-embedding-004"),
-                    _ => {
-                        return Err(invalid(
-                            "provider",
-                            format!("{name} offers no embeddings (expected off, local, offline, openai or gemini)"),
-                        ));
+                    (_, Some(e)) => (EmbeddingProvider::Gemini(e), "text-embedding-004"),
+                    (_, None) => {
+                        return Err(invalid("provider", format!("{name} has no endpoint")));
                     }
                 }
             }
@@ -384,27 +386,19 @@ mod tests {
 
     #[test]
     fn local_needs_its_folder_and_unknown_names_are_named() {
-        let e = cfg("local")
-            .resolve(&LlmConfig::default(), &env)
-            .err()
-            .map(|e| e.to_string());
-        assert!(
-            e.as_deref().is_some_and(|e| e.starts_with("llm.embedding.model_dir")),
-            "{e:?}"
-        );
-        let e = cfg("word2vec")
-            .resolve(&LlmConfig::default(), &env)
-            .err()
-            .map(|e| e.to_string());
-        assert!(e.as_deref().is_some_and(|e| e.contains("\"word2vec\"")), "{e:?}");
-        let e = cfg("anthropic")
-            .resolve(&LlmConfig::default(), &env)
-            .err()
-            .map(|e| e.to_string());
-        assert!(
-            e.as_deref().is_some_and(|e| e.contains("offers no embeddings")),
-            "{e:?}"
-        );
+        let problem = |provider: &str| {
+            cfg(provider)
+                .resolve(&LlmConfig::default(), &env)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        let e = problem("local");
+        assert!(e.starts_with("llm.embedding.model_dir"), "{e}");
+        let e = problem("word2vec");
+        assert!(e.contains("\"word2vec\""), "{e}");
+        let e = problem("anthropic");
+        assert!(e.contains("offers no embeddings"), "{e}");
     }
 
     #[test]
