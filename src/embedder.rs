@@ -103,7 +103,7 @@ pub async fn pass(pool: &Pool, embedder: &Embedder) -> Result<Pass, PassError> {
             .max()
             .unwrap_or(user.logged_seq);
         let texts: Vec<String> = turns.iter().map(text_of).collect();
-        let embedded = match embedder.embed(&texts).await {
+        let embedded: Vec<(i64, Vec<f32>)> = match embedder.embed(&texts).await {
             Ok(vectors) => turns.iter().map(|t| t.id).zip(vectors).collect(),
             Err(e) if e.retryable() => return Err(e.into()),
             Err(e) => {
@@ -112,8 +112,11 @@ pub async fn pass(pool: &Pool, embedder: &Embedder) -> Result<Pass, PassError> {
                 embed_refusing(embedder, &turns, &texts).await?
             }
         };
+        let refused = turns.len().saturating_sub(embedded.len());
         let (ids, vectors): (Vec<i64>, Vec<Vec<f32>>) = embedded.into_iter().unzip();
-        done.embedded += repo::embeddings::store(&client, user.user_id, embedder.model(), &ids, &vectors, mark).await?;
+        let stored = repo::embeddings::store(&client, user.user_id, embedder.model(), &ids, &vectors, mark).await?;
+        crate::metrics::embedder_pass(stored, refused);
+        done.embedded += stored;
         done.users += 1;
     }
     Ok(done)
@@ -167,6 +170,10 @@ impl Service for EmbedderService {
                         if p.users == 0 { IDLE } else { Duration::ZERO }
                     }
                     Err(e) => {
+                        crate::metrics::embedder_failure(match e {
+                            PassError::Db(_) => "database",
+                            PassError::Embed(_) => "provider",
+                        });
                         failures = failures.saturating_add(1);
                         let pause = IDLE
                             .saturating_mul(2u32.saturating_pow(failures.min(6)))

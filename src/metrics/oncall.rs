@@ -189,6 +189,21 @@ pub(super) const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
         "maas_archivist_enabled",
         "1 when this daemon runs the archivist schedule",
     ),
+    (
+        Kind::Counter,
+        "maas_embedder_turns_total",
+        "Turn embeddings the embedder stored (a turn embedded again with its next turn counts again)",
+    ),
+    (
+        Kind::Counter,
+        "maas_embedder_refused_total",
+        "Turns left without an embedding because the provider refused their text",
+    ),
+    (
+        Kind::Counter,
+        "maas_embedder_failures_total",
+        "Embedder passes ended by a failure (provider down, database), by where",
+    ),
 ];
 
 /// Makes the zero series of this file visible before their first event, so
@@ -278,6 +293,18 @@ pub struct ArchiveRun<'a> {
     pub records: i64,
     pub failures: i64,
     pub took: Duration,
+}
+
+/// Records what one embedder pass stored and left out.
+pub fn embedder_pass(stored: i64, refused: usize) {
+    counter!("maas_embedder_turns_total").increment(u64::try_from(stored).unwrap_or(0));
+    counter!("maas_embedder_refused_total").increment(u64::try_from(refused).unwrap_or(u64::MAX));
+}
+
+/// Records an embedder pass that ended in a failure at `place` (`provider`
+/// or `database`).
+pub fn embedder_failure(place: &'static str) {
+    counter!("maas_embedder_failures_total", "place" => place).increment(1);
 }
 
 /// Records one archive run.

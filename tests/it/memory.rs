@@ -338,7 +338,7 @@ async fn a_text_the_provider_refuses_holds_up_no_other_turn_or_user() {
         log_turn(&c, bob, b_chat, "user_query", &format!("Bob: chess opening number {i}")).await;
     }
     let refused = turn_with(&c, "glaze notes").await;
-    let _api = start_with_provider_embeddings(&db, &fake).await;
+    let api = start_with_provider_embeddings(&db, &fake).await;
     let marks_done = poll_until(Duration::from_secs(60), Duration::from_millis(100), || async {
         count(&c, "SELECT count(*) FROM archive_marks WHERE embedded_seq = logged_seq").await == 2
     })
@@ -348,4 +348,7 @@ async fn a_text_the_provider_refuses_holds_up_no_other_turn_or_user() {
     assert_eq!(count(&c, &sql(bob)).await, 3, "the other user is embedded");
     assert_eq!(count(&c, &sql(ann)).await, 2, "the user's other turns are embedded");
     assert_eq!(embeddings_of(&c, refused).await, 0, "the refused turn has none");
+    let metrics = api.get("/metrics").await.text().await.unwrap();
+    assert!(metrics.contains("maas_embedder_refused_total 1\n"), "{metrics}");
+    assert!(metrics.contains("maas_embedder_turns_total 5\n"), "{metrics}");
 }
