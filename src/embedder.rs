@@ -88,7 +88,7 @@ pub enum PassError {
 /// One pass: up to [`USERS_PER_PASS`] users, one batch of turns each. A
 /// provider that is down (a retryable error) or a database error ends the
 /// pass; a text the provider refuses (any other error) costs only that
-/// turn its embedding (see [`embed_refusing`]).
+/// turn its embedding (it is embedded alone, and left out).
 pub async fn pass(pool: &Pool, embedder: &Embedder) -> Result<Pass, PassError> {
     let client = pool.get().await.map_err(crate::db::Error::from)?;
     let users = repo::embeddings::pending(&client, embedder.model(), USERS_PER_PASS).await?;

@@ -15,10 +15,10 @@
 //! The HTTP providers use the endpoint and key of `[llm.openai]` /
 //! `[llm.gemini]` (and their environment variables), like the chat roles.
 //!
-//! Guarantees: every vector [`Embedder::embed`] returns has
-//! [`Embedder::dimensions`] components and unit length (cosine = dot
-//! product), one per input text, in input order; a provider reply of any
-//! other shape is an [`EmbedError`], never a short or reordered result.
+//! Guarantees: [`Embedder::embed`] returns one vector per input text, in
+//! input order, all of one length and each of unit length (cosine = dot
+//! product); a provider reply of any other shape is an [`EmbedError`],
+//! never a short, ragged or reordered result.
 //! Nothing here logs the texts.
 
 mod http;
@@ -307,6 +307,13 @@ impl Embedder {
                 });
             }
             for v in vectors {
+                if let Some(first) = out.first().map(Vec::len).filter(|n| *n != v.len()) {
+                    return Err(EmbedError::Call {
+                        provider: self.provider_name(),
+                        message: format!("a vector has {} components, an earlier one {first}", v.len()),
+                        retryable: false,
+                    });
+                }
                 out.push(normalised(v).ok_or_else(|| EmbedError::Call {
                     provider: self.provider_name(),
                     message: "a vector was empty, zero or not finite".into(),
