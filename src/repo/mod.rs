@@ -271,8 +271,7 @@ async fn execute(client: &impl GenericClient, sql: &str, params: Params<'_>) -> 
 
 /// Declares a file's statements from one list of `CONST = "name"`: each
 /// constant holds `sql/queries/<name>.sql` (or, with `: TEXT`, that text,
-/// e.g. a `concat!` of `include_str!`s of parts), and `STATEMENTS` pairs
-/// every name with its text for [`all`].
+/// e.g. a `concat!` of parts); `STATEMENTS` pairs names and texts for [`all`].
 macro_rules! statements {
     ($($const:ident = $name:literal $(: $sql:expr)?,)+) => {
         $(const $const: &str = $crate::repo::statements!(@text $name $($sql)?);)+

