@@ -37,25 +37,19 @@ pub enum DaemonError {
     Llm(#[from] crate::llm::ConfigError),
     #[error(transparent)]
     Http(#[from] crate::http::HttpError),
-    #[error("llm.embedding: {0}")]
-    Embed(#[from] crate::llm::embed::EmbedError),
+    #[error("embeddings: {0}")]
+    Embed(#[from] crate::llm::embed::SetupError),
 }
 
 /// The embedder of `[llm.embedding]`, or `None` when embeddings are off. A
 /// local model is loaded here: a missing one stops the start, naming its
 /// folder.
 pub fn embedder(cfg: &Config) -> Result<Option<crate::llm::embed::Embedder>, DaemonError> {
-    let env = |name: &str| std::env::var(name).ok();
-    let Some(settings) = cfg.llm.embedding.resolve(&cfg.llm, &env)? else {
-        return Ok(None);
-    };
-    let embedder = crate::llm::embed::Embedder::new(&settings)?;
-    tracing::info!(
-        provider = embedder.provider_name(),
-        model = embedder.model(),
-        "embeddings on"
-    );
-    Ok(Some(embedder))
+    let embedder = crate::llm::embed::configured(&cfg.llm, &|name| std::env::var(name).ok())?;
+    if let Some(e) = &embedder {
+        tracing::info!(provider = e.provider_name(), model = e.model(), "embeddings on");
+    }
+    Ok(embedder)
 }
 
 /// Applies pending migrations (and missing triggers) under the advisory lock.
@@ -139,6 +133,7 @@ pub async fn run(
         api_pool,
         notifier.clone(),
         stats.clone(),
+        embedder.clone(),
         shutdown.clone(),
     )?;
     let mut services: Vec<Arc<dyn Service>> = vec![

@@ -102,6 +102,9 @@ pub struct Inner {
     /// Caps of long-polls and of streams (SSE, WebSocket).
     pub long_polls: Arc<limits::Gate>,
     pub streams: Arc<limits::Gate>,
+    /// The embedder of `[llm.embedding]`, for searching a user's memory as
+    /// the pipeline does (`None`: embeddings are off).
+    pub embedder: Option<crate::llm::embed::Embedder>,
 }
 
 impl std::ops::Deref for AppState {
@@ -320,6 +323,7 @@ pub fn start(
     pool: Pool,
     notifier: Arc<Notifier>,
     stats: Arc<Stats>,
+    embedder: Option<crate::llm::embed::Embedder>,
     shutdown: CancellationToken,
 ) -> Result<Server, HttpError> {
     let handle = crate::metrics::install()?;
@@ -352,6 +356,7 @@ pub fn start(
         db_tokens: tenancy::TokenCache::default(),
         long_polls: limits::Gate::new("long-polls", cfg.http.max_long_polls, cfg.http.max_long_polls_per_token),
         streams: limits::Gate::new("streams", cfg.http.max_streams, cfg.http.max_streams_per_token),
+        embedder,
     }));
     let router = app(state);
     let header_read_timeout = cfg.http.header_read_timeout();

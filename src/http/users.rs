@@ -113,10 +113,12 @@ pub async fn memory(
         if q.trim().is_empty() {
             return Err(ApiError::bad_request("invalid_query", "q must not be empty"));
         }
-        return Ok(match users::search(&client, &app.cfg, user, q).await {
-            Ok(v) => Json(v).into_response(),
-            Err(e) => user_error(user.shown, e),
-        });
+        return Ok(
+            match users::search(&client, &app.cfg, user, q, app.embedder.as_ref()).await {
+                Ok(v) => Json(v).into_response(),
+                Err(e) => user_error(user.shown, e),
+            },
+        );
     }
     let limit = match int_param(&params, "limit")? {
         None => DEFAULT_LIMIT,

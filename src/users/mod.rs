@@ -169,14 +169,27 @@ pub struct SearchView {
 }
 
 /// Runs the retrieval the pipeline runs for a request of `user` whose
-/// search text is `query` (long-term memory only: no thread, no request).
+/// search text is `query` (long-term memory only: no thread, no request),
+/// with its semantic part when `embedder` is given; a query that cannot be
+/// embedded is searched on full text alone, as in the pipeline.
 pub async fn search(
     client: &deadpool_postgres::Client,
     cfg: &Config,
     user: UserKey,
     query: &str,
+    embedder: Option<&crate::llm::embed::Embedder>,
 ) -> Result<SearchView, UserError> {
     let st = live_state(client, user).await?;
+    let embedding = match embedder {
+        Some(e) if !query.trim().is_empty() => match e.embed(&[query.to_owned()]).await {
+            Ok(mut v) => v.pop(),
+            Err(err) => {
+                tracing::warn!(error = %err, "embedding the query failed; the memory search runs on full text alone");
+                None
+            }
+        },
+        _ => None,
+    };
     let s = repo::memory::MemorySearch {
         user_id: user.user_id,
         request_id: Uuid::nil(),
@@ -186,7 +199,11 @@ pub async fn search(
         hits: cfg.memory.hits,
         window: cfg.memory.window,
         records: cfg.memory.records,
-        semantic: None,
+        semantic: embedding.zip(embedder).map(|(embedding, e)| repo::memory::Semantic {
+            embedding,
+            model: e.model(),
+            weight: cfg.memory.semantic_weight,
+        }),
     };
     let hits = repo::memory::search(client, &s).await?;
     Ok(SearchView {

@@ -220,7 +220,8 @@ async fn every_turn_embedded(c: &Client, user: Uuid, model: &str) {
 /// With embeddings on (the offline provider's hashed ones), maasd's
 /// embedder gives every turn its embedding, and the memory search finds a
 /// turn that shares no word with the query (Lisboa for Lisbon), which full
-/// text alone cannot; the provenance names it as the best hit.
+/// text alone cannot; the provenance names it as the best hit, and the
+/// API's search of the user's memory finds it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
     let db = TestDb::new().await;
@@ -264,6 +265,12 @@ async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
     assert_eq!(best.map(|s| s["id"].clone()), Some(json!(lisboa)), "{sources:?}");
     // The request's own turns are embedded too, as they are logged.
     every_turn_embedded(&c, user, "offline-hash-384").await;
+    // The user memory search of the API runs the same semantic part.
+    let resp = api.get(&format!("/api/users/{user}/memory?q=Lisbon")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let found: Value = resp.json().await.unwrap();
+    let hits = found["hits"].as_array().cloned().unwrap_or_default();
+    assert!(hits.iter().any(|h| h["id"] == json!(lisboa)), "{found}");
     // A deleted turn takes its embedding with it.
     c.execute("DELETE FROM raw_logs WHERE id = $1", &[&lisboa])
         .await

@@ -203,7 +203,7 @@ async fn user_data(app: &AppState, id: &str, uq: &UserQuery) -> Result<minijinja
     } else {
         // The plan the assemble stage makes for a query without analysis.
         let plan = crate::stage::memory::plan(None, q, None, Utc::now());
-        let found = users::search(&c, &app.cfg, user, &plan.query)
+        let found = users::search(&c, &app.cfg, user, &plan.query, app.embedder.as_ref())
             .await
             .map_err(user_fail)?;
         Some(plan.arrange(found.hits))

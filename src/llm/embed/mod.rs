@@ -208,6 +208,26 @@ impl EmbedError {
     }
 }
 
+/// Why the embedder `[llm.embedding]` names could not be had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetupError {
+    /// A setting is wrong (the error names its key).
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// The local model could not be loaded, or the HTTP client built.
+    #[error("{0}")]
+    Embed(#[from] EmbedError),
+}
+
+/// The embedder `[llm.embedding]` names, or `None` when embeddings are off
+/// (the default); a local model is loaded here. `env` looks a variable up.
+pub fn configured(llm: &LlmConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Embedder>, SetupError> {
+    match llm.embedding.resolve(llm, env)? {
+        Some(settings) => Ok(Some(Embedder::new(&settings)?)),
+        None => Ok(None),
+    }
+}
+
 enum Backend {
     Local(Arc<local::Local>),
     Offline,
