@@ -181,7 +181,7 @@ impl Engine {
         }
         let m = &self.cfg.memory;
         let semantic = match self.embedder.get() {
-            Some(e) if !plan.query.trim().is_empty() => self.embed_query(e, &input.user_query).await,
+            Some(e) if !plan.query.trim().is_empty() => e.embed_query(&input.user_query).await,
             _ => None,
         };
         let search = repo::memory::MemorySearch {
@@ -223,19 +223,6 @@ impl Engine {
         };
         input.retrieved = plan.arrange(items);
         Ok(())
-    }
-
-    /// The embedding of a request's query, or `None` when it cannot be had
-    /// (logged): the search then runs on full text alone rather than
-    /// failing the request.
-    async fn embed_query(&self, embedder: &crate::llm::embed::Embedder, query: &str) -> Option<Vec<f32>> {
-        match embedder.embed(&[query.to_owned()]).await {
-            Ok(mut v) => v.pop(),
-            Err(e) => {
-                tracing::warn!(error = %e, "embedding the query failed; the memory search runs on full text alone");
-                None
-            }
-        }
     }
 
     /// Runs one stage within the stage timeout; a timeout or a panic is a

@@ -181,13 +181,7 @@ pub async fn search(
 ) -> Result<SearchView, UserError> {
     let st = live_state(client, user).await?;
     let embedding = match embedder {
-        Some(e) if !query.trim().is_empty() => match e.embed(&[query.to_owned()]).await {
-            Ok(mut v) => v.pop(),
-            Err(err) => {
-                tracing::warn!(error = %err, "embedding the query failed; the memory search runs on full text alone");
-                None
-            }
-        },
+        Some(e) if !query.trim().is_empty() => e.embed_query(query).await,
         _ => None,
     };
     let s = repo::memory::MemorySearch {

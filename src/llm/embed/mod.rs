@@ -344,6 +344,19 @@ impl Embedder {
         Ok(out)
     }
 
+    /// The embedding of a search's query, or `None` when it cannot be had
+    /// (logged with the error): the search then runs on full text alone
+    /// rather than failing.
+    pub async fn embed_query(&self, query: &str) -> Option<Vec<f32>> {
+        match self.embed(&[query.to_owned()]).await {
+            Ok(mut v) => v.pop(),
+            Err(e) => {
+                tracing::warn!(error = %e, "embedding the query failed; the memory search runs on full text alone");
+                None
+            }
+        }
+    }
+
     async fn embed_chunk(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
         match &*self.backend {
             Backend::Offline => Ok(texts.iter().map(|t| offline::embed(t)).collect()),
