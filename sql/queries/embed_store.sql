@@ -1,4 +1,5 @@
--- Stores the embeddings of user $1's turns $3 (all of dimension $5, one
+-- Stores the embeddings of user $1's turns $3 (as their parts:
+-- sql/0018_embedding_parts.sql) (all of dimension $5, one
 -- after another in $4) made by model $2, and moves the user's mark to $6,
 -- in one statement. A turn deleted meanwhile is skipped; a turn embedded
 -- before (another model, or another daemon) is overwritten. The mark never
@@ -12,11 +13,12 @@
 WITH v AS (
     SELECT x.id, x.n::int AS n FROM unnest($3::bigint[]) WITH ORDINALITY AS x(id, n)
 ), stored AS (
-    INSERT INTO turn_embeddings AS e (turn_id, user_id, model, embedding)
-    SELECT v.id, $1::uuid, $2::text, ($4::real[])[(v.n - 1) * $5::int + 1 : v.n * $5::int]
+    INSERT INTO turn_embeddings AS e (turn_id, user_id, model, dims, parts)
+    SELECT v.id, $1::uuid, $2::text, $5::int,
+           embedding_parts(($4::real[])[(v.n - 1) * $5::int + 1 : v.n * $5::int])
     FROM v
     JOIN raw_logs r ON r.id = v.id AND r.user_id = $1::uuid
-    ON CONFLICT (turn_id) DO UPDATE SET model = EXCLUDED.model, embedding = EXCLUDED.embedding
+    ON CONFLICT (turn_id) DO UPDATE SET model = EXCLUDED.model, dims = EXCLUDED.dims, parts = EXCLUDED.parts
     RETURNING e.turn_id
 ), mark AS (
     UPDATE archive_marks m

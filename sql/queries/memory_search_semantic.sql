@@ -11,15 +11,18 @@
 -- score of the candidates + $11 · its cosine scaled to 0..1 over the
 -- user's turns (min to max): linear fusion, which beat reciprocal rank
 -- fusion by 5 points of recall on LoCoMo (BENCHMARKS.md, session 8).
+), query_parts AS (
+    SELECT embedding_parts($9::real[]) AS parts
 ), dense AS MATERIALIZED (
-    -- (in float8: the product of two small real components underflows,
-    -- which PostgreSQL reports as an error rather than rounding to 0)
+    -- Both of unit length: the cosine is 1 − |a − b|² / 2, the squared
+    -- distance summed over the parts (sql/0018_embedding_parts.sql).
     SELECT e.turn_id AS id,
-           (SELECT sum(x.a::float8 * x.b::float8) FROM unnest(e.embedding, $9::real[]) AS x(a, b)) AS cosine
+           1 - (SELECT sum(cube_distance(x.a, x.b) ^ 2) FROM unnest(e.parts, q.parts) AS x(a, b)) / 2 AS cosine
     FROM turn_embeddings e
+    CROSS JOIN query_parts q
     WHERE $3::int > 0 AND e.user_id = $1::uuid AND e.model = $10::text
       -- (a model that changed its dimensions under the same name is skipped)
-      AND array_length(e.embedding, 1) = array_length($9::real[], 1)
+      AND e.dims = cardinality($9::real[])
 ), span AS (
     SELECT min(d.cosine) AS lo, greatest(max(d.cosine) - min(d.cosine), 1e-9) AS width FROM dense d
 ), near AS (

@@ -12,7 +12,13 @@
 //! - callbacks: fail when deliveries wait and no secret is configured, warn
 //!   about dead ones;
 //! - `llm.<role>`: the provider of each role is reachable (an authenticated
-//!   request listing models); keys are never printed.
+//!   request listing models); keys are never printed;
+//! - embeddings: off, or the provider and model of `[llm.embedding]` (a
+//!   local model's folder holds its files), and the turns the embedder has
+//!   yet to embed (warn while any wait: those users' searches miss them).
+//!
+//! Size: one function per group of checks, kept in the order they print;
+//! most lines are what a check says when it warns or fails.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -26,8 +32,9 @@ use tokio_postgres::AsyncMessage;
 use super::{CliError, Outcome, age, connect};
 use crate::config::Config;
 use crate::db;
+use crate::llm::embed::EmbeddingProvider;
 use crate::llm::{Llm, LlmConfig, ProviderKind, Role};
-use crate::repo::{control, stats};
+use crate::repo::{control, embeddings, stats};
 
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
 const PROVIDER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -63,6 +70,7 @@ pub async fn run(cfg: &Config, file: Option<&Path>, json: bool) -> Result<Outcom
     let mut r = Report(Vec::new());
     database_checks(cfg, &mut r).await;
     provider_checks(cfg, file, &mut r).await;
+    embedding_checks(cfg, &mut r).await;
     let failed = r.0.iter().filter(|c| c.level == Level::Fail).count();
     if json {
         println!("{}", serde_json::json!({"ok": failed == 0, "checks": r.0}));
@@ -370,6 +378,62 @@ async fn provider_checks(cfg: &Config, file: Option<&Path>, r: &mut Report) {
             format!("{} {shown} (model {}): {detail}", s.provider, s.model),
         );
         probed.push((s.provider, endpoint.base_url.clone(), level, detail));
+    }
+}
+
+/// `[llm.embedding]`: off, or its provider and model, and the backlog of
+/// turns to embed. A local model's files are looked for, not loaded (that
+/// takes the daemon a second and 100 MB).
+async fn embedding_checks(cfg: &Config, r: &mut Report) {
+    const NAME: &str = "embeddings";
+    let settings = match cfg.llm.embedding.resolve(&cfg.llm, &|name| std::env::var(name).ok()) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            r.add(NAME, Level::Ok, "off (the memory search is full text alone)");
+            return;
+        }
+        Err(e) => {
+            r.add(NAME, Level::Fail, format!("configuration: {e}"));
+            return;
+        }
+    };
+    let what = format!("{} (model {})", settings.provider.name(), settings.model);
+    if let EmbeddingProvider::Local(dir) = &settings.provider {
+        let missing: Vec<&str> = ["config.json", "tokenizer.json", "model.safetensors"]
+            .into_iter()
+            .filter(|f| !dir.join(f).is_file())
+            .collect();
+        if !missing.is_empty() {
+            r.add(
+                NAME,
+                Level::Fail,
+                format!(
+                    "{what}: {} missing in {} (llm.embedding.model_dir): maasd will not start",
+                    missing.join(", "),
+                    dir.display()
+                ),
+            );
+            return;
+        }
+    }
+    let backlog = match connect(cfg).await {
+        Ok(client) => embeddings::backlog(&client, &settings.model)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(chain(&e)),
+    };
+    match backlog {
+        Ok(b) if b.turns == 0 => r.add(NAME, Level::Ok, format!("{what}: every turn embedded")),
+        Ok(b) => r.add(
+            NAME,
+            Level::Warn,
+            format!(
+                "{what}: {} turn(s) of {} user(s) not embedded yet — maasd's embedder works through them \
+                 (maas_embedder_turns_total); until then the search finds those turns by full text only",
+                b.turns, b.users
+            ),
+        ),
+        Err(e) => r.add(NAME, Level::Warn, format!("{what}: cannot read the backlog: {e}")),
     }
 }
 

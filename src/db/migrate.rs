@@ -78,6 +78,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     15 => "0015_console_actions.sql",
     16 => "0016_context_compression.sql",
     17 => "0017_turn_embeddings.sql",
+    18 => "0018_embedding_parts.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

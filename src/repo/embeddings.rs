@@ -17,6 +17,7 @@ super::statements! {
     PENDING = "embed_pending",
     TURNS = "embed_turns",
     STORE = "embed_store",
+    BACKLOG = "embed_backlog",
 }
 
 super::row_struct! {
@@ -43,6 +44,22 @@ super::row_struct! {
         pub previous: Option<String>,
         pub next: Option<String>,
     }
+}
+
+super::row_struct! {
+    /// What is left to embed with one model (`maasctl doctor`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Backlog {
+        /// Users with turns not yet embedded.
+        pub users: i64,
+        /// Their turns not yet embedded (by sequence number).
+        pub turns: i64,
+    }
+}
+
+/// What is left to embed with `model`.
+pub async fn backlog(client: &impl GenericClient, model: &str) -> Result<Backlog, Error> {
+    super::query_one_as(client, BACKLOG, &[&model]).await
 }
 
 /// Up to `limit` users with turns not yet embedded with `model`.

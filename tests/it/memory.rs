@@ -242,6 +242,32 @@ async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
     .await;
     let lisboa = turn_with(&c, "lives in Lisboa").await;
     a_record(&c, user, "family", "Ann talks about her family").await;
+    // `maasctl doctor` names the backlog while no embedder has run, and a
+    // local model whose folder lacks its files.
+    let offline = [("MAAS_LLM__EMBEDDING__PROVIDER", "offline")];
+    let (code, out, err) = maasctl_async(&db.url, &["doctor"], &offline).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("warn  embeddings") && out.contains("offline (model offline-hash-384): 13 turn(s) of 1 user(s)"),
+        "{out}"
+    );
+    let (code, out, _) = maasctl_async::<&str>(&db.url, &["doctor"], &[]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("ok    embeddings") && out.contains("off (the memory search is full text alone)"),
+        "{out}"
+    );
+    let nowhere = std::env::temp_dir().join(format!("maas-no-model-{}", Uuid::new_v4()));
+    let local = [
+        ("MAAS_LLM__EMBEDDING__PROVIDER", "local".to_owned()),
+        ("MAAS_LLM__EMBEDDING__MODEL_DIR", nowhere.display().to_string()),
+    ];
+    let (code, out, _) = maasctl_async(&db.url, &["doctor"], &local).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL  embeddings") && out.contains("config.json, tokenizer.json, model.safetensors missing"),
+        "{out}"
+    );
     let api = Api::start(
         &db,
         Opts::default()
@@ -265,6 +291,12 @@ async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
     assert_eq!(best.map(|s| s["id"].clone()), Some(json!(lisboa)), "{sources:?}");
     // The request's own turns are embedded too, as they are logged.
     every_turn_embedded(&c, user, "offline-hash-384").await;
+    let (code, out, err) = maasctl_async(&db.url, &["doctor"], &offline).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("ok    embeddings") && out.contains("offline (model offline-hash-384): every turn embedded"),
+        "{out}"
+    );
     // The user memory search of the API runs the same semantic part.
     let resp = api.get(&format!("/api/users/{user}/memory?q=Lisbon")).await;
     assert_eq!(resp.status(), StatusCode::OK);
@@ -358,4 +390,79 @@ async fn a_text_the_provider_refuses_holds_up_no_other_turn_or_user() {
     let metrics = api.get("/metrics").await.text().await.unwrap();
     assert!(metrics.contains("maas_embedder_refused_total 1\n"), "{metrics}");
     assert!(metrics.contains("maas_embedder_turns_total 5\n"), "{metrics}");
+}
+
+/// Migration 0018 turns the embeddings 0017 stored as `real[]` into their
+/// parts, and the cosine the search computes from the parts is the dot
+/// product of the original vectors, for any number of dimensions (a last
+/// part shorter than 96 included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_0018_keeps_every_embedding_and_its_cosine() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    let chat = Uuid::new_v4();
+    for i in 0..3 {
+        log_turn(&c, user, chat, "user_query", &format!("Ann: turn {i}")).await;
+    }
+    // The table as 0017 left it, holding unit vectors of 384 and 200
+    // dimensions.
+    c.batch_execute(
+        "DROP TABLE turn_embeddings; DROP FUNCTION embedding_parts(real[]);
+         CREATE TABLE turn_embeddings (
+             turn_id bigint PRIMARY KEY REFERENCES raw_logs (id) ON DELETE CASCADE,
+             user_id uuid NOT NULL, model text NOT NULL, embedding real[] NOT NULL);
+         CREATE INDEX turn_embeddings_user_idx ON turn_embeddings (user_id);",
+    )
+    .await
+    .unwrap();
+    let unit = |dims: usize, seed: usize| -> Vec<f32> {
+        let v: Vec<f32> = (0..dims).map(|i| (((i * 7 + seed * 13) % 17) as f32) - 8.0).collect();
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.into_iter().map(|x| x / norm).collect()
+    };
+    let ids: Vec<i64> = c
+        .query("SELECT id FROM raw_logs WHERE user_id = $1 ORDER BY id", &[&user])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let vectors = [unit(384, 1), unit(384, 2), unit(200, 3)];
+    for (id, v) in ids.iter().zip(&vectors) {
+        c.execute(
+            "INSERT INTO turn_embeddings (turn_id, user_id, model, embedding) VALUES ($1, $2, 'm', $3)",
+            &[id, &user, v],
+        )
+        .await
+        .unwrap();
+    }
+    let sql = maas::db::migrate::MIGRATIONS
+        .iter()
+        .find(|m| m.version == 18)
+        .expect("migration 18")
+        .sql;
+    c.batch_execute(&format!("BEGIN; {sql}; COMMIT;")).await.unwrap();
+    let rows = c
+        .query(
+            "SELECT e.dims, cardinality(e.parts),
+                    1 - (SELECT sum(cube_distance(x.a, x.b) ^ 2)
+                         FROM unnest(e.parts, embedding_parts($2::real[])) AS x(a, b)) / 2
+             FROM turn_embeddings e WHERE e.user_id = $1 ORDER BY e.turn_id",
+            &[&user, &vectors[0]],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(i32, i32, f64)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    assert_eq!(got.len(), 3, "every embedding kept: {got:?}");
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum::<f64>();
+    for ((dims, parts, cosine), v) in got.iter().zip(&vectors) {
+        assert_eq!(usize::try_from(*dims).ok(), Some(v.len()));
+        assert_eq!(usize::try_from(*parts).ok(), Some(v.len().div_ceil(96)));
+        if v.len() == 384 {
+            let want = dot(&vectors[0], v);
+            assert!((cosine - want).abs() < 1e-5, "cosine {cosine}, dot product {want}");
+        }
+    }
+    assert!((got[0].2 - 1.0).abs() < 1e-5, "a vector with itself: {}", got[0].2);
 }

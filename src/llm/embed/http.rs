@@ -207,7 +207,7 @@ fn components(vector: Option<&Value>, i: usize) -> Result<Vec<f32>, String> {
         let wide = x
             .as_f64()
             .ok_or_else(|| format!("vector {i} component {j} is not a number"))?;
-        // Narrowing is the point (vectors are stored as real[]); a value
+        // Narrowing is the point (vectors travel as real[]); a value
         // beyond f32 becomes infinite and is refused.
         #[allow(clippy::cast_possible_truncation)]
         let narrow = wide as f32;

@@ -395,7 +395,7 @@ fn normalised(mut v: Vec<f32>) -> Option<Vec<f32>> {
         return None;
     }
     for x in &mut v {
-        // Narrowing back to f32 is the point: the vector is stored as real[].
+        // Narrowing back to f32 is the point: vectors travel as real[].
         #[allow(clippy::cast_possible_truncation)]
         let scaled = (f64::from(*x) / norm) as f32;
         *x = scaled;
