@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::cli::maasctl_async;
 use crate::support::daemon::Opts;
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, apply_migration};
 use crate::support::fake_llm::{FakeLlm, REFUSED_TEXT};
 use crate::support::poll::{count, poll_until};
 
@@ -437,12 +437,7 @@ async fn migration_0018_keeps_every_embedding_and_its_cosine() {
         .await
         .unwrap();
     }
-    let sql = maas::db::migrate::MIGRATIONS
-        .iter()
-        .find(|m| m.version == 18)
-        .expect("migration 18")
-        .sql;
-    c.batch_execute(&format!("BEGIN; {sql}; COMMIT;")).await.unwrap();
+    apply_migration(&c, 18).await;
     let rows = c
         .query(
             "SELECT e.dims, cardinality(e.parts),

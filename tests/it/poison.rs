@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::support::api::Api;
 use crate::support::daemon::Maasd;
-use crate::support::db::{TestDb, rows, value};
+use crate::support::db::{TestDb, apply_migration, rows, value};
 use crate::support::fake_llm::{FakeConfig, FakeLlm, Reply};
 use crate::support::{GENEROUS, count, summary, wait_until};
 
@@ -304,12 +304,7 @@ async fn migration_0009_brings_existing_bad_rows_inside_the_bounds() {
     )
     .await
     .unwrap();
-    let sql = maas::db::migrate::MIGRATIONS
-        .iter()
-        .find(|m| m.version == 9)
-        .expect("migration 9")
-        .sql;
-    c.batch_execute(&format!("BEGIN; {sql}; COMMIT;")).await.unwrap();
+    apply_migration(&c, 9).await;
     let (status, error): (String, Option<String>) = c
         .query_one(
             "SELECT status, error FROM pipeline_runs WHERE user_query = 'stuck'",

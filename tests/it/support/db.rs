@@ -27,6 +27,17 @@ pub async fn column<T: for<'a> FromSql<'a>>(c: &Client, sql: &str, params: &[&(d
 }
 
 /// Admin URL (database `postgres`) of the cluster the tests use.
+/// Applies migration `version` again, in a transaction of its own: the
+/// upgrade tests rebuild the schema as it was before it, then run it.
+pub async fn apply_migration(c: &Client, version: i32) {
+    let sql = migrate::MIGRATIONS
+        .iter()
+        .find(|m| m.version == version)
+        .unwrap_or_else(|| panic!("no migration {version}"))
+        .sql;
+    c.batch_execute(&format!("BEGIN; {sql}; COMMIT;")).await.unwrap();
+}
+
 pub fn admin_url() -> String {
     static URL: OnceLock<String> = OnceLock::new();
     URL.get_or_init(|| {
