@@ -14,6 +14,15 @@
 //! Passes follow each other at once while there is work, then every
 //! [`IDLE`]; several daemons may run it: they at worst embed a batch twice.
 //!
+//! Finding the users with work: a full pass reads `archive_marks`, one row
+//! per user, to the end when nothing is left, which every second would be
+//! a scan of every user. So only the first pass, and one every
+//! [`FULL_EVERY`], is full; in between a pass looks only at the users of
+//! the turns logged since the newest turn id seen before the last pass
+//! that left nothing behind (`raw_logs_pkey`). The full passes catch what
+//! that misses: a turn whose transaction took a lower id but committed
+//! after that id was read, and a change of model.
+//!
 //! A failure (the provider is down, the database) is logged with its cause
 //! and the pass ends; the next one, after [`IDLE`] (longer after repeated
 //! failures), tries again: no turn is skipped for it. A text the provider
@@ -39,6 +48,8 @@ use crate::service::Service;
 pub const USERS_PER_PASS: usize = 16;
 /// Pause when there is nothing to embed.
 pub const IDLE: Duration = Duration::from_secs(1);
+/// Time between full passes (see the module's docs).
+pub const FULL_EVERY: Duration = Duration::from_secs(60);
 /// Longest pause after repeated failures.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
@@ -49,6 +60,9 @@ pub struct Pass {
     pub users: usize,
     /// Embeddings stored.
     pub embedded: i64,
+    /// Every user it found is embedded to the end, and it found fewer than
+    /// it could take: nothing is left of what it looked at.
+    pub complete: bool,
 }
 
 /// The embedder service.
@@ -89,10 +103,19 @@ pub enum PassError {
 /// provider that is down (a retryable error) or a database error ends the
 /// pass; a text the provider refuses (any other error) costs only that
 /// turn its embedding (it is embedded alone, and left out).
-pub async fn pass(pool: &Pool, embedder: &Embedder) -> Result<Pass, PassError> {
+///
+/// `after_id`: look only at the users of the turns with a greater id
+/// (`None`: at every user).
+pub async fn pass(pool: &Pool, embedder: &Embedder, after_id: Option<i64>) -> Result<Pass, PassError> {
     let client = pool.get().await.map_err(crate::db::Error::from)?;
-    let users = repo::embeddings::pending(&client, embedder.model(), USERS_PER_PASS).await?;
-    let mut done = Pass::default();
+    let users = match after_id {
+        None => repo::embeddings::pending(&client, embedder.model(), USERS_PER_PASS).await?,
+        Some(id) => repo::embeddings::pending_since(&client, embedder.model(), USERS_PER_PASS, id).await?,
+    };
+    let mut done = Pass {
+        complete: users.len() < USERS_PER_PASS,
+        ..Pass::default()
+    };
     for user in users {
         let turns = repo::embeddings::turns(&client, user.user_id, user.embedded_seq, embedder.batch()).await?;
         // No new turn left (deleted ones leave gaps): the mark goes to the end.
@@ -116,6 +139,8 @@ pub async fn pass(pool: &Pool, embedder: &Embedder) -> Result<Pass, PassError> {
         let (ids, vectors): (Vec<i64>, Vec<Vec<f32>>) = embedded.into_iter().unzip();
         let stored = repo::embeddings::store(&client, user.user_id, embedder.model(), &ids, &vectors, mark).await?;
         crate::metrics::embedder_pass(stored, refused);
+        // A full batch may have left turns behind.
+        done.complete &= turns.len() < embedder.batch();
         done.embedded += stored;
         done.users += 1;
     }
@@ -160,12 +185,29 @@ impl Service for EmbedderService {
                 "embedder started"
             );
             let mut failures: u32 = 0;
+            // The newest turn id before the last pass that left nothing
+            // behind; `None` until a full pass has done so.
+            let mut seen: Option<i64> = None;
+            let mut last_full: Option<tokio::time::Instant> = None;
             loop {
-                let pause = match pass(&self.pool, &self.embedder).await {
-                    Ok(p) => {
+                let full = seen.is_none() || last_full.is_none_or(|t| t.elapsed() >= FULL_EVERY);
+                let outcome = async {
+                    let top = repo::embeddings::top(&self.pool.get().await.map_err(crate::db::Error::from)?).await?;
+                    let p = pass(&self.pool, &self.embedder, if full { None } else { seen }).await?;
+                    Ok::<_, PassError>((top, p))
+                }
+                .await;
+                let pause = match outcome {
+                    Ok((top, p)) => {
                         failures = 0;
+                        if full {
+                            last_full = Some(tokio::time::Instant::now());
+                        }
+                        if p.complete {
+                            seen = Some(top);
+                        }
                         if p.embedded > 0 {
-                            tracing::debug!(users = p.users, embedded = p.embedded, "turns embedded");
+                            tracing::debug!(users = p.users, embedded = p.embedded, full, "turns embedded");
                         }
                         if p.users == 0 { IDLE } else { Duration::ZERO }
                     }

@@ -18,6 +18,8 @@ super::statements! {
     TURNS = "embed_turns",
     STORE = "embed_store",
     BACKLOG = "embed_backlog",
+    PENDING_SINCE = "embed_pending_since",
+    TOP = "embed_top",
 }
 
 super::row_struct! {
@@ -65,6 +67,22 @@ pub async fn backlog(client: &impl GenericClient, model: &str) -> Result<Backlog
 /// Up to `limit` users with turns not yet embedded with `model`.
 pub async fn pending(client: &impl GenericClient, model: &str, limit: usize) -> Result<Vec<Pending>, Error> {
     super::query_as(client, PENDING, &[&model, &as_limit(limit)]).await
+}
+
+/// Up to `limit` users with turns not yet embedded with `model`, among the
+/// users of the turns whose id is over `after_id` only.
+pub async fn pending_since(
+    client: &impl GenericClient,
+    model: &str,
+    limit: usize,
+    after_id: i64,
+) -> Result<Vec<Pending>, Error> {
+    super::query_as(client, PENDING_SINCE, &[&model, &as_limit(limit), &after_id]).await
+}
+
+/// The newest turn's id (0 when there is none).
+pub async fn top(client: &impl GenericClient) -> Result<i64, Error> {
+    super::query_one_value(client, TOP, &[], "top").await
 }
 
 /// The next `limit` turns of `user` after `after`, oldest first, with the

@@ -202,11 +202,16 @@ async fn embeddings_of(c: &Client, id: i64) -> i64 {
 
 /// Waits until every turn of `user` has an embedding of `model`.
 async fn every_turn_embedded(c: &Client, user: Uuid, model: &str) {
+    every_turn_embedded_within(c, user, model, Duration::from_secs(60)).await;
+}
+
+/// [`every_turn_embedded`] with a deadline of its own.
+async fn every_turn_embedded_within(c: &Client, user: Uuid, model: &str, deadline: Duration) {
     let sql = format!(
         "SELECT count(*) FROM raw_logs r WHERE r.user_id = '{user}' AND NOT EXISTS \
          (SELECT 1 FROM turn_embeddings e WHERE e.turn_id = r.id AND e.model = '{model}' AND e.user_id = r.user_id)"
     );
-    let done = poll_until(Duration::from_secs(60), Duration::from_millis(100), || async {
+    let done = poll_until(deadline, Duration::from_millis(100), || async {
         count(c, &sql).await == 0
     })
     .await;
@@ -460,4 +465,56 @@ async fn migration_0018_keeps_every_embedding_and_its_cosine() {
         }
     }
     assert!((got[0].2 - 1.0).abs() < 1e-5, "a vector with itself: {}", got[0].2);
+}
+
+/// The embedder's scoped pass (`embed_pending_since.sql`) looks only at the
+/// users of the turns logged after a turn id, while the full pass sees
+/// every user with work; and a maasd that has gone idle (its passes
+/// scoped) still embeds the turns logged afterwards, for every user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedder_looks_only_at_users_with_new_turns_between_full_passes() {
+    use maas::repo::embeddings::{pending, pending_since, top};
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let cfg = maas::config::Config {
+        database_url: maas::config::Secret(db.url.clone()),
+        ..Default::default()
+    };
+    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let client = pool.get().await.unwrap();
+    let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
+    log_turn(&c, old, Uuid::new_v4(), "user_query", "Ann: an old turn").await;
+    let seen = top(&client).await.unwrap();
+    assert!(seen > 0);
+    log_turn(&c, new, Uuid::new_v4(), "user_query", "Bob: a new turn").await;
+    let users = |p: Vec<maas::repo::embeddings::Pending>| {
+        let mut u: Vec<Uuid> = p.into_iter().map(|p| p.user_id).collect();
+        u.sort();
+        u
+    };
+    let mut both = vec![old, new];
+    both.sort();
+    assert_eq!(users(pending(&client, "m", 16).await.unwrap()), both);
+    assert_eq!(users(pending_since(&client, "m", 16, seen).await.unwrap()), vec![new]);
+    let newest = top(&client).await.unwrap();
+    assert!(pending_since(&client, "m", 16, newest).await.unwrap().is_empty());
+
+    // Turns logged while the embedder idles, by a user it has done and a
+    // user it has never seen, are embedded by its scoped passes: well
+    // before the next full pass is due.
+    let _api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_LLM__EMBEDDING__PROVIDER", "offline"),
+    )
+    .await;
+    every_turn_embedded(&c, old, "offline-hash-384").await;
+    every_turn_embedded(&c, new, "offline-hash-384").await;
+    let third = Uuid::new_v4();
+    log_turn(&c, old, Uuid::new_v4(), "user_query", "Ann: later").await;
+    log_turn(&c, third, Uuid::new_v4(), "user_query", "Cy: first words").await;
+    let soon = maas::embedder::FULL_EVERY / 3;
+    every_turn_embedded_within(&c, old, "offline-hash-384", soon).await;
+    every_turn_embedded_within(&c, third, "offline-hash-384", soon).await;
 }
