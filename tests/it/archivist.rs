@@ -359,11 +359,7 @@ async fn a_commit_from_a_stale_mark_writes_nothing() {
     let c = db.client().await;
     let user = Uuid::new_v4();
     let ids = logs(&c, user, None, 2, 1.0).await;
-    let cfg = maas::config::Config {
-        database_url: maas::config::Secret(db.url.clone()),
-        ..Default::default()
-    };
-    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let pool = db.pool();
     let client = pool.get().await.unwrap();
     let rec = NewRecord {
         time_bucket_start: chrono::Utc::now(),

@@ -32,11 +32,7 @@ async fn fill(c: &tokio_postgres::Client, n: i64, users: &[Uuid], thread: Uuid, 
 /// A connection of the daemon's kind of pool (the one `list` takes); the
 /// pool is returned too, to live as long as the test.
 async fn pooled(db: &TestDb) -> (maas::db::Pool, deadpool_postgres::Object) {
-    let cfg = maas::config::Config {
-        database_url: maas::config::Secret(db.url.clone()),
-        ..Default::default()
-    };
-    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let pool = db.pool();
     let client = pool.get().await.unwrap();
     (pool, client)
 }

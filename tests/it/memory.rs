@@ -476,11 +476,7 @@ async fn the_embedder_looks_only_at_users_with_new_turns_between_full_passes() {
     use maas::repo::embeddings::{pending, pending_since, top};
     let db = TestDb::new().await;
     let c = db.client().await;
-    let cfg = maas::config::Config {
-        database_url: maas::config::Secret(db.url.clone()),
-        ..Default::default()
-    };
-    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let pool = db.pool();
     let client = pool.get().await.unwrap();
     let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
     log_turn(&c, old, Uuid::new_v4(), "user_query", "Ann: an old turn").await;

@@ -330,11 +330,7 @@ async fn the_archive_run_lease_admits_one_owner_at_a_time() {
     use maas::repo::archive::{lease_runs, release_runs};
     let db = TestDb::new().await;
     let c = db.client().await;
-    let cfg = maas::config::Config {
-        database_url: maas::config::Secret(db.url.clone()),
-        ..Default::default()
-    };
-    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let pool = db.pool();
     let client = pool.get().await.unwrap();
     let (long, short) = (Duration::from_secs(60), Duration::from_millis(200));
     assert!(

@@ -320,11 +320,7 @@ async fn a_debug_run_rests_in_analyzed_and_ready_until_continued() {
     assert_eq!(status_of(&c, id).await, "READY", "rests again in READY");
 
     // Step: respond — through the library call the HTTP server uses.
-    let cfg = maas::config::Config {
-        database_url: maas::config::Secret(db.url.clone()),
-        ..Default::default()
-    };
-    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let pool = db.pool();
     let client = pool.get().await.unwrap();
     let outcome = maas::control::continue_run(&client, id, "http:alice", Some("looks right"))
         .await

@@ -262,11 +262,7 @@ async fn daemon_setup() -> (
     tokio_postgres::Client,
 ) {
     let db = TestDb::new().await;
-    let cfg = maas::config::Config {
-        database_url: maas::config::Secret(db.url.clone()),
-        ..Default::default()
-    };
-    let pool = maas::db::connect_pool(&cfg, "test").unwrap();
+    let pool = db.pool();
     let client = pool.get().await.unwrap();
     let c = db.client().await;
     (db, pool, client, c)

@@ -199,6 +199,16 @@ impl TestDb {
     pub async fn client(&self) -> Client {
         connect(&self.url).await
     }
+
+    /// The daemon's own pool over this database, for calling the
+    /// library's statements directly.
+    pub fn pool(&self) -> maas::db::Pool {
+        let cfg = maas::config::Config {
+            database_url: maas::config::Secret(self.url.clone()),
+            ..Default::default()
+        };
+        maas::db::connect_pool(&cfg, "test").unwrap()
+    }
 }
 
 impl Drop for TestDb {
