@@ -45,7 +45,7 @@ pub enum DaemonError {
 /// local model is loaded here: a missing one stops the start, naming its
 /// folder.
 pub fn embedder(cfg: &Config) -> Result<Option<crate::llm::embed::Embedder>, DaemonError> {
-    let embedder = crate::llm::embed::configured(&cfg.llm, &|name| std::env::var(name).ok())?;
+    let embedder = crate::llm::embed::configured(&cfg.llm)?;
     if let Some(e) = &embedder {
         tracing::info!(provider = e.provider_name(), model = e.model(), "embeddings on");
     }

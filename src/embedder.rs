@@ -63,6 +63,9 @@ pub struct Pass {
     /// Every user it found is embedded to the end, and it found fewer than
     /// it could take: nothing is left of what it looked at.
     pub complete: bool,
+    /// The newest turn id, read before it looked: a complete pass has
+    /// seen every turn up to it.
+    pub top: i64,
 }
 
 /// The embedder service.
@@ -108,12 +111,14 @@ pub enum PassError {
 /// (`None`: at every user).
 pub async fn pass(pool: &Pool, embedder: &Embedder, after_id: Option<i64>) -> Result<Pass, PassError> {
     let client = pool.get().await.map_err(crate::db::Error::from)?;
+    let top = repo::embeddings::top(&client).await?;
     let users = match after_id {
         None => repo::embeddings::pending(&client, embedder.model(), USERS_PER_PASS).await?,
         Some(id) => repo::embeddings::pending_since(&client, embedder.model(), USERS_PER_PASS, id).await?,
     };
     let mut done = Pass {
         complete: users.len() < USERS_PER_PASS,
+        top,
         ..Pass::default()
     };
     for user in users {
@@ -191,20 +196,14 @@ impl Service for EmbedderService {
             let mut last_full: Option<tokio::time::Instant> = None;
             loop {
                 let full = seen.is_none() || last_full.is_none_or(|t| t.elapsed() >= FULL_EVERY);
-                let outcome = async {
-                    let top = repo::embeddings::top(&self.pool.get().await.map_err(crate::db::Error::from)?).await?;
-                    let p = pass(&self.pool, &self.embedder, if full { None } else { seen }).await?;
-                    Ok::<_, PassError>((top, p))
-                }
-                .await;
-                let pause = match outcome {
-                    Ok((top, p)) => {
+                let pause = match pass(&self.pool, &self.embedder, if full { None } else { seen }).await {
+                    Ok(p) => {
                         failures = 0;
                         if full {
                             last_full = Some(tokio::time::Instant::now());
                         }
                         if p.complete {
-                            seen = Some(top);
+                            seen = Some(p.top);
                         }
                         if p.embedded > 0 {
                             tracing::debug!(users = p.users, embedded = p.embedded, full, "turns embedded");

@@ -386,7 +386,7 @@ async fn provider_checks(cfg: &Config, file: Option<&Path>, r: &mut Report) {
 /// takes the daemon a second and 100 MB).
 async fn embedding_checks(cfg: &Config, r: &mut Report) {
     const NAME: &str = "embeddings";
-    let settings = match cfg.llm.embedding.resolve(&cfg.llm, &|name| std::env::var(name).ok()) {
+    let settings = match crate::llm::embed::settings(&cfg.llm) {
         Ok(Some(s)) => s,
         Ok(None) => {
             r.add(NAME, Level::Ok, "off (the memory search is full text alone)");

@@ -85,8 +85,8 @@ async fn show(
 ) -> Result<Outcome, CliError> {
     let client = connect(cfg).await?;
     if let Some(q) = q {
-        let embedder = crate::llm::embed::configured(&cfg.llm, &|name| std::env::var(name).ok())
-            .map_err(|e| CliError::Usage(format!("embeddings: {e}")))?;
+        let embedder =
+            crate::llm::embed::configured(&cfg.llm).map_err(|e| CliError::Usage(format!("embeddings: {e}")))?;
         let found = match users::search(&client, cfg, user, &q, embedder.as_ref()).await {
             Ok(v) => v,
             Err(e) => return finding(e),

@@ -180,10 +180,9 @@ impl Engine {
             return Ok(());
         }
         let m = &self.cfg.memory;
-        let semantic = match self.embedder.get() {
-            Some(e) if !plan.query.trim().is_empty() => e.embed_query(&input.user_query).await,
-            _ => None,
-        };
+        // The query alone is embedded, and only for a long-term search.
+        let embedder = self.embedder.get().filter(|_| !plan.query.trim().is_empty());
+        let semantic = repo::memory::Semantic::of(embedder, &input.user_query, m.semantic_weight).await;
         let search = repo::memory::MemorySearch {
             user_id: input.user_id,
             request_id: input.request_id,
@@ -193,11 +192,7 @@ impl Engine {
             hits: m.hits,
             window: m.window,
             records: m.records,
-            semantic: semantic.map(|embedding| repo::memory::Semantic {
-                embedding,
-                model: self.embedder.get().map_or("", |e| e.model()),
-                weight: m.semantic_weight,
-            }),
+            semantic,
         };
         let read = async {
             let client = self.pool.get().await?;

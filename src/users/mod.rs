@@ -180,10 +180,7 @@ pub async fn search(
     embedder: Option<&crate::llm::embed::Embedder>,
 ) -> Result<SearchView, UserError> {
     let st = live_state(client, user).await?;
-    let embedding = match embedder {
-        Some(e) if !query.trim().is_empty() => e.embed_query(query).await,
-        _ => None,
-    };
+    let semantic = repo::memory::Semantic::of(embedder, query, cfg.memory.semantic_weight).await;
     let s = repo::memory::MemorySearch {
         user_id: user.user_id,
         request_id: Uuid::nil(),
@@ -193,11 +190,7 @@ pub async fn search(
         hits: cfg.memory.hits,
         window: cfg.memory.window,
         records: cfg.memory.records,
-        semantic: embedding.zip(embedder).map(|(embedding, e)| repo::memory::Semantic {
-            embedding,
-            model: e.model(),
-            weight: cfg.memory.semantic_weight,
-        }),
+        semantic,
     };
     let hits = repo::memory::search(client, &s).await?;
     Ok(SearchView {

@@ -219,10 +219,16 @@ pub enum SetupError {
     Embed(#[from] EmbedError),
 }
 
-/// The embedder `[llm.embedding]` names, or `None` when embeddings are off
-/// (the default); a local model is loaded here. `env` looks a variable up.
-pub fn configured(llm: &LlmConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Embedder>, SetupError> {
-    match llm.embedding.resolve(llm, env)? {
+/// The settings `[llm.embedding]` names, with the process's environment
+/// (keys of the HTTP providers), or `None` when embeddings are off.
+pub fn settings(llm: &LlmConfig) -> Result<Option<EmbeddingSettings>, ConfigError> {
+    llm.embedding.resolve(llm, &|name| std::env::var(name).ok())
+}
+
+/// The embedder `[llm.embedding]` names ([`settings`]), or `None` when
+/// embeddings are off (the default); a local model is loaded here.
+pub fn configured(llm: &LlmConfig) -> Result<Option<Embedder>, SetupError> {
+    match settings(llm)? {
         Some(settings) => Ok(Some(Embedder::new(&settings)?)),
         None => Ok(None),
     }
