@@ -8,6 +8,7 @@ mod cli;
 mod console;
 mod console_list;
 mod control;
+mod docs;
 mod engine;
 mod failover;
 mod health;
