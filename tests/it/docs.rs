@@ -137,7 +137,11 @@ fn broken_links(page: &Path) -> Vec<String> {
                 Some((path, anchor)) => (path, Some(anchor)),
                 None => (target.as_str(), None),
             };
-            let file = if path.is_empty() { page.to_path_buf() } else { dir.join(path) };
+            let file = if path.is_empty() {
+                page.to_path_buf()
+            } else {
+                dir.join(path)
+            };
             if !file.exists() {
                 broken.push(format!("{name}:{n}: {target} (no such file)"));
                 continue;
@@ -175,23 +179,38 @@ fn every_page_of_docs_is_linked_from_the_readme() {
         .map(|p| p.display().to_string())
         .filter(|p| p.starts_with("docs/") && !linked.contains(p))
         .collect();
-    assert!(missing.is_empty(), "pages of docs/ the README does not link: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "pages of docs/ the README does not link: {missing:?}"
+    );
 }
 
 #[test]
 fn the_readme_is_one_page() {
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
     let lines = readme.lines().count();
-    assert!(lines <= README_MAX_LINES, "README.md has {lines} lines; at most {README_MAX_LINES}");
+    assert!(
+        lines <= README_MAX_LINES,
+        "README.md has {lines} lines; at most {README_MAX_LINES}"
+    );
 }
 
 #[test]
 fn slugs_follow_github() {
     assert_eq!(slug("5. Poolers"), "5-poolers");
-    assert_eq!(slug("Why a per-user sequence and not `raw_logs.id`"), "why-a-per-user-sequence-and-not-raw_logsid");
+    assert_eq!(
+        slug("Why a per-user sequence and not `raw_logs.id`"),
+        "why-a-per-user-sequence-and-not-raw_logsid"
+    );
     assert_eq!(slug("Is it healthy?"), "is-it-healthy");
-    assert_eq!(slug("The semantic part (optional, off by default)"), "the-semantic-part-optional-off-by-default");
+    assert_eq!(
+        slug("The semantic part (optional, off by default)"),
+        "the-semantic-part-optional-off-by-default"
+    );
     assert_eq!(slug("See [the map](docs/a.md)"), "see-the-map");
     let doubled = anchors("# A\n## Run\n```\n# not a heading\n```\n## Run\n");
-    assert_eq!(doubled, BTreeSet::from(["a".to_owned(), "run".to_owned(), "run-1".to_owned()]));
+    assert_eq!(
+        doubled,
+        BTreeSet::from(["a".to_owned(), "run".to_owned(), "run-1".to_owned()])
+    );
 }
