@@ -25,7 +25,7 @@
 //!   SIGSTOP for longer than the lease, then SIGCONT; `pg_terminate_backend`
 //!   of every maasd connection; an immediate PostgreSQL restart; every free
 //!   connection slot taken by idle connections for a while; the provider
-//!   unreachable for a while; `poison` (issue 15): requests inserted at
+//!   unreachable for a while; `poison`: requests inserted at
 //!   the bounds of their counters (`attempt` 1000, `lease_token` 2^62) and
 //!   one past them (`attempt` 2147483647, which must be refused by its
 //!   constraint), requests whose provider replies carry NUL characters or

@@ -610,7 +610,7 @@ async fn latency(b: &mut Bench) {
 
 /// Requests against a provider that takes 1 s per call.
 async fn llm_bound(b: &mut Bench) {
-    // The scenario in both modes (12 s): with 2,000 requests the
+    // The LLM-bound scenario in both modes (12 s): with 2,000 requests the
     // ideal makespan is 5 s, and a few hundred milliseconds of start-up and
     // machine noise moved the ratio by 0.1 either way.
     let (n, conc) = (10_000i64, 1_000i64);

@@ -1,4 +1,4 @@
-//! Callback deliveries (seed 001's user notification), from the durable
+//! Callback deliveries (telling the user's application of an outcome), from the durable
 //! outbox `callback_outbox`.
 //!
 //! - **Nothing is lost.** A trigger queues the delivery in the same

@@ -1,4 +1,4 @@
-//! Retention (seed 003): terminal runs that finished more than
+//! Retention: terminal runs that finished more than
 //! `retention.keep_days` ago are deleted with their step history, callback
 //! deliveries and operator actions (`ON DELETE CASCADE`), in batches of
 //! `retention.batch`, every `retention.interval_secs`, by every daemon.

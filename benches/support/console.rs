@@ -1,6 +1,6 @@
 //! The console section of `bin/bench`: the operator console's list and
 //! detail pages over real HTTP from a real `maasd`, with many requests in
-//! `pipeline_runs` (issue 17: under 50 ms at p99 with 10 million).
+//! `pipeline_runs` (the line: under 50 ms at p99 with 10 million).
 //!
 //! `--console-rows=N` (default 200,000 with `--quick`, 1,000,000 without)
 //! fills a database of its own, `bench_console_N`, with N finished requests

@@ -1,4 +1,4 @@
--- Users due for archiving (seed 004): something pending, active within $3
+-- Users due for archiving (novelty, age and activity): something pending, active within $3
 -- seconds, and either at least $1 logs pending or the oldest pending log
 -- older than $2 seconds; not archived within the cooldown ($4 seconds), not
 -- backing off after a failure, not leased by another runner. At most $5,

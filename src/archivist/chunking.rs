@@ -68,7 +68,7 @@ fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-/// The archivist's input for one chunk (seed 000: period and messages).
+/// The archivist's input for one chunk: its period and its messages.
 pub(super) fn render_chunk(chunk: &[ChunkMessage<'_>]) -> String {
     let start = chunk.iter().map(|m| m.log.created_at).min().unwrap_or_else(Utc::now);
     let end = chunk.iter().map(|m| m.log.created_at).max().unwrap_or_else(Utc::now);

@@ -1,5 +1,5 @@
 //! The archivist: novelty-triggered long-term memory from raw logs, exactly
-//! once (seed 000 "Фоновый цикл архивирования", seed 004).
+//! once, choosing users by novelty, age and activity (docs/archivist.md).
 //!
 //! Which users: every raw log takes the next number of its user's sequence
 //! (`raw_logs.user_seq`, kept with the user's counters in `archive_marks` by

@@ -57,7 +57,7 @@ pub enum TokensCommand {
         /// The tenant (default: the default tenant).
         #[arg(long, default_value = "default")]
         tenant: String,
-        /// submit, read, operate or admin (see the README's scope matrix).
+        /// submit, read, operate or admin (see docs/deploying.md, "Scopes").
         #[arg(long)]
         scope: String,
     },

@@ -6,7 +6,7 @@
 //! so they hold from a session's first statement, also after a reconnect.
 //! With [`Pooler::Transaction`] it is not sent on `database_url` (PgBouncer
 //! refuses the `options` startup parameter): the timeouts are then the
-//! role's (`ALTER ROLE … SET statement_timeout = …`, README "Poolers").
+//! role's (`ALTER ROLE … SET statement_timeout = …`, docs/deploying.md, "Poolers").
 //! Imports nothing of the crate.
 
 use std::time::Duration;

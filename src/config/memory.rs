@@ -2,7 +2,7 @@
 //! of it goes into a context.
 //!
 //! Guarantees: plain data with its defaults (the figures measured in
-//! `BENCHMARKS.md`, "Memory (issue 14)"); [`MemoryConfig::problem`] names
+//! `BENCHMARKS.md`, the memory entries); [`MemoryConfig::problem`] names
 //! the key of an invalid value. This module imports nothing of the crate.
 
 use serde::{Deserialize, Serialize};

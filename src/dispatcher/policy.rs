@@ -16,8 +16,8 @@
 //!
 //! How provider failures map to dispositions (timeouts, 429, outages,
 //! invalid JSON, token limits) is the stages' and the LLM layer's knowledge
-//! (`stage::from_llm`); the table test below walks every row of the README's
-//! error policy through both steps' results.
+//! (`stage::from_llm`); the table test below walks every row of the error
+//! policy (docs/configuration.md) through both steps' results.
 
 use std::time::Duration;
 
@@ -172,7 +172,7 @@ mod tests {
         Duration::from_secs(secs)
     }
 
-    /// The README's defaults shape: 3 tries, 1 s base, capped at 30 s.
+    /// The documented defaults' shape: 3 tries, 1 s base, capped at 30 s.
     const POLICY: Policy = Policy {
         max_attempts: 3,
         retry_base: Duration::from_secs(1),

@@ -351,7 +351,7 @@ async fn state_after_wait(
 }
 
 /// `POST /api/query/{id}/continue`: releases the next stage of a debug run
-/// resting in `ANALYZED` or `READY` (seed 002's step-by-step mode). 200 with
+/// resting in `ANALYZED` or `READY` (the step-by-step debug mode). 200 with
 /// `{request_id, status, next_stage}` when released; 409 when the run is not
 /// resting; 404 for an unknown id.
 pub async fn continue_run(

@@ -67,7 +67,7 @@ impl From<RequestStatus> for Change {
     }
 }
 
-/// The JSON every endpoint shows of a request (seed 000, "Шаг 4"):
+/// The JSON every endpoint shows of a request (docs/http-api.md, "Status shapes"):
 /// `status` is `processing`, `completed` (with `answer`) or `failed` (with
 /// `error`); `stage` is the pipeline status (`NEW` … `COMPLETED`, `FAILED`,
 /// `CANCELLED`). A cancelled request shows as `failed` with stage

@@ -37,7 +37,7 @@ pub enum LlmDisposition {
     /// Transient: count an attempt and retry with exponential backoff.
     Retry,
     /// The provider answered 429: wait `retry_after` if given, else the
-    /// policy default (60 s); the try counts (the seed allows 3).
+    /// policy default (60 s); the try counts (the policy allows 3).
     RateLimited {
         /// The provider's hint, when it gave one.
         retry_after: Option<Duration>,

@@ -19,7 +19,7 @@ use crate::error::Disposition;
 /// JSON the prompt asks for): exactly one more.
 pub const INVALID_OUTPUT_ATTEMPTS: u32 = 2;
 
-/// How long a caller waits after a 429 that named no delay (the seed's 60 s).
+/// How long a caller waits after a 429 that named no delay (the error policy's 60 s).
 pub const DEFAULT_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
 
 /// A failed model call (or a model answer the caller could not use): its

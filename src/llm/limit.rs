@@ -25,7 +25,7 @@
 //! in place than a round trip through the database.
 //!
 //! An **outage** cools an endpoint too. The first connection that fails
-//! (refused, reset, no route) counts a try of its request, as the seed's
+//! (refused, reset, no route) counts a try of its request, as the
 //! error table says, and pauses every call to the endpoint for
 //! [`OUTAGE_FIRST_PAUSE`]. Connections that fail after that, while the
 //! endpoint is known to be down, are the outage's and not their requests':

@@ -1,10 +1,10 @@
-//! The series an on-call engineer alerts on (issue 19; seed 000's list and
-//! seed 003's poll metrics), beside the engine's in the parent module.
+//! The series an on-call engineer alerts on (table sizes, the claim loop's
+//! polls, the outbox, archive runs), beside the engine's in the parent module.
 //!
 //! Guarantees:
 //! - Every label is bounded: stages, statuses, three tables, fixed outcome
 //!   words, and error classes folded into [`failure_class`]'s list (any
-//!   other class is `unknown`, the seed's "Unknown Error").
+//!   other class is `unknown`: the "unknown error" an alert watches).
 //! - Per-process series are fed where the event happens (the claim loop,
 //!   the completer, the callback worker, the archivist); a sum over daemons
 //!   is the cluster's total.
@@ -31,7 +31,7 @@ pub(super) const TOKEN_BUCKETS: &[f64] = &[
 /// The tables whose size is exported (`maas_table_rows`, `maas_table_bytes`).
 pub const TABLES: [&str; 3] = ["pipeline_runs", "raw_logs", "lsm_storage"];
 
-/// Outcomes of one claim statement (seed 003's `result` tag).
+/// Outcomes of one claim statement (the `result` label of the poll series).
 pub const POLL_RESULTS: [&str; 3] = ["processed", "empty", "error"];
 
 /// Outcomes of one callback delivery attempt.

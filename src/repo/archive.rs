@@ -36,7 +36,7 @@ super::statements! {
     RUN_RELEASE = "archive_run_release",
 }
 
-/// The thresholds of candidate selection (seed 004).
+/// The thresholds of candidate selection (novelty, age, activity, cooldown).
 #[derive(Debug, Clone, Copy)]
 pub struct Thresholds {
     /// N: at least this many logs pending…

@@ -1,4 +1,4 @@
-//! The assemble stage: the seed's context "pie" — the system prompt, a
+//! The assemble stage: the context "pie" — the system prompt, a
 //! history block with the user's memory, and the current query — within a
 //! token budget.
 //!

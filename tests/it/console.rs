@@ -2,7 +2,7 @@
 //! `maasd` and PostgreSQL: pages render, live parts change without a
 //! reload, actions land in `operator_actions`. Each test keeps a
 //! screenshot under `target/console-screenshots/`; with
-//! `MAAS_CONSOLE_DOCS=1` the README's screenshots in `docs/` are
+//! `MAAS_CONSOLE_DOCS=1` the screenshots of docs/console.md are
 //! refreshed from them.
 
 use std::path::Path;

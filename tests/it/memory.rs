@@ -1,4 +1,4 @@
-//! Memory in the context (issue 14): the turns of a request's own thread at
+//! Memory in the context: the turns of a request's own thread at
 //! once, the user's long-term memory found by search and never another
 //! user's, and the provenance of a context (status API, `maasctl`).
 

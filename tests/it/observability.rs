@@ -1,5 +1,5 @@
-//! What an on-call engineer reads (issue 19), against a real `maasd`: every
-//! series the seeds ask for is exported once a request, a callback and an
+//! What an on-call engineer reads, against a real `maasd`: every
+//! series the alerts and the dashboard need is exported once a request, a callback and an
 //! archive run happened; every series the shipped dashboard
 //! (`docs/grafana/maas.json`) and alert rules (`docs/prometheus/alerts.yml`)
 //! query exists; the rules pass `promtool check rules` and `promtool test
@@ -190,7 +190,7 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     let names: Vec<&str> = all.keys().map(|s| name_of(s)).collect();
     let has = |n: &str| names.contains(&n);
 
-    // The seeds' series, each named.
+    // The series the on-call alerts need, each named.
     for table in ["pipeline_runs", "raw_logs", "lsm_storage"] {
         for g in ["maas_table_rows", "maas_table_bytes"] {
             let s = format!("{g}{{table=\"{table}\"}}");

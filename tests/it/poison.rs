@@ -1,4 +1,4 @@
-//! One bad neighbour harms nobody else (invariant 9, issue 15): rows with
+//! One bad neighbour harms nobody else (invariant 9): rows with
 //! odd values, replies with odd bytes, a batch the database refuses. The
 //! offender is refused by name or fails alone with a reason; every other
 //! request completes on its first attempt.
@@ -104,8 +104,8 @@ async fn a_database_error_says_what_happened() {
 async fn a_failed_claim_is_logged_with_the_servers_message() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    // Every analyze claim is refused by the database, as the issue's
-    // overflowing row used to make it.
+    // Every analyze claim is refused by the database, as an overflowing
+    // row used to make it.
     c.batch_execute(
         "CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
@@ -198,7 +198,7 @@ const REFUSED: &[(&str, &str)] = &[
 async fn every_bad_producer_value_is_refused_by_name_and_others_complete() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    // The issue's example first: a row at attempt's type limit used to be
+    // The first example: a row at attempt's type limit used to be
     // accepted and then failed every analyze claim, for ever.
     for (sql, constraint) in REFUSED {
         let text = refusal(&c, sql).await;

@@ -1,5 +1,5 @@
 //! Migrations as the owner role, the daemon as a runtime role with only the
-//! grants README.md ("Deploying") lists: no DDL rights, and it still runs a
+//! grants docs/deploying.md lists: no DDL rights, and it still runs a
 //! request to COMPLETED.
 
 use crate::support::cli::{NO_ENV, maasctl_async};
@@ -7,7 +7,7 @@ use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, connect};
 use crate::support::ops::{insert_one, wait_status};
 
-/// The grants of README.md's "Deploying" section, run by the owner role.
+/// The grants of docs/deploying.md, run by the owner role.
 const GRANTS: &str = "
 GRANT CONNECT ON DATABASE {db} TO maas_app;
 GRANT USAGE ON SCHEMA public TO maas_app;

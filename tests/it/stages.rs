@@ -1,5 +1,5 @@
 //! The stages for real, against a fake provider over real HTTP and a real
-//! daemon: what the provider receives, and every row of the seed's error table.
+//! daemon: what the provider receives, and every row of the error policy.
 
 use std::time::Duration;
 

@@ -1,9 +1,9 @@
-//! Tenants (issue 16, item 2): database tokens with a tenant and a scope,
+//! Tenants: database tokens with a tenant and a scope,
 //! each tenant's users a namespace of their own, per-tenant limits, the
 //! per-tenant token metric and callback secret, `maasctl tenants|tokens`.
 //! Real daemon, real PostgreSQL, real `maasctl`.
 //!
-//! Size: one file per issue item, as the other modules here; each test
+//! Size: one file per subject, as the other modules here; each test
 //! stands alone (its own database and daemon) and shares the few helpers
 //! at the top.
 
