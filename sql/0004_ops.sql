@@ -16,17 +16,17 @@ CREATE TABLE maas_control (
 );
 INSERT INTO maas_control DEFAULT VALUES;
 
--- Debug mode (seed 002): a run with `debug = true` rests in ANALYZED and in
+-- Debug mode: a request with `debug = true` rests in ANALYZED and in
 -- READY with `held = true` after each successful stage (finish.sql sets it);
 -- the claim skips held rows until `maasctl requests continue` (or
--- `maas::control::continue_run`) clears the flag and rings the doorbell.
+-- `maas::control::continue_request`) clears the flag and rings the doorbell.
 -- Retries, expired leases and shutdown releases never set it.
 ALTER TABLE pipeline_runs ADD COLUMN held boolean NOT NULL DEFAULT false;
 ALTER TABLE pipeline_runs ADD CONSTRAINT pipeline_runs_held_valid
     CHECK (NOT held OR (debug AND status IN ('ANALYZED', 'READY')));
 
--- Callbacks (seed 001's user notification): an optional URL POSTed when the
--- run becomes COMPLETED, FAILED or CANCELLED, through callback_outbox.
+-- Callbacks (the user's notification): an optional URL POSTed when the
+-- request becomes COMPLETED, FAILED or CANCELLED, through callback_outbox.
 ALTER TABLE pipeline_runs ADD COLUMN callback_url text;
 ALTER TABLE pipeline_runs ADD CONSTRAINT pipeline_runs_callback_url_valid
     CHECK (callback_url IS NULL OR (callback_url ~ '^https?://[^[:space:]]+$' AND length(callback_url) <= 2048));

@@ -10,7 +10,7 @@
 -- user's sequence numbers therefore commit in order (a rolled-back insert
 -- rolls its number back too; an `ON CONFLICT DO NOTHING` that inserts
 -- nothing leaves a harmless gap), and "every log with user_seq <= mark is
--- archived" is a sound high-water mark (seed 004's HWM).
+-- archived" is a sound high-water mark.
 
 ALTER TABLE raw_logs ADD COLUMN user_seq bigint;
 -- Existing logs are numbered per user in id order (all pending: nothing was
@@ -39,7 +39,7 @@ CREATE TABLE archive_marks (
     last_active_at   timestamptz,
     last_archived_at timestamptz,
     -- Bumped by one for every new LSM record of the user, so clients can
-    -- drop caches keyed by it (seed 004's cluster_version).
+    -- drop caches keyed by it (a cluster version).
     memory_version   bigint      NOT NULL DEFAULT 0,
     -- A runner working on this user holds a lease, so two runners do not
     -- both pay for the same model calls. Correctness does not rest on it:

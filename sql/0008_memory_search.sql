@@ -5,7 +5,7 @@
 -- of the built-in `russian`: Latin-script words go through the English
 -- Snowball stemmer with the English stop words, Cyrillic words through the
 -- Russian stemmer and stop words, numbers and other tokens stay as they
--- are. Users write both (the seeds are Russian); on English text it
+-- are. Users write both (its first users write Russian); on English text it
 -- produces exactly the lexemes of `english` (BENCHMARKS.md, "Memory
 -- retrieval"). An operator with other languages changes the configuration
 -- (`ALTER TEXT SEARCH CONFIGURATION maas_memory ...`) and then recomputes

@@ -1,4 +1,4 @@
--- The operator console (issue 17): an operator's "archive now" on a user's
+-- The operator console: an operator's "archive now" on a user's
 -- memory page is recorded in operator_actions as 'archive_run' (detail
 -- names the user, so the user's view and the erase find it). The allowed
 -- actions are extended, not restated, so actions added by other migrations

@@ -1,4 +1,4 @@
--- Novelty counting for the archivist (seed 004): every raw_logs insert bumps
+-- Novelty counting for the archivist: every raw_logs insert bumps
 -- its user's sequence in archive_marks and takes the number as user_seq.
 --
 -- Cost on the fast path: one small UPSERT per log, by primary key. The
