@@ -9,6 +9,10 @@
 //! because the live push reads it for every terminal notification).
 //! Every operator transition is one statement that also writes its
 //! `operator_actions` row.
+//!
+//! Size: one file for the statements on requests, as for every table; the
+//! operator console's two reads (recently finished, a page by filter) close
+//! it.
 
 use std::time::Duration;
 
