@@ -1,4 +1,4 @@
-//! Tenants (issue 16, item 2): database tokens with a tenant and a scope,
+//! Tenants: database tokens with a tenant and a scope,
 //! each tenant's users a namespace of their own, per-tenant limits, the
 //! per-tenant token metric and callback secret, `maasctl tenants|tokens`.
 //! Real daemon, real PostgreSQL, real `maasctl`.

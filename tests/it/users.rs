@@ -1,4 +1,4 @@
-//! A user's data (issue 18): see it, correct it, forget it — over HTTP
+//! A user's data: see it, correct it, forget it — over HTTP
 //! and `maasctl users`, against real daemons and real PostgreSQL.
 
 use reqwest::StatusCode;
