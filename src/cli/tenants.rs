@@ -11,6 +11,7 @@
 //! - Every change writes its `operator_actions` row in the statement that
 //!   makes it (never the token, its hash or a callback secret).
 
+use chrono::{DateTime, Utc};
 use clap::Subcommand;
 
 use super::{CliError, Outcome, connect};
@@ -210,82 +211,117 @@ pub async fn tokens(cfg: &Config, cmd: TokensCommand, actor: &str, json: bool) -
     let mut client = connect(cfg).await?;
     match cmd {
         TokensCommand::Create { name, tenant, scope } => {
-            if !SCOPES.contains(&scope.as_str()) {
-                return Err(CliError::Usage(format!(
-                    "--scope {scope:?}: one of {}",
-                    SCOPES.join(", ")
-                )));
-            }
-            let (token, hash) = new_token();
-            let made = tenants::create_token(&client, &name, &tenant, &scope, &hash, actor)
-                .await
-                .map_err(|e| CliError::Usage(format!("token {name:?} of tenant {tenant}: {e}")))?;
-            match made {
-                Some(info) => print_token(&info, &token, json),
-                None => {
-                    eprintln!("no tenant {tenant:?} (maasctl tenants list)");
-                    return Ok(Outcome::Finding);
-                }
-            }
+            create_token(&client, &name, &tenant, &scope, actor, json).await
         }
-        TokensCommand::List { all } => {
-            let list = tenants::list_tokens(&client, all).await?;
-            if json {
-                println!("{}", serde_json::to_string(&list).unwrap_or_default());
-            } else {
-                println!(
-                    "{:>5} {:<24} {:<16} {:<8} {:<20} state",
-                    "id", "name", "tenant", "scope", "last used"
-                );
-                for t in &list {
-                    println!(
-                        "{:>5} {:<24} {:<16} {:<8} {:<20} {}",
-                        t.id,
-                        t.name,
-                        t.tenant,
-                        t.scope,
-                        t.last_used_at
-                            .map_or_else(|| "never".to_owned(), |a| a.format("%Y-%m-%d %H:%M:%S").to_string()),
-                        t.revoked_at.map_or_else(
-                            || "live".to_owned(),
-                            |a| format!("revoked {}", a.format("%Y-%m-%d %H:%M:%S"))
-                        )
-                    );
-                }
-            }
-        }
+        TokensCommand::List { all } => list_tokens(&client, all, json).await,
         TokensCommand::Revoke { name, tenant, reason } => {
-            match tenants::revoke_token(&client, &name, &tenant, actor, reason.as_deref()).await? {
-                Some(info) if json => println!("{}", serde_json::to_string(&info).unwrap_or_default()),
-                Some(info) => println!(
-                    "revoked token {:?} of tenant {} (id {}); every daemon refuses it within 5 s",
-                    info.name, info.tenant, info.id
-                ),
-                None => {
-                    eprintln!("no live token {name:?} of tenant {tenant:?}");
-                    return Ok(Outcome::Finding);
-                }
-            }
+            revoke_token(&client, &name, &tenant, reason.as_deref(), actor, json).await
         }
         TokensCommand::Rotate { name, tenant, reason } => {
-            let tx = client.transaction().await.map_err(crate::db::Error::from)?;
             let reason = reason.unwrap_or_else(|| "rotated".to_owned());
-            let Some(old) = tenants::revoke_token(&tx, &name, &tenant, actor, Some(&reason)).await? else {
-                eprintln!("no live token {name:?} of tenant {tenant:?}");
-                return Ok(Outcome::Finding);
-            };
-            let (token, hash) = new_token();
-            let made = tenants::create_token(&tx, &name, &tenant, &old.scope, &hash, actor).await?;
-            tx.commit().await.map_err(crate::db::Error::from)?;
-            match made {
-                Some(info) => print_token(&info, &token, json),
-                None => {
-                    return Err(CliError::Usage(format!(
-                        "tenant {tenant:?} vanished during the rotation"
-                    )));
-                }
-            }
+            rotate_token(&mut client, &name, &tenant, &reason, actor, json).await
         }
     }
+}
+
+/// `tokens create`: a new token of `tenant` with `scope`, printed once.
+async fn create_token(
+    client: &deadpool_postgres::Client,
+    name: &str,
+    tenant: &str,
+    scope: &str,
+    actor: &str,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    if !SCOPES.contains(&scope) {
+        return Err(CliError::Usage(format!(
+            "--scope {scope:?}: one of {}",
+            SCOPES.join(", ")
+        )));
+    }
+    let (token, hash) = new_token();
+    let made = tenants::create_token(client, name, tenant, scope, &hash, actor)
+        .await
+        .map_err(|e| CliError::Usage(format!("token {name:?} of tenant {tenant}: {e}")))?;
+    let Some(info) = made else {
+        eprintln!("no tenant {tenant:?} (maasctl tenants list)");
+        return Ok(Outcome::Finding);
+    };
+    print_token(&info, &token, json);
+    Ok(Outcome::Ok)
+}
+
+/// `tokens list`: live tokens, with `all` revoked ones too.
+async fn list_tokens(client: &deadpool_postgres::Client, all: bool, json: bool) -> Result<Outcome, CliError> {
+    let list = tenants::list_tokens(client, all).await?;
+    if json {
+        println!("{}", serde_json::to_string(&list).unwrap_or_default());
+        return Ok(Outcome::Ok);
+    }
+    println!(
+        "{:>5} {:<24} {:<16} {:<8} {:<20} state",
+        "id", "name", "tenant", "scope", "last used"
+    );
+    let stamp = |a: DateTime<Utc>| a.format("%Y-%m-%d %H:%M:%S").to_string();
+    for t in &list {
+        let used = t.last_used_at.map_or_else(|| "never".to_owned(), stamp);
+        let state = t
+            .revoked_at
+            .map_or_else(|| "live".to_owned(), |a| format!("revoked {}", stamp(a)));
+        println!(
+            "{:>5} {:<24} {:<16} {:<8} {used:<20} {state}",
+            t.id, t.name, t.tenant, t.scope
+        );
+    }
+    Ok(Outcome::Ok)
+}
+
+/// `tokens revoke`: the live token `name` of `tenant`.
+async fn revoke_token(
+    client: &deadpool_postgres::Client,
+    name: &str,
+    tenant: &str,
+    reason: Option<&str>,
+    actor: &str,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    match tenants::revoke_token(client, name, tenant, actor, reason).await? {
+        Some(info) if json => println!("{}", serde_json::to_string(&info).unwrap_or_default()),
+        Some(info) => println!(
+            "revoked token {:?} of tenant {} (id {}); every daemon refuses it within 5 s",
+            info.name, info.tenant, info.id
+        ),
+        None => {
+            eprintln!("no live token {name:?} of tenant {tenant:?}");
+            return Ok(Outcome::Finding);
+        }
+    }
+    Ok(Outcome::Ok)
+}
+
+/// `tokens rotate`: revokes the live token `name` of `tenant` and creates
+/// a new one with its scope, in one transaction; prints the new one.
+async fn rotate_token(
+    client: &mut deadpool_postgres::Client,
+    name: &str,
+    tenant: &str,
+    reason: &str,
+    actor: &str,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
+    let Some(old) = tenants::revoke_token(&tx, name, tenant, actor, Some(reason)).await? else {
+        eprintln!("no live token {name:?} of tenant {tenant:?}");
+        return Ok(Outcome::Finding);
+    };
+    let (token, hash) = new_token();
+    let made = tenants::create_token(&tx, name, tenant, &old.scope, &hash, actor).await?;
+    tx.commit().await.map_err(crate::db::Error::from)?;
+    let Some(info) = made else {
+        return Err(CliError::Usage(format!(
+            "tenant {tenant:?} vanished during the rotation"
+        )));
+    };
+    print_token(&info, &token, json);
     Ok(Outcome::Ok)
 }

@@ -6,13 +6,14 @@
 //! Exit 1 when nothing is held about the user, it was forgotten, or an
 //! erase of it is running (for `show`).
 
+use chrono::{DateTime, Utc};
 use clap::Subcommand;
 use uuid::Uuid;
 
 use super::{CliError, Outcome, connect};
 use crate::config::Config;
 use crate::db;
-use crate::users::{self, Begun, Page, UserError, UserKey, Why};
+use crate::users::{self, Begun, MemoryView, Page, UserError, UserKey, Why};
 
 #[derive(Subcommand, Debug)]
 pub enum UsersCommand {
@@ -85,35 +86,7 @@ async fn show(
 ) -> Result<Outcome, CliError> {
     let client = connect(cfg).await?;
     if let Some(q) = q {
-        let embedder =
-            crate::llm::embed::configured(&cfg.llm).map_err(|e| CliError::Usage(format!("embeddings: {e}")))?;
-        let found = match users::search(&client, cfg, user, &q, embedder.as_ref()).await {
-            Ok(v) => v,
-            Err(e) => return finding(e),
-        };
-        if json {
-            print_json(&found);
-            return Ok(Outcome::Ok);
-        }
-        println!(
-            "user {} (memory version {}): {} hits for {:?}",
-            user,
-            found.memory_version,
-            found.hits.len(),
-            q
-        );
-        for h in &found.hits {
-            println!(
-                "{:>7.3}  {:<6} {:>8}  {:<9} {}  {}",
-                h.score,
-                h.kind,
-                h.id,
-                h.why,
-                h.created_at.format("%Y-%m-%d %H:%M"),
-                one_line(&h.content, 100)
-            );
-        }
-        return Ok(Outcome::Ok);
+        return show_search(cfg, &client, user, &q, json).await;
     }
     let page = Page {
         before,
@@ -126,8 +99,47 @@ async fn show(
     };
     if json {
         print_json(&view);
+    } else {
+        print_view(&view);
+    }
+    Ok(Outcome::Ok)
+}
+
+/// `show --q`: the hits of the pipeline's retrieval for `q`.
+async fn show_search(
+    cfg: &Config,
+    client: &deadpool_postgres::Client,
+    user: UserKey,
+    q: &str,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let embedder = crate::llm::embed::configured(&cfg.llm).map_err(|e| CliError::Usage(format!("embeddings: {e}")))?;
+    let found = match users::search(client, cfg, user, q, embedder.as_ref()).await {
+        Ok(v) => v,
+        Err(e) => return finding(e),
+    };
+    if json {
+        print_json(&found);
         return Ok(Outcome::Ok);
     }
+    let hits = found.hits.len();
+    println!(
+        "user {user} (memory version {}): {hits} hits for {q:?}",
+        found.memory_version
+    );
+    for h in &found.hits {
+        let (score, kind, id, why) = (h.score, &h.kind, h.id, &h.why);
+        let text = one_line(&h.content, 100);
+        println!(
+            "{score:>7.3}  {kind:<6} {id:>8}  {why:<9} {}  {text}",
+            minute(h.created_at)
+        );
+    }
+    Ok(Outcome::Ok)
+}
+
+/// A page of the user's memory, for reading.
+fn print_view(view: &MemoryView) {
     println!("user            {}", view.user_id);
     println!("memory version  {}", view.memory_version);
     println!(
@@ -136,14 +148,13 @@ async fn show(
     );
     println!("records ({} shown, newest first):", view.records.len());
     for r in &view.records {
+        let span = format!("{} .. {}", minute(r.time_bucket_start), minute(r.time_bucket_end));
+        let text = one_line(&r.summary, 100);
         println!(
-            "  #{:<8} {} .. {}  {:>4} turns  [{}]  {}",
+            "  #{:<8} {span}  {:>4} turns  [{}]  {text}",
             r.id,
-            r.time_bucket_start.format("%Y-%m-%d %H:%M"),
-            r.time_bucket_end.format("%Y-%m-%d %H:%M"),
             r.turns,
-            r.tags.join(", "),
-            one_line(&r.summary, 100)
+            r.tags.join(", ")
         );
     }
     if let Some(next) = view.next_before {
@@ -151,15 +162,19 @@ async fn show(
     }
     println!("pending turns ({} shown, newest first):", view.pending_turns.len());
     for t in &view.pending_turns {
+        let text = one_line(&t.content, 100);
         println!(
-            "  turn {:<8} {}  {:<18} {}",
+            "  turn {:<8} {}  {:<18} {text}",
             t.id,
-            t.created_at.format("%Y-%m-%d %H:%M"),
-            t.message_type,
-            one_line(&t.content, 100)
+            minute(t.created_at),
+            t.message_type
         );
     }
-    Ok(Outcome::Ok)
+}
+
+/// A time to the minute.
+fn minute(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M").to_string()
 }
 
 /// `text` on one line, at most `max` characters.
@@ -176,40 +191,37 @@ async fn forget(cfg: &Config, user: UserKey, actor: &str, reason: &str, json: bo
     if reason.trim().is_empty() {
         return Err(CliError::Usage("--reason must not be empty".into()));
     }
-    let client = connect(cfg).await?;
     let why = Why {
         actor,
         reason: Some(reason),
     };
-    let begun = match users::forget(&client, user, why).await {
-        Ok(b) => b,
-        Err(e) => return finding(e),
-    };
-    drop(client);
-    if begun == Begun::Unfinished && !json {
-        println!("user {user}: an erase was begun before and has not finished; resuming it");
-    }
-    let mut one = cfg.clone();
-    one.pool_size = 1;
-    let pool = db::connect_pool(&one, "maasctl")?;
-    let erased = match users::erase(&pool, user, users::ERASE_BATCH).await {
-        Ok(e) => e,
+    let (begun, erased) = match users::forget_now(&one_connection(cfg)?, user, why).await {
+        Ok(done) => done,
         Err(e) => return finding(e),
     };
     if json {
         print_json(&serde_json::json!({ "user_id": user, "forgotten": true, "erased": erased.to_json() }));
-    } else {
-        let parts: Vec<String> = erased.0.iter().map(|(k, v)| format!("{v} {k}")).collect();
-        println!("user {user} forgotten: erased {}", parts.join(", "));
+        return Ok(Outcome::Ok);
     }
+    if begun == Begun::Unfinished {
+        println!("user {user}: an erase was begun before and has not finished; resumed it");
+    }
+    let parts: Vec<String> = erased.0.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    println!("user {user} forgotten: erased {}", parts.join(", "));
     Ok(Outcome::Ok)
+}
+
+/// A pool of one connection: the erase and the export run one statement
+/// at a time.
+fn one_connection(cfg: &Config) -> Result<db::Pool, CliError> {
+    let mut one = cfg.clone();
+    one.pool_size = 1;
+    Ok(db::connect_pool(&one, "maasctl")?)
 }
 
 async fn export(cfg: &Config, user: UserKey) -> Result<Outcome, CliError> {
     use std::io::Write;
-    let mut one = cfg.clone();
-    one.pool_size = 1;
-    let pool = db::connect_pool(&one, "maasctl")?;
+    let pool = one_connection(cfg)?;
     if let Err(e) = users::export::check(&pool, user).await {
         return finding(e);
     }

@@ -272,7 +272,11 @@ pub async fn stored_user(client: &impl GenericClient, p: &Principal, user: Uuid)
 /// `tenants` row stays locked until that commits): 429 with `Retry-After`
 /// over one.
 pub async fn check_limits(client: &impl GenericClient, p: &Principal) -> Result<(), ApiError> {
-    let Some((rpm, in_flight)) = tenants::lock_limits(client, p.tenant).await? else {
+    let Some(tenants::Limits {
+        requests_per_minute: rpm,
+        max_in_flight: in_flight,
+    }) = tenants::lock_limits(client, p.tenant).await?
+    else {
         return Ok(());
     };
     if rpm.is_none() && in_flight.is_none() {

@@ -22,7 +22,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::ApiError;
 use super::tenancy::{self, Principal};
-use crate::users::{self, Begun, Correction, Page, UserError, UserKey, Why};
+use crate::users::{self, Correction, Page, UserError, UserKey, Why};
 
 /// Most records (and pending turns) per page, and the default.
 const MAX_LIMIT: usize = 500;
@@ -90,24 +90,44 @@ fn int_param(params: &HashMap<String, String>, name: &str) -> Result<Option<i64>
 }
 
 /// The actor recorded for an API action: `http`, or `http:NAME` with `actor=NAME`.
-fn actor(given: Option<&str>) -> String {
-    match given.map(str::trim).filter(|a| !a.is_empty()) {
+fn actor(params: &HashMap<String, String>) -> String {
+    match params.get("actor").map(|a| a.trim()).filter(|a| !a.is_empty()) {
         Some(a) => format!("http:{}", a.chars().take(100).collect::<String>()),
         None => "http".to_owned(),
     }
 }
 
+/// Who acts (`actor`, from [`actor`]) and why (`reason=`).
+fn why<'a>(actor: &'a str, params: &'a HashMap<String, String>) -> Why<'a> {
+    Why {
+        actor,
+        reason: params.get("reason").map(String::as_str),
+    }
+}
+
+/// A route on one user: the state, the caller, the user id in the path and
+/// the query.
+type UserParts = (
+    State<AppState>,
+    Extension<Principal>,
+    Path<String>,
+    Result<Query<HashMap<String, String>>, QueryRejection>,
+);
+
+/// The state, the user (mapped for the caller's tenant) and the query's
+/// parameters of a route on one user.
+async fn user_call(
+    (State(app), Extension(who), Path(id), query): UserParts,
+) -> Result<(AppState, UserKey, HashMap<String, String>), ApiError> {
+    let user = user_key(&app, &who, &id).await?;
+    Ok((app, user, params(query)?))
+}
+
 /// `GET /api/users/{id}/memory[?before=&turns_before=&limit=]`: a page of the
 /// user's records (newest first) and pending turns; with `?q=TEXT` instead
 /// the hits of the pipeline's retrieval for TEXT, with scores.
-pub async fn memory(
-    State(app): State<AppState>,
-    Extension(who): Extension<Principal>,
-    Path(id): Path<String>,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Result<Response, ApiError> {
-    let user = user_key(&app, &who, &id).await?;
-    let params = params(query)?;
+pub async fn memory(parts: UserParts) -> Result<Response, ApiError> {
+    let (app, user, params) = user_call(parts).await?;
     let client = app.pool.get().await?;
     if let Some(q) = params.get("q") {
         if q.trim().is_empty() {
@@ -138,30 +158,34 @@ pub async fn memory(
     })
 }
 
+/// The user and the row of a `DELETE` of a record or turn, and its query.
+type DeleteParts = (
+    State<AppState>,
+    Extension<Principal>,
+    Path<(String, String)>,
+    Result<Query<HashMap<String, String>>, QueryRejection>,
+);
+
 /// `DELETE /api/users/{id}/memory/{record}[?reason=&actor=]`.
-pub async fn delete_record(
-    State(app): State<AppState>,
-    Extension(who): Extension<Principal>,
-    Path((id, record)): Path<(String, String)>,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Result<Response, ApiError> {
-    let user = user_key(&app, &who, &id).await?;
-    let record = parse_row_id(&record, "record")?;
-    let params = params(query)?;
-    apply(&app, user, Correction::DeleteRecord(record), &params).await
+pub async fn delete_record(parts: DeleteParts) -> Result<Response, ApiError> {
+    delete(parts, "record", Correction::DeleteRecord).await
 }
 
 /// `DELETE /api/users/{id}/turns/{turn}[?reason=&actor=]`.
-pub async fn delete_turn(
-    State(app): State<AppState>,
-    Extension(who): Extension<Principal>,
-    Path((id, turn)): Path<(String, String)>,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+pub async fn delete_turn(parts: DeleteParts) -> Result<Response, ApiError> {
+    delete(parts, "turn", Correction::DeleteTurn).await
+}
+
+/// Deletes the user's `what` (a record or a turn) named in the path.
+async fn delete(
+    (State(app), Extension(who), Path((id, row)), query): DeleteParts,
+    what: &str,
+    correction: fn(i64) -> Correction<'static>,
 ) -> Result<Response, ApiError> {
     let user = user_key(&app, &who, &id).await?;
-    let turn = parse_row_id(&turn, "turn")?;
+    let row = parse_row_id(&row, what)?;
     let params = params(query)?;
-    apply(&app, user, Correction::DeleteTurn(turn), &params).await
+    apply(&app, user, correction(row), &params).await
 }
 
 /// `PUT /api/users/{id}/memory/{record}` with `{"summary": …, "reason"?: …,
@@ -196,13 +220,9 @@ async fn apply(
     c: Correction<'_>,
     params: &HashMap<String, String>,
 ) -> Result<Response, ApiError> {
-    let who = actor(params.get("actor").map(String::as_str));
-    let why = Why {
-        actor: &who,
-        reason: params.get("reason").map(String::as_str),
-    };
+    let who = actor(params);
     let client = app.pool.get().await?;
-    Ok(match users::correct(&client, user, c, why).await {
+    Ok(match users::correct(&client, user, c, why(&who, params)).await {
         Ok(done) => {
             Json(json!({ "user_id": user, "id": done.id, "memory_version": done.memory_version })).into_response()
         }
@@ -214,32 +234,12 @@ async fn apply(
 /// the erase started (it runs in the daemon; `GET …/memory` answers 409
 /// until it has finished, then 404 `user_forgotten`); 409 while an erase
 /// of the user runs.
-pub async fn forget(
-    State(app): State<AppState>,
-    Extension(who): Extension<Principal>,
-    Path(id): Path<String>,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Result<Response, ApiError> {
-    let user = user_key(&app, &who, &id).await?;
-    let params = params(query)?;
-    let who = actor(params.get("actor").map(String::as_str));
-    let why = Why {
-        actor: &who,
-        reason: params.get("reason").map(String::as_str),
-    };
-    let client = app.pool.get().await?;
-    match users::forget(&client, user, why).await {
-        Ok(Begun::Started) => {}
-        Ok(Begun::Unfinished) => return Err(UserError::Erasing(user.shown).into()),
-        Err(e) => return Ok(user_error(user.shown, e)),
+pub async fn forget(parts: UserParts) -> Result<Response, ApiError> {
+    let (app, user, params) = user_call(parts).await?;
+    let who = actor(&params);
+    if let Err(e) = users::forget_in_background(&app.pool, user, why(&who, &params)).await {
+        return Ok(user_error(user.shown, e));
     }
-    drop(client);
-    let pool = app.pool.clone();
-    tokio::spawn(async move {
-        if let Err(e) = users::erase(&pool, user, users::ERASE_BATCH).await {
-            tracing::warn!(user = %user, error = %e, "users: erase stopped; the eraser service resumes it");
-        }
-    });
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "user_id": user, "status": "erasing" })),

@@ -14,6 +14,8 @@ use crate::db::Error;
 super::statements! {
     RECORD = "record_action",
     FOR_REQUEST = "show_actions",
+    ABOUT_USER = "actions_about_user",
+    PROMPT_CHANGES = "actions_prompt_changes",
 }
 
 /// Records an operator action that concerns no single request.
@@ -45,4 +47,18 @@ super::row_struct! {
 /// The actions on one request, in order.
 pub async fn for_request(client: &impl GenericClient, id: Uuid) -> Result<Vec<Action>, Error> {
     super::query_as(client, FOR_REQUEST, &[&id]).await
+}
+
+// ---- actions on no request, for the operator console: a user's memory,
+// the prompts ----------------------------------------------------------------
+// (The same row as a request's [`Action`], its statuses empty.)
+
+/// The newest `limit` actions about `user`'s memory, newest first.
+pub async fn about_user(client: &impl GenericClient, user: Uuid, limit: usize) -> Result<Vec<Action>, Error> {
+    super::query_as(client, ABOUT_USER, &[&user, &super::as_limit(limit)]).await
+}
+
+/// The newest `limit` prompt changes (`prompt_set`, `prompt_activate`).
+pub async fn prompt_changes(client: &impl GenericClient, limit: usize) -> Result<Vec<Action>, Error> {
+    super::query_as(client, PROMPT_CHANGES, &[&super::as_limit(limit)]).await
 }

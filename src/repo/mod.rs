@@ -34,10 +34,12 @@
 //! [`prompts`], [`control`], [`audit`] (`operator_actions`), [`callbacks`]
 //! (`callback_outbox`), [`retention`], [`idempotency`], [`archive`]
 //! (`archive_*`, `raw_logs`, `lsm_storage`), [`memory`] (a request's
-//! memory from `raw_logs` and `lsm_storage`, read only), [`stats`] (aggregates and
-//! server state for `maasctl stats` and `doctor`), [`gauges`] (table sizes
-//! and the last archive run, for the metrics), [`users`] (one user's data:
-//! view, corrections, export pages, erase batches, `forgotten_users`).
+//! memory from `raw_logs` and `lsm_storage`, read only), [`stats`]
+//! (aggregates and server state for `maasctl stats`, `doctor` and the
+//! console's charts), [`gauges`] (table sizes and the last archive run, for
+//! the metrics), [`users`] (one user's data: view, corrections, export
+//! pages, erase batches, `forgotten_users`), [`tenants`] (`tenants`,
+//! `api_tokens`: tokens, limits, stored user ids).
 
 use std::time::Duration;
 
@@ -53,8 +55,6 @@ pub mod archive;
 pub mod attempts;
 pub mod audit;
 pub mod callbacks;
-pub mod console;
-pub mod console_views;
 pub mod control;
 pub mod embeddings;
 pub mod gauges;
@@ -387,9 +387,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         stats::STATEMENTS,
         gauges::STATEMENTS,
         users::STATEMENTS,
-        console::STATEMENTS,
         tenants::STATEMENTS,
-        console_views::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

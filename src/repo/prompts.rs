@@ -17,6 +17,7 @@ super::statements! {
     DEACTIVATE = "prompts_deactivate",
     INSERT = "prompts_insert",
     ACTIVATE = "prompts_activate",
+    VERSIONS = "prompts_versions",
 }
 
 super::row_struct! {
@@ -94,4 +95,22 @@ pub async fn activate(client: &impl GenericClient, role: &str, version: i32) -> 
     let was = lock_and_deactivate(client, role).await?;
     let found = super::query_found(client, ACTIVATE, &[&role, &version]).await?;
     Ok((was, found))
+}
+
+// ---- the operator console's prompts page --------------------------------
+
+super::row_struct! {
+    /// One kept version of a role's prompt (without its text).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct PromptVersion {
+        pub version: i32,
+        pub active = "is_active": bool,
+        pub created_at: DateTime<Utc>,
+        pub chars: i32,
+    }
+}
+
+/// Every version of `role`'s prompt, newest first.
+pub async fn versions(client: &impl GenericClient, role: &str) -> Result<Vec<PromptVersion>, Error> {
+    super::query_as(client, VERSIONS, &[&role]).await
 }

@@ -9,6 +9,10 @@
 //! because the live push reads it for every terminal notification).
 //! Every operator transition is one statement that also writes its
 //! `operator_actions` row.
+//!
+//! Size: one file for the statements on requests, as for every table; the
+//! operator console's two reads (recently finished, a page by filter) close
+//! it.
 
 use std::time::Duration;
 
@@ -31,6 +35,8 @@ super::statements! {
     LIST = "list_runs",
     STATES = "request_states",
     TENANT_STATE = "request_state_of_tenant",
+    RECENTLY_FINISHED = "requests_recently_finished",
+    PAGE = "requests_page",
     OF_TENANT = "request_of_tenant": "SELECT id FROM pipeline_runs WHERE id = $1 AND tenant_id = $2",
     USER_STATES = "user_states",
     CONTEXT = "run_context",
@@ -362,4 +368,184 @@ super::row_struct! {
 /// notifications were sent.
 pub async fn ring_due(client: &impl GenericClient) -> Result<usize, Error> {
     Ok(super::rows_of(client, RING_DUE, &[]).await?.len())
+}
+
+// ---- the operator console's reads: recently finished requests, a page of
+// requests by filter -------------------------------------------------------
+
+super::row_struct! {
+    /// A recently finished request.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct RecentlyFinished {
+        pub id: Uuid,
+        pub status: String,
+        pub user_id: Uuid,
+        pub updated_at: DateTime<Utc>,
+        pub error: Option<String>,
+        pub query: String,
+    }
+}
+
+/// The `limit` most recently finished requests (index-only on the finished index).
+pub async fn recently_finished(client: &impl GenericClient, limit: usize) -> Result<Vec<RecentlyFinished>, Error> {
+    super::query_as(client, RECENTLY_FINISHED, &[&as_limit(limit)]).await
+}
+
+/// Rows a text search reads at most for one [`page`] (`requests_page.sql`):
+/// bounds its cost on a table of any size; the page says how far it got.
+pub const PAGE_TEXT_SCAN: usize = 2_000;
+
+/// Filters of a [`page`] of requests; `None` means any.
+#[derive(Debug, Clone, Default)]
+pub struct PageFilter {
+    pub statuses: Option<Vec<String>>,
+    pub user_id: Option<Uuid>,
+    pub thread_id: Option<Uuid>,
+    /// A substring of the query, case-insensitive.
+    pub text: Option<String>,
+    /// Created at or after this.
+    pub since: Option<DateTime<Utc>>,
+    /// Created before this.
+    pub until: Option<DateTime<Utc>>,
+    /// The page starts after this (created_at, id).
+    pub before: Option<(DateTime<Utc>, Uuid)>,
+    pub limit: usize,
+}
+
+super::statement_params! {
+    struct PageParams<'a> {
+        statuses: &'a Option<Vec<String>>,
+        user_id: &'a Option<Uuid>,
+        thread_id: &'a Option<Uuid>,
+        text: &'a Option<String>,
+        before_created: Option<DateTime<Utc>>,
+        before_id: Option<Uuid>,
+        since: Option<DateTime<Utc>>,
+        until: Option<DateTime<Utc>>,
+        limit: i64,
+        scan: i64,
+    }
+}
+
+super::row_struct! {
+    /// One line of a [`page`] of requests.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct PageLine {
+        pub id: Uuid,
+        pub status: String,
+        pub user_id: Uuid,
+        pub thread_id: Option<Uuid>,
+        pub attempt: i32,
+        pub debug: bool,
+        pub held: bool,
+        pub created_at: DateTime<Utc>,
+        pub updated_at: DateTime<Utc>,
+        pub error: Option<String>,
+        pub query: String,
+    }
+}
+
+super::row_struct! {
+    /// A row of `requests_page.sql`: a line, or the edge of a text search.
+    struct PageRow {
+        id: Uuid,
+        status: String,
+        user_id: Uuid,
+        thread_id: Option<Uuid>,
+        attempt: i32,
+        debug: bool,
+        held: bool,
+        created_at: DateTime<Utc>,
+        updated_at: DateTime<Utc>,
+        error: Option<String>,
+        query: String,
+        edge: bool,
+        scanned: i64,
+    }
+}
+
+/// One page of requests, newest first.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Page {
+    pub lines: Vec<PageLine>,
+    /// Where the next page starts, `None` when this is the last.
+    pub next: Option<(DateTime<Utc>, Uuid)>,
+    /// A text search that stopped before the end: how many requests it
+    /// read and the creation time of the oldest (the page may show fewer
+    /// than `limit` lines and still have a next one).
+    pub searched: Option<(usize, DateTime<Utc>)>,
+}
+
+/// One page of requests matching `f`, newest first, paged by keyset (one
+/// statement, one snapshot): the operator console's request list.
+pub async fn page(client: &impl GenericClient, f: &PageFilter) -> Result<Page, Error> {
+    let p = PageParams {
+        statuses: &f.statuses,
+        user_id: &f.user_id,
+        thread_id: &f.thread_id,
+        text: &f.text,
+        before_created: f.before.map(|b| b.0),
+        before_id: f.before.map(|b| b.1),
+        since: f.since,
+        until: f.until,
+        limit: as_limit(f.limit),
+        scan: as_limit(PAGE_TEXT_SCAN.max(f.limit)),
+    };
+    let mut rows: Vec<PageRow> = super::query_as(client, PAGE, &p.params()).await?;
+    // Matches come in the order read (`scanned` is the row's place in the
+    // window); the SQL does not sort them.
+    rows.sort_by_key(|r| (r.edge, r.scanned));
+    let mut page = Page::default();
+    let mut edge = None;
+    for r in rows {
+        if r.edge {
+            edge = Some((r.created_at, r.id, r.scanned));
+            continue;
+        }
+        page.lines.push(PageLine {
+            id: r.id,
+            status: r.status,
+            user_id: r.user_id,
+            thread_id: r.thread_id,
+            attempt: r.attempt,
+            debug: r.debug,
+            held: r.held,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            error: r.error,
+            query: r.query,
+        });
+    }
+    let full = page.lines.len() >= f.limit;
+    let last = page.lines.last().map(|l| (l.created_at, l.id));
+    page.next = match edge {
+        // A text search: the edge row says how far it read.
+        Some((created, id, scanned)) => {
+            let scanned = usize::try_from(scanned).unwrap_or(usize::MAX);
+            if full {
+                last
+            } else if scanned >= PAGE_TEXT_SCAN.max(f.limit) {
+                page.searched = Some((scanned, created));
+                Some((created, id))
+            } else {
+                None
+            }
+        }
+        None => {
+            if full {
+                last
+            } else {
+                None
+            }
+        }
+    };
+    Ok(page)
+}
+
+#[cfg(test)]
+mod page_tests {
+    #[test]
+    fn page_params_match_the_sql() {
+        super::super::params_check::check(super::PAGE, super::PageParams::NAMES);
+    }
 }

@@ -1,8 +1,9 @@
 //! Aggregates and server state for `maasctl stats` and `maasctl doctor`:
 //! backlog, finished requests, leases by daemon, undelivered callbacks,
 //! the daemons' LISTEN sessions, the server version and its notification
-//! queue. Read-only, except [`notify`] and [`listen`] (the doctor's round
-//! trip on a private channel).
+//! queue; and the operator console's charts of the last hour (requests
+//! finished, stage latency, model calls). Read-only, except [`notify`]
+//! and [`listen`] (the doctor's round trip on a private channel).
 
 use std::time::Duration;
 
@@ -22,6 +23,9 @@ super::statements! {
     SERVER_VERSION = "server_version",
     NOTIFY_QUEUE_USAGE = "notify_queue_usage",
     NOTIFY = "notify",
+    THROUGHPUT = "stats_throughput",
+    STAGE_LATENCY = "stats_stage_latency",
+    MODEL_CALLS = "stats_model_calls",
 }
 
 super::row_struct! {
@@ -121,4 +125,69 @@ pub async fn listen(client: &tokio_postgres::Client, channel: &str) -> Result<()
 pub async fn ping(client: &tokio_postgres::Client) -> Result<(), Error> {
     client.simple_query("SELECT 1").await?;
     Ok(())
+}
+
+// ---- the operator console's charts: the last hour in buckets, read
+// through indexes that bound them (named in each statement's SQL:
+// `pipeline_runs_finished_idx`, `pipeline_steps_finished_brin`), so none
+// grows with the tables ---------------------------------------------------
+
+super::row_struct! {
+    /// Requests finished in one bucket of the last hour.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct FinishedBucket {
+        pub bucket: i32,
+        pub completed: i64,
+        pub failed: i64,
+        pub cancelled: i64,
+    }
+}
+
+/// Requests finished in the last `buckets × width`, per bucket (0 the
+/// oldest); buckets with none are left out.
+pub async fn throughput(
+    client: &impl GenericClient,
+    buckets: i32,
+    width: Duration,
+) -> Result<Vec<FinishedBucket>, Error> {
+    super::query_as(client, THROUGHPUT, &[&buckets, &secs(width)]).await
+}
+
+super::row_struct! {
+    /// Latency of one stage's attempts in one bucket, in milliseconds.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct LatencyBucket {
+        pub stage: String,
+        pub bucket: i32,
+        pub p50: f64,
+        pub p99: f64,
+        pub n: i64,
+    }
+}
+
+/// p50 and p99 of the stage attempts' latency per stage and bucket.
+pub async fn stage_latency(
+    client: &impl GenericClient,
+    buckets: i32,
+    width: Duration,
+) -> Result<Vec<LatencyBucket>, Error> {
+    super::query_as(client, STAGE_LATENCY, &[&buckets, &secs(width)]).await
+}
+
+super::row_struct! {
+    /// Model calls of one stage and model within the window.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct ModelCalls {
+        pub stage: String,
+        pub model: String,
+        pub calls: i64,
+        pub prompt_tokens: i64,
+        pub completion_tokens: i64,
+        pub rate_limited: i64,
+    }
+}
+
+/// Model calls of the last `within`, by stage and model (every daemon's).
+pub async fn model_calls(client: &impl GenericClient, within: Duration) -> Result<Vec<ModelCalls>, Error> {
+    super::query_as(client, MODEL_CALLS, &[&secs(within)]).await
 }

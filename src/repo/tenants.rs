@@ -8,10 +8,10 @@
 //!   (`maas_tenant_user`, [`stored_user`]); for [`DEFAULT`] they are equal.
 //! - Every change made here for `maasctl` writes its `operator_actions` row
 //!   in the same statement.
-//! - [`limit_counts`] locks the tenant's row (`FOR UPDATE`) before it
-//!   counts, in a statement of its own: submissions of one limited tenant
-//!   from any number of daemons are counted one after the other when the
-//!   caller inserts in the same transaction.
+//! - [`lock_limits`] locks the tenant's row (`FOR UPDATE`) in a statement
+//!   of its own before [`limit_counts`] counts: submissions of one limited
+//!   tenant from any number of daemons are counted one after the other when
+//!   the caller inserts in the same transaction.
 
 use super::GenericClient;
 use chrono::{DateTime, Utc};
@@ -30,15 +30,13 @@ super::statements! {
     TOKEN_CREATE = "tokens_create",
     TOKEN_LIST = "tokens_list",
     TOKEN_REVOKE = "tokens_revoke",
-    TENANT_GET = "tenants_get": "SELECT id, name, requests_per_minute, max_in_flight, callback_secret IS NOT NULL AS has_callback_secret, created_at FROM tenants WHERE id = $1",
     TENANT_ADD = "tenants_add",
     TENANT_LIST = "tenants_list",
     TENANT_SET = "tenants_set",
-    STORED_USER = "tenants_stored_user": "SELECT maas_tenant_user($1, $2) AS user_id",
-    LIMIT_LOCK = "tenants_limit_lock": "SELECT requests_per_minute, max_in_flight FROM tenants WHERE id = $1 FOR UPDATE",
+    STORED_USER = "tenants_stored_user",
+    LIMIT_LOCK = "tenants_limit_lock",
     LIMIT_COUNTS = "tenants_limit_counts",
-    SECRETS = "tenants_callback_secrets": "SELECT id, callback_secret FROM tenants WHERE callback_secret IS NOT NULL",
-    NAMES = "tenants_names": "SELECT id, name FROM tenants",
+    NAMES = "tenants_names",
 }
 
 super::row_struct! {
@@ -80,32 +78,23 @@ pub async fn token_by_id(client: &impl GenericClient, id: i64) -> Result<Option<
     super::query_opt_as(client, TOKEN_BY_ID, &[&id]).await
 }
 
-/// Tenant `id`, `None` when unknown.
-pub async fn get(client: &impl GenericClient, id: Uuid) -> Result<Option<Tenant>, Error> {
-    super::query_opt_as(client, TENANT_GET, &[&id]).await
-}
-
 /// The stored user id of tenant `tenant`'s user `user` (`maas_tenant_user`).
 pub async fn stored_user(client: &impl GenericClient, tenant: Uuid, user: Uuid) -> Result<Uuid, Error> {
     super::query_one_value(client, STORED_USER, &[&tenant, &user], "user_id").await
 }
 
-/// Every tenant's callback signing secret, where one is set.
-pub async fn callback_secrets(client: &impl GenericClient) -> Result<Vec<(Uuid, String)>, Error> {
-    let stmt = client.prepare_cached(SECRETS).await?;
-    let rows = client.query(&stmt, &[]).await?;
-    rows.iter()
-        .map(|r| Ok((r.try_get("id")?, r.try_get("callback_secret")?)))
-        .collect()
+super::row_struct! {
+    /// A tenant's name (`tenants_names.sql`).
+    struct Name {
+        id: Uuid,
+        name: String,
+    }
 }
 
 /// Every tenant's name by id.
 pub async fn names(client: &impl GenericClient) -> Result<Vec<(Uuid, String)>, Error> {
-    let stmt = client.prepare_cached(NAMES).await?;
-    let rows = client.query(&stmt, &[]).await?;
-    rows.iter()
-        .map(|r| Ok((r.try_get("id")?, r.try_get("name")?)))
-        .collect()
+    let rows: Vec<Name> = super::query_as(client, NAMES, &[]).await?;
+    Ok(rows.into_iter().map(|r| (r.id, r.name)).collect())
 }
 
 // ---- limits ----------------------------------------------------------------
@@ -123,18 +112,20 @@ super::row_struct! {
     }
 }
 
+super::row_struct! {
+    /// A tenant's limits (`tenants_limit_lock.sql`); `None` is no limit.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Limits {
+        pub requests_per_minute: Option<i32>,
+        pub max_in_flight: Option<i32>,
+    }
+}
+
 /// The tenant's limits, read under a row lock held until the transaction
-/// ends: (requests per minute, requests in flight). Call first in the
+/// ends; `None` when there is no such tenant. Call first in the
 /// transaction that then counts with [`limit_counts`] and inserts.
-pub async fn lock_limits(
-    client: &impl GenericClient,
-    tenant: Uuid,
-) -> Result<Option<(Option<i32>, Option<i32>)>, Error> {
-    let stmt = client.prepare_cached(LIMIT_LOCK).await?;
-    Ok(match client.query_opt(&stmt, &[&tenant]).await? {
-        None => None,
-        Some(r) => Some((r.try_get("requests_per_minute")?, r.try_get("max_in_flight")?)),
-    })
+pub async fn lock_limits(client: &impl GenericClient, tenant: Uuid) -> Result<Option<Limits>, Error> {
+    super::query_opt_as(client, LIMIT_LOCK, &[&tenant]).await
 }
 
 /// Counts the tenant's usage up to its limits `rpm` and `in_flight` (a

@@ -16,6 +16,7 @@ use super::GenericClient;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::as_limit;
@@ -29,9 +30,9 @@ super::statements! {
     DELETE_TURN = "users_delete_turn",
     REPLACE_SUMMARY = "users_replace_summary",
     FORGET_BEGIN = "users_forget_begin",
-    FORGET_BARRIER = "users_forget_barrier": "SELECT pg_advisory_xact_lock(maas_user_erase_key($1)) IS NULL AS waited",
+    FORGET_BARRIER = "users_forget_barrier",
     FORGET_FINISH = "users_forget_finish",
-    UNFINISHED = "users_unfinished": "SELECT user_id FROM forgotten_users WHERE finished_at IS NULL AND requested_at < now() - make_interval(secs => $1) ORDER BY requested_at LIMIT 100",
+    UNFINISHED = "users_unfinished",
     ERASE_REQUESTS = "users_erase_requests",
     ERASE_TURNS = "users_erase_turns",
     ERASE_RECORDS = "users_erase_records",
@@ -137,11 +138,11 @@ pub async fn records(
     before: Option<i64>,
     limit: usize,
 ) -> Result<Vec<RecordView>, Error> {
-    super::query_as(client, RECORDS, &[&user.user_id, &before, &as_limit(limit)]).await
+    user_page(client, RECORDS, user, &before, limit).await
 }
 
 super::row_struct! {
-    /// One turn as the user's view shows it.
+    /// One turn as the user's view and the export show it.
     #[derive(Debug, Clone, Serialize)]
     pub struct TurnView {
         pub id: i64,
@@ -162,7 +163,19 @@ pub async fn pending_turns(
     before: Option<i64>,
     limit: usize,
 ) -> Result<Vec<TurnView>, Error> {
-    super::query_as(client, PENDING_TURNS, &[&user.user_id, &before, &as_limit(limit)]).await
+    user_page(client, PENDING_TURNS, user, &before, limit).await
+}
+
+/// Runs `sql`, a page of `user`'s rows: `$1` the user, `$2` where the page
+/// starts (`bound`), `$3` the limit.
+async fn user_page<T: super::FromRow>(
+    client: &impl GenericClient,
+    sql: &str,
+    user: UserKey,
+    bound: &(dyn ToSql + Sync),
+    limit: usize,
+) -> Result<Vec<T>, Error> {
+    super::query_as(client, sql, &[&user.user_id, bound, &as_limit(limit)]).await
 }
 
 super::row_struct! {
@@ -321,44 +334,33 @@ pub async fn export_requests(
     super::query_as(client, EXPORT_REQUESTS, &[&user.user_id, &at, &id, &as_limit(limit)]).await
 }
 
-super::row_struct! {
-    /// One stage attempt of an exported request.
-    #[derive(Debug, Clone, Serialize)]
-    pub struct ExportStep {
-        #[serde(skip)]
-        pub run_id: Uuid,
-        pub stage: String,
-        pub attempt: i32,
-        pub worker: String,
-        pub started_at: DateTime<Utc>,
-        pub finished_at: DateTime<Utc>,
-        pub outcome: String,
-        pub error_class: Option<String>,
-        pub error_message: Option<String>,
-        pub model: Option<String>,
-        pub prompt_tokens: Option<i32>,
-        pub completion_tokens: Option<i32>,
-        pub latency_ms: Option<i32>,
+/// One stage attempt of an exported request: the request's id (not
+/// exported: the step is written inside its request) and the step as
+/// `maasctl requests show` reads it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExportStep {
+    #[serde(skip)]
+    pub request_id: Uuid,
+    #[serde(flatten)]
+    pub step: super::steps::Step,
+}
+
+impl super::FromRow for ExportStep {
+    fn from_row(r: &tokio_postgres::Row) -> Result<ExportStep, Error> {
+        Ok(ExportStep {
+            request_id: r.try_get("run_id")?,
+            step: super::steps::Step::from_row(r)?,
+        })
     }
 }
 
-/// The steps of `runs` (requests of `user`), by request and in order.
-pub async fn export_steps(client: &impl GenericClient, user: UserKey, runs: &[Uuid]) -> Result<Vec<ExportStep>, Error> {
-    super::query_as(client, EXPORT_STEPS, &[&user.user_id, &runs]).await
-}
-
-super::row_struct! {
-    /// One turn in the export.
-    #[derive(Debug, Clone, Serialize)]
-    pub struct ExportTurn {
-        pub id: i64,
-        pub user_seq: i64,
-        pub request_id: Option<Uuid>,
-        pub thread_id: Option<Uuid>,
-        pub message_type: String,
-        pub content: String,
-        pub created_at: DateTime<Utc>,
-    }
+/// The steps of `requests` (requests of `user`), by request and in order.
+pub async fn export_steps(
+    client: &impl GenericClient,
+    user: UserKey,
+    requests: &[Uuid],
+) -> Result<Vec<ExportStep>, Error> {
+    super::query_as(client, EXPORT_STEPS, &[&user.user_id, &requests]).await
 }
 
 /// Up to `limit` turns of `user` with `user_seq` above `after`, in order.
@@ -367,8 +369,8 @@ pub async fn export_turns(
     user: UserKey,
     after: i64,
     limit: usize,
-) -> Result<Vec<ExportTurn>, Error> {
-    super::query_as(client, EXPORT_TURNS, &[&user.user_id, &after, &as_limit(limit)]).await
+) -> Result<Vec<TurnView>, Error> {
+    user_page(client, EXPORT_TURNS, user, &after, limit).await
 }
 
 super::row_struct! {
@@ -392,5 +394,5 @@ pub async fn export_records(
     after: i64,
     limit: usize,
 ) -> Result<Vec<ExportRecord>, Error> {
-    super::query_as(client, EXPORT_RECORDS, &[&user.user_id, &after, &as_limit(limit)]).await
+    user_page(client, EXPORT_RECORDS, user, &after, limit).await
 }

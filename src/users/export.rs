@@ -15,12 +15,16 @@
 //! ends the export; a failure mid-way ends the stream with an error, so the
 //! document is visibly cut (never a valid-looking partial one).
 
+use std::collections::HashMap;
+
 use serde::Serialize;
+use serde_json::Value;
 use tokio::sync::mpsc;
+use uuid::Uuid;
 
 use super::{UserError, UserKey, live_state};
 use crate::db::{self, Pool};
-use crate::repo;
+use crate::repo::{self, GenericClient, users::ExportStep};
 
 /// Rows per page.
 pub const PAGE: usize = 500;
@@ -48,8 +52,29 @@ pub async fn check(pool: &Pool, user: UserKey) -> Result<(), UserError> {
     live_state(&client, user).await.map(|_| ())
 }
 
-/// The consumer went away.
-struct Gone;
+/// Why writing stopped early: the consumer went away, or a read failed.
+enum Stop {
+    Gone,
+    Failed(UserError),
+}
+
+impl From<UserError> for Stop {
+    fn from(e: UserError) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
+impl From<db::Error> for Stop {
+    fn from(e: db::Error) -> Stop {
+        Stop::Failed(e.into())
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Stop {
+    fn from(e: deadpool_postgres::PoolError) -> Stop {
+        Stop::Failed(e.into())
+    }
+}
 
 /// Writes the document into chunks.
 struct Writer {
@@ -58,12 +83,12 @@ struct Writer {
 }
 
 impl Writer {
-    async fn raw(&mut self, s: &str) -> Result<(), Gone> {
+    async fn raw(&mut self, s: &str) -> Result<(), Stop> {
         self.buf.extend_from_slice(s.as_bytes());
         self.maybe_flush().await
     }
 
-    async fn value(&mut self, v: &impl Serialize) -> Result<(), Gone> {
+    async fn value(&mut self, v: &impl Serialize) -> Result<(), Stop> {
         // Serialising plain row structs cannot fail; a failure writes null.
         if serde_json::to_writer(&mut self.buf, v).is_err() {
             self.buf.extend_from_slice(b"null");
@@ -71,19 +96,27 @@ impl Writer {
         self.maybe_flush().await
     }
 
-    async fn maybe_flush(&mut self) -> Result<(), Gone> {
+    /// `v` as the next element of an array that holds `written` already.
+    async fn element(&mut self, written: u64, v: &impl Serialize) -> Result<(), Stop> {
+        if written > 0 {
+            self.raw(",").await?;
+        }
+        self.value(v).await
+    }
+
+    async fn maybe_flush(&mut self) -> Result<(), Stop> {
         if self.buf.len() >= CHUNK {
             self.flush().await?;
         }
         Ok(())
     }
 
-    async fn flush(&mut self) -> Result<(), Gone> {
+    async fn flush(&mut self) -> Result<(), Stop> {
         if self.buf.is_empty() {
             return Ok(());
         }
         let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK + 4096));
-        self.tx.send(Ok(chunk)).await.map_err(|_| Gone)
+        self.tx.send(Ok(chunk)).await.map_err(|_| Stop::Gone)
     }
 }
 
@@ -95,17 +128,18 @@ pub async fn export(pool: &Pool, user: UserKey, tx: mpsc::Sender<Chunk>) -> Resu
         tx: tx.clone(),
     };
     match write(pool, user, &mut w).await {
-        Ok(Ok(counts)) => Ok(counts),
+        Ok(counts) => Ok(counts),
         // The consumer left: nothing to report to it.
-        Ok(Err(Gone)) => Ok(Counts::default()),
-        Err(e) => {
+        Err(Stop::Gone) => Ok(Counts::default()),
+        Err(Stop::Failed(e)) => {
             let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
             Err(e)
         }
     }
 }
 
-async fn write(pool: &Pool, user: UserKey, w: &mut Writer) -> Result<Result<Counts, Gone>, UserError> {
+/// The whole document, read in one read-only REPEATABLE READ transaction.
+async fn write(pool: &Pool, user: UserKey, w: &mut Writer) -> Result<Counts, Stop> {
     let mut client = pool.get().await?;
     let t = client
         .build_transaction()
@@ -116,91 +150,93 @@ async fn write(pool: &Pool, user: UserKey, w: &mut Writer) -> Result<Result<Coun
         .map_err(db::Error::from)?;
     live_state(&t, user).await?;
     let mut counts = Counts::default();
-    macro_rules! out {
-        ($e:expr) => {
-            if $e.await.is_err() {
-                return Ok(Err(Gone));
-            }
-        };
-    }
-    let mark = repo::archive::show_mark(&t, user.user_id).await?;
-    out!(w.raw("{\"user_id\":"));
-    out!(w.value(&user.shown));
-    out!(w.raw(",\"exported_at\":"));
-    out!(w.value(&chrono::Utc::now()));
-    out!(w.raw(",\"archive_state\":"));
-    out!(w.value(&mark));
+    write_head(&t, user, w).await?;
+    w.raw(",\"requests\":[").await?;
+    write_requests(&t, user, w, &mut counts).await?;
+    w.raw("],\"turns\":[").await?;
+    write_turns(&t, user, w, &mut counts).await?;
+    w.raw("],\"records\":[").await?;
+    write_records(&t, user, w, &mut counts).await?;
+    w.raw("],\"counts\":").await?;
+    w.value(&counts).await?;
+    w.raw("}\n").await?;
+    w.flush().await?;
+    t.commit().await.map_err(db::Error::from)?;
+    Ok(counts)
+}
 
-    out!(w.raw(",\"requests\":["));
+/// The user, the time of the export and the archive state.
+async fn write_head(t: &impl GenericClient, user: UserKey, w: &mut Writer) -> Result<(), Stop> {
+    let mark = repo::archive::show_mark(t, user.user_id).await?;
+    w.raw("{\"user_id\":").await?;
+    w.value(&user.shown).await?;
+    w.raw(",\"exported_at\":").await?;
+    w.value(&chrono::Utc::now()).await?;
+    w.raw(",\"archive_state\":").await?;
+    w.value(&mark).await
+}
+
+/// Every request, oldest first, each with its steps.
+async fn write_requests(
+    t: &impl GenericClient,
+    user: UserKey,
+    w: &mut Writer,
+    counts: &mut Counts,
+) -> Result<(), Stop> {
     let mut after = None;
     loop {
-        let page = repo::users::export_requests(&t, user, after, PAGE).await?;
-        let ids: Vec<uuid::Uuid> = page.iter().map(|r| r.id).collect();
-        let steps = repo::users::export_steps(&t, user, &ids).await?;
-        let mut by_run: std::collections::HashMap<uuid::Uuid, Vec<&repo::users::ExportStep>> =
-            std::collections::HashMap::new();
+        let page = repo::users::export_requests(t, user, after, PAGE).await?;
+        let ids: Vec<Uuid> = page.iter().map(|r| r.id).collect();
+        let steps = repo::users::export_steps(t, user, &ids).await?;
+        let mut by_request: HashMap<Uuid, Vec<&ExportStep>> = HashMap::new();
         for s in &steps {
-            by_run.entry(s.run_id).or_default().push(s);
+            by_request.entry(s.request_id).or_default().push(s);
         }
         for r in &page {
-            if counts.requests > 0 {
-                out!(w.raw(","));
-            }
-            counts.requests += 1;
-            let mine = by_run.remove(&r.id).unwrap_or_default();
-            counts.steps += u64::try_from(mine.len()).unwrap_or(u64::MAX);
-            let mut v = serde_json::to_value(r).unwrap_or(serde_json::Value::Null);
+            let mine = by_request.remove(&r.id).unwrap_or_default();
+            let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
             if let Some(obj) = v.as_object_mut() {
-                obj.insert(
-                    "steps".into(),
-                    serde_json::to_value(&mine).unwrap_or(serde_json::Value::Null),
-                );
+                obj.insert("steps".into(), serde_json::to_value(&mine).unwrap_or(Value::Null));
             }
-            out!(w.value(&v));
+            w.element(counts.requests, &v).await?;
+            counts.requests += 1;
+            counts.steps += u64::try_from(mine.len()).unwrap_or(u64::MAX);
         }
         match page.last() {
             Some(last) if page.len() >= PAGE => after = Some((last.created_at, last.id)),
-            _ => break,
+            _ => return Ok(()),
         }
     }
+}
 
-    out!(w.raw("],\"turns\":["));
+/// Every turn, in the user's order.
+async fn write_turns(t: &impl GenericClient, user: UserKey, w: &mut Writer, counts: &mut Counts) -> Result<(), Stop> {
     let mut after = 0;
     loop {
-        let page = repo::users::export_turns(&t, user, after, PAGE).await?;
+        let page = repo::users::export_turns(t, user, after, PAGE).await?;
         for turn in &page {
-            if counts.turns > 0 {
-                out!(w.raw(","));
-            }
+            w.element(counts.turns, turn).await?;
             counts.turns += 1;
-            out!(w.value(turn));
         }
         match page.last() {
             Some(last) if page.len() >= PAGE => after = last.user_seq,
-            _ => break,
+            _ => return Ok(()),
         }
     }
+}
 
-    out!(w.raw("],\"records\":["));
+/// Every record, oldest first.
+async fn write_records(t: &impl GenericClient, user: UserKey, w: &mut Writer, counts: &mut Counts) -> Result<(), Stop> {
     let mut after = 0;
     loop {
-        let page = repo::users::export_records(&t, user, after, PAGE).await?;
+        let page = repo::users::export_records(t, user, after, PAGE).await?;
         for rec in &page {
-            if counts.records > 0 {
-                out!(w.raw(","));
-            }
+            w.element(counts.records, rec).await?;
             counts.records += 1;
-            out!(w.value(rec));
         }
         match page.last() {
             Some(last) if page.len() >= PAGE => after = last.id,
-            _ => break,
+            _ => return Ok(()),
         }
     }
-    out!(w.raw("],\"counts\":"));
-    out!(w.value(&counts));
-    out!(w.raw("}\n"));
-    out!(w.flush());
-    t.commit().await.map_err(db::Error::from)?;
-    Ok(Ok(counts))
 }

@@ -1,5 +1,9 @@
-//! A user's data, for the HTTP API and `maasctl users` alike: see it
-//! ([`view`]), correct it ([`correct`]), forget it ([`forget`]).
+//! A user's data, for the HTTP API, the console and `maasctl users`
+//! alike: see it ([`view`], [`search`]), correct it ([`correct`]), forget
+//! it ([`forget_now`], [`forget_in_background`]). Every front end reaches a
+//! correction or a forget through these functions only; each writes its
+//! record of who and why (the `operator_actions` row of a correction, the
+//! tombstone's actor and reason of a forget) in the statement that acts.
 //!
 //! Guarantees:
 //! - Every function takes the user as a [`UserKey`]; the SQL filters by it
@@ -76,25 +80,38 @@ pub fn is_refusal(e: &db::Error) -> bool {
     matches!(e, db::Error::Postgres(p) if p.code().is_some_and(|c| c.code() == REFUSED_SQLSTATE))
 }
 
+/// Where a user stands that is neither unknown nor forgotten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    /// Something is held and no erase happened or runs.
+    Held,
+    /// An erase was begun and has not finished (running, or stopped by a crash).
+    Erasing,
+}
+
+/// Where `user` stands by its state `st`: refused when it was forgotten
+/// (the erase finished) or nothing is held.
+fn standing(st: &UserState, user: UserKey) -> Result<Standing, UserError> {
+    match (&st.forgotten_at, &st.erase_finished_at) {
+        (Some(_), None) => Ok(Standing::Erasing),
+        (Some(at), Some(_)) => Err(UserError::Forgotten {
+            user: user.shown,
+            at: *at,
+            by: st.forgotten_by.clone().unwrap_or_default(),
+        }),
+        _ if !st.is_known() => Err(UserError::Unknown(user.shown)),
+        _ => Ok(Standing::Held),
+    }
+}
+
 /// The state of `user`, refused unless something is held and no erase
 /// happened or runs.
 async fn live_state(client: &impl GenericClient, user: UserKey) -> Result<UserState, UserError> {
     let st = repo::users::state(client, user).await?;
-    match (&st.forgotten_at, &st.erase_finished_at) {
-        (Some(_), None) => return Err(UserError::Erasing(user.shown)),
-        (Some(at), Some(_)) => {
-            return Err(UserError::Forgotten {
-                user: user.shown,
-                at: *at,
-                by: st.forgotten_by.clone().unwrap_or_default(),
-            });
-        }
-        _ => {}
+    match standing(&st, user)? {
+        Standing::Held => Ok(st),
+        Standing::Erasing => Err(UserError::Erasing(user.shown)),
     }
-    if !st.is_known() {
-        return Err(UserError::Unknown(user.shown));
-    }
-    Ok(st)
 }
 
 /// Which page of the user's memory to show.
@@ -248,19 +265,8 @@ pub enum Begun {
 /// already are refused.
 pub async fn forget(client: &impl GenericClient, user: UserKey, why: Why<'_>) -> Result<Begun, UserError> {
     let st = repo::users::state(client, user).await?;
-    match (&st.forgotten_at, &st.erase_finished_at) {
-        (Some(_), None) => return Ok(Begun::Unfinished),
-        (Some(at), Some(_)) => {
-            return Err(UserError::Forgotten {
-                user: user.shown,
-                at: *at,
-                by: st.forgotten_by.clone().unwrap_or_default(),
-            });
-        }
-        _ => {}
-    }
-    if !st.is_known() {
-        return Err(UserError::Unknown(user.shown));
+    if standing(&st, user)? == Standing::Erasing {
+        return Ok(Begun::Unfinished);
     }
     if repo::users::forget_begin(client, user, why).await? {
         tracing::info!(user = %user, actor = why.actor, "users: forgetting a user");
@@ -269,6 +275,33 @@ pub async fn forget(client: &impl GenericClient, user: UserKey, why: Why<'_>) ->
         // Another caller wrote the tombstone in between.
         Ok(Begun::Unfinished)
     }
+}
+
+/// Forgets `user` now, in the caller's task (`maasctl users forget`):
+/// writes the tombstone ([`forget`]), then erases ([`erase`]), resuming an
+/// erase begun before. Takes a connection of `pool` for the tombstone and
+/// gives it back before the erase, so a pool of one connection does.
+pub async fn forget_now(pool: &Pool, user: UserKey, why: Why<'_>) -> Result<(Begun, Erased), UserError> {
+    let begun = forget(&pool.get().await?, user, why).await?;
+    let erased = erase(pool, user, ERASE_BATCH).await?;
+    Ok((begun, erased))
+}
+
+/// Forgets `user` with the erase in a task of its own (the API answers at
+/// once): writes the tombstone ([`forget`]) and starts [`erase`]; an erase
+/// that stops is resumed by [`Eraser`]. An erase begun before is refused
+/// as [`UserError::Erasing`].
+pub async fn forget_in_background(pool: &Pool, user: UserKey, why: Why<'_>) -> Result<(), UserError> {
+    if forget(&pool.get().await?, user, why).await? == Begun::Unfinished {
+        return Err(UserError::Erasing(user.shown));
+    }
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        if let Err(e) = erase(&pool, user, ERASE_BATCH).await {
+            tracing::warn!(user = %user, error = %e, "users: erase stopped; the eraser service resumes it");
+        }
+    });
+    Ok(())
 }
 
 /// Rows deleted by an erase, by table.

@@ -1,10 +1,10 @@
-//! The console's request list (`repo::console::list`) on a real table:
+//! The console's request list (`repo::requests::page`) on a real table:
 //! keyset pages, the time range, the bounded text search, and the plan of
 //! every filter combination (each reads an index in the list's order,
 //! never the whole table).
 
 use chrono::{DateTime, Duration, Utc};
-use maas::repo::console::{Filter, Page, TEXT_SCAN, list};
+use maas::repo::requests::{self, PAGE_TEXT_SCAN, Page, PageFilter};
 use uuid::Uuid;
 
 use crate::support::db::{TestDb, column, value};
@@ -37,20 +37,20 @@ async fn pooled(db: &TestDb) -> (maas::db::Pool, deadpool_postgres::Object) {
     (pool, client)
 }
 
-fn filter() -> Filter {
-    Filter {
+fn filter() -> PageFilter {
+    PageFilter {
         limit: 50,
-        ..Filter::default()
+        ..PageFilter::default()
     }
 }
 
 /// Every line of every page of `f`, following `next`; also the pages.
-async fn all_pages(c: &deadpool_postgres::Object, f: &Filter) -> (Vec<String>, Vec<Page>) {
+async fn all_pages(c: &deadpool_postgres::Object, f: &PageFilter) -> (Vec<String>, Vec<Page>) {
     let mut f = f.clone();
     let mut queries = Vec::new();
     let mut pages = Vec::new();
     for _ in 0..100 {
-        let page = list(c, &f).await.unwrap();
+        let page = requests::page(c, &f).await.unwrap();
         queries.extend(page.lines.iter().map(|l| l.query.clone()));
         let next = page.next;
         pages.push(page);
@@ -80,7 +80,7 @@ async fn console_list_pages_by_keyset_through_every_filter() {
     assert_eq!(queries, want);
 
     // A user (every third), its FAILED ones, a thread (every second).
-    let user = Filter {
+    let user = PageFilter {
         user_id: Some(users[1]),
         ..filter()
     };
@@ -91,7 +91,7 @@ async fn console_list_pages_by_keyset_through_every_filter() {
         .map(|g| format!("plain question {g}"))
         .collect();
     assert_eq!(queries, want);
-    let failed = Filter {
+    let failed = PageFilter {
         statuses: Some(vec!["FAILED".into()]),
         ..user
     };
@@ -102,7 +102,7 @@ async fn console_list_pages_by_keyset_through_every_filter() {
         .map(|g| format!("plain question {g}"))
         .collect();
     assert_eq!(queries, want);
-    let in_thread = Filter {
+    let in_thread = PageFilter {
         thread_id: Some(thread),
         ..filter()
     };
@@ -116,7 +116,7 @@ async fn console_list_pages_by_keyset_through_every_filter() {
         &[],
     )
     .await;
-    let window = Filter {
+    let window = PageFilter {
         since: Some(now - Duration::milliseconds(100_500)),
         until: Some(now - Duration::milliseconds(10_500)),
         ..filter()
@@ -131,15 +131,15 @@ async fn console_list_pages_by_keyset_through_every_filter() {
 async fn a_text_search_reads_a_bounded_window_per_page_and_says_how_far() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let n = i64::try_from(2 * TEXT_SCAN).unwrap() + 500;
+    let n = i64::try_from(2 * PAGE_TEXT_SCAN).unwrap() + 500;
     // Needles: the newest row, one just past the first window, one in the
     // third window.
-    let first_window_end = n - i64::try_from(TEXT_SCAN).unwrap();
+    let first_window_end = n - i64::try_from(PAGE_TEXT_SCAN).unwrap();
     let needles = [n, first_window_end - 10, 100];
     fill(&c, n, &[Uuid::new_v4()], Uuid::new_v4(), &needles).await;
     let (_pool, pc) = pooled(&db).await;
 
-    let f = Filter {
+    let f = PageFilter {
         text: Some("needle".into()),
         ..filter()
     };
@@ -152,10 +152,10 @@ async fn a_text_search_reads_a_bounded_window_per_page_and_says_how_far() {
             .collect::<Vec<_>>(),
         "case-insensitive, newest first, each once"
     );
-    assert_eq!(pages.len(), 3, "one page per window of {TEXT_SCAN} requests");
+    assert_eq!(pages.len(), 3, "one page per window of {PAGE_TEXT_SCAN} requests");
     for p in &pages[..2] {
         let (scanned, _) = p.searched.expect("a window that stopped before the end says so");
-        assert_eq!(scanned, TEXT_SCAN);
+        assert_eq!(scanned, PAGE_TEXT_SCAN);
         assert_eq!(p.lines.len(), 1);
     }
     assert!(
@@ -171,9 +171,9 @@ async fn a_text_search_reads_a_bounded_window_per_page_and_says_how_far() {
     .await;
     assert_eq!(oldest_read, format!("plain question {}", first_window_end + 1));
 
-    // A text that no request holds: windows of TEXT_SCAN, no lines, and
+    // A text that no request holds: windows of PAGE_TEXT_SCAN, no lines, and
     // the search ends.
-    let none = Filter {
+    let none = PageFilter {
         text: Some("absent".into()),
         ..filter()
     };
@@ -182,11 +182,11 @@ async fn a_text_search_reads_a_bounded_window_per_page_and_says_how_far() {
     assert_eq!(pages.len(), 3);
 
     // A page full of matches continues after its last line.
-    let plain = Filter {
+    let plain = PageFilter {
         text: Some("PLAIN".into()),
         ..filter()
     };
-    let page = list(&pc, &plain).await.unwrap();
+    let page = requests::page(&pc, &plain).await.unwrap();
     let newest: Vec<String> = (1..n)
         .rev()
         .filter(|g| !needles.contains(g))
@@ -198,9 +198,9 @@ async fn a_text_search_reads_a_bounded_window_per_page_and_says_how_far() {
     assert_eq!(page.next, page.lines.last().map(|l| (l.created_at, l.id)));
 }
 
-/// The plan of `console_list` with these literal values for $1 to $10.
+/// The plan of `requests_page` with these literal values for $1 to $10.
 async fn plan(c: &tokio_postgres::Client, values: [&str; 10]) -> String {
-    let mut sql = maas::repo::statement("console_list").unwrap().to_owned();
+    let mut sql = maas::repo::statement("requests_page").unwrap().to_owned();
     for (i, v) in values.iter().enumerate().rev() {
         sql = sql.replace(&format!("${}", i + 1), v);
     }
@@ -225,7 +225,7 @@ async fn every_console_list_filter_reads_an_index_in_the_lists_order() {
     let at = |ago: i64| format!("'{}'::timestamptz", (Utc::now() - Duration::seconds(ago)).to_rfc3339());
     let (after_t, after_id) = (&at(3_600), "'ffffffff-ffff-ffff-ffff-ffffffffffff'");
     let (since, until) = (&at(3 * 3_600), &at(2 * 3_600));
-    let scan = TEXT_SCAN.to_string();
+    let scan = PAGE_TEXT_SCAN.to_string();
     //           status  user   thread  text  before   id        since  until  limit scan
     let cases: Vec<(&str, [&str; 10], &str)> = vec![
         (

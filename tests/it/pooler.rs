@@ -5,8 +5,8 @@
 //! of two server connections that maasd's many clients really share:
 //! requests submitted over HTTP and by INSERT complete, the scheduled
 //! archivist of two daemons archives every turn once with never two runs
-//! at once (its run lease is a row, not a session lock), and `maasctl`
-//! works through it.
+//! at once (its run lease is a row, not a session lock), `maasctl`
+//! works through it, and so does a limited tenant's submission.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -178,23 +178,9 @@ fn pooled(opts: Opts, direct: &str) -> Opts {
         .env("MAAS_LISTEN_DATABASE_URL", direct)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn everything_but_listen_works_through_pgbouncer_in_transaction_mode() {
-    let Some(binary) = pgbouncer_binary() else { return };
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    let bouncer = PgBouncer::start(&binary, &db.url).await;
-    let url = bouncer.url(&db.url);
-
-    let opts = || {
-        pooled(Opts::default(), &db.url)
-            .env("MAAS_ARCHIVIST__SCHEDULE", "* * * * * *")
-            .env("MAAS_ARCHIVIST__MIN_PENDING", "1")
-            .env("MAAS_ARCHIVIST__COOLDOWN_SECS", "0")
-            .env("MAAS_ARCHIVIST__BATCH_LOGS", "2")
-            .env("MAAS_LLM__OFFLINE__LATENCY_MS", "5")
-    };
-    let mut d = Maasd::spawn(&url, opts());
+/// A daemon whose database is `url` (the pooler's), ready, and a client for it.
+async fn pooled_api(url: &str, opts: Opts) -> Api {
+    let mut d = Maasd::spawn(url, opts);
     let mut addr = d.http_addr(GENEROUS).await;
     if addr.ip().is_unspecified() {
         addr.set_ip([127, 0, 0, 1].into());
@@ -212,6 +198,26 @@ async fn everything_but_listen_works_through_pgbouncer_in_transaction_mode() {
         api.get("/readyz").await.status() == StatusCode::OK
     })
     .await;
+    api
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_but_listen_works_through_pgbouncer_in_transaction_mode() {
+    let Some(binary) = pgbouncer_binary() else { return };
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let bouncer = PgBouncer::start(&binary, &db.url).await;
+    let url = bouncer.url(&db.url);
+
+    let opts = || {
+        pooled(Opts::default(), &db.url)
+            .env("MAAS_ARCHIVIST__SCHEDULE", "* * * * * *")
+            .env("MAAS_ARCHIVIST__MIN_PENDING", "1")
+            .env("MAAS_ARCHIVIST__COOLDOWN_SECS", "0")
+            .env("MAAS_ARCHIVIST__BATCH_LOGS", "2")
+            .env("MAAS_LLM__OFFLINE__LATENCY_MS", "5")
+    };
+    let api = pooled_api(&url, opts()).await;
     let _second = Maasd::spawn(&url, opts());
 
     // Over HTTP (with and without an idempotency key) and by INSERT.
@@ -309,6 +315,69 @@ async fn everything_but_listen_works_through_pgbouncer_in_transaction_mode() {
     let logs = format!("{}{}", api.d.plain_log(), bouncer.log_text());
     assert!(!logs.contains("prepared statement"), "{logs}");
     assert!(!logs.contains("unsupported startup parameter"), "{logs}");
+}
+
+/// A limited tenant through the pooler: `maasctl tenants add` and `tokens
+/// create` write through it, and the submissions of its token lock and
+/// count the tenant's row (every statement of `repo::tenants` unnamed):
+/// they complete, and the one over the limit is 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_tenant_submits_through_pgbouncer_in_transaction_mode() {
+    let Some(binary) = pgbouncer_binary() else { return };
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&binary, &db.url).await;
+    let url = bouncer.url(&db.url);
+    let env = [
+        ("MAAS_DB__POOLER", "transaction"),
+        ("MAAS_LISTEN_DATABASE_URL", db.url.as_str()),
+    ];
+    let maasctl = |args: &'static [&'static str]| maasctl_async(&url, args, &env);
+    let (code, out, err) = maasctl(&[
+        "tenants",
+        "add",
+        "acme",
+        "--requests-per-minute",
+        "3",
+        "--max-in-flight",
+        "10",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (code, token, err) = maasctl(&["tokens", "create", "app", "--tenant", "acme", "--scope", "submit"]).await;
+    assert_eq!(code, 0, "{token}\n{err}");
+    let mut api = pooled_api(&url, pooled(Opts::default(), &db.url)).await;
+    api.token = Some(token.trim().to_owned());
+
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let body = json!({ "user_id": Uuid::from_u128(7), "query": format!("a limited tenant's #{i}") });
+        let resp = api
+            .authed(api.http.post(api.url("/api/query")).json(&body))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap();
+        if i < 3 {
+            assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+            ids.push(body["request_id"].as_str().unwrap().to_owned());
+        } else {
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+            assert_eq!(body["code"], "requests_per_minute", "{body}");
+        }
+    }
+    for id in &ids {
+        let state: Value = api
+            .get(&format!("/api/query/{id}/status?wait=30s"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(state["status"], "completed", "{state}");
+    }
+
+    let logs = format!("{}{}", api.d.plain_log(), bouncer.log_text());
+    assert!(!logs.contains("prepared statement"), "{logs}");
 }
 
 #[test]

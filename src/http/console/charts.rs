@@ -6,7 +6,7 @@
 //! - The figures come from the tables, for every daemon of the cluster:
 //!   finished requests from `pipeline_runs` and stage latency and model
 //!   calls from `pipeline_steps`, each over the last [`WINDOW`] through an
-//!   index that bounds the read ([`crate::repo::console_views`]).
+//!   index that bounds the read ([`crate::repo::stats`]).
 //! - Per provider, the figures are this daemon's own counters since it
 //!   started (`maas_llm_*` of its `/metrics`; the steps do not record the
 //!   provider), and the page says so.
@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::repo::console_views::{self, Finished, Latency};
+use crate::repo::stats::{self, FinishedBucket, LatencyBucket};
 
 /// What the charts cover.
 pub const WINDOW: Duration = Duration::from_secs(3600);
@@ -159,9 +159,9 @@ fn per_bucket(rows: impl Iterator<Item = (i32, f64)>) -> Vec<Option<f64>> {
 
 /// Requests finished per minute, completed and failed (a bucket without
 /// any is zero: the table says nothing finished).
-pub fn throughput_chart(rows: &[Finished]) -> Chart {
+pub fn throughput_chart(rows: &[FinishedBucket]) -> Chart {
     let per_min = 60.0 / bucket_width().as_secs_f64();
-    let zeros = |f: &dyn Fn(&Finished) -> i64| {
+    let zeros = |f: &dyn Fn(&FinishedBucket) -> i64| {
         let mut v = vec![Some(0.0); usize::try_from(BUCKETS).unwrap_or(0)];
         for (b, x) in per_bucket(rows.iter().map(|r| (r.bucket, f(r) as f64 * per_min)))
             .into_iter()
@@ -193,7 +193,7 @@ pub fn throughput_chart(rows: &[Finished]) -> Chart {
 }
 
 /// Failed share of the finished (completed + failed), per bucket.
-pub fn failure_chart(rows: &[Finished]) -> Chart {
+pub fn failure_chart(rows: &[FinishedBucket]) -> Chart {
     let values = per_bucket(rows.iter().filter_map(|r| {
         let done = r.completed + r.failed;
         (done > 0).then(|| (r.bucket, 100.0 * r.failed as f64 / done as f64))
@@ -211,7 +211,7 @@ pub fn failure_chart(rows: &[Finished]) -> Chart {
 }
 
 /// p50 and p99 of each stage's attempts, in milliseconds.
-pub fn latency_chart(rows: &[Latency]) -> Chart {
+pub fn latency_chart(rows: &[LatencyBucket]) -> Chart {
     let colors = [
         ("analyze", "#1f5fbf", "#8fb0e6"),
         ("assemble", "#8e44ad", "#c9a3dc"),
@@ -302,13 +302,13 @@ pub fn provider_counters(exposition: &str) -> Vec<ProviderCounters> {
 /// The overview's charts and model lines, read on `c`.
 pub async fn data(app: &crate::http::AppState, c: &deadpool_postgres::Object) -> Result<minijinja::Value, super::Fail> {
     use super::pages::{db_fail, v};
-    let finished = console_views::throughput(c, BUCKETS, bucket_width())
+    let finished = stats::throughput(c, BUCKETS, bucket_width())
         .await
         .map_err(|e| db_fail("throughput", e))?;
-    let latency = console_views::latency(c, BUCKETS, bucket_width())
+    let latency = stats::stage_latency(c, BUCKETS, bucket_width())
         .await
         .map_err(|e| db_fail("stage latency", e))?;
-    let models = console_views::models(c, WINDOW)
+    let models = stats::model_calls(c, WINDOW)
         .await
         .map_err(|e| db_fail("model calls", e))?;
     let providers = provider_counters(&app.metrics.render());
@@ -378,7 +378,7 @@ maas_runs_total{status=\"x\"} 9
 
     #[test]
     fn the_failure_rate_is_failed_over_finished() {
-        let rows = [Finished {
+        let rows = [FinishedBucket {
             bucket: 11,
             completed: 3,
             failed: 1,

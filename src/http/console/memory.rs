@@ -40,7 +40,7 @@ use crate::config::Config;
 use crate::http::AppState;
 use crate::llm::Llm;
 use crate::repo::archive::MarkView;
-use crate::repo::{audit, console_views};
+use crate::repo::audit;
 use crate::users::{self, Page, UserError, UserKey};
 
 /// Records and pending turns the page lists.
@@ -194,7 +194,7 @@ async fn user_data(app: &AppState, id: &str, uq: &UserQuery) -> Result<minijinja
         .await
         .map_err(|e| db_fail("archive mark", e))?;
     let eligible = mark.as_ref().map(|m| eligibility(m, &app.cfg, Utc::now()));
-    let actions = console_views::user_actions(&c, user.user_id, ACTIONS)
+    let actions = audit::about_user(&c, user.user_id, ACTIONS)
         .await
         .map_err(|e| db_fail("operator actions", e))?;
     let q = uq.q.trim();

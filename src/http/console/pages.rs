@@ -22,7 +22,7 @@ use super::auth::{Session, check_action};
 use super::{Fail, fail, render};
 use crate::control;
 use crate::http::AppState;
-use crate::repo::{audit, callbacks, console, requests, stats, steps};
+use crate::repo::{audit, callbacks, requests, stats, steps};
 
 /// Rows of one page of the list.
 pub const PAGE: usize = 50;
@@ -66,7 +66,7 @@ async fn overview_data(app: &AppState) -> Result<minijinja::Value, Fail> {
     let cbs = stats::callbacks(&c).await.map_err(|e| db_fail("callbacks", e))?;
     let daemons = stats::daemons(&c).await.map_err(|e| db_fail("daemons", e))?;
     let pause = control::state(&c).await.map_err(|e| db_fail("pause state", e))?;
-    let recent = console::recent(&c, RECENT)
+    let recent = requests::recently_finished(&c, RECENT)
         .await
         .map_err(|e| db_fail("recent requests", e))?;
     let charts = super::charts::data(app, &c).await?;
@@ -118,7 +118,7 @@ pub struct ListQuery {
 }
 
 impl ListQuery {
-    fn filter(&self) -> Result<console::Filter, Fail> {
+    fn filter(&self) -> Result<requests::PageFilter, Fail> {
         let bad = |field: &str, v: &str| {
             fail(
                 StatusCode::BAD_REQUEST,
@@ -159,7 +159,7 @@ impl ListQuery {
                 .map_err(|_| bad(field, v))
         };
         let text = self.text.trim();
-        Ok(console::Filter {
+        Ok(requests::PageFilter {
             statuses,
             user_id: uuid("user", &self.user)?,
             thread_id: uuid("thread", &self.thread)?,
@@ -175,7 +175,7 @@ impl ListQuery {
 async fn rows_data(app: &AppState, q: &ListQuery) -> Result<minijinja::Value, Fail> {
     let f = q.filter()?;
     let c = client(app).await?;
-    let page = console::list(&c, &f).await.map_err(|e| db_fail("list", e))?;
+    let page = requests::page(&c, &f).await.map_err(|e| db_fail("list", e))?;
     let next = page.next.map(|(t, id)| format!("{},{id}", t.to_rfc3339()));
     let searched = page
         .searched

@@ -27,7 +27,7 @@ use super::pages::{ActionForm, client, db_fail, session_ctx, v};
 use super::{Fail, fail, render};
 use crate::http::AppState;
 use crate::model::PromptRole;
-use crate::repo::{audit, console_views, prompts};
+use crate::repo::{audit, prompts};
 
 /// Prompt changes the page lists.
 const ACTIONS: usize = 20;
@@ -114,7 +114,7 @@ async fn prompts_data(app: &AppState, q: &PromptsQuery) -> Result<minijinja::Val
     };
     let c = client(app).await?;
     let roles = prompts::list(&c).await.map_err(|e| db_fail("prompts", e))?;
-    let versions = console_views::prompt_versions(&c, role)
+    let versions = prompts::versions(&c, role)
         .await
         .map_err(|e| db_fail("prompt versions", e))?;
     // By default: the active version (else the newest) against the one before it.
@@ -139,7 +139,7 @@ async fn prompts_data(app: &AppState, q: &PromptsQuery) -> Result<minijinja::Val
         }
         shown = Some(new);
     }
-    let actions = console_views::prompt_actions(&c, ACTIONS)
+    let actions = audit::prompt_changes(&c, ACTIONS)
         .await
         .map_err(|e| db_fail("prompt changes", e))?;
     Ok(context! {
