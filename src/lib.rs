@@ -105,6 +105,7 @@ pub mod metrics;
 pub mod model;
 pub mod repo;
 pub mod retention;
+pub mod sanitize;
 pub mod secret;
 pub mod service;
 pub mod shutdown;

@@ -13,7 +13,7 @@
 //! - Chaining: a success with a free slot in its next stage here is claimed
 //!   for that stage by the finishing statement itself and started at once.
 //! - One result cannot fail the others (invariant 9): every result is
-//!   sanitised before it is written (`stage::sanitize`: NULs removed, sizes
+//!   sanitised before it is written ([`sanitise_result`]: NULs removed, sizes
 //!   and nesting capped; an analysis that cannot be stored fails its own
 //!   request with the reason), and a batch the database still refuses for
 //!   a reason other than a lost connection is written in halves, down to
@@ -39,7 +39,9 @@ use super::lease::Slot;
 use super::{Engine, WRITERS, bump, millis};
 use crate::model::{Outcome, StageKind, Status};
 use crate::repo::{self, Claimed, Finished};
-use crate::stage::sanitize::{self, Poison};
+use crate::sanitize::{
+    self, MAX_ANALYSIS_BYTES, MAX_ANSWER_CHARS, MAX_CONTEXT_CHARS, MAX_ERROR_CHARS, MAX_MODEL_CHARS, Poison, Sanitised,
+};
 
 /// Parts of a contended batch written at once (see `contention.rs`).
 const SPLIT_WRITERS: usize = 4;
@@ -364,11 +366,11 @@ impl Engine {
     }
 }
 
-/// Sanitises a result before it is written (see `stage::sanitize`),
+/// Sanitises a result before it is written ([`sanitise_result`]),
 /// counting what was found; a result that cannot be stored becomes a
 /// failure of its request with the reason.
 fn sanitise(f: &mut Finished) {
-    let found = sanitize::result(f);
+    let found = sanitise_result(f);
     for p in &found.found {
         crate::metrics::poison(p.as_str());
     }
@@ -386,6 +388,49 @@ fn sanitise(f: &mut Finished) {
     }
 }
 
+/// Sanitises every text and JSON value of a stage result with the bounds
+/// of [`crate::sanitize`]; an analysis still over [`MAX_ANALYSIS_BYTES`]
+/// serialised, or not a JSON object, is refused ([`Sanitised::refused`]).
+/// The result is otherwise unchanged; when it is refused the caller must
+/// not write its outputs.
+pub fn sanitise_result(f: &mut Finished) -> Sanitised {
+    let mut out = Sanitised::default();
+    for (s, max) in [
+        (f.answer.as_mut(), MAX_ANSWER_CHARS),
+        (f.context.as_mut(), MAX_CONTEXT_CHARS),
+        (f.model.as_mut(), MAX_MODEL_CHARS),
+        (f.error_class.as_mut(), MAX_ERROR_CHARS),
+        (f.error_message.as_mut(), MAX_ERROR_CHARS),
+    ] {
+        if let Some(s) = s {
+            sanitize::text(s, max, &mut out);
+        }
+    }
+    if let Some(fused) = f.fused.as_mut() {
+        sanitize::text(&mut fused.context, MAX_CONTEXT_CHARS, &mut out);
+        if let Some(v) = fused.context_sources.as_mut() {
+            sanitize::json(v, &mut out);
+        }
+    }
+    if let Some(v) = f.context_sources.as_mut() {
+        sanitize::json(v, &mut out);
+    }
+    if let Some(v) = f.analysis.as_mut() {
+        sanitize::json(v, &mut out);
+        let size = serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
+        if size > MAX_ANALYSIS_BYTES {
+            out.note(Poison::Refused);
+            out.refused = Some(format!(
+                "the analysis is {size} bytes as JSON, more than the {MAX_ANALYSIS_BYTES} that are stored"
+            ));
+        } else if !v.is_object() {
+            out.note(Poison::Refused);
+            out.refused = Some("the analysis is not a JSON object".to_owned());
+        }
+    }
+    out
+}
+
 /// Turns `f` into a permanent failure of its request with `reason`, its
 /// outputs dropped.
 fn fail_unstorable(f: &mut Finished, class: &str, reason: String) {
@@ -399,7 +444,7 @@ fn fail_unstorable(f: &mut Finished, class: &str, reason: String) {
     f.delay = Duration::ZERO;
     f.error_class = Some(class.to_owned());
     let mut message = reason;
-    let mut ignored = sanitize::Sanitised::default();
-    sanitize::text(&mut message, sanitize::MAX_ERROR_CHARS, &mut ignored);
+    let mut ignored = Sanitised::default();
+    sanitize::text(&mut message, MAX_ERROR_CHARS, &mut ignored);
     f.error_message = Some(message);
 }

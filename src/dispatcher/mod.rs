@@ -50,6 +50,7 @@ use crate::repo::Finished;
 use crate::stage::Pipeline;
 
 pub use crate::metrics::Stats;
+pub use complete::sanitise_result;
 pub use policy::{ClaimFacts, Decision, Policy, StageOutcome, decide};
 pub use sweep::Sweep;
 
@@ -128,7 +129,7 @@ impl Engine {
         notifier: Arc<Notifier>,
     ) -> Arc<Engine> {
         let (results, results_rx) = mpsc::unbounded_channel();
-        crate::metrics::register_poison(crate::stage::sanitize::Poison::ALL.map(|p| p.as_str()));
+        crate::metrics::register_poison(crate::sanitize::Poison::ALL.map(|p| p.as_str()));
         let slot = |stage| StageSlot {
             sem: Arc::new(Semaphore::new(cfg.concurrency.of(stage))),
             wake: Notify::new(),
