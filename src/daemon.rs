@@ -124,7 +124,14 @@ pub async fn run(
     };
     let stats = Arc::new(Stats::default());
     let notifier = Notifier::new(stats.clone());
-    let engine = Engine::new(pool.clone(), cfg.clone(), pipeline, worker, notifier.clone());
+    let engine = Engine::new(
+        pool.clone(),
+        cfg.clone(),
+        pipeline,
+        worker,
+        notifier.clone(),
+        embedder.clone(),
+    );
     // The API's own pool: HTTP traffic never takes the engine's connections.
     let api_pool = db::connect_api_pool(&cfg, "maasd-api")?;
     let server = crate::http::start(
@@ -157,7 +164,6 @@ pub async fn run(
         services.push(Arc::new(ArchivistSchedule(archivist)));
     }
     if let Some(embedder) = embedder {
-        engine.use_embedder(embedder.clone());
         services.push(Arc::new(crate::embedder::EmbedderService::new(
             engine.pool().clone(),
             embedder,

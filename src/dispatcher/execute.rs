@@ -27,6 +27,7 @@ use tracing::Instrument;
 
 use super::policy::{ClaimFacts, Decision, StageOutcome, decide};
 use super::{Engine, bump, millis};
+use crate::llm::embed::Embedder;
 use crate::model::{Outcome, Prompts, StageKind};
 use crate::repo::{self, Claimed, Finished};
 use crate::stage::{StageError, StageInput, StageOutput, StageSuccess, memory};
@@ -181,8 +182,14 @@ impl Engine {
         }
         let m = &self.cfg.memory;
         // The query alone is embedded, and only for a long-term search.
-        let embedder = self.embedder.get().filter(|_| !plan.query.trim().is_empty());
-        let semantic = repo::memory::Semantic::of(embedder, &input.user_query, m.semantic_weight).await;
+        let embedder = self.embedder.as_ref().filter(|_| !plan.query.trim().is_empty());
+        let semantic = Embedder::for_search(embedder, &input.user_query)
+            .await
+            .map(|(embedding, model)| repo::memory::Semantic {
+                embedding,
+                model,
+                weight: m.semantic_weight,
+            });
         let search = repo::memory::MemorySearch {
             user_id: input.user_id,
             request_id: input.request_id,
