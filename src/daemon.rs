@@ -88,6 +88,27 @@ pub fn pipeline(cfg: &Config) -> Result<Arc<dyn Pipeline>, DaemonError> {
     ))
 }
 
+/// The archivist, when `archivist.enabled`: with a pool of its own, so
+/// archiving never takes connections from the stages (one per concurrent
+/// user, the run's own, the schedule lock).
+fn archivist(cfg: &Arc<Config>, worker: &str) -> Result<Option<Arc<Archivist>>, DaemonError> {
+    if !cfg.archivist.enabled {
+        return Ok(None);
+    }
+    let sized = Config {
+        pool_size: cfg.archivist.concurrency + 2,
+        ..(**cfg).clone()
+    };
+    let pool = db::connect_pool(&sized, "maasd-archivist")?;
+    let llm = Arc::new(Llm::from_config(&cfg.llm, &cfg.llm_provider)?);
+    Ok(Some(Arc::new(Archivist::new(
+        pool,
+        llm,
+        cfg.clone(),
+        worker.to_owned(),
+    ))))
+}
+
 /// Runs the daemon until `shutdown`; `ready` is called once migrated and
 /// the engine is started.
 pub async fn run(
@@ -109,22 +130,17 @@ pub async fn run(
     let worker = crate::sys::worker_id();
     tracing::info!(worker = %worker, provider = %cfg.llm_provider, lease_secs = cfg.lease_secs,
         sweep_secs = cfg.sweep_secs, "maasd starting");
-    let archivist = if cfg.archivist.enabled {
-        // A pool of its own, so archiving never takes connections from the
-        // stages: one per concurrent user, the run's own, the schedule lock.
-        let sized = Config {
-            pool_size: cfg.archivist.concurrency + 2,
-            ..(*cfg).clone()
-        };
-        let pool = db::connect_pool(&sized, "maasd-archivist")?;
-        let llm = Arc::new(Llm::from_config(&cfg.llm, &cfg.llm_provider)?);
-        Some(Arc::new(Archivist::new(pool, llm, cfg.clone(), worker.clone())))
-    } else {
-        None
-    };
+    let archivist = archivist(&cfg, &worker)?;
     let stats = Arc::new(Stats::default());
     let notifier = Notifier::new(stats.clone());
-    let engine = Engine::new(pool.clone(), cfg.clone(), pipeline, worker, notifier.clone());
+    let engine = Engine::new(
+        pool.clone(),
+        cfg.clone(),
+        pipeline,
+        worker,
+        notifier.clone(),
+        embedder.clone(),
+    );
     // The API's own pool: HTTP traffic never takes the engine's connections.
     let api_pool = db::connect_api_pool(&cfg, "maasd-api")?;
     let server = crate::http::start(
@@ -157,7 +173,6 @@ pub async fn run(
         services.push(Arc::new(ArchivistSchedule(archivist)));
     }
     if let Some(embedder) = embedder {
-        engine.use_embedder(embedder.clone());
         services.push(Arc::new(crate::embedder::EmbedderService::new(
             engine.pool().clone(),
             embedder,

@@ -4,7 +4,7 @@
 //! PostgreSQL holds every bit of state. `maasd` LISTENs on
 //! [`listener::CHANNEL`], claims requests as leases and moves each through
 //! the stages analyze → assemble → respond. The table is the truth; a
-//! notification is only a doorbell (README.md, "Invariants").
+//! notification is only a doorbell (`docs/invariants.md`).
 //!
 //! # Glossary
 //!
@@ -25,9 +25,8 @@
 //!   `FOR UPDATE SKIP LOCKED` ([`dispatcher`], `sql/queries/claim.sql`).
 //! - **lease** — the time-limited right of one daemon to run a claimed
 //!   request (`lease_owner`, `lease_expires_at`), renewed by the heartbeat
-//!   and taken back by the sweep when it runs out.
-//! - **fencing token** — `lease_token`, new at every claim; a result is
-//!   written only with the token of the lease it ran under.
+//!   and taken back by the sweep when it runs out. A scheduled archive run
+//!   holds a lease of its own (`archive_schedule.run_owner`).
 //! - **chain** — the statement that writes a stage's result also claims the
 //!   request for its next stage (no doorbell in between).
 //! - **fuse** — running the assemble stage in the same task right after a
@@ -44,22 +43,58 @@
 //! - **embedding** — the vector of a turn's text (with the turn before it)
 //!   or of a query, for the semantic part of the memory search: a row of
 //!   `turn_embeddings`, made by the **embedder** service ([`embedder`],
-//!   [`llm::embed`]); optional, `[llm.embedding]`.
+//!   [`llm::embed`]); optional, `[llm.embedding]`. The caller embeds a
+//!   query; `repo` takes the vector.
 //! - **service** — a background job of `maasd` with one `run(shutdown)`
 //!   ([`service::Service`]).
+//! - **tenant** — one application served by this maas, with its own users,
+//!   API tokens, limits (`requests_per_minute`, `max_in_flight`) and
+//!   callback secret: a row of `tenants` (`sql/0012_tenants.sql`). Every
+//!   request carries its `tenant_id`; the **default tenant** (nil id) is
+//!   the configured `api_tokens` and a call without a token on loopback.
+//!   See `http::tenancy`.
+//! - **shown and stored user id** — the user id a tenant sends and sees
+//!   (the shown id) is not the one in the tables: every table keys on the
+//!   stored id, `maas_tenant_user(tenant, user)` in SQL, a version-8 UUID
+//!   made from the tenant and the shown id (the default tenant's ids stay
+//!   themselves, but for version-8 ones). So a tenant's users are its own
+//!   by construction, and memory, archive, retention, export and erase
+//!   never see another tenant's. Answers show the shown id
+//!   (`repo::users::UserKey` holds both).
+//!
+//! "Token" names five things; the code always says which:
+//!
+//! - **API token** — the bearer token of an HTTP call (`Authorization:
+//!   Bearer`): a configured one (`api_tokens`, the default tenant, scope
+//!   `admin`) or a database one (`maasctl tokens create`, kept as its
+//!   SHA-256 in the table `api_tokens`, with a tenant and a scope).
+//! - **fencing token** — `lease_token`, new at every claim; a result is
+//!   written only with the token of the lease it ran under.
+//! - **console session and CSRF token** — the `maas_console` cookie made
+//!   from an API token at `/console/login`, and the `csrf` field every
+//!   console action carries, an HMAC of that session (`http::console::auth`).
+//! - **LLM tokens** — what a model counts: `prompt_tokens` and
+//!   `completion_tokens` of an attempt, `context_max_tokens` and the memory
+//!   budgets of the assembler ([`llm::tokens`]), `maas_llm_tokens_total`
+//!   and the per-tenant `maas_llm_tenant_tokens_total`.
+//! - **cancellation token** — `tokio_util`'s `CancellationToken`: how
+//!   shutdown and the grace period reach a task; never stored.
 //!
 //! # Map
 //!
-//! Layers, lowest first. A module uses only modules of lower layers (and
-//! its own children); `tests/it/layers.rs` checks it, so there are no
-//! import circles.
+//! Layers, lowest first; each module is linked once, in its layer. A module
+//! uses only modules of lower layers (and its own children), so there are
+//! no import circles. `tests/it/layers.rs` reads this list and checks it
+//! against every `crate::` path of the code.
 //!
 //! 0. Leaves, no crate imports: [`model`] (statuses, stages, prompt roles,
 //!    the memory shapes), [`error`] (what a failure means for the request),
 //!    [`secret`], [`backoff`], [`sys`], [`shutdown`], [`telemetry`],
-//!    [`timescope`].
+//!    [`timescope`], [`sanitize`] (what a model's text may carry into the
+//!    database).
 //! 1. [`llm`] — providers (OpenAI-compatible, Anthropic, Gemini, offline),
-//!    rate limits, token counting, fence stripping, error mapping.
+//!    rate limits, token counting, fence stripping, error mapping,
+//!    embeddings ([`llm::embed`]).
 //! 2. [`config`] — typed settings, loaded once (defaults → file →
 //!    environment).
 //! 3. [`db`] — the pool, TLS to the server ([`db::tls`]), failover
@@ -68,24 +103,53 @@
 //! 4. [`repo`] — every SQL statement, one file per table; rows read by
 //!    column name. No SQL outside `repo` and `db`.
 //! 5. Engine parts: [`metrics`] (Prometheus series), [`stage`] (the stages
-//!    behind a trait that knows no SQL; the typed analysis), [`listener`]
-//!    (the LISTEN session and its [`listener::Notifier`]), [`service`]
-//!    (the background-job trait), [`control`] (operator actions shared by
-//!    `maasctl` and HTTP), [`users`] (a user's data: see, correct, forget).
-//! 6. Engine and services: [`dispatcher`] (claim → run → decide → write;
+//!    behind a trait that knows no SQL; the typed analysis), [`service`]
+//!    (the background-job trait).
+//! 6. [`listener`] (the LISTEN session and its [`listener::Notifier`]),
+//!    [`users`] (a user's data: see, correct, forget).
+//! 7. Engine and services: [`dispatcher`] (claim → run → decide → write;
 //!    the sweep), [`archivist`] (turns → records, on a schedule and on
-//!    demand, exactly once), [`embedder`] (turns → embeddings, when on), [`callbacks`] (signed deliveries from a
-//!    durable outbox), [`retention`] (old requests deleted in batches).
-//! 7. Front ends: [`http`] (submit, status, long-poll, SSE, WebSocket,
-//!    health, metrics, OpenAPI; the operator console, `http::console`), [`cli`] (`maasctl`), [`systemd`]
-//!    (readiness, watchdog).
-//! 8. [`daemon`] — wires it all into `maasd`: one list of services.
+//!    demand, exactly once), [`embedder`] (turns → embeddings, when on),
+//!    [`callbacks`] (signed deliveries from a durable outbox), [`retention`]
+//!    (old requests deleted in batches).
+//! 8. [`control`] — every operator action with its audit row (cancel,
+//!    retry, continue, pause, prompt activation, archive now, memory
+//!    corrections), one path for `maasctl`, HTTP and the console; above
+//!    the engine because "archive now" runs the archivist.
+//! 9. Front ends: [`http`] (submit, status, long-poll, SSE, WebSocket,
+//!    health, metrics, OpenAPI; the operator console, `http::console`),
+//!    [`cli`] (`maasctl`), [`systemd`] (readiness, watchdog).
+//! 10. [`daemon`] — wires it all into `maasd`: one list of services.
 //!
-//! Where a change goes: a new statement → the table's file in `repo/`; a
-//! retry rule → `dispatcher/policy.rs` (pure, table-tested); what a stage
-//! does with model output → `stage/`; a provider quirk → `llm/`; a
-//! background job → a [`service::Service`] listed in `daemon.rs`; a route
-//! → `http/`; an operator command → `cli/` over `control` or `repo`.
+//! Beyond the order: `repo` never uses `llm` (the data layer takes
+//! vectors, never a model); `stage` never uses `repo` and `stage` never
+//! uses `db` (a stage sees plain values: no SQL, no row type).
+//!
+//! # Where a change goes
+//!
+//! - A new statement → its `.sql` in `sql/queries/`, its function in the
+//!   table's file in `repo/`.
+//! - A retry rule → `dispatcher/policy.rs` (pure, table-tested).
+//! - What a stage does with model output → `stage/`.
+//! - A provider quirk → `llm/`. A **new provider** → a file of its own in
+//!   `llm/` (its request and reply shapes, like `llm/anthropic.rs`), its
+//!   `ProviderKind` in `llm/mod.rs`, its call in `llm/client.rs`, its
+//!   settings and defaults in `llm/config.rs`, its failures mapped in
+//!   `llm/error.rs`.
+//! - A background job → a [`service::Service`] listed in `daemon.rs`.
+//! - A route → `http/` (and its entry in `http/openapi.rs`).
+//! - A **new console page** → its handler in `http/console/pages.rs`, its
+//!   route in `http/console/mod.rs`, its template in
+//!   `http/console/templates/` (extending `base.html`); reads through
+//!   `repo`, actions through `control`.
+//! - A **new tenant limit** → a column of `tenants` in a new migration in
+//!   `sql/`, its count in `sql/queries/tenants_limit_counts.sql` and
+//!   `repo/tenants.rs`, its check in `http/tenancy.rs` (`check_limits`),
+//!   its setting in `cli/tenants.rs` (`maasctl tenants`).
+//! - An operator action → `control/`, then its command in `cli/`, its
+//!   route in `http/` and its button in `http/console/`.
+//! - A new module → a line in the map above, in the lowest layer above
+//!   everything it uses.
 
 pub mod archivist;
 pub mod backoff;
@@ -105,6 +169,7 @@ pub mod metrics;
 pub mod model;
 pub mod repo;
 pub mod retention;
+pub mod sanitize;
 pub mod secret;
 pub mod service;
 pub mod shutdown;

@@ -394,7 +394,7 @@ pub fn live_resync(reason: &'static str) {
     counter!("maas_live_resyncs_total", "reason" => reason).increment(1);
 }
 
-/// A stage result carried a bad value of `kind` (`stage::sanitize::Poison`).
+/// A stage result carried a bad value of `kind` (`crate::sanitize::Poison`).
 pub fn poison(kind: &'static str) {
     counter!("maas_poison_total", "kind" => kind).increment(1);
 }

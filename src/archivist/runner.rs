@@ -462,10 +462,10 @@ const MAX_TAGS: usize = 100;
 const MAX_TAG_CHARS: usize = 200;
 
 /// A record's texts as the archivist's model gave them, made storable
-/// (`stage::sanitize`: NULs removed, sizes capped), each change counted in
+/// (`crate::sanitize`: NULs removed, sizes capped), each change counted in
 /// `maas_poison_total`.
 fn sanitise_record(mut tags: Vec<String>, mut summary: String) -> (Vec<String>, String) {
-    use crate::stage::sanitize::{self, Sanitised};
+    use crate::sanitize::{self, Sanitised};
     let mut found = Sanitised::default();
     sanitize::text(&mut summary, sanitize::MAX_ANSWER_CHARS, &mut found);
     if tags.len() > MAX_TAGS {

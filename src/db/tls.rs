@@ -101,18 +101,19 @@ pub fn make(params: &TlsParams) -> Result<MakeTls, TlsError> {
     let builder = match &root_file {
         None => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider))),
+            .with_custom_certificate_verifier(Arc::new(Lenient { provider, chain: None })),
         Some(file) => {
             let roots = Arc::new(load_roots(file)?);
             if mode == SslMode::VerifyFull {
                 builder.with_root_certificates(roots)
             } else {
-                let inner = WebPkiServerVerifier::builder_with_provider(roots, provider)
+                let chain = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                     .build()
                     .map_err(|e| TlsError::Setup(format!("sslrootcert `{}`: {e}", file.display())))?;
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(AnyHostName(inner)))
+                builder.dangerous().with_custom_certificate_verifier(Arc::new(Lenient {
+                    provider,
+                    chain: Some(chain),
+                }))
             }
         }
     };
@@ -184,52 +185,19 @@ fn load_certs(file: &Path, what: &'static str) -> Result<Vec<CertificateDer<'sta
     Ok(certs)
 }
 
-/// `require`/`prefer`: any certificate, but the handshake must be signed by
-/// its key (so the session is at least encrypted to the holder of that key).
+/// A verifier looser than rustls' own. The handshake must always be signed
+/// by the certificate's key (so the session is at least encrypted to the
+/// holder of that key). Without `chain` (`require`/`prefer`) any
+/// certificate is accepted; with it (`verify-ca`) the chain is checked
+/// (webpki checks it before the name) and a name mismatch alone is
+/// accepted.
 #[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Lenient {
+    provider: Arc<CryptoProvider>,
+    chain: Option<Arc<WebPkiServerVerifier>>,
 }
 
-/// `verify-ca`: the chain is checked (webpki checks it before the name), a
-/// name mismatch alone is accepted.
-#[derive(Debug)]
-struct AnyHostName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyHostName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -238,10 +206,10 @@ impl ServerCertVerifier for AnyHostName {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -255,7 +223,7 @@ impl ServerCertVerifier for AnyHostName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn verify_tls13_signature(
@@ -264,11 +232,11 @@ impl ServerCertVerifier for AnyHostName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 

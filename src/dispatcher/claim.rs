@@ -53,21 +53,8 @@ impl Engine {
                 if slot.sem.available_permits() == 0 {
                     break; // a freed slot wakes us
                 }
-                // A busy stage frees its slots one result at a time; claiming
-                // each as it frees would make a statement per row. Linger a
-                // moment for a worthwhile batch (an idle stage claims at once).
-                let conc = self.cfg.concurrency.of(stage);
-                let worthwhile = self.cfg.claim_batch.min(conc / 4).max(1);
-                if slot.sem.available_permits() < worthwhile.min(conc) {
-                    let until = tokio::time::Instant::now() + CLAIM_LINGER;
-                    while slot.sem.available_permits() < worthwhile {
-                        tokio::select! {
-                            biased;
-                            _ = shutdown.cancelled() => return,
-                            _ = slot.wake.notified() => {}
-                            _ = tokio::time::sleep_until(until) => break,
-                        }
-                    }
+                if !self.linger(stage, &shutdown).await {
+                    return;
                 }
                 let free = slot.sem.available_permits().min(self.cfg.claim_batch);
                 if free == 0 {
@@ -80,28 +67,7 @@ impl Engine {
                 else {
                     break;
                 };
-                // Prompts first: a row is only claimed when its stage can run.
-                self.liveness.pass(stage);
-                self.liveness.claim_started(stage);
-                let polled = Instant::now();
-                let claimed = match (self.prompts().await, self.pool.get().await) {
-                    (Err(e), _) => Err(e),
-                    (Ok(prompts), Ok(client)) => repo::claim_next(
-                        &client,
-                        stage,
-                        free,
-                        &self.worker,
-                        self.cfg.lease(),
-                        self.cfg.memory_records,
-                    )
-                    .await
-                    .map(|rows| (rows, prompts)),
-                    (Ok(_), Err(e)) => Err(e.into()),
-                };
-                let rows = claimed.as_ref().ok().map(|(rows, _)| rows.len());
-                crate::metrics::claim_poll(stage, rows, polled.elapsed());
-                self.liveness.claim_ended(stage);
-                match claimed {
+                match self.claim(stage, free).await {
                     Ok((rows, prompts)) => {
                         backoff = backoff_builder.build();
                         let n = rows.len();
@@ -135,6 +101,55 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// A busy stage frees its slots one result at a time; claiming each as
+    /// it frees would make a statement per row. Lingers a moment for a
+    /// worthwhile batch (an idle stage claims at once). False when
+    /// `shutdown` fired meanwhile.
+    async fn linger(&self, stage: StageKind, shutdown: &CancellationToken) -> bool {
+        let slot = self.slot(stage);
+        let conc = self.cfg.concurrency.of(stage);
+        let worthwhile = self.cfg.claim_batch.min(conc / 4).max(1);
+        if slot.sem.available_permits() < worthwhile.min(conc) {
+            let until = tokio::time::Instant::now() + CLAIM_LINGER;
+            while slot.sem.available_permits() < worthwhile {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => return false,
+                    _ = slot.wake.notified() => {}
+                    _ = tokio::time::sleep_until(until) => break,
+                }
+            }
+        }
+        true
+    }
+
+    /// Claims up to `free` due rows of `stage`, with the active prompts
+    /// they run with: the prompts first, so a row is only claimed when its
+    /// stage can run. Counted in the claim metrics and the liveness.
+    async fn claim(&self, stage: StageKind, free: usize) -> Result<(Vec<Claimed>, Arc<Prompts>), crate::db::Error> {
+        self.liveness.pass(stage);
+        self.liveness.claim_started(stage);
+        let polled = Instant::now();
+        let claimed = match (self.prompts().await, self.pool.get().await) {
+            (Err(e), _) => Err(e),
+            (Ok(prompts), Ok(client)) => repo::claim_next(
+                &client,
+                stage,
+                free,
+                &self.worker,
+                self.cfg.lease(),
+                self.cfg.memory_records,
+            )
+            .await
+            .map(|rows| (rows, prompts)),
+            (Ok(_), Err(e)) => Err(e.into()),
+        };
+        let rows = claimed.as_ref().ok().map(|(rows, _)| rows.len());
+        crate::metrics::claim_poll(stage, rows, polled.elapsed());
+        self.liveness.claim_ended(stage);
+        claimed
     }
 
     /// Starts a claimed row: tracks it (so heartbeats renew its lease and

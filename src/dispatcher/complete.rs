@@ -13,7 +13,7 @@
 //! - Chaining: a success with a free slot in its next stage here is claimed
 //!   for that stage by the finishing statement itself and started at once.
 //! - One result cannot fail the others (invariant 9): every result is
-//!   sanitised before it is written (`stage::sanitize`: NULs removed, sizes
+//!   sanitised before it is written ([`sanitise_result`]: NULs removed, sizes
 //!   and nesting capped; an analysis that cannot be stored fails its own
 //!   request with the reason), and a batch the database still refuses for
 //!   a reason other than a lost connection is written in halves, down to
@@ -39,10 +39,23 @@ use super::lease::Slot;
 use super::{Engine, WRITERS, bump, millis};
 use crate::model::{Outcome, StageKind, Status};
 use crate::repo::{self, Claimed, Finished};
-use crate::stage::sanitize::{self, Poison};
+use crate::sanitize::{
+    self, MAX_ANALYSIS_BYTES, MAX_ANSWER_CHARS, MAX_CONTEXT_CHARS, MAX_ERROR_CHARS, MAX_MODEL_CHARS, Poison, Sanitised,
+};
 
 /// Parts of a contended batch written at once (see `contention.rs`).
 const SPLIT_WRITERS: usize = 4;
+
+/// How far [`Engine::write_retrying`] got with a batch.
+enum Written {
+    /// These results were written (the batch keeps only them).
+    All(Vec<repo::Applied>),
+    /// A lock stopped it before any was written; its parts were written
+    /// apart, each with its own follow-up.
+    Apart,
+    /// None was written within the lease.
+    None,
+}
 
 impl Engine {
     /// Writes results in batches until `done` fires and the queue is empty.
@@ -86,24 +99,49 @@ impl Engine {
         for f in &mut batch {
             sanitise(f);
         }
-        let deadline = Instant::now() + self.cfg.lease();
-        let mut backoff = crate::backoff::reconnect(Duration::from_millis(50), Duration::from_secs(2)).build();
         // Chain: rows that finished a stage and have a free slot in their
         // next stage here are claimed for it by the finishing statement.
         let (mut chains, mut permits) = self.chain_candidates(&batch);
         let reserved = permits.each_ref().map(Option::is_some);
         // While rows may be chained, shutdown must wait for them to start.
         let _tracking = (!chains.is_empty()).then(|| self.tasks.token());
+        match self.write_retrying(&mut batch, &mut chains, &mut permits).await {
+            Written::All(applied) => self.settle(&batch, applied, permits, reserved),
+            Written::Apart => {
+                drop(permits);
+                for stage in StageKind::ALL {
+                    if reserved[stage.index()] {
+                        self.freed(stage);
+                    }
+                }
+            }
+            Written::None => {}
+        }
+    }
+
+    /// Writes `batch` ([`Engine::write_split`]), retrying while the database
+    /// is unreachable for at most one lease period; a retry drops the
+    /// chaining (`chains`, `permits`): the simplest statement first. Past
+    /// the lease the results not written are forgotten and `batch` keeps
+    /// only those that were.
+    async fn write_retrying(
+        self: &Arc<Self>,
+        batch: &mut Vec<Finished>,
+        chains: &mut HashMap<Uuid, StageKind>,
+        permits: &mut [Option<OwnedSemaphorePermit>; 3],
+    ) -> Written {
+        let deadline = Instant::now() + self.cfg.lease();
+        let mut backoff = crate::backoff::reconnect(Duration::from_millis(50), Duration::from_secs(2)).build();
         let mut contended_tries = 0;
         // Results written so far: a split batch is written left to right, so
         // when the connection drops in the middle, `batch[..written]` is
         // committed and a retry writes only the rest.
         let mut done = Vec::new();
         let mut written = 0;
-        let applied = loop {
+        loop {
             let res = match self.pool.get().await {
                 Ok(client) => self
-                    .write_split(&client, &mut batch[written..], &chains, &mut done)
+                    .write_split(&client, &mut batch[written..], chains, &mut done)
                     .await
                     .map_err(|(e, n)| {
                         written += n;
@@ -111,75 +149,79 @@ impl Engine {
                     }),
                 Err(e) => Err(e.into()),
             };
-            match res {
-                Ok(()) => break done,
-                Err(e) if batch.len() - written > 1 && super::contention::contended(&e) => {
-                    tracing::warn!(results = batch.len() - written, error = %e,
-                        "a lock held by another transaction stopped the result batch; writing its parts apart");
-                    let parts = super::contention::split(batch.split_off(written));
-                    let writes = parts.into_iter().map(|part| Box::pin(self.clone().flush(part)));
-                    futures_util::StreamExt::for_each_concurrent(
-                        futures_util::stream::iter(writes),
-                        SPLIT_WRITERS,
-                        |w| w,
-                    )
-                    .await;
-                    if written > 0 {
-                        // The rows written before the lock get their usual follow-up.
-                        break done;
-                    }
-                    drop(permits);
-                    for stage in StageKind::ALL {
-                        if reserved[stage.index()] {
-                            self.freed(stage);
-                        }
-                    }
-                    return;
-                }
-                Err(e)
-                    if batch.len() - written == 1
-                        && super::contention::contended(&e)
-                        && super::contention::logs_a_turn(&batch[written]) =>
-                {
-                    contended_tries += 1;
-                    if contended_tries >= super::contention::LOG_TRIES {
-                        super::contention::give_up_logging(&self, &mut batch[written], &e);
-                    }
-                    chains.clear();
-                    permits = [None, None, None];
-                    let delay = backoff.next().unwrap_or(Duration::from_secs(1));
-                    tokio::time::sleep(delay).await;
-                }
-                Err(e) if Instant::now() < deadline => {
-                    // Retry without chaining: the simplest statement first.
-                    chains.clear();
-                    permits = [None, None, None];
-                    let delay = backoff.next().unwrap_or(Duration::from_secs(1));
-                    tracing::warn!(results = batch.len(), error = %e, retry_in_ms = millis(delay),
-                        "could not write stage results; retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                Err(e) => {
-                    tracing::error!(results = batch.len() - written, error = %e,
-                        "could not write stage results within the lease; the sweep will retry these stages");
-                    for f in &batch[written..] {
-                        self.forget(f.id, f.lease_token);
-                    }
-                    if written == 0 {
-                        return;
-                    }
-                    batch.truncate(written);
-                    break done;
-                }
+            let e = match res {
+                Ok(()) => return Written::All(done),
+                Err(e) => e,
+            };
+            let left = batch.len() - written;
+            if left > 1 && super::contention::contended(&e) {
+                tracing::warn!(results = left, error = %e,
+                    "a lock held by another transaction stopped the result batch; writing its parts apart");
+                self.flush_apart(batch.split_off(written)).await;
+                // The rows written before the lock get their usual follow-up.
+                return if written > 0 {
+                    Written::All(done)
+                } else {
+                    Written::Apart
+                };
             }
-        };
+            // A single result that logs a turn waits for the lock (no log
+            // line, no deadline); see `contention.rs`.
+            let turn_waits =
+                left == 1 && super::contention::contended(&e) && super::contention::logs_a_turn(&batch[written]);
+            if turn_waits {
+                contended_tries += 1;
+                if contended_tries >= super::contention::LOG_TRIES {
+                    super::contention::give_up_logging(self, &mut batch[written], &e);
+                }
+            } else if Instant::now() >= deadline {
+                tracing::error!(results = left, error = %e,
+                    "could not write stage results within the lease; the sweep will retry these stages");
+                for f in &batch[written..] {
+                    self.forget(f.id, f.lease_token);
+                }
+                batch.truncate(written);
+                return if written == 0 {
+                    Written::None
+                } else {
+                    Written::All(done)
+                };
+            }
+            chains.clear();
+            *permits = [None, None, None];
+            let delay = backoff.next().unwrap_or(Duration::from_secs(1));
+            if !turn_waits {
+                tracing::warn!(results = batch.len(), error = %e, retry_in_ms = millis(delay),
+                    "could not write stage results; retrying");
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Writes the parts of a batch a lock stopped apart, a few at once
+    /// (`contention.rs`).
+    async fn flush_apart(self: &Arc<Self>, rest: Vec<Finished>) {
+        let parts = super::contention::split(rest);
+        let writes = parts.into_iter().map(|part| Box::pin(self.clone().flush(part)));
+        futures_util::StreamExt::for_each_concurrent(futures_util::stream::iter(writes), SPLIT_WRITERS, |w| w).await;
+    }
+
+    /// What follows a written batch: its metrics, its rows chained to their
+    /// next stage, its retries woken after their delay, its slots freed.
+    fn settle(
+        self: &Arc<Self>,
+        batch: &[Finished],
+        applied: Vec<repo::Applied>,
+        mut permits: [Option<OwnedSemaphorePermit>; 3],
+        reserved: [bool; 3],
+    ) {
         let now = chrono::Utc::now();
         let applied: HashMap<Uuid, repo::Applied> = applied.into_iter().map(|a| (a.id, a)).collect();
         let mut chained = Vec::new();
         // Stages where a slot was freed, and where a row became due.
         let mut freed = [false; 3];
         let mut woken = [false; 3];
-        for f in &batch {
+        for f in batch {
             let mut held = self.take(f.id, f.lease_token);
             if let Some(h) = &held {
                 freed[h.slot_of.index()] = true;
@@ -191,40 +233,21 @@ impl Engine {
                 continue;
             };
             crate::metrics::observe_result(f, done.created_at, now);
-            let next = match (&f.fused, done.fused) {
-                (Some(fused), true) => {
-                    let assemble = StageKind::Assemble.index();
-                    bump(&self.stats.claimed[assemble]);
-                    bump(&self.stats.succeeded[assemble]);
-                    crate::metrics::observe_stage(StageKind::Assemble, Outcome::Succeeded, fused.latency_ms);
-                    StageKind::Assemble.next()
-                }
-                _ => f.stage.next(),
-            };
-            match f.outcome {
-                Outcome::Succeeded => {
-                    bump(&self.stats.succeeded[f.stage.index()]);
-                    match (&done.chained, held.take()) {
-                        (Some((stage, row)), Some(held)) => chained.push((*stage, row.clone(), f.stage, held.slot)),
-                        (Some(_), None) => tracing::warn!(request.id = %f.id,
-                            "a chained row is no longer tracked here; the sweep takes it back when its lease runs out"),
-                        (None, _) => {
-                            if let Some(next) = next {
-                                woken[next.index()] = true;
-                            }
-                        }
+            let next = self.count_fused(f, done);
+            if f.outcome != Outcome::Succeeded {
+                self.count_unsuccessful(f);
+                continue;
+            }
+            bump(&self.stats.succeeded[f.stage.index()]);
+            match (&done.chained, held.take()) {
+                (Some((stage, row)), Some(held)) => chained.push((*stage, row.clone(), f.stage, held.slot)),
+                (Some(_), None) => tracing::warn!(request.id = %f.id,
+                    "a chained row is no longer tracked here; the sweep takes it back when its lease runs out"),
+                (None, _) => {
+                    if let Some(next) = next {
+                        woken[next.index()] = true;
                     }
                 }
-                Outcome::Retrying | Outcome::Deferred => {
-                    bump(&self.stats.retried[f.stage.index()]);
-                    crate::metrics::stage_failure(f.stage, f.outcome, f.error_class.as_deref());
-                    self.wake_later(f.stage, f.delay);
-                }
-                Outcome::Failed => {
-                    bump(&self.stats.failed);
-                    crate::metrics::stage_failure(f.stage, f.outcome, f.error_class.as_deref());
-                }
-                Outcome::Released | Outcome::LeaseExpired => {}
             }
         }
         // After the loop above: a chained row has the same id as the result
@@ -237,6 +260,38 @@ impl Engine {
             } else if freed[stage.index()] || reserved[stage.index()] {
                 self.freed(stage);
             }
+        }
+    }
+
+    /// Counts a fused assemble that was written with its analysis; the
+    /// stage whose rows the result made due.
+    fn count_fused(&self, f: &Finished, done: &repo::Applied) -> Option<StageKind> {
+        match (&f.fused, done.fused) {
+            (Some(fused), true) => {
+                let assemble = StageKind::Assemble.index();
+                bump(&self.stats.claimed[assemble]);
+                bump(&self.stats.succeeded[assemble]);
+                crate::metrics::observe_stage(StageKind::Assemble, Outcome::Succeeded, fused.latency_ms);
+                StageKind::Assemble.next()
+            }
+            _ => f.stage.next(),
+        }
+    }
+
+    /// Counts a written result other than a success; a retry wakes its
+    /// stage after its delay.
+    fn count_unsuccessful(self: &Arc<Self>, f: &Finished) {
+        match f.outcome {
+            Outcome::Retrying | Outcome::Deferred => {
+                bump(&self.stats.retried[f.stage.index()]);
+                crate::metrics::stage_failure(f.stage, f.outcome, f.error_class.as_deref());
+                self.wake_later(f.stage, f.delay);
+            }
+            Outcome::Failed => {
+                bump(&self.stats.failed);
+                crate::metrics::stage_failure(f.stage, f.outcome, f.error_class.as_deref());
+            }
+            Outcome::Succeeded | Outcome::Released | Outcome::LeaseExpired => {}
         }
     }
 
@@ -364,11 +419,11 @@ impl Engine {
     }
 }
 
-/// Sanitises a result before it is written (see `stage::sanitize`),
+/// Sanitises a result before it is written ([`sanitise_result`]),
 /// counting what was found; a result that cannot be stored becomes a
 /// failure of its request with the reason.
 fn sanitise(f: &mut Finished) {
-    let found = sanitize::result(f);
+    let found = sanitise_result(f);
     for p in &found.found {
         crate::metrics::poison(p.as_str());
     }
@@ -386,6 +441,49 @@ fn sanitise(f: &mut Finished) {
     }
 }
 
+/// Sanitises every text and JSON value of a stage result with the bounds
+/// of [`crate::sanitize`]; an analysis still over [`MAX_ANALYSIS_BYTES`]
+/// serialised, or not a JSON object, is refused ([`Sanitised::refused`]).
+/// The result is otherwise unchanged; when it is refused the caller must
+/// not write its outputs.
+pub fn sanitise_result(f: &mut Finished) -> Sanitised {
+    let mut out = Sanitised::default();
+    for (s, max) in [
+        (f.answer.as_mut(), MAX_ANSWER_CHARS),
+        (f.context.as_mut(), MAX_CONTEXT_CHARS),
+        (f.model.as_mut(), MAX_MODEL_CHARS),
+        (f.error_class.as_mut(), MAX_ERROR_CHARS),
+        (f.error_message.as_mut(), MAX_ERROR_CHARS),
+    ] {
+        if let Some(s) = s {
+            sanitize::text(s, max, &mut out);
+        }
+    }
+    if let Some(fused) = f.fused.as_mut() {
+        sanitize::text(&mut fused.context, MAX_CONTEXT_CHARS, &mut out);
+        if let Some(v) = fused.context_sources.as_mut() {
+            sanitize::json(v, &mut out);
+        }
+    }
+    if let Some(v) = f.context_sources.as_mut() {
+        sanitize::json(v, &mut out);
+    }
+    if let Some(v) = f.analysis.as_mut() {
+        sanitize::json(v, &mut out);
+        let size = serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
+        if size > MAX_ANALYSIS_BYTES {
+            out.note(Poison::Refused);
+            out.refused = Some(format!(
+                "the analysis is {size} bytes as JSON, more than the {MAX_ANALYSIS_BYTES} that are stored"
+            ));
+        } else if !v.is_object() {
+            out.note(Poison::Refused);
+            out.refused = Some("the analysis is not a JSON object".to_owned());
+        }
+    }
+    out
+}
+
 /// Turns `f` into a permanent failure of its request with `reason`, its
 /// outputs dropped.
 fn fail_unstorable(f: &mut Finished, class: &str, reason: String) {
@@ -399,7 +497,7 @@ fn fail_unstorable(f: &mut Finished, class: &str, reason: String) {
     f.delay = Duration::ZERO;
     f.error_class = Some(class.to_owned());
     let mut message = reason;
-    let mut ignored = sanitize::Sanitised::default();
-    sanitize::text(&mut message, sanitize::MAX_ERROR_CHARS, &mut ignored);
+    let mut ignored = Sanitised::default();
+    sanitize::text(&mut message, MAX_ERROR_CHARS, &mut ignored);
     f.error_message = Some(message);
 }

@@ -27,6 +27,7 @@ use tracing::Instrument;
 
 use super::policy::{ClaimFacts, Decision, StageOutcome, decide};
 use super::{Engine, bump, millis};
+use crate::llm::embed::Embedder;
 use crate::model::{Outcome, Prompts, StageKind};
 use crate::repo::{self, Claimed, Finished};
 use crate::stage::{StageError, StageInput, StageOutput, StageSuccess, memory};
@@ -60,28 +61,10 @@ impl Engine {
         // A row chained without a free slot in this stage still holds the
         // slot of the stage it finished; it trades that for one of this
         // stage's as soon as one frees (the lease is renewed meanwhile).
-        if let Some(from) = waiting_from {
-            let acquired = tokio::select! {
-                p = self.slot(stage).sem.clone().acquire_owned() => p.ok(),
-                _ = cancel.cancelled() => None,
-            };
-            let Some(permit) = acquired else {
-                if self.hard_stop.is_cancelled() {
-                    let finished = self.record(stage, &row, Attempt::Released, Duration::ZERO);
-                    self.hand_over(finished);
-                } else {
-                    self.forget(row.id, row.lease_token); // the heartbeat found the lease lost
-                }
-                return;
-            };
-            let previous = self.inflight.lock().ok().and_then(|mut map| {
-                map.get_mut(&row.id).map(|f| {
-                    f.slot_of = stage;
-                    std::mem::replace(&mut f.slot, permit)
-                })
-            });
-            drop(previous);
-            self.freed(from);
+        if let Some(from) = waiting_from
+            && !self.trade_slot(stage, &row, from, &cancel).await
+        {
+            return;
         }
         // Every line of the attempt (the LLM layer's included) carries the
         // request id: one request's path is one `request_id` in the logs.
@@ -138,6 +121,35 @@ impl Engine {
         self.hand_over(finished);
     }
 
+    /// Trades the slot of `from` that a chained `row` holds for one of
+    /// `stage`'s, waiting for one to free. False when the row is done with
+    /// meanwhile: released at the end of the grace period, or its lease
+    /// found lost.
+    async fn trade_slot(&self, stage: StageKind, row: &Claimed, from: StageKind, cancel: &CancellationToken) -> bool {
+        let acquired = tokio::select! {
+            p = self.slot(stage).sem.clone().acquire_owned() => p.ok(),
+            _ = cancel.cancelled() => None,
+        };
+        let Some(permit) = acquired else {
+            if self.hard_stop.is_cancelled() {
+                let finished = self.record(stage, row, Attempt::Released, Duration::ZERO);
+                self.hand_over(finished);
+            } else {
+                self.forget(row.id, row.lease_token); // the heartbeat found the lease lost
+            }
+            return false;
+        };
+        let previous = self.inflight.lock().ok().and_then(|mut map| {
+            map.get_mut(&row.id).map(|f| {
+                f.slot_of = stage;
+                std::mem::replace(&mut f.slot, permit)
+            })
+        });
+        drop(previous);
+        self.freed(from);
+        true
+    }
+
     /// Runs the assemble stage right after a successful analyze, when the
     /// pipeline says it can run on what the analyzer was given
     /// ([`Pipeline::fuse_assemble`](crate::stage::Pipeline::fuse_assemble); the engine does not read the analysis).
@@ -181,8 +193,14 @@ impl Engine {
         }
         let m = &self.cfg.memory;
         // The query alone is embedded, and only for a long-term search.
-        let embedder = self.embedder.get().filter(|_| !plan.query.trim().is_empty());
-        let semantic = repo::memory::Semantic::of(embedder, &input.user_query, m.semantic_weight).await;
+        let embedder = self.embedder.as_ref().filter(|_| !plan.query.trim().is_empty());
+        let semantic = Embedder::for_search(embedder, &input.user_query)
+            .await
+            .map(|(embedding, model)| repo::memory::Semantic {
+                embedding,
+                model,
+                weight: m.semantic_weight,
+            });
         let search = repo::memory::MemorySearch {
             user_id: input.user_id,
             request_id: input.request_id,
@@ -295,58 +313,62 @@ impl Engine {
                 bump(&self.stats.released);
                 return f;
             }
-            Attempt::Failed(e) => {
-                let attempts = u32::try_from(row.attempt).unwrap_or(u32::MAX);
-                f.error_class = Some(e.class.to_string());
-                let claim = ClaimFacts {
-                    attempt: attempts,
-                    jitter: crate::backoff::jitter(),
-                };
-                let decision = decide(stage, &claim, &StageOutcome::Failed(e.disposition), &self.policy);
-                f.outcome = decision.outcome();
-                f.new_status = decision.status();
-                f.delay = decision.delay();
-                match decision {
-                    Decision::Defer { after, .. } => {
-                        f.error_message = Some(format!(
-                            "{stage} deferred ({}): {}; trying again in {} ms without spending an attempt",
-                            e.class,
-                            e.message,
-                            after.as_millis()
-                        ));
-                        tracing::info!(request.id = %row.id, %stage, class = %e.class, retry_in_ms = millis(after),
-                            "stage deferred");
-                    }
-                    Decision::Retry { limit, .. } => {
-                        f.error_message = Some(format!(
-                            "{stage} attempt {attempts} of {limit} failed ({}): {}; retrying in {} ms",
-                            e.class,
-                            e.message,
-                            f.delay.as_millis()
-                        ));
-                        tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
-                            error = %e.message, retry_in_ms = millis(f.delay), "stage failed; will retry");
-                    }
-                    Decision::Fail { exhausted: Some(_) } => {
-                        f.error_message = Some(format!(
-                            "{stage} failed after {attempts} attempts ({}): {}",
-                            e.class, e.message
-                        ));
-                        tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
-                            error = %e.message, "stage failed; attempts exhausted");
-                    }
-                    Decision::Fail { exhausted: None } | Decision::Advance { .. } | Decision::Release { .. } => {
-                        f.error_message = Some(format!("{stage} failed ({}): {}", e.class, e.message));
-                        tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
-                            error = %e.message, "stage failed permanently");
-                    }
-                }
-                e.usage
-            }
+            Attempt::Failed(e) => self.failed(stage, row, e, &mut f),
         };
         f.model = usage.model;
         f.prompt_tokens = usage.prompt_tokens.and_then(|t| i32::try_from(t).ok());
         f.completion_tokens = usage.completion_tokens.and_then(|t| i32::try_from(t).ok());
         f
+    }
+
+    /// What [`decide`] makes of a failed attempt, in the record `f` and its
+    /// message; the model's usage.
+    fn failed(&self, stage: StageKind, row: &Claimed, e: StageError, f: &mut Finished) -> crate::stage::Usage {
+        let attempts = u32::try_from(row.attempt).unwrap_or(u32::MAX);
+        f.error_class = Some(e.class.to_string());
+        let claim = ClaimFacts {
+            attempt: attempts,
+            jitter: crate::backoff::jitter(),
+        };
+        let decision = decide(stage, &claim, &StageOutcome::Failed(e.disposition), &self.policy);
+        f.outcome = decision.outcome();
+        f.new_status = decision.status();
+        f.delay = decision.delay();
+        match decision {
+            Decision::Defer { after, .. } => {
+                f.error_message = Some(format!(
+                    "{stage} deferred ({}): {}; trying again in {} ms without spending an attempt",
+                    e.class,
+                    e.message,
+                    after.as_millis()
+                ));
+                tracing::info!(request.id = %row.id, %stage, class = %e.class, retry_in_ms = millis(after),
+                    "stage deferred");
+            }
+            Decision::Retry { limit, .. } => {
+                f.error_message = Some(format!(
+                    "{stage} attempt {attempts} of {limit} failed ({}): {}; retrying in {} ms",
+                    e.class,
+                    e.message,
+                    f.delay.as_millis()
+                ));
+                tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
+                    error = %e.message, retry_in_ms = millis(f.delay), "stage failed; will retry");
+            }
+            Decision::Fail { exhausted: Some(_) } => {
+                f.error_message = Some(format!(
+                    "{stage} failed after {attempts} attempts ({}): {}",
+                    e.class, e.message
+                ));
+                tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
+                    error = %e.message, "stage failed; attempts exhausted");
+            }
+            Decision::Fail { exhausted: None } | Decision::Advance { .. } | Decision::Release { .. } => {
+                f.error_message = Some(format!("{stage} failed ({}): {}", e.class, e.message));
+                tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
+                    error = %e.message, "stage failed permanently");
+            }
+        }
+        e.usage
     }
 }

@@ -45,11 +45,13 @@ use uuid::Uuid;
 use crate::config::Config;
 use crate::db::Pool;
 use crate::listener::{Event, ListenerHandler, Notifier};
+use crate::llm::embed::Embedder;
 use crate::model::{Prompts, StageKind};
 use crate::repo::Finished;
 use crate::stage::Pipeline;
 
 pub use crate::metrics::Stats;
+pub use complete::sanitise_result;
 pub use policy::{ClaimFacts, Decision, Policy, StageOutcome, decide};
 pub use sweep::Sweep;
 
@@ -113,22 +115,25 @@ pub struct Engine {
     /// Tenant names for the per-tenant token metric.
     tenant_names: Arc<tenant_tokens::Names>,
     /// Embeds a request's query for the semantic part of its memory
-    /// search, when `[llm.embedding]` is on ([`Engine::use_embedder`]).
-    embedder: std::sync::OnceLock<crate::llm::embed::Embedder>,
+    /// search, when `[llm.embedding]` is on.
+    embedder: Option<Embedder>,
 }
 
 impl Engine {
     /// An engine that follows `notifier` (which its [`run`](Engine::run)
-    /// feeds from the LISTEN session) and counts into the notifier's stats.
+    /// feeds from the LISTEN session) and counts into the notifier's stats;
+    /// with `embedder` (`[llm.embedding]` on), the memory search of each
+    /// request has its semantic part.
     pub fn new(
         pool: Pool,
         cfg: Arc<Config>,
         pipeline: Arc<dyn Pipeline>,
         worker: String,
         notifier: Arc<Notifier>,
+        embedder: Option<Embedder>,
     ) -> Arc<Engine> {
         let (results, results_rx) = mpsc::unbounded_channel();
-        crate::metrics::register_poison(crate::stage::sanitize::Poison::ALL.map(|p| p.as_str()));
+        crate::metrics::register_poison(crate::sanitize::Poison::ALL.map(|p| p.as_str()));
         let slot = |stage| StageSlot {
             sem: Arc::new(Semaphore::new(cfg.concurrency.of(stage))),
             wake: Notify::new(),
@@ -160,15 +165,8 @@ impl Engine {
             notifier,
             liveness: liveness::Liveness::new(),
             tenant_names: tenant_tokens::Names::new(),
-            embedder: std::sync::OnceLock::new(),
+            embedder,
         })
-    }
-
-    /// Gives the engine the embedder of `[llm.embedding]`: from then on the
-    /// memory search of each request has its semantic part. Set once,
-    /// before [`Engine::run`]; a second call changes nothing.
-    pub fn use_embedder(&self, embedder: crate::llm::embed::Embedder) {
-        let _ = self.embedder.set(embedder);
     }
 
     pub fn worker(&self) -> &str {

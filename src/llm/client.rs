@@ -220,39 +220,46 @@ impl Llm {
                     latency,
                 })
             }
-            Err(error) => {
-                let error = match error {
-                    LlmError::Connect { provider, message } => outage(&client.cooling, sent, provider, message),
-                    // Not sent, or no answer: says nothing of the endpoint.
-                    LlmError::Timeout { .. } | LlmError::Throttled { .. } | LlmError::Outage { .. } => error,
-                    // Any HTTP answer: the endpoint is there.
-                    answered => {
-                        client.cooling.reachable();
-                        answered
-                    }
-                };
-                if let LlmError::RateLimited { retry_after, .. } = &error {
-                    let pause = client.cooling.rate_limited(*retry_after);
-                    tracing::warn!(
-                        provider,
-                        retry_after_ms = retry_after.map(|d| d.as_millis()),
-                        cooling_ms = pause.as_millis(),
-                        "llm provider is rate limiting; every call to it waits"
-                    );
-                }
-                tracing::debug!(
-                    role = role.as_str(),
-                    provider,
-                    model = settings.model,
-                    error.class = error.class(),
-                    error.status = error.status(),
-                    latency_ms = latency.as_millis(),
-                    "llm call failed"
-                );
-                Err(error)
-            }
+            Err(error) => Err(failed(client, role, sent, latency, error)),
         }
     }
+}
+
+/// What a failed call leaves: the endpoint's reachability and rate-limit
+/// pause noted, the error as the caller sees it (a failed connection may
+/// become the outage's, see [`outage`]), logged.
+fn failed(client: &RoleClient, role: Role, sent: Instant, latency: Duration, error: LlmError) -> LlmError {
+    let settings = &client.settings;
+    let provider = settings.provider.as_str();
+    let error = match error {
+        LlmError::Connect { provider, message } => outage(&client.cooling, sent, provider, message),
+        // Not sent, or no answer: says nothing of the endpoint.
+        LlmError::Timeout { .. } | LlmError::Throttled { .. } | LlmError::Outage { .. } => error,
+        // Any HTTP answer: the endpoint is there.
+        answered => {
+            client.cooling.reachable();
+            answered
+        }
+    };
+    if let LlmError::RateLimited { retry_after, .. } = &error {
+        let pause = client.cooling.rate_limited(*retry_after);
+        tracing::warn!(
+            provider,
+            retry_after_ms = retry_after.map(|d| d.as_millis()),
+            cooling_ms = pause.as_millis(),
+            "llm provider is rate limiting; every call to it waits"
+        );
+    }
+    tracing::debug!(
+        role = role.as_str(),
+        provider,
+        model = settings.model,
+        error.class = error.class(),
+        error.status = error.status(),
+        latency_ms = latency.as_millis(),
+        "llm call failed"
+    );
+    error
 }
 
 /// A failed connection to an endpoint (see [`limit`](super::limit)): the

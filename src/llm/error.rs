@@ -360,23 +360,28 @@ pub fn classify_status(
         300..=399 => LlmError::BadRequest {
             provider: provider_name,
             status,
-            message: scrub(
-                &format!(
-                    "redirect to `{}` not followed (the API key is sent only to the configured base URL; \
-                     point the base URL at the provider itself)",
-                    headers
-                        .get(reqwest::header::LOCATION)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("?")
-                ),
-                key,
-            ),
+            message: redirect_message(headers, key),
         },
         _ => LlmError::InvalidResponse {
             provider: provider_name,
             message: format!("unexpected HTTP status {status}: {message}"),
         },
     }
+}
+
+/// Why a redirect was not followed, naming where it led (`key` scrubbed).
+fn redirect_message(headers: &HeaderMap, key: Option<&Secret>) -> String {
+    let to = headers
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("?");
+    scrub(
+        &format!(
+            "redirect to `{to}` not followed (the API key is sent only to the configured base URL; \
+             point the base URL at the provider itself)"
+        ),
+        key,
+    )
 }
 
 /// The provider's own explanation: `error.message` (OpenAI, Anthropic,

@@ -12,7 +12,6 @@ use uuid::Uuid;
 
 use super::{FromRow, as_limit, rows_as};
 use crate::db::Error;
-use crate::llm::embed::Embedder;
 use crate::model::MemoryItem;
 
 /// The parts of the memory search (`memory_search.sql` says what each
@@ -52,7 +51,8 @@ pub struct MemorySearch<'a> {
 }
 
 /// The semantic part of a search: the query's embedding and how much it
-/// weighs (see `memory_search_semantic.sql`).
+/// weighs (see `memory_search_semantic.sql`). The caller embeds the query;
+/// this layer takes vectors, never a model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Semantic<'a> {
     /// The query's embedding (unit length).
@@ -74,21 +74,6 @@ super::statement_params! {
         thread_id: Option<Uuid>,
         thread_turns: i32,
         request_id: Uuid,
-    }
-}
-
-impl<'a> Semantic<'a> {
-    /// The semantic part of a search by `embedder` for the text `query`
-    /// (embedded with [`Embedder::embed_query`]); `None` when there is no
-    /// embedder or no text, or the query cannot be embedded: the search
-    /// then runs on full text alone.
-    pub async fn of(embedder: Option<&'a Embedder>, query: &str, weight: f64) -> Option<Semantic<'a>> {
-        let e = embedder.filter(|_| !query.trim().is_empty())?;
-        Some(Semantic {
-            embedding: e.embed_query(query).await?,
-            model: e.model(),
-            weight,
-        })
     }
 }
 

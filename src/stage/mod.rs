@@ -21,7 +21,6 @@ pub mod assembler;
 pub mod memory;
 pub mod metrics;
 pub mod responder;
-pub mod sanitize;
 
 use std::borrow::Cow;
 use std::sync::Arc;

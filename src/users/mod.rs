@@ -197,7 +197,13 @@ pub async fn search(
     embedder: Option<&crate::llm::embed::Embedder>,
 ) -> Result<SearchView, UserError> {
     let st = live_state(client, user).await?;
-    let semantic = repo::memory::Semantic::of(embedder, query, cfg.memory.semantic_weight).await;
+    let semantic = crate::llm::embed::Embedder::for_search(embedder, query)
+        .await
+        .map(|(embedding, model)| repo::memory::Semantic {
+            embedding,
+            model,
+            weight: cfg.memory.semantic_weight,
+        });
     let s = repo::memory::MemorySearch {
         user_id: user.user_id,
         request_id: Uuid::nil(),

@@ -86,7 +86,7 @@ fn start_engine(
     });
     let pool = maas::db::connect_pool(&cfg, "maas-engine-test").unwrap();
     let notifier = Notifier::new(Arc::new(Stats::default()));
-    let engine = Engine::new(pool, cfg, pipeline, "engine-test".into(), notifier);
+    let engine = Engine::new(pool, cfg, pipeline, "engine-test".into(), notifier, None);
     let shutdown = CancellationToken::new();
     let sweep: Arc<dyn maas::service::Service> = Arc::new(maas::dispatcher::Sweep::new(engine.clone()));
     let services = maas::service::start(vec![sweep], &shutdown);

@@ -344,9 +344,9 @@ proptest! {
         model in poisoned_text(),
         context in poisoned_text(),
     ) {
-        use maas::stage::sanitize;
+        use maas::sanitize;
         let mut f = finished(analysis, answer, model, context);
-        let _ = sanitize::result(&mut f);
+        let _ = maas::dispatcher::sanitise_result(&mut f);
         let a = f.analysis.clone().unwrap_or(Value::Null);
         prop_assert!(!has_nul(&a));
         prop_assert!(depth(&a) <= sanitize::MAX_DEPTH + 1);
@@ -355,7 +355,7 @@ proptest! {
             prop_assert!(!s.contains('\0'));
         }
         prop_assert!(f.model.as_deref().unwrap_or("").chars().count() <= sanitize::MAX_MODEL_CHARS);
-        let again = sanitize::result(&mut f);
+        let again = maas::dispatcher::sanitise_result(&mut f);
         prop_assert!(again.found.is_empty(), "sanitising twice found {:?}", again.found);
     }
 
@@ -363,7 +363,7 @@ proptest! {
     /// but never panics on one, and its output sanitises to storable JSON.
     #[test]
     fn parsed_analyses_sanitise_to_storable_json(keyword in poisoned_text(), v in arb_json()) {
-        use maas::stage::sanitize;
+        use maas::sanitize;
         let text = json!({"needs_context": false, "context_type": "none", "time_scope": "none",
                           "search_keywords": [keyword], "context_found": {"lsm_record_id": null, "extra": v}})
             .to_string();

@@ -363,6 +363,15 @@ impl Embedder {
         }
     }
 
+    /// The embedding of a search's query and the model that made it, for
+    /// the semantic part of a memory search: `None` without an embedder,
+    /// for a blank query, or when it cannot be embedded ([`Embedder::embed_query`]):
+    /// the search then runs on full text alone.
+    pub async fn for_search<'e>(embedder: Option<&'e Embedder>, query: &str) -> Option<(Vec<f32>, &'e str)> {
+        let e = embedder.filter(|_| !query.trim().is_empty())?;
+        Some((e.embed_query(query).await?, e.model()))
+    }
+
     async fn embed_chunk(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
         match &*self.backend {
             Backend::Offline => Ok(texts.iter().map(|t| offline::embed(t)).collect()),

@@ -1,27 +1,26 @@
-//! What a provider's reply may carry into the database (invariant 9).
+//! What a provider's reply may carry into the database (invariant 9): the
+//! text and JSON sanitiser shared by the stage results the dispatcher
+//! writes and the records the archivist writes. Plain values only, so any
+//! layer may use it.
 //!
-//! Guarantees of [`result`], applied to every stage result before it is
-//! written:
-//! - no NUL character is left in any text or JSON string or key (PostgreSQL
-//!   `text` and `jsonb` refuse it; one such character used to fail a whole
-//!   batch of results): NULs are removed;
-//! - every text is within the bound the schema checks (sql/0009): the answer
-//!   and the context are cut at [`MAX_ANSWER_CHARS`] and
-//!   [`MAX_CONTEXT_CHARS`] characters, the model name at
-//!   [`MAX_MODEL_CHARS`], error texts at [`MAX_ERROR_CHARS`];
-//! - the analysis is a JSON value nested at most [`MAX_DEPTH`] levels (deeper
-//!   values become `null`) whose strings hold at most [`MAX_JSON_STRING_CHARS`]
-//!   characters; an analysis still over [`MAX_ANALYSIS_BYTES`] serialised is
-//!   refused: the result becomes a failure of that one request, with the
-//!   reason ([`Sanitised::refused`]).
+//! Guarantees:
+//! - [`text`] leaves no NUL character (PostgreSQL `text` and `jsonb` refuse
+//!   it; one such character used to fail a whole batch of results) and cuts
+//!   at a bound in characters, so the text stays valid UTF-8;
+//! - [`json`] does the same to every string and key of a JSON value and
+//!   replaces values nested deeper than [`MAX_DEPTH`] by `null`;
+//! - the bounds are the ones the schema checks (sql/0009): the answer and
+//!   the context at [`MAX_ANSWER_CHARS`] and [`MAX_CONTEXT_CHARS`]
+//!   characters, the model name at [`MAX_MODEL_CHARS`], error texts at
+//!   [`MAX_ERROR_CHARS`], an analysis' strings at [`MAX_JSON_STRING_CHARS`]
+//!   and the whole analysis at [`MAX_ANALYSIS_BYTES`] serialised.
 //!
 //! Every change is reported by kind ([`Poison`]), for the metric
-//! `maas_poison_total`. Cutting is on character boundaries, so the text
-//! stays valid UTF-8.
+//! `maas_poison_total`. How a whole stage result is sanitised (and refused
+//! when its analysis cannot be stored) is the dispatcher's
+//! (`dispatcher::sanitise_result`).
 
 use serde_json::Value;
-
-use crate::repo::Finished;
 
 /// The longest answer stored, in characters (`pipeline_runs_answer_size`,
 /// `raw_logs_content_size`).
@@ -75,7 +74,7 @@ impl Poison {
     }
 }
 
-/// What [`result`] did to one stage result.
+/// What the sanitiser did to one value or result.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Sanitised {
     /// Each kind of change made, once.
@@ -86,7 +85,8 @@ pub struct Sanitised {
 }
 
 impl Sanitised {
-    fn note(&mut self, p: Poison) {
+    /// Records that `p` was found (each kind once).
+    pub fn note(&mut self, p: Poison) {
         if !self.found.contains(&p) {
             self.found.push(p);
         }
@@ -146,47 +146,6 @@ fn json_at(v: &mut Value, depth: usize, out: &mut Sanitised) {
         }
         Value::Null | Value::Bool(_) | Value::Number(_) => {}
     }
-}
-
-/// Sanitises every text and JSON value of a stage result (see the module
-/// doc). The result is otherwise unchanged; when [`Sanitised::refused`] is
-/// set the caller must not write its outputs.
-pub fn result(f: &mut Finished) -> Sanitised {
-    let mut out = Sanitised::default();
-    for (s, max) in [
-        (f.answer.as_mut(), MAX_ANSWER_CHARS),
-        (f.context.as_mut(), MAX_CONTEXT_CHARS),
-        (f.model.as_mut(), MAX_MODEL_CHARS),
-        (f.error_class.as_mut(), MAX_ERROR_CHARS),
-        (f.error_message.as_mut(), MAX_ERROR_CHARS),
-    ] {
-        if let Some(s) = s {
-            text(s, max, &mut out);
-        }
-    }
-    if let Some(fused) = f.fused.as_mut() {
-        text(&mut fused.context, MAX_CONTEXT_CHARS, &mut out);
-        if let Some(v) = fused.context_sources.as_mut() {
-            json(v, &mut out);
-        }
-    }
-    if let Some(v) = f.context_sources.as_mut() {
-        json(v, &mut out);
-    }
-    if let Some(v) = f.analysis.as_mut() {
-        json(v, &mut out);
-        let size = serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
-        if size > MAX_ANALYSIS_BYTES {
-            out.note(Poison::Refused);
-            out.refused = Some(format!(
-                "the analysis is {size} bytes as JSON, more than the {MAX_ANALYSIS_BYTES} that are stored"
-            ));
-        } else if !v.is_object() {
-            out.note(Poison::Refused);
-            out.refused = Some("the analysis is not a JSON object".to_owned());
-        }
-    }
-    out
 }
 
 #[cfg(test)]
