@@ -1,13 +1,14 @@
 //! Operator actions over HTTP: `POST /api/query/{id}/cancel` and
-//! `POST /api/query/{id}/retry`, each with a JSON body `{"reason": "…"}`.
+//! `POST /api/query/{id}/retry`, each with a JSON body `{"reason": "…"}`,
+//! and `POST /api/query/{id}/continue` (no body).
 //!
-//! The same statements as `maasctl requests cancel|retry`
-//! ([`crate::control`]), recorded in `operator_actions` with the actor
-//! `http` and the reason. A reason is required (1 to 1000 characters).
-//! Answers: 200 with what changed; 404 for an unknown request (or another
-//! tenant's); 409 when the
-//! request is not in a state the action applies to (cancel: already
-//! finished; retry: not `FAILED`), naming its status.
+//! Each is one call of [`crate::control`], as for `maasctl requests
+//! cancel|retry|continue` and the console, recorded in `operator_actions`
+//! with the actor `http` (and the reason). A reason is required for cancel
+//! and retry (1 to 1000 characters). Answers: 200 with what changed; 404
+//! for an unknown request (or another tenant's); 409 when the request is
+//! not in a state the action applies to (cancel: already finished; retry:
+//! not `FAILED`; continue: not resting between stages), naming its status.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -19,16 +20,12 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
+use super::input::parse_id;
 use super::tenancy::Principal;
-use crate::control::{self, CancelOutcome, RetryOutcome};
+use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
 
 const ACTOR: &str = "http";
 const MAX_REASON_CHARS: usize = 1000;
-
-fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    raw.parse::<Uuid>()
-        .map_err(|_| ApiError::bad_request("invalid_id", format!("{raw:?} is not a request id (a UUID)")))
-}
 
 /// The `reason` of a body `{"reason": "…"}`.
 fn reason(body: &[u8]) -> Result<String, ApiError> {
@@ -56,6 +53,34 @@ fn db_error(e: impl std::fmt::Display) -> ApiError {
     ApiError::unavailable("database", format!("database error: {e}"))
 }
 
+fn not_found(id: Uuid) -> ApiError {
+    ApiError::not_found(format!("no request {id}"))
+}
+
+fn conflict(code: &'static str, message: String) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, code, message)
+}
+
+/// Runs `action` on request `id` if it is the caller's (else 404), and
+/// answers with the JSON body `answer` makes of its outcome, or its refusal.
+async fn act<T>(
+    app: &AppState,
+    who: &Principal,
+    id: Uuid,
+    action: impl AsyncFnOnce(&deadpool_postgres::Object, Uuid) -> Result<T, control::Error>,
+    answer: impl FnOnce(T) -> Result<Value, ApiError>,
+) -> Result<Response, ApiError> {
+    let client = app.pool.get().await.map_err(db_error)?;
+    if !crate::repo::requests::is_of_tenant(&client, id, who.tenant)
+        .await
+        .map_err(db_error)?
+    {
+        return Err(not_found(id));
+    }
+    let outcome = action(&client, id).await.map_err(db_error)?;
+    Ok(Json(answer(outcome)?).into_response())
+}
+
 /// `POST /api/query/{id}/cancel`.
 pub async fn cancel(
     State(app): State<AppState>,
@@ -63,32 +88,22 @@ pub async fn cancel(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "request")?;
     let reason = reason(&body)?;
-    let client = app.pool.get().await.map_err(db_error)?;
-    if !crate::repo::requests::is_of_tenant(&client, id, who.tenant)
-        .await
-        .map_err(db_error)?
-    {
-        return Err(ApiError::not_found(format!("no request {id}")));
-    }
-    match control::cancel(&client, id, ACTOR, Some(&reason))
-        .await
-        .map_err(db_error)?
-    {
-        CancelOutcome::Cancelled { was } => Ok(Json(json!({
+    let action = async |c: &deadpool_postgres::Object, id| control::cancel(c, id, ACTOR, Some(&reason)).await;
+    act(&app, &who, id, action, |outcome| match outcome {
+        CancelOutcome::Cancelled { was } => Ok(json!({
             "request_id": id,
             "status": "CANCELLED",
             "was": was.as_str(),
-        }))
-        .into_response()),
-        CancelOutcome::AlreadyFinished { status } => Err(ApiError::new(
-            StatusCode::CONFLICT,
+        })),
+        CancelOutcome::AlreadyFinished { status } => Err(conflict(
             "already_finished",
             format!("request {id} is already {}", status.as_str()),
         )),
-        CancelOutcome::NotFound => Err(ApiError::not_found(format!("no request {id}"))),
-    }
+        CancelOutcome::NotFound => Err(not_found(id)),
+    })
+    .await
 }
 
 /// `POST /api/query/{id}/retry`.
@@ -98,30 +113,50 @@ pub async fn retry(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "request")?;
     let reason = reason(&body)?;
-    let client = app.pool.get().await.map_err(db_error)?;
-    if !crate::repo::requests::is_of_tenant(&client, id, who.tenant)
-        .await
-        .map_err(db_error)?
-    {
-        return Err(ApiError::not_found(format!("no request {id}")));
-    }
-    match control::retry(&client, id, ACTOR, Some(&reason))
-        .await
-        .map_err(db_error)?
-    {
-        RetryOutcome::Retried { status, stage } => Ok(Json(json!({
+    let action = async |c: &deadpool_postgres::Object, id| control::retry(c, id, ACTOR, Some(&reason)).await;
+    act(&app, &who, id, action, |outcome| match outcome {
+        RetryOutcome::Retried { status, stage } => Ok(json!({
             "request_id": id,
             "status": status.as_str(),
-            "stage": stage,
-        }))
-        .into_response()),
-        RetryOutcome::NotFailed { status } => Err(ApiError::new(
-            StatusCode::CONFLICT,
+            "stage": stage.as_str(),
+        })),
+        RetryOutcome::NotFailed { status } => Err(conflict(
             "not_failed",
             format!("request {id} is {}; only FAILED requests are retried", status.as_str()),
         )),
-        RetryOutcome::NotFound => Err(ApiError::not_found(format!("no request {id}"))),
-    }
+        RetryOutcome::NotFound => Err(not_found(id)),
+    })
+    .await
+}
+
+/// `POST /api/query/{id}/continue`: releases the next stage of a debug
+/// request resting in `ANALYZED` or `READY` (step-by-step mode). 200 with
+/// `{request_id, status, next_stage}` when released; 409 when the request
+/// is not resting; 404 for an unknown id.
+pub async fn continue_request(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id, "request")?;
+    let action = async |c: &deadpool_postgres::Object, id| control::continue_request(c, id, ACTOR, None).await;
+    act(&app, &who, id, action, |outcome| match outcome {
+        ContinueOutcome::Released { status, next } => Ok(json!({
+            "request_id": id,
+            "status": status.as_str(),
+            "next_stage": next.as_str(),
+        })),
+        ContinueOutcome::NotHeld { status, debug } => Err(conflict(
+            "not_held",
+            if debug {
+                format!("request {id} is {status}, not resting between stages")
+            } else {
+                format!("request {id} is not a debug run (status {status})")
+            },
+        )),
+        ContinueOutcome::NotFound => Err(not_found(id)),
+    })
+    .await
 }

@@ -22,6 +22,7 @@ use super::auth::{Session, check_action};
 use super::{Fail, fail, render};
 use crate::control;
 use crate::http::AppState;
+use crate::model::Status;
 use crate::repo::{audit, callbacks, console, requests, stats, steps};
 
 /// Rows of one page of the list.
@@ -137,7 +138,7 @@ impl ListQuery {
         let statuses = if status.is_empty() {
             None
         } else {
-            let parsed: crate::model::Status = status.parse().map_err(|_| bad("status", status))?;
+            let parsed: Status = status.parse().map_err(|_| bad("status", status))?;
             Some(vec![parsed.to_string()])
         };
         let before = match self.after.trim() {
@@ -184,7 +185,7 @@ async fn rows_data(app: &AppState, q: &ListQuery) -> Result<minijinja::Value, Fa
         rows => v(&page.lines), next, searched,
         q => context! { status => q.status.trim(), user => q.user.trim(), thread => q.thread.trim(), text => q.text.trim(),
                         since => q.since.trim(), until => q.until.trim() },
-        statuses => crate::model::Status::ALL.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        statuses => Status::ALL.iter().map(ToString::to_string).collect::<Vec<_>>(),
     })
 }
 
@@ -234,10 +235,10 @@ async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja
         .as_ref()
         .and_then(|v| v.as_array().cloned())
         .unwrap_or_default();
-    let status = r.status.clone();
+    let status: Status = r.status.parse().map_err(|e| db_fail("request", e))?;
     let can = context! {
-        retry => status == "FAILED",
-        cancel => !matches!(status.as_str(), "COMPLETED" | "FAILED" | "CANCELLED"),
+        retry => status == Status::Failed,
+        cancel => !status.is_terminal(),
         cont => r.debug && r.held,
     };
     Ok(context! {
@@ -310,7 +311,7 @@ pub async fn act(
         "cancel" => control::cancel(&c, id, actor, Some(reason))
             .await
             .map(serde_json::to_value),
-        "continue" => control::continue_run(&c, id, actor, Some(reason))
+        "continue" => control::continue_request(&c, id, actor, Some(reason))
             .await
             .map(serde_json::to_value),
         other => {
