@@ -167,15 +167,15 @@ pub fn routes() -> Routes {
     let api = Routes::new()
         .post("/api/query", api::submit)
         .get("/api/query/{id}/status", api::status)
-        .post("/api/query/{id}/continue", operate::continue_request)
+        .post("/api/query/{id}/continue", operate::act::<operate::Continue>)
         .get("/api/users/{id}/memory", users::memory)
         .put("/api/users/{id}/memory/{record}", users::replace_summary)
         .delete("/api/users/{id}/memory/{record}", users::delete_record)
         .delete("/api/users/{id}/turns/{turn}", users::delete_turn)
         .delete("/api/users/{id}", users::forget)
         .get("/api/users/{id}/export", users::export)
-        .post("/api/query/{id}/cancel", operate::cancel)
-        .post("/api/query/{id}/retry", operate::retry)
+        .post("/api/query/{id}/cancel", operate::act::<operate::Cancel>)
+        .post("/api/query/{id}/retry", operate::act::<operate::Retry>)
         .get("/api/query/{id}/events", api::events)
         .get("/api/ws", api::ws);
     let api = Routes {

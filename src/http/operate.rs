@@ -2,10 +2,11 @@
 //! `POST /api/query/{id}/retry`, each with a JSON body `{"reason": "…"}`,
 //! and `POST /api/query/{id}/continue` (no body).
 //!
-//! Each is one call of [`crate::control`], as for `maasctl requests
-//! cancel|retry|continue` and the console, recorded in `operator_actions`
-//! with the actor `http` (and the reason). A reason is required for cancel
-//! and retry (1 to 1000 characters). Answers: 200 with what changed; 404
+//! Each is an [`Action`] run by the one handler [`act`]: one call of
+//! [`crate::control`], as for `maasctl requests cancel|retry|continue` and
+//! the console, recorded in `operator_actions` with the actor `http` (and
+//! the reason). A reason is required for cancel and retry (1 to 1000
+//! characters). Answers: 200 with what changed; 404
 //! for an unknown request (or another tenant's); 409 when the request is
 //! not in a state the action applies to (cancel: already finished; retry:
 //! not `FAILED`; continue: not resting between stages), naming its status.
@@ -57,19 +58,35 @@ fn not_found(id: Uuid) -> ApiError {
     ApiError::not_found(format!("no request {id}"))
 }
 
-fn conflict(code: &'static str, message: String) -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, code, message)
+/// What an action's outcome answers: the 200 body, or a 409 (code,
+/// message); `None` when there is no such request (404).
+type Answer = Option<Result<Value, (&'static str, String)>>;
+
+/// One operator action on a request over HTTP: its [`crate::control`]
+/// call, and the answer its outcome makes.
+pub trait Action {
+    /// Whether the body must give a reason.
+    const REASON: bool;
+    type Outcome;
+    /// The control call on request `id`, as the actor `http`.
+    fn run(
+        client: &deadpool_postgres::Object,
+        id: Uuid,
+        reason: Option<&str>,
+    ) -> impl Future<Output = Result<Self::Outcome, control::Error>> + Send;
+    fn answer(outcome: Self::Outcome, id: Uuid) -> Answer;
 }
 
-/// Runs `action` on request `id` if it is the caller's (else 404), and
-/// answers with the JSON body `answer` makes of its outcome, or its refusal.
-async fn act<T>(
-    app: &AppState,
-    who: &Principal,
-    id: Uuid,
-    action: impl AsyncFnOnce(&deadpool_postgres::Object, Uuid) -> Result<T, control::Error>,
-    answer: impl FnOnce(T) -> Result<Value, ApiError>,
+/// `POST /api/query/{id}/{cancel|retry|continue}`: action `A` on the
+/// caller's request (404 for another tenant's).
+pub async fn act<A: Action>(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
+    let id = parse_id(&id, "request")?;
+    let reason = if A::REASON { Some(reason(&body)?) } else { None };
     let client = app.pool.get().await.map_err(db_error)?;
     if !crate::repo::requests::is_of_tenant(&client, id, who.tenant)
         .await
@@ -77,86 +94,104 @@ async fn act<T>(
     {
         return Err(not_found(id));
     }
-    let outcome = action(&client, id).await.map_err(db_error)?;
-    Ok(Json(answer(outcome)?).into_response())
+    let outcome = A::run(&client, id, reason.as_deref()).await.map_err(db_error)?;
+    match A::answer(outcome, id) {
+        Some(Ok(body)) => Ok(Json(body).into_response()),
+        Some(Err((code, message))) => Err(ApiError::new(StatusCode::CONFLICT, code, message)),
+        None => Err(not_found(id)),
+    }
 }
 
-/// `POST /api/query/{id}/cancel`.
-pub async fn cancel(
-    State(app): State<AppState>,
-    Extension(who): Extension<Principal>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "request")?;
-    let reason = reason(&body)?;
-    let action = async |c: &deadpool_postgres::Object, id| control::cancel(c, id, ACTOR, Some(&reason)).await;
-    act(&app, &who, id, action, |outcome| match outcome {
-        CancelOutcome::Cancelled { was } => Ok(json!({
-            "request_id": id,
-            "status": "CANCELLED",
-            "was": was.as_str(),
-        })),
-        CancelOutcome::AlreadyFinished { status } => Err(conflict(
-            "already_finished",
-            format!("request {id} is already {}", status.as_str()),
-        )),
-        CancelOutcome::NotFound => Err(not_found(id)),
-    })
-    .await
+/// `POST /api/query/{id}/cancel`: 409 when the request already finished.
+pub struct Cancel;
+
+impl Action for Cancel {
+    const REASON: bool = true;
+    type Outcome = CancelOutcome;
+
+    async fn run(
+        c: &deadpool_postgres::Object,
+        id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<CancelOutcome, control::Error> {
+        control::cancel(c, id, ACTOR, reason).await
+    }
+
+    fn answer(outcome: CancelOutcome, id: Uuid) -> Answer {
+        let was = match outcome {
+            CancelOutcome::Cancelled { was } => was,
+            CancelOutcome::AlreadyFinished { status } => {
+                return Some(Err(("already_finished", format!("request {id} is already {status}"))));
+            }
+            CancelOutcome::NotFound => return None,
+        };
+        Some(Ok(
+            json!({"request_id": id, "status": "CANCELLED", "was": was.as_str()}),
+        ))
+    }
 }
 
-/// `POST /api/query/{id}/retry`.
-pub async fn retry(
-    State(app): State<AppState>,
-    Extension(who): Extension<Principal>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "request")?;
-    let reason = reason(&body)?;
-    let action = async |c: &deadpool_postgres::Object, id| control::retry(c, id, ACTOR, Some(&reason)).await;
-    act(&app, &who, id, action, |outcome| match outcome {
-        RetryOutcome::Retried { status, stage } => Ok(json!({
-            "request_id": id,
-            "status": status.as_str(),
-            "stage": stage.as_str(),
-        })),
-        RetryOutcome::NotFailed { status } => Err(conflict(
-            "not_failed",
-            format!("request {id} is {}; only FAILED requests are retried", status.as_str()),
-        )),
-        RetryOutcome::NotFound => Err(not_found(id)),
-    })
-    .await
+/// `POST /api/query/{id}/retry`: 409 unless the request is `FAILED`.
+pub struct Retry;
+
+impl Action for Retry {
+    const REASON: bool = true;
+    type Outcome = RetryOutcome;
+
+    async fn run(
+        c: &deadpool_postgres::Object,
+        id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<RetryOutcome, control::Error> {
+        control::retry(c, id, ACTOR, reason).await
+    }
+
+    fn answer(outcome: RetryOutcome, id: Uuid) -> Answer {
+        Some(match outcome {
+            RetryOutcome::Retried { status, stage } => {
+                Ok(json!({"request_id": id, "status": status.as_str(), "stage": stage.as_str()}))
+            }
+            RetryOutcome::NotFailed { status } => Err((
+                "not_failed",
+                format!("request {id} is {status}; only FAILED requests are retried"),
+            )),
+            RetryOutcome::NotFound => return None,
+        })
+    }
 }
 
-/// `POST /api/query/{id}/continue`: releases the next stage of a debug
-/// request resting in `ANALYZED` or `READY` (step-by-step mode). 200 with
-/// `{request_id, status, next_stage}` when released; 409 when the request
-/// is not resting; 404 for an unknown id.
-pub async fn continue_request(
-    State(app): State<AppState>,
-    Extension(who): Extension<Principal>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "request")?;
-    let action = async |c: &deadpool_postgres::Object, id| control::continue_request(c, id, ACTOR, None).await;
-    act(&app, &who, id, action, |outcome| match outcome {
-        ContinueOutcome::Released { status, next } => Ok(json!({
-            "request_id": id,
-            "status": status.as_str(),
-            "next_stage": next.as_str(),
-        })),
-        ContinueOutcome::NotHeld { status, debug } => Err(conflict(
-            "not_held",
-            if debug {
-                format!("request {id} is {status}, not resting between stages")
-            } else {
-                format!("request {id} is not a debug run (status {status})")
-            },
-        )),
-        ContinueOutcome::NotFound => Err(not_found(id)),
-    })
-    .await
+/// `POST /api/query/{id}/continue` (no body): releases the next stage of
+/// a debug request resting in `ANALYZED` or `READY` (step-by-step mode),
+/// answering `{request_id, status, next_stage}`; 409 when it is not resting.
+pub struct Continue;
+
+impl Action for Continue {
+    const REASON: bool = false;
+    type Outcome = ContinueOutcome;
+
+    async fn run(
+        c: &deadpool_postgres::Object,
+        id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<ContinueOutcome, control::Error> {
+        control::continue_request(c, id, ACTOR, reason).await
+    }
+
+    fn answer(outcome: ContinueOutcome, id: Uuid) -> Answer {
+        let (status, debug) = match outcome {
+            ContinueOutcome::Released { status, next } => {
+                return Some(Ok(
+                    json!({"request_id": id, "status": status.as_str(), "next_stage": next.as_str()}),
+                ));
+            }
+            ContinueOutcome::NotHeld { status, debug } => (status, debug),
+            ContinueOutcome::NotFound => return None,
+        };
+        let why = if debug {
+            format!("request {id} is {status}, not resting between stages")
+        } else {
+            format!("request {id} is not a debug run (status {status})")
+        };
+        Some(Err(("not_held", why)))
+    }
 }
