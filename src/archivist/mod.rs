@@ -225,6 +225,22 @@ impl RunReport {
     }
 }
 
+/// A run's metrics (`maas_archivist_*`); `report` is none when it failed.
+fn count_run(opts: RunOptions, report: Option<&RunReport>, took: std::time::Duration) {
+    let users: Vec<&'static str> = report
+        .map(|r| r.users.iter().map(|u| u.outcome.as_str()).collect())
+        .unwrap_or_default();
+    crate::metrics::archive_run(&crate::metrics::ArchiveRun {
+        trigger: opts.trigger.as_str(),
+        finished: report.is_some(),
+        users: &users,
+        logs: report.map_or(0, |r| r.logs),
+        records: report.map_or(0, |r| r.records),
+        failures: report.map_or(0, |r| r.failures),
+        took,
+    });
+}
+
 /// Progress of a run, for a terminal's progress bar or plain lines.
 pub trait Progress: Send + Sync {
     /// `n` more users are about to be worked on.

@@ -24,7 +24,7 @@ use uuid::Uuid;
 
 use super::chunking::{ChunkMessage, plan_chunks, render_chunk};
 use super::summary::{INVALID_JSON_ATTEMPTS, parse_summary};
-use super::{ArchivistError, Progress, RunOptions, RunReport, UserOutcome, UserReport};
+use super::{ArchivistError, Progress, RunOptions, RunReport, UserOutcome, UserReport, count_run};
 use crate::config::{ArchivistConfig, Config};
 use crate::db::{self, Pool};
 use crate::error::Disposition;
@@ -459,22 +459,6 @@ fn logged<T>(r: Result<T, db::Error>, user: Uuid, what: &str) {
     if let Err(e) = r {
         tracing::warn!(user = %user, error = %e, "archivist could not {what}");
     }
-}
-
-/// A run's metrics (`maas_archivist_*`); `report` is none when it failed.
-fn count_run(opts: RunOptions, report: Option<&RunReport>, took: Duration) {
-    let users: Vec<&'static str> = report
-        .map(|r| r.users.iter().map(|u| u.outcome.as_str()).collect())
-        .unwrap_or_default();
-    crate::metrics::archive_run(&crate::metrics::ArchiveRun {
-        trigger: opts.trigger.as_str(),
-        finished: report.is_some(),
-        users: &users,
-        logs: report.map_or(0, |r| r.logs),
-        records: report.map_or(0, |r| r.records),
-        failures: report.map_or(0, |r| r.failures),
-        took,
-    });
 }
 
 fn failed(user: Uuid, class: &str, message: &str) -> UserReport {
