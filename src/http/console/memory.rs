@@ -29,7 +29,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::auth::{Session, check_action};
-use super::pages::{ActionForm, client, db_fail, session_ctx, v};
+use super::pages::{ActionForm, client, db_fail, id_of, session_ctx, v};
 use super::{Fail, fail, render};
 use crate::archivist::{Quiet, UserOutcome};
 use crate::control;
@@ -41,15 +41,6 @@ use crate::users::{self, Page, UserError, UserKey};
 const SHOWN: usize = 50;
 /// Operator actions the page lists.
 const ACTIONS: usize = 20;
-
-fn parse_user(id: &str) -> Result<Uuid, Fail> {
-    id.trim().parse().map_err(|_| {
-        fail(
-            StatusCode::BAD_REQUEST,
-            &format!("console: {id:?} is not a user id (a UUID)"),
-        )
-    })
-}
 
 fn user_fail(e: UserError) -> Fail {
     match e {
@@ -86,7 +77,7 @@ fn position(field: &str, v: &str) -> Result<Option<i64>, Fail> {
 }
 
 async fn user_data(app: &AppState, id: &str, uq: &UserQuery) -> Result<minijinja::Value, Fail> {
-    let user = UserKey::new(parse_user(id)?);
+    let user = UserKey::new(id_of(id, "user")?);
     let c = client(app).await?;
     let page = Page {
         before: position("before", &uq.before)?,
@@ -151,7 +142,7 @@ pub async fn archive(
 
 async fn archive_now(app: &AppState, s: &Session, id: &str, f: &ActionForm) -> Result<Uuid, Fail> {
     check_action(s, &f.csrf)?;
-    let user = parse_user(id)?;
+    let user = id_of(id, "user")?;
     let reason = f.reason.trim();
     if reason.is_empty() {
         return Err(fail(

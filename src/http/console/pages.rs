@@ -45,6 +45,13 @@ pub(super) fn db_fail(what: &str, e: impl std::fmt::Display) -> Fail {
     fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("console: {what}: {e}"))
 }
 
+/// The id of a `what` ("request", "user") in a console path, read as the
+/// API reads ids ([`crate::http::input::parse_id`]), or a 400.
+pub(super) fn id_of(raw: &str, what: &str) -> Result<Uuid, Fail> {
+    crate::http::input::parse_id(raw.trim(), what)
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, &format!("console: {}", e.message)))
+}
+
 /// A row (any `Serialize`) as a template value.
 pub(super) fn v<T: serde::Serialize>(x: &T) -> minijinja::Value {
     minijinja::Value::from(minijinja::value::Serde(x))
@@ -212,9 +219,7 @@ pub async fn request_rows(State(app): State<AppState>, Query(q): Query<ListQuery
 // ---- one request -----------------------------------------------------------
 
 async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja::Value, Fail> {
-    let id: Uuid = id
-        .parse()
-        .map_err(|_| fail(StatusCode::BAD_REQUEST, &format!("console: {id:?} is not a request id")))?;
+    let id = id_of(id, "request")?;
     let c = client(app).await?;
     let Some(r) = requests::get(&c, id).await.map_err(|e| db_fail("request", e))? else {
         return Err(fail(StatusCode::NOT_FOUND, &format!("console: no request {id}")));
@@ -292,8 +297,9 @@ pub async fn act(
     if let Err(r) = check_action(&s, &f.csrf) {
         return r.into_response();
     }
-    let Ok(id) = id.parse::<Uuid>() else {
-        return fail(StatusCode::BAD_REQUEST, &format!("console: {id:?} is not a request id")).into_response();
+    let id = match id_of(&id, "request") {
+        Ok(id) => id,
+        Err(r) => return r.into_response(),
     };
     let reason = f.reason.trim();
     if reason.is_empty() {
