@@ -999,3 +999,72 @@ async fn archive_now_from_maasctl_is_recorded_as_from_the_console() {
         assert!(detail["run_id"].is_i64(), "{detail}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_activation_from_maasctl_is_recorded_as_from_the_console() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let first: i32 = value(
+        &c,
+        "SELECT version FROM system_prompts WHERE role_name = 'Assembler' AND is_active",
+        &[],
+    )
+    .await;
+    c.execute(
+        "INSERT INTO system_prompts (role_name, version, prompt_template, is_active) VALUES ('Assembler', $1, 'another assembler', false)",
+        &[&(first + 1)],
+    )
+    .await
+    .unwrap();
+    let api = Api::start(&db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await;
+    let http = plain_client();
+    let page = http
+        .get(api.url("/console/prompts?role=Assembler"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&page);
+    let r = http
+        .post(api.url(&format!("/console/prompts/assembler/{}/activate", first + 1)))
+        .form(&[("csrf", csrf.as_str()), ("reason", "roll forward")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let back = first.to_string();
+    let args = [
+        "prompts",
+        "activate",
+        "assembler",
+        back.as_str(),
+        "--reason",
+        "roll back",
+    ];
+    let (code, out, err) = maasctl_async(&db.url, &args, NO_ENV).await;
+    assert_eq!(code, 0, "{out}{err}");
+
+    let rows = c
+        .query(
+            "SELECT actor, detail FROM operator_actions WHERE action = 'prompt_activate' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let rows: Vec<(String, Value)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "console".to_owned(),
+                json!({"role": "Assembler", "version": first + 1, "previous": first})
+            ),
+            (
+                "night-shift".to_owned(),
+                json!({"role": "Assembler", "version": first, "previous": first + 1})
+            ),
+        ]
+    );
+}
