@@ -5,9 +5,9 @@
 //! schedule in `maasd` does; with `--user` it archives that user regardless
 //! of thresholds and cooldown: "archive now" ([`control::archive_now`], as
 //! from the console), recorded in `operator_actions` as `archive_run` under
-//! the operator's name and `--reason`. On a terminal, progress is a bar (users done,
-//! logs and records so far; failures printed above it); otherwise one plain
-//! line per user. Either way a final summary line follows; `--json` prints
+//! the operator's name and `--reason`. On a terminal, progress is a bar
+//! (users done, logs and records so far; failures printed above it);
+//! otherwise one plain line per user. Either way a final summary line follows; `--json` prints
 //! the run report instead. Exit 1 when a user failed.
 
 use std::io::{IsTerminal, Write};
