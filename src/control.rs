@@ -1,5 +1,7 @@
-//! Operator control of requests and daemons, for `maasctl` and the HTTP
-//! server alike (`POST /api/query/{id}/continue` calls [`continue_run`]).
+//! Every operator action, one function each, for every front end: the
+//! console, `maasctl` and HTTP call the same function with their actor
+//! (`console`, the operator's name, `http`), so an action does the same
+//! thing and leaves the same row in `operator_actions` whoever asks.
 //!
 //! Every function is one conditional statement (or one transaction) against
 //! the table, so it is safe whatever the daemons are doing, and every action
@@ -10,18 +12,26 @@
 //!   that still arrives is discarded by the fenced completion.
 //! - [`retry`] / [`retry_all_failed`]: a `FAILED` request goes back to the ready
 //!   status of the stage that failed (from the step history), attempts reset.
-//! - [`continue_run`]: a debug request resting in `ANALYZED` or `READY` is released
-//!   to its next stage, and the doorbell rings.
+//! - [`continue_request`]: a debug request resting in `ANALYZED` or `READY` is
+//!   released to its next stage, and the doorbell rings.
 //! - [`pause`] / [`resume`]: every daemon stops (resumes) claiming at its
 //!   next claim; running stages finish. Resuming rings the doorbell.
+//! - [`set_prompt`] / [`activate_prompt`]: a role's prompt gets a new active
+//!   version, or a kept one becomes active again (`prompt_set`,
+//!   `prompt_activate`), in one transaction under the role's lock.
+//! - [`archive_now`]: one manual archive run of one user, regardless of
+//!   thresholds and cooldown, by the caller's [`Archivist`] (`archive_run`,
+//!   with the run's outcome).
 
-use crate::repo::GenericClient;
 use serde::Serialize;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::archivist::{Archivist, ArchivistError, Progress, RunOptions, RunReport, Trigger};
 use crate::db;
-use crate::model::{StageKind, Status, UnknownStatus};
-use crate::repo::{self, requests};
+use crate::model::{PromptRole, StageKind, Status, UnknownPromptRole, UnknownStatus};
+use crate::repo::{self, GenericClient, audit, prompts, requests};
 
 pub use repo::control::ControlState;
 pub use repo::requests::Retried;
@@ -32,6 +42,10 @@ pub enum Error {
     Db(#[from] db::Error),
     #[error("the database holds a status this binary does not know: {0}")]
     Status(#[from] UnknownStatus),
+    #[error("the database holds a stage this binary does not know: {0:?}")]
+    Stage(String),
+    #[error(transparent)]
+    Archive(#[from] ArchivistError),
 }
 
 impl From<tokio_postgres::Error> for Error {
@@ -63,16 +77,18 @@ pub async fn cancel(
     actor: &str,
     reason: Option<&str>,
 ) -> Result<CancelOutcome, Error> {
-    Ok(match requests::cancel(client, id, actor, reason).await? {
-        None => CancelOutcome::NotFound,
-        Some(r) if r.cancelled => CancelOutcome::Cancelled { was: r.status.parse()? },
-        Some(r) => CancelOutcome::AlreadyFinished {
-            status: r.status.parse()?,
-        },
+    let Some(r) = requests::cancel(client, id, actor, reason).await? else {
+        return Ok(CancelOutcome::NotFound);
+    };
+    let status: Status = r.status.parse()?;
+    Ok(if r.cancelled {
+        CancelOutcome::Cancelled { was: status }
+    } else {
+        CancelOutcome::AlreadyFinished { status }
     })
 }
 
-/// What [`continue_run`] did.
+/// What [`continue_request`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum ContinueOutcome {
@@ -91,38 +107,44 @@ pub enum ContinueOutcome {
 }
 
 /// Releases a debug request resting in `ANALYZED` or `READY` to its next stage.
-pub async fn continue_run(
+pub async fn continue_request(
     client: &impl GenericClient,
     id: Uuid,
     actor: &str,
     reason: Option<&str>,
 ) -> Result<ContinueOutcome, Error> {
-    Ok(match requests::continue_held(client, id, actor, reason).await? {
-        None => ContinueOutcome::NotFound,
-        Some(r) => {
-            let status: Status = r.status.parse()?;
-            match (r.released, status.dispatches()) {
-                (true, Some(next)) => ContinueOutcome::Released { status, next },
-                _ => ContinueOutcome::NotHeld { status, debug: r.debug },
-            }
-        }
+    let Some(r) = requests::continue_held(client, id, actor, reason).await? else {
+        return Ok(ContinueOutcome::NotFound);
+    };
+    let status: Status = r.status.parse()?;
+    Ok(match (r.released, status.dispatches()) {
+        (true, Some(next)) => ContinueOutcome::Released { status, next },
+        _ => ContinueOutcome::NotHeld { status, debug: r.debug },
     })
 }
 
 /// What [`retry`] did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum RetryOutcome {
     /// Back in `status`; `stage` runs again with fresh attempts.
     Retried {
         status: Status,
-        stage: String,
+        stage: StageKind,
     },
     /// Only `FAILED` requests are retried.
     NotFailed {
         status: Status,
     },
     NotFound,
+}
+
+/// The stage stored as `name`.
+fn stage_named(name: &str) -> Result<StageKind, Error> {
+    StageKind::ALL
+        .into_iter()
+        .find(|s| s.as_str() == name)
+        .ok_or_else(|| Error::Stage(name.to_owned()))
 }
 
 /// Sends one `FAILED` request back to the ready status of the stage that failed.
@@ -136,7 +158,7 @@ pub async fn retry(
     if let Some(r) = done.into_iter().next() {
         return Ok(RetryOutcome::Retried {
             status: r.status.parse()?,
-            stage: r.stage,
+            stage: stage_named(&r.stage)?,
         });
     }
     Ok(match requests::status(client, id).await? {
@@ -183,6 +205,123 @@ pub async fn state(client: &impl GenericClient) -> Result<ControlState, Error> {
     Ok(repo::control::get(client).await?)
 }
 
+/// The role an operator names: a stored name in any case, with or without
+/// `_` and `-`, or `responder` for `FinalResponder`.
+pub fn parse_role(text: &str) -> Result<PromptRole, UnknownPromptRole> {
+    let wanted = match text.trim().to_ascii_lowercase().replace(['_', '-'], "").as_str() {
+        "responder" => "finalresponder".to_owned(),
+        other => other.to_owned(),
+    };
+    PromptRole::ALL
+        .into_iter()
+        .find(|r| r.as_str().to_ascii_lowercase() == wanted)
+        .ok_or_else(|| UnknownPromptRole(text.to_owned()))
+}
+
+/// A change of a role's active prompt, as recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptChange {
+    pub role: PromptRole,
+    /// The version now active.
+    pub version: i32,
+    /// The version active before, if any.
+    pub previous: Option<i32>,
+}
+
+impl PromptChange {
+    /// The `detail` of its `operator_actions` row.
+    pub fn detail(&self) -> serde_json::Value {
+        json!({"role": self.role.as_str(), "version": self.version, "previous": self.previous})
+    }
+}
+
+/// Adds `text` as `role`'s next prompt version and makes it active, in one
+/// transaction under the role's lock, recorded as `prompt_set` (with the
+/// text's length in characters).
+pub async fn set_prompt(
+    client: &mut deadpool_postgres::Object,
+    role: PromptRole,
+    text: &str,
+    actor: &str,
+    reason: Option<&str>,
+) -> Result<PromptChange, Error> {
+    let tx = client.transaction().await.map_err(db::Error::from)?;
+    let (previous, version) = prompts::set(&tx, role, text).await?;
+    let change = PromptChange {
+        role,
+        version,
+        previous,
+    };
+    let mut detail = change.detail();
+    detail["chars"] = json!(text.chars().count());
+    audit::record(&tx, "prompt_set", actor, reason, &detail).await?;
+    tx.commit().await.map_err(db::Error::from)?;
+    Ok(change)
+}
+
+/// Makes a kept version of `role`'s prompt active again, in one transaction
+/// under the role's lock, recorded as `prompt_activate`. `None` when the
+/// role has no such version: nothing changed, nothing recorded.
+pub async fn activate_prompt(
+    client: &mut deadpool_postgres::Object,
+    role: PromptRole,
+    version: i32,
+    actor: &str,
+    reason: Option<&str>,
+) -> Result<Option<PromptChange>, Error> {
+    let tx = client.transaction().await.map_err(db::Error::from)?;
+    let (previous, found) = prompts::activate(&tx, role, version).await?;
+    if !found {
+        // Dropping the transaction rolls it back: the previous version stays active.
+        return Ok(None);
+    }
+    let change = PromptChange {
+        role,
+        version,
+        previous,
+    };
+    audit::record(&tx, "prompt_activate", actor, reason, &change.detail()).await?;
+    tx.commit().await.map_err(db::Error::from)?;
+    Ok(Some(change))
+}
+
+/// Archives `user`'s pending turns now with `archivist` (a manual run,
+/// regardless of thresholds and cooldown; `progress` hears of it), then
+/// records `archive_run` with the run's outcome. A run that could not start
+/// (no Archivist prompt, no database) is an error and is not recorded; a
+/// user that failed is in the report, recorded.
+pub async fn archive_now(
+    archivist: &Archivist,
+    user: Uuid,
+    actor: &str,
+    reason: Option<&str>,
+    progress: &dyn Progress,
+    cancel: &CancellationToken,
+) -> Result<RunReport, Error> {
+    let opts = RunOptions {
+        trigger: Trigger::Manual,
+        user: Some(user),
+        dry_run: false,
+        tick: None,
+    };
+    let report = archivist.run(opts, progress, cancel).await?;
+    let u = report.users.first();
+    let detail = json!({
+        "user_id": user,
+        "run_id": report.run_id,
+        "outcome": u.map(|u| u.outcome.as_str()),
+        "turns": report.logs,
+        "records": report.records,
+        "memory_version": u.and_then(|u| u.memory_version),
+        "error": u.and_then(|u| u.error.clone()),
+    });
+    let client = archivist.pool().get().await.map_err(db::Error::from)?;
+    audit::record(&client, "archive_run", actor, reason, &detail).await?;
+    tracing::info!(user_id = %user, actor, outcome = ?u.map(|u| u.outcome), turns = report.logs,
+        records = report.records, "archive now");
+    Ok(report)
+}
+
 /// Who is acting, for the audit trail: `$MAAS_OPERATOR`, else the login
 /// name (`$SUDO_USER`, `$USER`, `$LOGNAME`), else "unknown".
 pub fn default_actor() -> String {
@@ -192,4 +331,26 @@ pub fn default_actor() -> String {
         .map(|v| v.trim().to_owned())
         .find(|v| !v.is_empty())
         .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_read_as_operators_write_them() {
+        assert_eq!(parse_role("responder").ok(), Some(PromptRole::Responder));
+        assert_eq!(parse_role("Final_Responder").ok(), Some(PromptRole::Responder));
+        assert_eq!(parse_role("ANALYZER").ok(), Some(PromptRole::Analyzer));
+        assert_eq!(parse_role(" archivist ").ok(), Some(PromptRole::Archivist));
+        assert!(parse_role("nobody").is_err());
+    }
+
+    #[test]
+    fn stages_are_read_by_their_stored_names() {
+        for s in StageKind::ALL {
+            assert_eq!(stage_named(s.as_str()).ok(), Some(s));
+        }
+        assert!(matches!(stage_named("Analyze"), Err(Error::Stage(_))));
+    }
 }

@@ -88,25 +88,18 @@ pub fn pipeline(cfg: &Config) -> Result<Arc<dyn Pipeline>, DaemonError> {
     ))
 }
 
-/// The archivist, when `archivist.enabled`: with a pool of its own, so
-/// archiving never takes connections from the stages (one per concurrent
-/// user, the run's own, the schedule lock).
-fn archivist(cfg: &Arc<Config>, worker: &str) -> Result<Option<Arc<Archivist>>, DaemonError> {
-    if !cfg.archivist.enabled {
-        return Ok(None);
-    }
+/// The daemon's archivist, built once: its schedule (when enabled) and
+/// "archive now" from the console share it. A pool of its own, so archiving
+/// never takes connections from the stages: one per concurrent user, the
+/// run's own, the schedule lock (connections open only when used).
+pub fn archivist(cfg: &Arc<Config>, worker: String) -> Result<Arc<Archivist>, DaemonError> {
     let sized = Config {
         pool_size: cfg.archivist.concurrency + 2,
         ..(**cfg).clone()
     };
     let pool = db::connect_pool(&sized, "maasd-archivist")?;
     let llm = Arc::new(Llm::from_config(&cfg.llm, &cfg.llm_provider)?);
-    Ok(Some(Arc::new(Archivist::new(
-        pool,
-        llm,
-        cfg.clone(),
-        worker.to_owned(),
-    ))))
+    Ok(Arc::new(Archivist::new(pool, llm, cfg.clone(), worker)))
 }
 
 /// Runs the daemon until `shutdown`; `ready` is called once migrated and
@@ -130,7 +123,7 @@ pub async fn run(
     let worker = crate::sys::worker_id();
     tracing::info!(worker = %worker, provider = %cfg.llm_provider, lease_secs = cfg.lease_secs,
         sweep_secs = cfg.sweep_secs, "maasd starting");
-    let archivist = archivist(&cfg, &worker)?;
+    let archivist = archivist(&cfg, worker.clone())?;
     let stats = Arc::new(Stats::default());
     let notifier = Notifier::new(stats.clone());
     let engine = Engine::new(
@@ -149,7 +142,10 @@ pub async fn run(
         api_pool,
         notifier.clone(),
         stats.clone(),
-        embedder.clone(),
+        crate::http::MemoryServices {
+            embedder: embedder.clone(),
+            archivist: archivist.clone(),
+        },
         shutdown.clone(),
     )?;
     let mut services: Vec<Arc<dyn Service>> = vec![
@@ -169,7 +165,7 @@ pub async fn run(
             server.metrics(),
         )),
     ];
-    if let Some(archivist) = archivist {
+    if cfg.archivist.enabled {
         services.push(Arc::new(ArchivistSchedule(archivist)));
     }
     if let Some(embedder) = embedder {

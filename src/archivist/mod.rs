@@ -53,8 +53,9 @@ use uuid::Uuid;
 
 pub use crate::config::{ArchivistConfig, cron_schedule};
 use crate::db;
+use crate::repo::archive::RunTotals;
 pub use runner::Archivist;
-pub use schedule::{SCHEDULE_NAME, run_scheduled};
+pub use schedule::{Eligibility, SCHEDULE_NAME, eligibility, run_scheduled};
 pub use summary::{ArchiveSummary, INVALID_JSON_ATTEMPTS, parse_summary};
 
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +187,58 @@ pub struct RunReport {
     pub records: i64,
     pub failures: i64,
     pub duration_ms: u64,
+}
+
+impl RunReport {
+    /// The report of a run over `users` (its duration still 0).
+    fn of(run_id: Option<i64>, dry_run: bool, users: Vec<UserReport>) -> RunReport {
+        let count = |outcome| i64::try_from(users.iter().filter(|u| u.outcome == outcome).count()).unwrap_or(i64::MAX);
+        RunReport {
+            run_id,
+            dry_run,
+            users_archived: count(UserOutcome::Archived),
+            logs: users.iter().map(|u| u.logs).sum(),
+            records: users.iter().map(|u| u.records).sum(),
+            failures: count(UserOutcome::Failed),
+            users,
+            duration_ms: 0,
+        }
+    }
+
+    /// The totals its `archive_runs` row is closed with.
+    fn totals(&self) -> RunTotals {
+        let errors = self
+            .users
+            .iter()
+            .filter(|u| u.outcome == UserOutcome::Failed)
+            .map(|u| serde_json::json!({"user_id": u.user_id, "class": u.error_class, "message": u.error}))
+            .collect();
+        let small = |n: i64| i32::try_from(n).unwrap_or(i32::MAX);
+        RunTotals {
+            users: i32::try_from(self.users.len()).unwrap_or(i32::MAX),
+            users_archived: small(self.users_archived),
+            logs: self.logs,
+            records: small(self.records),
+            failures: small(self.failures),
+            errors: serde_json::Value::Array(errors),
+        }
+    }
+}
+
+/// A run's metrics (`maas_archivist_*`); `report` is none when it failed.
+fn count_run(opts: RunOptions, report: Option<&RunReport>, took: std::time::Duration) {
+    let users: Vec<&'static str> = report
+        .map(|r| r.users.iter().map(|u| u.outcome.as_str()).collect())
+        .unwrap_or_default();
+    crate::metrics::archive_run(&crate::metrics::ArchiveRun {
+        trigger: opts.trigger.as_str(),
+        finished: report.is_some(),
+        users: &users,
+        logs: report.map_or(0, |r| r.logs),
+        records: report.map_or(0, |r| r.records),
+        failures: report.map_or(0, |r| r.failures),
+        took,
+    });
 }
 
 /// Progress of a run, for a terminal's progress bar or plain lines.

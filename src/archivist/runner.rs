@@ -19,20 +19,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::chunking::{ChunkMessage, plan_chunks, render_chunk};
 use super::summary::{INVALID_JSON_ATTEMPTS, parse_summary};
-use super::{ArchivistError, Progress, RunOptions, RunReport, UserOutcome, UserReport};
+use super::{ArchivistError, Progress, RunOptions, RunReport, UserOutcome, UserReport, count_run};
 use crate::config::{ArchivistConfig, Config};
 use crate::db::{self, Pool};
 use crate::error::Disposition;
 use crate::llm::{ChatRequest, Failure, Llm, LlmDisposition, Role, TokenCounter};
 use crate::model::PromptRole;
 use crate::repo;
-use crate::repo::archive::{Candidate, Committed, NewRecord, PendingLog, RunTotals};
+use crate::repo::archive::{Candidate, Claim, Committed, NewRecord, PendingLog};
 
 /// Why a user's batch stopped.
 enum BatchError {
@@ -72,6 +71,11 @@ impl Archivist {
         &self.cfg.archivist
     }
 
+    /// The pool this archivist's runs take their connections from.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
     /// One run: the given user, or every candidate (page by page until none
     /// is left that this run has not seen). Stops early, leaving a clean
     /// state, when `cancel` fires.
@@ -82,34 +86,64 @@ impl Archivist {
         cancel: &CancellationToken,
     ) -> Result<RunReport, ArchivistError> {
         let started = Instant::now();
-        let result = self.run_counted(opts, progress, cancel).await;
+        let result = self.run_counted(opts, progress, cancel, started).await;
         if !opts.dry_run {
-            let users: Vec<&'static str> = result
-                .as_ref()
-                .map(|r| r.users.iter().map(|u| u.outcome.as_str()).collect())
-                .unwrap_or_default();
-            let r = result.as_ref().ok();
-            crate::metrics::archive_run(&crate::metrics::ArchiveRun {
-                trigger: opts.trigger.as_str(),
-                finished: r.is_some(),
-                users: &users,
-                logs: r.map_or(0, |r| r.logs),
-                records: r.map_or(0, |r| r.records),
-                failures: r.map_or(0, |r| r.failures),
-                took: started.elapsed(),
-            });
+            count_run(opts, result.as_ref().ok(), started.elapsed());
         }
         result
     }
 
-    /// [`Archivist::run`] before its metrics.
+    /// [`Archivist::run`] before its metrics: start (the `archive_runs`
+    /// row), work on the users, finish (the row's totals).
     async fn run_counted(
         &self,
         opts: RunOptions,
         progress: &dyn Progress,
         cancel: &CancellationToken,
+        started: Instant,
     ) -> Result<RunReport, ArchivistError> {
-        let started = Instant::now();
+        let (prompt, run_id) = self.start_run(opts).await?;
+        let work = |user: Uuid| {
+            let prompt = prompt.as_str();
+            async move {
+                let report = if opts.dry_run {
+                    self.plan_user(user).await
+                } else {
+                    self.archive_user(user, prompt, cancel).await
+                };
+                progress.user_done(&report);
+                report
+            }
+        };
+        let users = match opts.user {
+            Some(user) => {
+                progress.add_users(1);
+                vec![work(user).await]
+            }
+            None => self.work_candidates(opts.dry_run, progress, cancel, work).await?,
+        };
+        let mut report = RunReport::of(run_id, opts.dry_run, users);
+        report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if let Some(id) = run_id {
+            let client = self.pool.get().await?;
+            repo::archive::finish_run(&client, id, &report.totals()).await?;
+        }
+        tracing::info!(
+            run = run_id,
+            users = report.users.len(),
+            users_archived = report.users_archived,
+            logs = report.logs,
+            records = report.records,
+            failures = report.failures,
+            duration_ms = report.duration_ms,
+            "archive run finished"
+        );
+        Ok(report)
+    }
+
+    /// The Archivist prompt, and the run's `archive_runs` row (none for a
+    /// dry run).
+    async fn start_run(&self, opts: RunOptions) -> Result<(String, Option<i64>), ArchivistError> {
         let client = self.pool.get().await?;
         let prompt = repo::active_prompts(&client)
             .await?
@@ -125,87 +159,43 @@ impl Archivist {
         drop(client);
         tracing::info!(run = run_id, trigger = opts.trigger.as_str(), user = ?opts.user, dry_run = opts.dry_run,
             "archive run starting");
+        Ok((prompt, run_id))
+    }
+
+    /// `work` on every candidate, a page at a time, `concurrency` at once,
+    /// until a page brings no user this run has not seen (a dry run: one page).
+    async fn work_candidates<F: std::future::Future<Output = UserReport>>(
+        &self,
+        dry_run: bool,
+        progress: &dyn Progress,
+        cancel: &CancellationToken,
+        work: impl Fn(Uuid) -> F,
+    ) -> Result<Vec<UserReport>, ArchivistError> {
         let mut users: Vec<UserReport> = Vec::new();
-        let work = |user: Uuid| {
-            let prompt = prompt.as_str();
-            async move {
-                let report = if opts.dry_run {
-                    self.plan_user(user).await
-                } else {
-                    self.archive_user(user, prompt, cancel).await
-                };
-                progress.user_done(&report);
-                report
-            }
-        };
-        if let Some(user) = opts.user {
-            progress.add_users(1);
-            users.push(work(user).await);
-        } else {
-            let mut seen: HashSet<Uuid> = HashSet::new();
-            let thresholds = self.acfg().thresholds();
-            while !cancel.is_cancelled() {
-                let client = self.pool.get().await?;
-                let page: Vec<Candidate> =
-                    repo::archive::select_candidates(&client, &thresholds, self.acfg().page_users).await?;
-                drop(client);
-                let fresh: Vec<Uuid> = page.iter().map(|c| c.user_id).filter(|u| seen.insert(*u)).collect();
-                if fresh.is_empty() {
-                    break;
-                }
-                progress.add_users(fresh.len());
-                let done: Vec<UserReport> = futures_util::stream::iter(fresh)
-                    .map(work)
-                    .buffer_unordered(self.acfg().concurrency)
-                    .collect()
-                    .await;
-                users.extend(done);
-                if opts.dry_run {
-                    // A dry run changes nothing, so the same page would come back.
-                    break;
-                }
-            }
-        }
-        let mut report = RunReport {
-            run_id,
-            dry_run: opts.dry_run,
-            users_archived: count(&users, UserOutcome::Archived),
-            logs: users.iter().map(|u| u.logs).sum(),
-            records: users.iter().map(|u| u.records).sum(),
-            failures: count(&users, UserOutcome::Failed),
-            users,
-            duration_ms: 0,
-        };
-        report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        if let Some(id) = run_id {
-            let errors: Vec<Value> = report
-                .users
-                .iter()
-                .filter(|u| u.outcome == UserOutcome::Failed)
-                .map(|u| json!({"user_id": u.user_id, "class": u.error_class, "message": u.error}))
-                .collect();
-            let totals = RunTotals {
-                users: i32::try_from(report.users.len()).unwrap_or(i32::MAX),
-                users_archived: i32::try_from(report.users_archived).unwrap_or(i32::MAX),
-                logs: report.logs,
-                records: i32::try_from(report.records).unwrap_or(i32::MAX),
-                failures: i32::try_from(report.failures).unwrap_or(i32::MAX),
-                errors: Value::Array(errors),
-            };
+        let mut seen: HashSet<Uuid> = HashSet::new();
+        let thresholds = self.acfg().thresholds();
+        while !cancel.is_cancelled() {
             let client = self.pool.get().await?;
-            repo::archive::finish_run(&client, id, &totals).await?;
+            let page: Vec<Candidate> =
+                repo::archive::select_candidates(&client, &thresholds, self.acfg().page_users).await?;
+            drop(client);
+            let fresh: Vec<Uuid> = page.iter().map(|c| c.user_id).filter(|u| seen.insert(*u)).collect();
+            if fresh.is_empty() {
+                break;
+            }
+            progress.add_users(fresh.len());
+            let done: Vec<UserReport> = futures_util::stream::iter(fresh)
+                .map(&work)
+                .buffer_unordered(self.acfg().concurrency)
+                .collect()
+                .await;
+            users.extend(done);
+            if dry_run {
+                // A dry run changes nothing, so the same page would come back.
+                break;
+            }
         }
-        tracing::info!(
-            run = run_id,
-            users = report.users.len(),
-            users_archived = report.users_archived,
-            logs = report.logs,
-            records = report.records,
-            failures = report.failures,
-            duration_ms = report.duration_ms,
-            "archive run finished"
-        );
-        Ok(report)
+        Ok(users)
     }
 
     /// A dry run for one user: how many logs are pending and how many
@@ -237,93 +227,124 @@ impl Archivist {
         plan.await.unwrap_or_else(|e| failed(user, "database", &e.to_string()))
     }
 
-    /// Archives everything `user` has pending, batch by batch.
+    /// Archives everything `user` has pending, batch by batch, under its lease.
     async fn archive_user(&self, user: Uuid, prompt: &str, cancel: &CancellationToken) -> UserReport {
-        let lease = self.acfg().lease();
-        let client = match self.pool.get().await {
-            Ok(c) => c,
-            Err(e) => return failed(user, "database", &e.to_string()),
+        let claim = match self.claim_user(user).await {
+            Ok(claim) => claim,
+            Err(report) => return report,
         };
-        let claim = match repo::archive::claim_user(&client, user, &self.worker, lease).await {
-            Ok(Some(c)) => c,
-            Ok(None) => {
-                // Unknown user, or another runner holds the lease.
-                let known = matches!(repo::archive::show_mark(&client, user).await, Ok(Some(_)));
-                return UserReport::new(user, if known { UserOutcome::Busy } else { UserOutcome::Nothing });
-            }
-            Err(e) => return failed(user, "database", &e.to_string()),
-        };
-        drop(client);
         let mut report = UserReport::new(user, UserOutcome::Nothing);
         report.memory_version = Some(claim.memory_version);
-        let mut from = claim.archived_seq;
-        let through = claim.logged_seq;
-        let result: Result<(), BatchError> = async {
-            while from < through {
-                if cancel.is_cancelled() {
-                    return Err(BatchError::Cancelled);
-                }
-                let client = self.pool.get().await.map_err(|e| BatchError::Db(e.into()))?;
-                let logs = repo::archive::pending_logs(&client, user, from, through, self.acfg().batch_logs)
-                    .await
-                    .map_err(BatchError::Db)?;
-                drop(client);
-                // Fewer than a full batch: the batch reaches the end of the
-                // sequence (gaps left by inserts that did nothing included).
-                let to = match logs.last() {
-                    Some(last) if logs.len() >= self.acfg().batch_logs => last.user_seq,
-                    _ => through,
-                };
-                let records = if logs.is_empty() {
-                    Vec::new()
-                } else {
-                    self.with_lease(user, cancel, self.summarise(prompt, &logs)).await??
-                };
-                let client = self.pool.get().await.map_err(|e| BatchError::Db(e.into()))?;
-                match repo::archive::commit_batch(&client, user, from, to, &records)
-                    .await
-                    .map_err(BatchError::Db)?
-                {
-                    Committed::Applied {
-                        memory_version,
-                        records: written,
-                    } => {
-                        report.logs += i64::try_from(logs.len()).unwrap_or(i64::MAX);
-                        report.records += written;
-                        report.memory_version = Some(memory_version);
-                        if written > 0 {
-                            report.outcome = UserOutcome::Archived;
-                        }
-                        from = to;
-                    }
-                    Committed::Fenced => {
-                        tracing::warn!(user = %user, from, "another runner archived these logs first; dropped");
-                        report.outcome = UserOutcome::Raced;
-                        return Ok(());
-                    }
-                }
-            }
-            Ok(())
-        }
-        .await;
+        let result = self.archive_batches(user, &claim, prompt, cancel, &mut report).await;
         let Ok(client) = self.pool.get().await else {
             // The lease runs out by itself.
             return report;
         };
-        match result {
-            Ok(()) => {
-                logged(
-                    repo::archive::release_user(&client, user, &self.worker).await,
+        self.settle(&client, user, &claim, result, &mut report).await;
+        report
+    }
+
+    /// Takes `user`'s lease; the user's report when it cannot be taken.
+    async fn claim_user(&self, user: Uuid) -> Result<Claim, UserReport> {
+        let client = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| failed(user, "database", &e.to_string()))?;
+        match repo::archive::claim_user(&client, user, &self.worker, self.acfg().lease()).await {
+            Ok(Some(c)) => Ok(c),
+            Ok(None) => {
+                // Unknown user, or another runner holds the lease.
+                let known = matches!(repo::archive::show_mark(&client, user).await, Ok(Some(_)));
+                Err(UserReport::new(
                     user,
-                    "release the lease",
-                );
+                    if known { UserOutcome::Busy } else { UserOutcome::Nothing },
+                ))
             }
+            Err(e) => Err(failed(user, "database", &e.to_string())),
+        }
+    }
+
+    /// The batches from the claimed mark up to the logged one: summarise
+    /// (model, no transaction open), then commit fenced on the mark.
+    async fn archive_batches(
+        &self,
+        user: Uuid,
+        claim: &Claim,
+        prompt: &str,
+        cancel: &CancellationToken,
+        report: &mut UserReport,
+    ) -> Result<(), BatchError> {
+        let mut from = claim.archived_seq;
+        let through = claim.logged_seq;
+        while from < through {
+            if cancel.is_cancelled() {
+                return Err(BatchError::Cancelled);
+            }
+            let client = self.pool.get().await.map_err(|e| BatchError::Db(e.into()))?;
+            let logs = repo::archive::pending_logs(&client, user, from, through, self.acfg().batch_logs)
+                .await
+                .map_err(BatchError::Db)?;
+            drop(client);
+            // Fewer than a full batch: the batch reaches the end of the
+            // sequence (gaps left by inserts that did nothing included).
+            let to = match logs.last() {
+                Some(last) if logs.len() >= self.acfg().batch_logs => last.user_seq,
+                _ => through,
+            };
+            let records = if logs.is_empty() {
+                Vec::new()
+            } else {
+                self.with_lease(user, cancel, self.summarise(prompt, &logs)).await??
+            };
+            let client = self.pool.get().await.map_err(|e| BatchError::Db(e.into()))?;
+            match repo::archive::commit_batch(&client, user, from, to, &records)
+                .await
+                .map_err(BatchError::Db)?
+            {
+                Committed::Applied {
+                    memory_version,
+                    records: written,
+                } => {
+                    report.logs += i64::try_from(logs.len()).unwrap_or(i64::MAX);
+                    report.records += written;
+                    report.memory_version = Some(memory_version);
+                    if written > 0 {
+                        report.outcome = UserOutcome::Archived;
+                    }
+                    from = to;
+                }
+                Committed::Fenced => {
+                    tracing::warn!(user = %user, from, "another runner archived these logs first; dropped");
+                    report.outcome = UserOutcome::Raced;
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After the batches: release the lease (unless it was lost), and on a
+    /// failure say so in the report (a model's failure backs the user off).
+    async fn settle(
+        &self,
+        client: &deadpool_postgres::Object,
+        user: Uuid,
+        claim: &Claim,
+        result: Result<(), BatchError>,
+        report: &mut UserReport,
+    ) {
+        let release = async || {
+            logged(
+                repo::archive::release_user(client, user, &self.worker).await,
+                user,
+                "release the lease",
+            );
+        };
+        match result {
+            Ok(()) => release().await,
             Err(BatchError::Cancelled) => {
-                logged(
-                    repo::archive::release_user(&client, user, &self.worker).await,
-                    user,
-                    "release the lease",
-                );
+                release().await;
                 report.outcome = UserOutcome::Cancelled;
             }
             Err(BatchError::LeaseLost) => {
@@ -331,11 +352,7 @@ impl Archivist {
                 report.outcome = UserOutcome::Raced;
             }
             Err(BatchError::Db(e)) => {
-                logged(
-                    repo::archive::release_user(&client, user, &self.worker).await,
-                    user,
-                    "release the lease",
-                );
+                release().await;
                 tracing::warn!(user = %user, error = %e, "archiving a user failed");
                 report.outcome = UserOutcome::Failed;
                 report.error_class = Some("database".into());
@@ -351,7 +368,7 @@ impl Archivist {
                 tracing::warn!(user = %user, error.class = %e.class, error = %e.message,
                     retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "archiving a user failed");
                 logged(
-                    repo::archive::fail_user(&client, user, &self.worker, &e.to_string(), delay, counts).await,
+                    repo::archive::fail_user(client, user, &self.worker, &e.to_string(), delay, counts).await,
                     user,
                     "record the failure",
                 );
@@ -360,7 +377,6 @@ impl Archivist {
                 report.error = Some(e.message);
             }
         }
-        report
     }
 
     /// Runs `work` while renewing the user's lease every third of it.
@@ -443,10 +459,6 @@ fn logged<T>(r: Result<T, db::Error>, user: Uuid, what: &str) {
     if let Err(e) = r {
         tracing::warn!(user = %user, error = %e, "archivist could not {what}");
     }
-}
-
-fn count(users: &[UserReport], outcome: UserOutcome) -> i64 {
-    i64::try_from(users.iter().filter(|u| u.outcome == outcome).count()).unwrap_or(i64::MAX)
 }
 
 fn failed(user: Uuid, class: &str, message: &str) -> UserReport {

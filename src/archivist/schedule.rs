@@ -9,16 +9,21 @@
 //! whose lease cannot be renewed stops between batches; a tick every daemon
 //! missed is run once at start; shutdown waits for a run in progress, which
 //! stops between batches.
+//!
+//! [`eligibility`] says when the schedule will take one user: the rule of
+//! `archive_candidates.sql` applied to the user's mark, for the console.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration as Span, Utc};
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{Archivist, ArchivistError, Quiet, RunOptions, Trigger};
-use crate::config::cron_schedule;
+use crate::config::{ArchivistConfig, cron_schedule};
 use crate::repo;
+use crate::repo::archive::MarkView;
 
 /// The row of `archive_schedule` the daemons share.
 pub const SCHEDULE_NAME: &str = "archivist";
@@ -164,5 +169,169 @@ impl Archivist {
             }
         }
         stop.cancel();
+    }
+}
+
+/// When the schedule will next take a user, from its archive mark.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Eligibility {
+    /// `nothing_pending`, `inactive`, `eligible` or `waiting`.
+    pub state: &'static str,
+    /// From when the user is a candidate (`eligible`: now; `waiting`: later).
+    pub from: Option<DateTime<Utc>>,
+    /// The first scheduled run at or after `from` (none with the schedule off).
+    pub next_run: Option<DateTime<Utc>>,
+    /// What holds it back, in words.
+    pub why: String,
+}
+
+/// The candidate rule of `archive_candidates.sql` (the statement the
+/// schedule selects users with) applied to one mark at `now`, to say when:
+/// something pending, active within A, at least N pending or the oldest
+/// older than T, out of the cooldown, not backing off, not leased.
+pub fn eligibility(m: &MarkView, a: &ArchivistConfig, now: DateTime<Utc>) -> Eligibility {
+    let secs = |s: u64| Span::seconds(i64::try_from(s).unwrap_or(i64::MAX / 1000));
+    let none = |state, why: String| Eligibility {
+        state,
+        from: None,
+        next_run: None,
+        why,
+    };
+    if m.pending <= 0 {
+        return none("nothing_pending", "no turn is waiting".into());
+    }
+    let active_until = m.last_active_at.map(|t| t + secs(a.active_within_secs));
+    if active_until.is_none_or(|t| t < now) {
+        return none(
+            "inactive",
+            format!(
+                "not active within active_within_secs = {} s; the next turn (or archive now) takes it",
+                a.active_within_secs
+            ),
+        );
+    }
+    let (from, why) = due_from(m, a, now);
+    if active_until.is_some_and(|t| t < from) {
+        return none(
+            "inactive",
+            format!(
+                "inactive (active_within_secs = {} s) before it would be due: {}",
+                a.active_within_secs,
+                why.join("; ")
+            ),
+        );
+    }
+    let next_run = a
+        .enabled
+        .then(|| cron_schedule(&a.schedule).ok())
+        .flatten()
+        .and_then(|c| c.find_next_occurrence(&from.max(now), true).ok());
+    Eligibility {
+        state: if from > now { "waiting" } else { "eligible" },
+        from: Some(from),
+        next_run,
+        why: if why.is_empty() { "due".into() } else { why.join("; ") },
+    }
+}
+
+/// The latest of the times that hold an active user with pending turns
+/// back (not enough pending yet, the cooldown, a backoff, another runner's
+/// lease), and what each is; `now` and nothing when none does.
+fn due_from(m: &MarkView, a: &ArchivistConfig, now: DateTime<Utc>) -> (DateTime<Utc>, Vec<String>) {
+    let secs = |s: u64| Span::seconds(i64::try_from(s).unwrap_or(i64::MAX / 1000));
+    let young = u64::try_from(m.pending).unwrap_or(0) < a.min_pending;
+    let holds = [
+        (
+            m.pending_since
+                .map(|t| t + secs(a.max_pending_age_secs))
+                .filter(|_| young),
+            format!(
+                "{} pending < min_pending {} until the oldest is max_pending_age_secs = {} s old",
+                m.pending, a.min_pending, a.max_pending_age_secs
+            ),
+        ),
+        (
+            m.last_archived_at.map(|t| t + secs(a.cooldown_secs)),
+            format!("cooldown_secs = {} s after the last archive", a.cooldown_secs),
+        ),
+        (m.retry_after, format!("backing off after {} failures", m.failures)),
+        (
+            m.lease_expires_at,
+            format!("leased to {}", m.lease_owner.as_deref().unwrap_or("?")),
+        ),
+    ];
+    let mut from = now;
+    let mut why = Vec::new();
+    for (until, what) in holds {
+        if let Some(t) = until.filter(|t| *t > from) {
+            from = t;
+            why.push(what);
+        }
+    }
+    (from, why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    fn mark(pending: i64) -> MarkView {
+        let now = Utc::now();
+        MarkView {
+            user_id: Uuid::nil(),
+            logged_seq: pending,
+            archived_seq: 0,
+            pending,
+            pending_since: Some(now - Span::seconds(10)),
+            last_active_at: Some(now - Span::seconds(5)),
+            last_archived_at: None,
+            memory_version: 0,
+            lease_owner: None,
+            lease_expires_at: None,
+            failures: 0,
+            retry_after: None,
+            last_error: None,
+        }
+    }
+
+    fn cfg() -> ArchivistConfig {
+        ArchivistConfig {
+            min_pending: 20,
+            max_pending_age_secs: 3600,
+            active_within_secs: 86_400,
+            cooldown_secs: 600,
+            ..ArchivistConfig::default()
+        }
+    }
+
+    #[test]
+    fn few_young_turns_wait_for_the_age_threshold() {
+        let now = Utc::now();
+        let m = mark(3);
+        let e = eligibility(&m, &cfg(), now);
+        assert_eq!(e.state, "waiting");
+        assert_eq!(e.from, m.pending_since.map(|t| t + Span::seconds(3600)));
+        assert!(e.why.contains("min_pending"), "{}", e.why);
+    }
+
+    #[test]
+    fn enough_turns_are_due_now_unless_in_cooldown() {
+        let now = Utc::now();
+        let mut m = mark(25);
+        assert_eq!(eligibility(&m, &cfg(), now).state, "eligible");
+        m.last_archived_at = Some(now - Span::seconds(60));
+        let e = eligibility(&m, &cfg(), now);
+        assert_eq!(e.state, "waiting");
+        assert!(e.why.contains("cooldown"), "{}", e.why);
+    }
+
+    #[test]
+    fn nothing_pending_or_inactive_is_never_due() {
+        let now = Utc::now();
+        assert_eq!(eligibility(&mark(0), &cfg(), now).state, "nothing_pending");
+        let mut m = mark(25);
+        m.last_active_at = Some(now - Span::days(2));
+        assert_eq!(eligibility(&m, &cfg(), now).state, "inactive");
     }
 }

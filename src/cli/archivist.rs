@@ -3,9 +3,11 @@
 //!
 //! `run` without `--user` archives every user the thresholds select, as the
 //! schedule in `maasd` does; with `--user` it archives that user regardless
-//! of thresholds and cooldown. On a terminal, progress is a bar (users done,
-//! logs and records so far; failures printed above it); otherwise one plain
-//! line per user. Either way a final summary line follows; `--json` prints
+//! of thresholds and cooldown: "archive now" ([`control::archive_now`], as
+//! from the console), recorded in `operator_actions` as `archive_run` under
+//! the operator's name and `--reason`. On a terminal, progress is a bar
+//! (users done, logs and records so far; failures printed above it);
+//! otherwise one plain line per user. Either way a final summary line follows; `--json` prints
 //! the run report instead. Exit 1 when a user failed.
 
 use std::io::{IsTerminal, Write};
@@ -16,9 +18,10 @@ use clap::Subcommand;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{CliError, Outcome, connect};
+use super::{CliError, Outcome, connect, parse_id};
 use crate::archivist::{Archivist, Progress, RunOptions, RunReport, Trigger, UserOutcome, UserReport};
 use crate::config::Config;
+use crate::control;
 use crate::db;
 use crate::llm::Llm;
 use crate::repo;
@@ -34,6 +37,9 @@ pub enum ArchivistCommand {
         /// call no model, change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Why (recorded with a run of one user).
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// A user's archive state and memory version.
     Show {
@@ -42,18 +48,25 @@ pub enum ArchivistCommand {
     },
 }
 
-fn parse_user(s: &str) -> Result<Uuid, CliError> {
-    s.trim()
-        .parse()
-        .map_err(|_| CliError::Usage(format!("{s:?} is not a user id (a UUID)")))
+/// What `archivist run` does: to whom, as whom, and whether for real.
+struct Ask {
+    user: Option<Uuid>,
+    dry_run: bool,
+    actor: String,
+    reason: Option<String>,
 }
 
-pub async fn run(cfg: &Config, command: ArchivistCommand, json: bool) -> Result<Outcome, CliError> {
+pub async fn run(cfg: &Config, command: ArchivistCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
     match command {
-        ArchivistCommand::Show { user } => show(cfg, parse_user(&user)?, json).await,
-        ArchivistCommand::Run { user, dry_run } => {
-            let user = user.as_deref().map(parse_user).transpose()?;
-            run_once(cfg, user, dry_run, json).await
+        ArchivistCommand::Show { user } => show(cfg, parse_id(&user, "user")?, json).await,
+        ArchivistCommand::Run { user, dry_run, reason } => {
+            let ask = Ask {
+                user: user.as_deref().map(|u| parse_id(u, "user")).transpose()?,
+                dry_run,
+                actor: actor.to_owned(),
+                reason,
+            };
+            run_once(cfg, &ask, json).await
         }
     }
 }
@@ -140,13 +153,20 @@ fn describe(r: &UserReport) -> String {
     }
 }
 
-async fn run_once(cfg: &Config, user: Option<Uuid>, dry_run: bool, json: bool) -> Result<Outcome, CliError> {
+/// The archivist of this command: a pool of its own, sized for its users.
+fn archivist(cfg: &Config) -> Result<Archivist, CliError> {
     let llm = Arc::new(Llm::from_config(&cfg.llm, &cfg.llm_provider)?);
     let mut sized = cfg.clone();
     sized.pool_size = cfg.archivist.concurrency + 2;
     let pool = db::connect_pool(&sized, "maasctl-archivist")?;
     let worker = format!("maasctl:{}", crate::sys::worker_id());
-    let archivist = Archivist::new(pool, llm, Arc::new(cfg.clone()), worker);
+    Ok(Archivist::new(pool, llm, Arc::new(cfg.clone()), worker))
+}
+
+/// One run, its progress on the terminal (a bar), as lines, or silent
+/// with `--json`; Ctrl-C stops it between batches.
+async fn run_once(cfg: &Config, ask: &Ask, json: bool) -> Result<Outcome, CliError> {
+    let archivist = archivist(cfg)?;
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
     tokio::spawn(async move {
@@ -154,24 +174,18 @@ async fn run_once(cfg: &Config, user: Option<Uuid>, dry_run: bool, json: bool) -
             on_signal.cancel();
         }
     });
-    let opts = RunOptions {
-        trigger: Trigger::Manual,
-        user,
-        dry_run,
-        tick: None,
-    };
     let report = if json {
-        archivist.run(opts, &Silent, &cancel).await?
+        run_with(&archivist, ask, &Silent, &cancel).await?
     } else if std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
         let bar = Bar::new();
-        let report = archivist.run(opts, &bar, &cancel).await;
+        let report = run_with(&archivist, ask, &bar, &cancel).await;
         bar.bar.finish_and_clear();
         report?
     } else {
         let lines = Lines {
             out: Mutex::new(std::io::stdout()),
         };
-        archivist.run(opts, &lines, &cancel).await?
+        run_with(&archivist, ask, &lines, &cancel).await?
     };
     print_report(&report, json)?;
     Ok(if report.failures > 0 {
@@ -179,6 +193,26 @@ async fn run_once(cfg: &Config, user: Option<Uuid>, dry_run: bool, json: bool) -
     } else {
         Outcome::Ok
     })
+}
+
+/// A run of one user is "archive now" (recorded); of every candidate, or a
+/// dry run, a plain run.
+async fn run_with(
+    archivist: &Archivist,
+    ask: &Ask,
+    progress: &dyn Progress,
+    cancel: &CancellationToken,
+) -> Result<RunReport, CliError> {
+    if let (Some(user), false) = (ask.user, ask.dry_run) {
+        return Ok(control::archive_now(archivist, user, &ask.actor, ask.reason.as_deref(), progress, cancel).await?);
+    }
+    let opts = RunOptions {
+        trigger: Trigger::Manual,
+        user: ask.user,
+        dry_run: ask.dry_run,
+        tick: None,
+    };
+    Ok(archivist.run(opts, progress, cancel).await?)
 }
 
 fn print_report(report: &RunReport, json: bool) -> Result<(), CliError> {

@@ -146,6 +146,7 @@ impl From<crate::control::Error> for CliError {
     fn from(e: crate::control::Error) -> Self {
         match e {
             crate::control::Error::Db(e) => CliError::Db(e),
+            crate::control::Error::Archive(e) => CliError::Archivist(e),
             other => CliError::Usage(other.to_string()),
         }
     }
@@ -194,7 +195,7 @@ pub async fn run(cli: Cli) -> Result<Outcome, CliError> {
         }
         Command::Archivist { command } => {
             let cfg = Config::load(cli.config.as_deref())?;
-            archivist::run(&cfg, command, cli.json).await
+            archivist::run(&cfg, command, &actor(cli.operator), cli.json).await
         }
         Command::Users { command } => {
             let cfg = Config::load(cli.config.as_deref())?;
@@ -235,11 +236,11 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     std::time::Duration::try_from_secs_f64(n * mult).map_err(|_| format!("{text:?} is out of range"))
 }
 
-/// Parses a request id argument.
-pub(crate) fn parse_id(id: &str) -> Result<uuid::Uuid, CliError> {
+/// Parses the id of a `what` ("request", "user") given as an argument.
+pub(crate) fn parse_id(id: &str, what: &str) -> Result<uuid::Uuid, CliError> {
     id.trim()
         .parse()
-        .map_err(|_| CliError::Usage(format!("{id:?} is not a request id (expected a uuid)")))
+        .map_err(|_| CliError::Usage(format!("{id:?} is not a {what} id (expected a uuid)")))
 }
 
 /// Flattens a string to one line of at most `max` characters.

@@ -4,16 +4,15 @@
 //! Changes are serialised per role and recorded in `operator_actions`.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 
 use super::{CliError, Outcome, connect};
 use crate::config::Config;
-use crate::repo::{audit, prompts};
-
-/// The roles of `system_prompts.role_name`.
-pub const ROLES: [&str; 4] = crate::model::PromptRole::NAMES;
+use crate::control;
+use crate::model::PromptRole;
+use crate::repo::prompts::{self, PromptSummary};
 
 #[derive(Subcommand, Debug)]
 pub enum PromptsCommand {
@@ -45,132 +44,161 @@ pub enum PromptsCommand {
     },
 }
 
-/// Accepts the stored names case-insensitively, plus `responder`.
-pub fn parse_role(text: &str) -> Result<&'static str, CliError> {
-    let t = text.trim().to_ascii_lowercase().replace(['_', '-'], "");
-    let t = if t == "responder" {
-        "finalresponder".to_owned()
-    } else {
-        t
-    };
-    ROLES
-        .into_iter()
-        .find(|r| r.to_ascii_lowercase() == t)
-        .ok_or_else(|| CliError::Usage(format!("unknown role {text:?} (one of {})", ROLES.join(", "))))
+/// The role an operator names ([`control::parse_role`]), or a usage error.
+fn parse_role(text: &str) -> Result<PromptRole, CliError> {
+    control::parse_role(text).map_err(|_| {
+        CliError::Usage(format!(
+            "unknown role {text:?} (one of {})",
+            PromptRole::NAMES.join(", ")
+        ))
+    })
 }
 
 pub async fn run(cfg: &Config, cmd: PromptsCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
     match cmd {
-        PromptsCommand::List => {
-            let client = connect(cfg).await?;
-            let rows = prompts::list(&client).await?;
-            if json {
-                println!("{}", serde_json::to_string(&rows).map_err(std::io::Error::other)?);
-                return Ok(Outcome::Ok);
-            }
-            println!(
-                "{:<15} {:>7} {:>8} {:>7} {:>8}  active since",
-                "role", "active", "versions", "latest", "chars"
-            );
-            for r in &rows {
-                println!(
-                    "{:<15} {:>7} {:>8} {:>7} {:>8}  {}",
-                    r.role,
-                    r.active_version.map(|v| v.to_string()).unwrap_or_else(|| "NONE".into()),
-                    r.versions,
-                    r.latest_version,
-                    r.active_chars.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-                    r.active_since.map(|t| t.to_rfc3339()).unwrap_or_default()
-                );
-            }
-            let missing: Vec<&str> = ROLES
-                .into_iter()
-                .filter(|role| !rows.iter().any(|r| r.role == *role && r.active_version.is_some()))
-                .collect();
-            if !missing.is_empty() {
-                println!("no active prompt: {}", missing.join(", "));
-                return Ok(Outcome::Finding);
-            }
-            Ok(Outcome::Ok)
-        }
-        PromptsCommand::Show { role, version } => {
-            let role = parse_role(&role)?;
-            let client = connect(cfg).await?;
-            let Some(p) = prompts::show(&client, role, version).await? else {
-                match version {
-                    Some(v) => eprintln!("{role} has no version {v}"),
-                    None => eprintln!("{role} has no active prompt"),
-                }
-                return Ok(Outcome::Finding);
-            };
-            if json {
-                println!("{}", serde_json::to_string(&p).map_err(std::io::Error::other)?);
-            } else {
-                eprintln!(
-                    "# {} version {}{}, created {}",
-                    p.role,
-                    p.version,
-                    if p.active { " (active)" } else { "" },
-                    p.created_at.to_rfc3339()
-                );
-                println!("{}", p.text);
-            }
-            Ok(Outcome::Ok)
-        }
+        PromptsCommand::List => list(cfg, json).await,
+        PromptsCommand::Show { role, version } => show(cfg, parse_role(&role)?, version, json).await,
         PromptsCommand::Set { role, file, reason } => {
             let role = parse_role(&role)?;
-            let text = if file.as_os_str() == "-" {
-                let mut s = String::new();
-                std::io::stdin().read_to_string(&mut s)?;
-                s
-            } else {
-                std::fs::read_to_string(&file)
-                    .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", file.display())))?
-            };
-            if text.trim().is_empty() {
-                return Err(CliError::Usage(format!(
-                    "{} is empty; a prompt needs text",
-                    file.display()
-                )));
-            }
-            let mut client = connect(cfg).await?;
-            let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-            let (was, new) = prompts::set(&tx, role, &text).await?;
-            let detail =
-                serde_json::json!({"role": role, "version": new, "previous": was, "chars": text.chars().count()});
-            audit::record(&tx, "prompt_set", actor, reason.as_deref(), &detail).await?;
-            tx.commit().await.map_err(crate::db::Error::from)?;
-            if json {
-                println!("{detail}");
-            } else {
-                println!(
-                    "{role}: version {new} is active ({} characters){}",
-                    text.chars().count(),
-                    was.map(|v| format!("; version {v} kept (`maasctl prompts activate {role} {v}` rolls back)"))
-                        .unwrap_or_default()
-                );
-            }
-            Ok(Outcome::Ok)
+            let text = read_prompt(&file)?;
+            set(cfg, role, &text, actor, reason.as_deref(), json).await
         }
         PromptsCommand::Activate { role, version, reason } => {
-            let role = parse_role(&role)?;
-            let mut client = connect(cfg).await?;
-            let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-            let (was, found) = prompts::activate(&tx, role, version).await?;
-            if !found {
-                drop(tx); // rolls back: the previous version stays active
-                eprintln!("{role} has no version {version}; nothing changed");
-                return Ok(Outcome::Finding);
-            }
-            let detail = serde_json::json!({"role": role, "version": version, "previous": was});
-            audit::record(&tx, "prompt_activate", actor, reason.as_deref(), &detail).await?;
-            tx.commit().await.map_err(crate::db::Error::from)?;
-            if json {
-                println!("{detail}");
-            } else {
-                println!("{role}: version {version} is active");
-            }
-            Ok(Outcome::Ok)
+            activate(cfg, parse_role(&role)?, version, actor, reason.as_deref(), json).await
         }
     }
+}
+
+/// One line of `list` for a role's prompts.
+fn summary_line(r: &PromptSummary) -> String {
+    let or = |v: Option<String>, none: &str| v.unwrap_or_else(|| none.to_owned());
+    format!(
+        "{:<15} {:>7} {:>8} {:>7} {:>8}  {}",
+        r.role,
+        or(r.active_version.map(|v| v.to_string()), "NONE"),
+        r.versions,
+        r.latest_version,
+        or(r.active_chars.map(|c| c.to_string()), "-"),
+        or(r.active_since.map(|t| t.to_rfc3339()), "")
+    )
+}
+
+/// `prompts list`: a finding when a role has no active prompt.
+async fn list(cfg: &Config, json: bool) -> Result<Outcome, CliError> {
+    let client = connect(cfg).await?;
+    let rows = prompts::list(&client).await?;
+    if json {
+        println!("{}", serde_json::to_string(&rows).map_err(std::io::Error::other)?);
+        return Ok(Outcome::Ok);
+    }
+    let header = format!(
+        "{:<15} {:>7} {:>8} {:>7} {:>8}  active since",
+        "role", "active", "versions", "latest", "chars"
+    );
+    println!("{header}");
+    rows.iter().map(summary_line).for_each(|line| println!("{line}"));
+    let missing: Vec<&str> = PromptRole::NAMES
+        .into_iter()
+        .filter(|role| !rows.iter().any(|r| r.role == *role && r.active_version.is_some()))
+        .collect();
+    if missing.is_empty() {
+        return Ok(Outcome::Ok);
+    }
+    println!("no active prompt: {}", missing.join(", "));
+    Ok(Outcome::Finding)
+}
+
+/// `prompts show`: the text on stdout, what it is on stderr.
+async fn show(cfg: &Config, role: PromptRole, version: Option<i32>, json: bool) -> Result<Outcome, CliError> {
+    let client = connect(cfg).await?;
+    let Some(p) = prompts::show(&client, role, version).await? else {
+        match version {
+            Some(v) => eprintln!("{role} has no version {v}"),
+            None => eprintln!("{role} has no active prompt"),
+        }
+        return Ok(Outcome::Finding);
+    };
+    if json {
+        println!("{}", serde_json::to_string(&p).map_err(std::io::Error::other)?);
+    } else {
+        eprintln!(
+            "# {} version {}{}, created {}",
+            p.role,
+            p.version,
+            if p.active { " (active)" } else { "" },
+            p.created_at.to_rfc3339()
+        );
+        println!("{}", p.text);
+    }
+    Ok(Outcome::Ok)
+}
+
+/// The text of a prompt file (`-`: standard input); empty text is refused.
+fn read_prompt(file: &Path) -> Result<String, CliError> {
+    let text = if file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        s
+    } else {
+        std::fs::read_to_string(file).map_err(|e| CliError::Usage(format!("cannot read {}: {e}", file.display())))?
+    };
+    if text.trim().is_empty() {
+        return Err(CliError::Usage(format!(
+            "{} is empty; a prompt needs text",
+            file.display()
+        )));
+    }
+    Ok(text)
+}
+
+/// `prompts set`: [`control::set_prompt`].
+async fn set(
+    cfg: &Config,
+    role: PromptRole,
+    text: &str,
+    actor: &str,
+    reason: Option<&str>,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let mut client = connect(cfg).await?;
+    let change = control::set_prompt(&mut client, role, text, actor, reason).await?;
+    let chars = text.chars().count();
+    if json {
+        let mut detail = change.detail();
+        detail["chars"] = serde_json::json!(chars);
+        println!("{detail}");
+    } else {
+        println!(
+            "{role}: version {} is active ({chars} characters){}",
+            change.version,
+            change
+                .previous
+                .map(|v| format!("; version {v} kept (`maasctl prompts activate {role} {v}` rolls back)"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(Outcome::Ok)
+}
+
+/// `prompts activate`: [`control::activate_prompt`]; a finding when the
+/// role has no such version.
+async fn activate(
+    cfg: &Config,
+    role: PromptRole,
+    version: i32,
+    actor: &str,
+    reason: Option<&str>,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let mut client = connect(cfg).await?;
+    let Some(change) = control::activate_prompt(&mut client, role, version, actor, reason).await? else {
+        eprintln!("{role} has no version {version}; nothing changed");
+        return Ok(Outcome::Finding);
+    };
+    if json {
+        println!("{}", change.detail());
+    } else {
+        println!("{role}: version {version} is active");
+    }
+    Ok(Outcome::Ok)
 }

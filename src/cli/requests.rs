@@ -92,7 +92,25 @@ pub async fn run(cfg: &Config, cmd: RequestsCommand, actor: &str, json: bool) ->
 }
 
 fn parse_ids(ids: &[String]) -> Result<Vec<Uuid>, CliError> {
-    ids.iter().map(|s| parse_id(s)).collect()
+    ids.iter().map(|s| parse_id(s, "request")).collect()
+}
+
+/// The statuses of `--status` (any case), as stored.
+fn parse_statuses(given: &[String]) -> Result<Vec<String>, CliError> {
+    given
+        .iter()
+        .map(|s| s.trim().to_ascii_uppercase())
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let st: Status = s.parse().map_err(|_| {
+                CliError::Usage(format!(
+                    "unknown status {s:?} (one of {})",
+                    Status::ALL.map(Status::as_str).join(", ")
+                ))
+            })?;
+            Ok(st.as_str().to_owned())
+        })
+        .collect()
 }
 
 async fn list(
@@ -103,31 +121,10 @@ async fn list(
     limit: usize,
     json: bool,
 ) -> Result<Outcome, CliError> {
-    let mut statuses = Vec::new();
-    for s in status
-        .iter()
-        .map(|s| s.trim().to_ascii_uppercase())
-        .filter(|s| !s.is_empty())
-    {
-        let st: Status = s.parse().map_err(|_| {
-            CliError::Usage(format!(
-                "unknown status {s:?} (one of {})",
-                Status::ALL.map(Status::as_str).join(", ")
-            ))
-        })?;
-        statuses.push(st.as_str().to_owned());
-    }
-    let user_id = match user {
-        Some(u) => Some(
-            u.trim()
-                .parse::<Uuid>()
-                .map_err(|_| CliError::Usage(format!("{u:?} is not a user id (expected a uuid)")))?,
-        ),
-        None => None,
-    };
+    let statuses = parse_statuses(&status)?;
     let filter = requests::ListFilter {
         statuses: (!statuses.is_empty()).then_some(statuses),
-        user_id,
+        user_id: user.as_deref().map(|u| parse_id(u, "user")).transpose()?,
         older_than,
         limit,
     };
@@ -135,30 +132,30 @@ async fn list(
     let rows = requests::list(&client, &filter).await?;
     if json {
         println!("{}", serde_json::to_string(&rows).map_err(std::io::Error::other)?);
-        return Ok(Outcome::Ok);
-    }
-    if rows.is_empty() {
+    } else if rows.is_empty() {
         println!("no requests match");
-        return Ok(Outcome::Ok);
+    } else {
+        print_rows(&rows, limit);
     }
+    Ok(Outcome::Ok)
+}
+
+/// The table of `list`: one line per request, and what its flags mean.
+fn print_rows(rows: &[requests::RequestSummary], limit: usize) {
     println!(
         "{:<36}  {:<10} {:>3} {:>7} {:>7}  {:<5} error / query",
         "id", "status", "try", "age", "changed", "flags"
     );
-    for r in &rows {
-        let mut flags = String::new();
-        if r.debug {
-            flags.push('d');
-        }
-        if r.held {
-            flags.push('H');
-        }
-        if r.has_callback {
-            flags.push('c');
-        }
-        if r.lease_owner.is_some() {
-            flags.push('L');
-        }
+    for r in rows {
+        let flags: String = [
+            (r.debug, 'd'),
+            (r.held, 'H'),
+            (r.has_callback, 'c'),
+            (r.lease_owner.is_some(), 'L'),
+        ]
+        .into_iter()
+        .filter_map(|(on, flag)| on.then_some(flag))
+        .collect();
         let text = match &r.error {
             Some(e) => one_line(e, 90),
             None => format!("\"{}\"", one_line(&r.query, 60)),
@@ -179,11 +176,10 @@ async fn list(
         rows.len(),
         if rows.len() == limit { ", more with --limit" } else { "" }
     );
-    Ok(Outcome::Ok)
 }
 
 async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
-    let id = parse_id(id)?;
+    let id = parse_id(id, "request")?;
     let client = connect(cfg).await?;
     let Some(run) = requests::get(&client, id).await? else {
         if json {
@@ -203,6 +199,17 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
         );
         return Ok(Outcome::Ok);
     }
+    print_request(&run);
+    print_memory(&run);
+    print_outputs(&run);
+    print_steps(&steps);
+    print_actions(&actions);
+    print_callbacks(&callbacks);
+    Ok(Outcome::Ok)
+}
+
+/// The request's state: who, when, the lease, debug mode, the query.
+fn print_request(run: &requests::Request) {
     println!("request   {}", run.id);
     println!("status    {}", run.status);
     println!("user      {}", run.user_id);
@@ -218,15 +225,13 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
     if run.run_after > run.updated_at {
         println!("waiting   until {} (backoff)", run.run_after.to_rfc3339());
     }
-    if run.debug {
-        if run.held {
-            println!(
-                "debug     yes; HELD in {}: `maasctl requests continue {}` releases the next stage",
-                run.status, run.id
-            );
-        } else {
-            println!("debug     yes (rests in ANALYZED and READY until continued)");
-        }
+    match (run.debug, run.held) {
+        (true, true) => println!(
+            "debug     yes; HELD in {}: `maasctl requests continue {}` releases the next stage",
+            run.status, run.id
+        ),
+        (true, false) => println!("debug     yes (rests in ANALYZED and READY until continued)"),
+        (false, _) => {}
     }
     if let Some(url) = &run.callback_url {
         println!("callback  {url}");
@@ -241,33 +246,46 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
     if let Some(c) = &run.final_context_payload {
         println!("context   {} characters", c.chars().count());
     }
-    if let Some(sources) = run.context_sources.as_ref().and_then(|v| v.as_array()) {
-        println!("memory    {} items in the context", sources.len());
-        for s in sources {
-            let score = s["score"]
-                .as_f64()
-                .map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
-            println!(
-                "  {:<6} {:>10}  score {:>8}  {}",
-                s["kind"].as_str().unwrap_or("?"),
-                s["id"],
-                score,
-                s["why"].as_str().unwrap_or("?")
-            );
-        }
+}
+
+/// The memory items in the request's context, each with its score and why.
+fn print_memory(run: &requests::Request) {
+    let Some(sources) = run.context_sources.as_ref().and_then(|v| v.as_array()) else {
+        return;
+    };
+    println!("memory    {} items in the context", sources.len());
+    for s in sources {
+        let score = s["score"]
+            .as_f64()
+            .map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
+        println!(
+            "  {:<6} {:>10}  score {:>8}  {}",
+            s["kind"].as_str().unwrap_or("?"),
+            s["id"],
+            score,
+            s["why"].as_str().unwrap_or("?")
+        );
     }
+}
+
+/// The answer or the error.
+fn print_outputs(run: &requests::Request) {
     if let Some(a) = &run.final_answer {
         println!("answer    {}", one_line(a, 500));
     }
     if let Some(e) = &run.error {
         println!("error     {e}");
     }
+}
+
+/// The step history, one line per finished attempt.
+fn print_steps(steps: &[steps::Step]) {
     println!();
     println!(
         "{:<9} {:>7} {:<14} {:>9} {:<24} {:<28} error",
         "stage", "attempt", "outcome", "ms", "started", "worker"
     );
-    for s in &steps {
+    for s in steps {
         let err = match (&s.error_class, &s.error_message) {
             (Some(c), Some(m)) => format!("{c}: {}", one_line(m, 160)),
             (Some(c), None) => c.clone(),
@@ -287,49 +305,58 @@ async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
     if steps.is_empty() {
         println!("(no finished stage attempts yet)");
     }
-    if !actions.is_empty() {
-        println!();
-        println!("operator actions:");
-        for a in &actions {
-            println!(
-                "  {}  {:<8} by {:<12} {} -> {}{}",
-                a.at.format("%Y-%m-%d %H:%M:%S"),
-                a.action,
-                a.actor,
-                a.from_status.as_deref().unwrap_or("-"),
-                a.to_status.as_deref().unwrap_or("-"),
-                a.reason
-                    .as_deref()
-                    .map(|r| format!("  ({})", one_line(r, 120)))
-                    .unwrap_or_default()
-            );
-        }
+}
+
+/// The operator actions on the request, if any.
+fn print_actions(actions: &[audit::Action]) {
+    if actions.is_empty() {
+        return;
     }
-    if !callbacks.is_empty() {
-        println!();
-        println!("callbacks:");
-        for c in &callbacks {
-            let detail = match (c.state.as_str(), &c.last_error) {
-                ("delivered", _) => format!(
-                    "delivered {} (HTTP {})",
-                    c.delivered_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
-                    c.last_status.unwrap_or_default()
-                ),
-                ("pending", Some(e)) => format!(
-                    "next attempt {}; last: {}",
-                    c.next_attempt_at.to_rfc3339(),
-                    one_line(e, 100)
-                ),
-                ("pending", None) => format!("next attempt {}", c.next_attempt_at.to_rfc3339()),
-                (_, e) => format!(
-                    "dead; last: {}",
-                    e.as_deref().map(|e| one_line(e, 100)).unwrap_or_default()
-                ),
-            };
-            println!("  #{:<6} {:<18} attempts {:<3} {}", c.id, c.event, c.attempts, detail);
-        }
+    println!();
+    println!("operator actions:");
+    for a in actions {
+        println!(
+            "  {}  {:<8} by {:<12} {} -> {}{}",
+            a.at.format("%Y-%m-%d %H:%M:%S"),
+            a.action,
+            a.actor,
+            a.from_status.as_deref().unwrap_or("-"),
+            a.to_status.as_deref().unwrap_or("-"),
+            a.reason
+                .as_deref()
+                .map(|r| format!("  ({})", one_line(r, 120)))
+                .unwrap_or_default()
+        );
     }
-    Ok(Outcome::Ok)
+}
+
+/// The callback deliveries of the request, if any.
+fn print_callbacks(callbacks: &[callbacks::CallbackView]) {
+    if callbacks.is_empty() {
+        return;
+    }
+    println!();
+    println!("callbacks:");
+    for c in callbacks {
+        let detail = match (c.state.as_str(), &c.last_error) {
+            ("delivered", _) => format!(
+                "delivered {} (HTTP {})",
+                c.delivered_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                c.last_status.unwrap_or_default()
+            ),
+            ("pending", Some(e)) => format!(
+                "next attempt {}; last: {}",
+                c.next_attempt_at.to_rfc3339(),
+                one_line(e, 100)
+            ),
+            ("pending", None) => format!("next attempt {}", c.next_attempt_at.to_rfc3339()),
+            (_, e) => format!(
+                "dead; last: {}",
+                e.as_deref().map(|e| one_line(e, 100)).unwrap_or_default()
+            ),
+        };
+        println!("  #{:<6} {:<18} attempts {:<3} {}", c.id, c.event, c.attempts, detail);
+    }
 }
 
 async fn retry(
@@ -449,7 +476,7 @@ async fn continue_(
         cfg,
         ids,
         json,
-        async |client, id| control::continue_run(client, id, actor, reason).await,
+        async |client, id| control::continue_request(client, id, actor, reason).await,
         |id, outcome| match outcome {
             ContinueOutcome::Released { status, next } => {
                 println!("continued {id}: the {next} stage will pick it up from {status}");

@@ -1,10 +1,11 @@
 //! `maasctl sweep [--dry-run]`: one catch-up sweep from the command line.
-//! It takes back expired leases (as the daemon's sweep does) and rings the
-//! doorbell on `pipeline_events` for due rows, so the running daemons claim
-//! them. It runs no stage itself.
+//! It takes back expired leases (with [`reclaim_all`], as the daemon's
+//! sweep does) and rings the doorbell on `pipeline_events` for due rows, so
+//! the running daemons claim them. It runs no stage itself.
 
 use super::{CliError, Outcome, connect};
 use crate::config::Config;
+use crate::dispatcher::sweep::reclaim_all;
 use crate::repo;
 
 pub async fn run(cfg: &Config, dry_run: bool, json: bool) -> Result<Outcome, CliError> {
@@ -12,14 +13,7 @@ pub async fn run(cfg: &Config, dry_run: bool, json: bool) -> Result<Outcome, Cli
     let expired = repo::requests::count_expired_leases(&client).await?;
     let mut recovered = Vec::new();
     if !dry_run {
-        loop {
-            let batch = repo::reclaim_expired(&client, cfg.max_attempts, 500).await?;
-            let n = batch.len();
-            recovered.extend(batch);
-            if n < 500 {
-                break;
-            }
-        }
+        reclaim_all(&client, cfg.max_attempts, |batch| recovered.extend_from_slice(batch)).await?;
     }
     let due = repo::due_counts(&client).await?;
     let found: i64 = due.iter().map(|d| d.1).sum();

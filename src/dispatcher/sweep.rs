@@ -5,7 +5,8 @@
 //! - Runs every `sweep_secs` (jittered ±10 %, so daemons do not sweep in
 //!   lockstep) and at once after the LISTEN session (re)connects.
 //! - An expired lease goes back to its ready status (attempt spent) or to
-//!   `FAILED` past `max_attempts`, in batches of 500 rows.
+//!   `FAILED` past `max_attempts`, in batches of [`RECLAIM_BATCH`] rows
+//!   ([`reclaim_all`], which `maasctl sweep` uses too).
 //! - A failed sweep is logged and tried again at the next tick.
 
 use std::sync::Arc;
@@ -17,8 +18,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::Engine;
 use crate::model::StageKind;
-use crate::repo;
+use crate::repo::{self, GenericClient, Reclaimed};
 use crate::service::Service;
+
+/// Rows the sweep takes back per statement.
+pub const RECLAIM_BATCH: usize = 500;
 
 /// The sweep as a daemon service.
 pub struct Sweep {
@@ -62,18 +66,13 @@ impl Engine {
     /// One sweep: take back expired leases, then wake every dispatcher.
     pub async fn sweep_once(&self) -> Result<usize, crate::db::Error> {
         let client = self.pool.get().await?;
-        let mut total = 0;
-        loop {
-            let batch = repo::reclaim_expired(&client, self.cfg.max_attempts, 500).await?;
-            for r in &batch {
+        let total = reclaim_all(&client, self.cfg.max_attempts, |batch| {
+            for r in batch {
                 tracing::warn!(request.id = %r.id, was = %r.was, now = %r.new_status, "sweep: lease expired; row taken back");
             }
-            total += batch.len();
             self.stats.reclaimed.fetch_add(batch.len() as u64, Ordering::Relaxed);
-            if batch.len() < 500 {
-                break;
-            }
-        }
+        })
+        .await?;
         drop(client);
         self.liveness.swept();
         for stage in StageKind::ALL {
@@ -83,5 +82,24 @@ impl Engine {
         }
         tracing::trace!(reclaimed = total, "sweep done");
         Ok(total)
+    }
+}
+
+/// Takes back every expired lease, [`RECLAIM_BATCH`] rows per statement,
+/// handing each batch to `taken` as it goes; returns how many. The sweep
+/// of the daemon and `maasctl sweep` both take leases back with it.
+pub async fn reclaim_all(
+    client: &impl GenericClient,
+    max_attempts: u32,
+    mut taken: impl FnMut(&[Reclaimed]),
+) -> Result<usize, crate::db::Error> {
+    let mut total = 0;
+    loop {
+        let batch = repo::reclaim_expired(client, max_attempts, RECLAIM_BATCH).await?;
+        taken(&batch);
+        total += batch.len();
+        if batch.len() < RECLAIM_BATCH {
+            return Ok(total);
+        }
     }
 }

@@ -21,6 +21,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
+use super::input::parse_id;
 use super::limits::{Caller, Pass};
 use super::live::{Follower, RequestState, Target};
 use super::tenancy::{self, Need, Principal};
@@ -225,10 +226,6 @@ fn fingerprint(req: &NewRequest<'_>) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    super::input::parse_id(raw, "request")
-}
-
 /// Parses a wait: `30s`, `500ms`, `2m`, or plain seconds (`30`, `1.5`).
 pub fn parse_wait(raw: &str) -> Option<Duration> {
     let s = raw.trim();
@@ -260,7 +257,7 @@ pub async fn status(
     Path(id): Path<String>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "request")?;
     let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     let with_context = match params.get("include").map(String::as_str) {
         None => false,
@@ -350,48 +347,6 @@ async fn state_after_wait(
     Ok(state)
 }
 
-/// `POST /api/query/{id}/continue`: releases the next stage of a debug run
-/// resting in `ANALYZED` or `READY` (the step-by-step debug mode). 200 with
-/// `{request_id, status, next_stage}` when released; 409 when the run is not
-/// resting; 404 for an unknown id.
-pub async fn continue_run(
-    State(app): State<AppState>,
-    Extension(who): Extension<Principal>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    use crate::control::ContinueOutcome;
-    let id = parse_id(&id)?;
-    let client = app
-        .pool
-        .get()
-        .await
-        .map_err(|e| ApiError::unavailable("database", format!("database unavailable: {e}")))?;
-    if !q::is_of_tenant(&client, id, who.tenant).await? {
-        return Err(ApiError::not_found(format!("no request {id}")));
-    }
-    let outcome = crate::control::continue_run(&client, id, "http", None)
-        .await
-        .map_err(|e| ApiError::unavailable("database", format!("database error: {e}")))?;
-    match outcome {
-        ContinueOutcome::Released { status, next } => Ok(Json(serde_json::json!({
-            "request_id": id,
-            "status": status.as_str(),
-            "next_stage": next.as_str(),
-        }))
-        .into_response()),
-        ContinueOutcome::NotHeld { status, debug } => Err(ApiError::new(
-            axum::http::StatusCode::CONFLICT,
-            "not_held",
-            if debug {
-                format!("request {id} is {status}, not resting between stages")
-            } else {
-                format!("request {id} is not a debug run (status {status})")
-            },
-        )),
-        ContinueOutcome::NotFound => Err(ApiError::not_found(format!("no request {id}"))),
-    }
-}
-
 /// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per
 /// change, the current state first; ends after the terminal state.
 pub async fn events(
@@ -400,7 +355,7 @@ pub async fn events(
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "request")?;
     let place = app.streams.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
     let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
     let mut follower = Follower::new(app.pool.clone(), sub).for_tenant(who.tenant);
@@ -482,10 +437,10 @@ pub async fn ws(
 ) -> Result<Response, ApiError> {
     let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     let target = match (params.get("request_id"), params.get("user_id")) {
-        (Some(r), None) => Target::Request(parse_id(r)?),
+        (Some(r), None) => Target::Request(parse_id(r, "request")?),
         (None, Some(u)) => {
             who.require(Need::ReadUser)?;
-            let user = super::input::parse_id(u, "user")?;
+            let user = parse_id(u, "user")?;
             let client = app.pool.get().await?;
             Target::User(tenancy::stored_user(&client, &who, user).await?)
         }

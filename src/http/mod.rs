@@ -105,6 +105,8 @@ pub struct Inner {
     /// The embedder of `[llm.embedding]`, for searching a user's memory as
     /// the pipeline does (`None`: embeddings are off).
     pub embedder: Option<crate::llm::embed::Embedder>,
+    /// The daemon's archivist, for "archive now" from the console.
+    pub archivist: Arc<crate::archivist::Archivist>,
 }
 
 impl std::ops::Deref for AppState {
@@ -165,15 +167,15 @@ pub fn routes() -> Routes {
     let api = Routes::new()
         .post("/api/query", api::submit)
         .get("/api/query/{id}/status", api::status)
-        .post("/api/query/{id}/continue", api::continue_run)
+        .post("/api/query/{id}/continue", operate::act::<operate::Continue>)
         .get("/api/users/{id}/memory", users::memory)
         .put("/api/users/{id}/memory/{record}", users::replace_summary)
         .delete("/api/users/{id}/memory/{record}", users::delete_record)
         .delete("/api/users/{id}/turns/{turn}", users::delete_turn)
         .delete("/api/users/{id}", users::forget)
         .get("/api/users/{id}/export", users::export)
-        .post("/api/query/{id}/cancel", operate::cancel)
-        .post("/api/query/{id}/retry", operate::retry)
+        .post("/api/query/{id}/cancel", operate::act::<operate::Cancel>)
+        .post("/api/query/{id}/retry", operate::act::<operate::Retry>)
         .get("/api/query/{id}/events", api::events)
         .get("/api/ws", api::ws);
     let api = Routes {
@@ -315,6 +317,14 @@ pub struct Server {
     metrics: PrometheusHandle,
 }
 
+/// What the server uses of the daemon's memory services.
+pub struct MemoryServices {
+    /// The embedder of `[llm.embedding]` (`None`: embeddings are off).
+    pub embedder: Option<crate::llm::embed::Embedder>,
+    /// The archivist, for "archive now" (built whether or not the schedule runs).
+    pub archivist: Arc<crate::archivist::Archivist>,
+}
+
 /// Starts serving on `bound`: the live hub and the server. Call before the
 /// engine runs, so the hub sees every notification.
 pub fn start(
@@ -323,7 +333,7 @@ pub fn start(
     pool: Pool,
     notifier: Arc<Notifier>,
     stats: Arc<Stats>,
-    embedder: Option<crate::llm::embed::Embedder>,
+    memory: MemoryServices,
     shutdown: CancellationToken,
 ) -> Result<Server, HttpError> {
     let handle = crate::metrics::install()?;
@@ -356,7 +366,8 @@ pub fn start(
         db_tokens: tenancy::TokenCache::default(),
         long_polls: limits::Gate::new("long-polls", cfg.http.max_long_polls, cfg.http.max_long_polls_per_token),
         streams: limits::Gate::new("streams", cfg.http.max_streams, cfg.http.max_streams_per_token),
-        embedder,
+        embedder: memory.embedder,
+        archivist: memory.archivist,
     }));
     let router = app(state);
     let header_read_timeout = cfg.http.header_read_timeout();

@@ -1,13 +1,15 @@
 //! Operator actions over HTTP: `POST /api/query/{id}/cancel` and
-//! `POST /api/query/{id}/retry`, each with a JSON body `{"reason": "…"}`.
+//! `POST /api/query/{id}/retry`, each with a JSON body `{"reason": "…"}`,
+//! and `POST /api/query/{id}/continue` (no body).
 //!
-//! The same statements as `maasctl requests cancel|retry`
-//! ([`crate::control`]), recorded in `operator_actions` with the actor
-//! `http` and the reason. A reason is required (1 to 1000 characters).
-//! Answers: 200 with what changed; 404 for an unknown request (or another
-//! tenant's); 409 when the
-//! request is not in a state the action applies to (cancel: already
-//! finished; retry: not `FAILED`), naming its status.
+//! Each is an [`Action`] run by the one handler [`act`]: one call of
+//! [`crate::control`], as for `maasctl requests cancel|retry|continue` and
+//! the console, recorded in `operator_actions` with the actor `http` (and
+//! the reason). A reason is required for cancel and retry (1 to 1000
+//! characters). Answers: 200 with what changed; 404
+//! for an unknown request (or another tenant's); 409 when the request is
+//! not in a state the action applies to (cancel: already finished; retry:
+//! not `FAILED`; continue: not resting between stages), naming its status.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -19,16 +21,12 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
+use super::input::parse_id;
 use super::tenancy::Principal;
-use crate::control::{self, CancelOutcome, RetryOutcome};
+use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
 
 const ACTOR: &str = "http";
 const MAX_REASON_CHARS: usize = 1000;
-
-fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    raw.parse::<Uuid>()
-        .map_err(|_| ApiError::bad_request("invalid_id", format!("{raw:?} is not a request id (a UUID)")))
-}
 
 /// The `reason` of a body `{"reason": "…"}`.
 fn reason(body: &[u8]) -> Result<String, ApiError> {
@@ -56,72 +54,144 @@ fn db_error(e: impl std::fmt::Display) -> ApiError {
     ApiError::unavailable("database", format!("database error: {e}"))
 }
 
-/// `POST /api/query/{id}/cancel`.
-pub async fn cancel(
+fn not_found(id: Uuid) -> ApiError {
+    ApiError::not_found(format!("no request {id}"))
+}
+
+/// What an action's outcome answers: the 200 body, or a 409 (code,
+/// message); `None` when there is no such request (404).
+type Answer = Option<Result<Value, (&'static str, String)>>;
+
+/// One operator action on a request over HTTP: its [`crate::control`]
+/// call, and the answer its outcome makes.
+pub trait Action {
+    /// Whether the body must give a reason.
+    const REASON: bool;
+    type Outcome;
+    /// The control call on request `id`, as the actor `http`.
+    fn run(
+        client: &deadpool_postgres::Object,
+        id: Uuid,
+        reason: Option<&str>,
+    ) -> impl Future<Output = Result<Self::Outcome, control::Error>> + Send;
+    fn answer(outcome: Self::Outcome, id: Uuid) -> Answer;
+}
+
+/// `POST /api/query/{id}/{cancel|retry|continue}`: action `A` on the
+/// caller's request (404 for another tenant's).
+pub async fn act<A: Action>(
     State(app): State<AppState>,
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id)?;
-    let reason = reason(&body)?;
+    let id = parse_id(&id, "request")?;
+    let reason = if A::REASON { Some(reason(&body)?) } else { None };
     let client = app.pool.get().await.map_err(db_error)?;
     if !crate::repo::requests::is_of_tenant(&client, id, who.tenant)
         .await
         .map_err(db_error)?
     {
-        return Err(ApiError::not_found(format!("no request {id}")));
+        return Err(not_found(id));
     }
-    match control::cancel(&client, id, ACTOR, Some(&reason))
-        .await
-        .map_err(db_error)?
-    {
-        CancelOutcome::Cancelled { was } => Ok(Json(json!({
-            "request_id": id,
-            "status": "CANCELLED",
-            "was": was.as_str(),
-        }))
-        .into_response()),
-        CancelOutcome::AlreadyFinished { status } => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "already_finished",
-            format!("request {id} is already {}", status.as_str()),
-        )),
-        CancelOutcome::NotFound => Err(ApiError::not_found(format!("no request {id}"))),
+    let outcome = A::run(&client, id, reason.as_deref()).await.map_err(db_error)?;
+    match A::answer(outcome, id) {
+        Some(Ok(body)) => Ok(Json(body).into_response()),
+        Some(Err((code, message))) => Err(ApiError::new(StatusCode::CONFLICT, code, message)),
+        None => Err(not_found(id)),
     }
 }
 
-/// `POST /api/query/{id}/retry`.
-pub async fn retry(
-    State(app): State<AppState>,
-    Extension(who): Extension<Principal>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let id = parse_id(&id)?;
-    let reason = reason(&body)?;
-    let client = app.pool.get().await.map_err(db_error)?;
-    if !crate::repo::requests::is_of_tenant(&client, id, who.tenant)
-        .await
-        .map_err(db_error)?
-    {
-        return Err(ApiError::not_found(format!("no request {id}")));
+/// `POST /api/query/{id}/cancel`: 409 when the request already finished.
+pub struct Cancel;
+
+impl Action for Cancel {
+    const REASON: bool = true;
+    type Outcome = CancelOutcome;
+
+    async fn run(
+        c: &deadpool_postgres::Object,
+        id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<CancelOutcome, control::Error> {
+        control::cancel(c, id, ACTOR, reason).await
     }
-    match control::retry(&client, id, ACTOR, Some(&reason))
-        .await
-        .map_err(db_error)?
-    {
-        RetryOutcome::Retried { status, stage } => Ok(Json(json!({
-            "request_id": id,
-            "status": status.as_str(),
-            "stage": stage,
-        }))
-        .into_response()),
-        RetryOutcome::NotFailed { status } => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "not_failed",
-            format!("request {id} is {}; only FAILED requests are retried", status.as_str()),
-        )),
-        RetryOutcome::NotFound => Err(ApiError::not_found(format!("no request {id}"))),
+
+    fn answer(outcome: CancelOutcome, id: Uuid) -> Answer {
+        let was = match outcome {
+            CancelOutcome::Cancelled { was } => was,
+            CancelOutcome::AlreadyFinished { status } => {
+                return Some(Err(("already_finished", format!("request {id} is already {status}"))));
+            }
+            CancelOutcome::NotFound => return None,
+        };
+        Some(Ok(
+            json!({"request_id": id, "status": "CANCELLED", "was": was.as_str()}),
+        ))
+    }
+}
+
+/// `POST /api/query/{id}/retry`: 409 unless the request is `FAILED`.
+pub struct Retry;
+
+impl Action for Retry {
+    const REASON: bool = true;
+    type Outcome = RetryOutcome;
+
+    async fn run(
+        c: &deadpool_postgres::Object,
+        id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<RetryOutcome, control::Error> {
+        control::retry(c, id, ACTOR, reason).await
+    }
+
+    fn answer(outcome: RetryOutcome, id: Uuid) -> Answer {
+        Some(match outcome {
+            RetryOutcome::Retried { status, stage } => {
+                Ok(json!({"request_id": id, "status": status.as_str(), "stage": stage.as_str()}))
+            }
+            RetryOutcome::NotFailed { status } => Err((
+                "not_failed",
+                format!("request {id} is {status}; only FAILED requests are retried"),
+            )),
+            RetryOutcome::NotFound => return None,
+        })
+    }
+}
+
+/// `POST /api/query/{id}/continue` (no body): releases the next stage of
+/// a debug request resting in `ANALYZED` or `READY` (step-by-step mode),
+/// answering `{request_id, status, next_stage}`; 409 when it is not resting.
+pub struct Continue;
+
+impl Action for Continue {
+    const REASON: bool = false;
+    type Outcome = ContinueOutcome;
+
+    async fn run(
+        c: &deadpool_postgres::Object,
+        id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<ContinueOutcome, control::Error> {
+        control::continue_request(c, id, ACTOR, reason).await
+    }
+
+    fn answer(outcome: ContinueOutcome, id: Uuid) -> Answer {
+        let (status, debug) = match outcome {
+            ContinueOutcome::Released { status, next } => {
+                return Some(Ok(
+                    json!({"request_id": id, "status": status.as_str(), "next_stage": next.as_str()}),
+                ));
+            }
+            ContinueOutcome::NotHeld { status, debug } => (status, debug),
+            ContinueOutcome::NotFound => return None,
+        };
+        let why = if debug {
+            format!("request {id} is {status}, not resting between stages")
+        } else {
+            format!("request {id} is not a debug run (status {status})")
+        };
+        Some(Err(("not_held", why)))
     }
 }

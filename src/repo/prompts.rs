@@ -70,30 +70,38 @@ super::row_struct! {
 }
 
 /// Version `version` of `role`'s prompt, or the active one.
-pub async fn show(client: &impl GenericClient, role: &str, version: Option<i32>) -> Result<Option<Prompt>, Error> {
-    super::query_opt_as(client, SHOW, &[&role, &version]).await
+pub async fn show(
+    client: &impl GenericClient,
+    role: PromptRole,
+    version: Option<i32>,
+) -> Result<Option<Prompt>, Error> {
+    super::query_opt_as(client, SHOW, &[&role.as_str(), &version]).await
 }
 
 /// Locks `role` for this transaction and deactivates its active version;
 /// returns that version.
-async fn lock_and_deactivate(client: &impl GenericClient, role: &str) -> Result<Option<i32>, Error> {
-    super::execute(client, LOCK, &[&role]).await?;
-    super::query_opt_value(client, DEACTIVATE, &[&role], "version").await
+async fn lock_and_deactivate(client: &impl GenericClient, role: PromptRole) -> Result<Option<i32>, Error> {
+    super::execute(client, LOCK, &[&role.as_str()]).await?;
+    super::query_opt_value(client, DEACTIVATE, &[&role.as_str()], "version").await
 }
 
 /// Adds `text` as the next version of `role`'s prompt and activates it, in
 /// the caller's transaction. Returns (previously active version, new version).
-pub async fn set(client: &impl GenericClient, role: &str, text: &str) -> Result<(Option<i32>, i32), Error> {
+pub async fn set(client: &impl GenericClient, role: PromptRole, text: &str) -> Result<(Option<i32>, i32), Error> {
     let was = lock_and_deactivate(client, role).await?;
-    let new = super::query_one_value(client, INSERT, &[&role, &text], "version").await?;
+    let new = super::query_one_value(client, INSERT, &[&role.as_str(), &text], "version").await?;
     Ok((was, new))
 }
 
 /// Activates an existing version of `role`'s prompt, in the caller's
 /// transaction. Returns (previously active version, whether the version exists).
-pub async fn activate(client: &impl GenericClient, role: &str, version: i32) -> Result<(Option<i32>, bool), Error> {
+pub async fn activate(
+    client: &impl GenericClient,
+    role: PromptRole,
+    version: i32,
+) -> Result<(Option<i32>, bool), Error> {
     let was = lock_and_deactivate(client, role).await?;
-    let found = super::query_found(client, ACTIVATE, &[&role, &version]).await?;
+    let found = super::query_found(client, ACTIVATE, &[&role.as_str(), &version]).await?;
     Ok((was, found))
 }
 

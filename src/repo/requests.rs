@@ -43,7 +43,7 @@ super::statements! {
     STATUS = "run_status",
     FAILED_IDS = "failed_ids",
     CANCEL = "cancel_run",
-    CONTINUE = "continue_run",
+    CONTINUE = "continue_request",
     RETRY_FAILED = "retry_failed",
     COUNT_BACKLOG = "count_backlog",
     COUNT_EXPIRED_LEASES = "count_expired_leases",

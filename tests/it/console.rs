@@ -932,3 +932,139 @@ async fn console_memory_page_pages_pending_turns_by_keyset() {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert!(r.text().await.unwrap().contains("turns_before"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_now_from_maasctl_is_recorded_as_from_the_console() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (by_console, by_cli) = (Uuid::new_v4(), Uuid::new_v4());
+    for user in [by_console, by_cli] {
+        c.execute(
+            "INSERT INTO raw_logs (user_id, thread_id, message_type, content) VALUES ($1, gen_random_uuid(), 'user_query', 'archive me now')",
+            &[&user],
+        )
+        .await
+        .unwrap();
+    }
+    // No schedule: only the two actions archive.
+    let api = Api::start(&db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await;
+    let http = plain_client();
+    let page = http
+        .get(api.url(&format!("/console/users/{by_console}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&page);
+    let r = http
+        .post(api.url(&format!("/console/users/{by_console}/archive")))
+        .form(&[("csrf", csrf.as_str()), ("reason", "one path")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::SEE_OTHER,
+        "{}",
+        r.text().await.unwrap_or_default()
+    );
+    let user = by_cli.to_string();
+    let args = ["archivist", "run", "--user", user.as_str(), "--reason", "one path"];
+    let (code, out, err) = maasctl_async(&db.url, &args, NO_ENV).await;
+    assert_eq!(code, 0, "{out}{err}");
+
+    let rows = c
+        .query(
+            "SELECT actor, reason, detail FROM operator_actions WHERE action = 'archive_run' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let rows: Vec<(String, Option<String>, Value)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    assert_eq!(rows.len(), 2, "one row per action: {rows:?}");
+    let (console, cli) = (&rows[0], &rows[1]);
+    assert_eq!((console.0.as_str(), cli.0.as_str()), ("console", "night-shift"));
+    assert_eq!(
+        (console.1.as_deref(), cli.1.as_deref()),
+        (Some("one path"), Some("one path"))
+    );
+    let keys = |v: &Value| v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+    assert_eq!(keys(&console.2), keys(&cli.2), "the same detail");
+    for (detail, user) in [(&console.2, by_console), (&cli.2, by_cli)] {
+        assert_eq!(detail["user_id"], user.to_string(), "{detail}");
+        assert_eq!(detail["outcome"], "archived", "{detail}");
+        assert_eq!(detail["turns"], 1, "{detail}");
+        assert!(detail["run_id"].is_i64(), "{detail}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_activation_from_maasctl_is_recorded_as_from_the_console() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let first: i32 = value(
+        &c,
+        "SELECT version FROM system_prompts WHERE role_name = 'Assembler' AND is_active",
+        &[],
+    )
+    .await;
+    c.execute(
+        "INSERT INTO system_prompts (role_name, version, prompt_template, is_active) VALUES ('Assembler', $1, 'another assembler', false)",
+        &[&(first + 1)],
+    )
+    .await
+    .unwrap();
+    let api = Api::start(&db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await;
+    let http = plain_client();
+    let page = http
+        .get(api.url("/console/prompts?role=Assembler"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&page);
+    let r = http
+        .post(api.url(&format!("/console/prompts/assembler/{}/activate", first + 1)))
+        .form(&[("csrf", csrf.as_str()), ("reason", "roll forward")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let back = first.to_string();
+    let args = [
+        "prompts",
+        "activate",
+        "assembler",
+        back.as_str(),
+        "--reason",
+        "roll back",
+    ];
+    let (code, out, err) = maasctl_async(&db.url, &args, NO_ENV).await;
+    assert_eq!(code, 0, "{out}{err}");
+
+    let rows = c
+        .query(
+            "SELECT actor, detail FROM operator_actions WHERE action = 'prompt_activate' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let rows: Vec<(String, Value)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "console".to_owned(),
+                json!({"role": "Assembler", "version": first + 1, "previous": first})
+            ),
+            (
+                "night-shift".to_owned(),
+                json!({"role": "Assembler", "version": first, "previous": first + 1})
+            ),
+        ]
+    );
+}

@@ -322,7 +322,7 @@ async fn a_debug_run_rests_in_analyzed_and_ready_until_continued() {
     // Step: respond — through the library call the HTTP server uses.
     let pool = db.pool();
     let client = pool.get().await.unwrap();
-    let outcome = maas::control::continue_run(&client, id, "http:alice", Some("looks right"))
+    let outcome = maas::control::continue_request(&client, id, "http:alice", Some("looks right"))
         .await
         .unwrap();
     assert_eq!(

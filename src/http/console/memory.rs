@@ -5,41 +5,35 @@
 //! - The page shows what `maasctl users`/`archivist show` show: the user's
 //!   records and pending turns ([`crate::users::view`]), the archive mark
 //!   ([`crate::repo::archive::show_mark`]), and when the schedule will next
-//!   take the user ([`eligibility`], the same conditions as
-//!   `archive_candidates.sql`).
+//!   take the user ([`crate::archivist::eligibility`]).
 //! - The search box runs the pipeline's own retrieval: the text becomes a
 //!   [`MemoryPlan`](crate::stage::memory::MemoryPlan) as the stage makes it
 //!   for a request without analysis, [`crate::users::search`] runs
 //!   `repo::memory::search` with the daemon's `[memory]` limits, and the
 //!   plan arranges the hits; the page shows each item with its score.
-//! - "Archive now" is `maasctl archivist run --user ID` (a manual run of
-//!   [`Archivist`], regardless of thresholds and cooldown), after the CSRF
-//!   and read-only checks and with a reason; it is recorded in
-//!   `operator_actions` as `archive_run` with the run's outcome, and
-//!   answers with a redirect (303) to the page. The run and its record
-//!   happen in a task of their own, so a browser that leaves does not cut
-//!   them short.
-
-use std::sync::Arc;
+//! - "Archive now" is [`control::archive_now`], as for `maasctl archivist
+//!   run --user ID` (a manual run of the daemon's archivist, regardless of
+//!   thresholds and cooldown), after the CSRF and read-only checks and with
+//!   a reason; it is recorded in `operator_actions` as `archive_run` with
+//!   the actor `console` and the run's outcome, and answers with a redirect
+//!   (303) to the page. The run and its record happen in a task of their
+//!   own, so a browser that leaves does not cut them short.
 
 use axum::Extension;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use chrono::{DateTime, Duration as Span, Utc};
+use chrono::Utc;
 use minijinja::context;
-use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde::Deserialize;
 use uuid::Uuid;
 
 use super::auth::{Session, check_action};
-use super::pages::{ActionForm, client, db_fail, session_ctx, v};
+use super::pages::{ActionForm, client, db_fail, id_of, session_ctx, v};
 use super::{Fail, fail, render};
-use crate::archivist::{Archivist, Quiet, RunOptions, Trigger, UserOutcome};
-use crate::config::Config;
+use crate::archivist::{Quiet, UserOutcome};
+use crate::control;
 use crate::http::AppState;
-use crate::llm::Llm;
-use crate::repo::archive::MarkView;
 use crate::repo::audit;
 use crate::users::{self, Page, UserError, UserKey};
 
@@ -48,110 +42,11 @@ const SHOWN: usize = 50;
 /// Operator actions the page lists.
 const ACTIONS: usize = 20;
 
-fn parse_user(id: &str) -> Result<Uuid, Fail> {
-    id.trim().parse().map_err(|_| {
-        fail(
-            StatusCode::BAD_REQUEST,
-            &format!("console: {id:?} is not a user id (a UUID)"),
-        )
-    })
-}
-
 fn user_fail(e: UserError) -> Fail {
     match e {
         UserError::Db(d) => db_fail("user", d),
         UserError::Erasing(_) => fail(StatusCode::CONFLICT, &format!("console: {e}")),
         other => fail(StatusCode::NOT_FOUND, &format!("console: {other}")),
-    }
-}
-
-/// When the schedule will next take a user, from its archive mark.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Eligibility {
-    /// `nothing_pending`, `inactive`, `eligible` or `waiting`.
-    pub state: &'static str,
-    /// From when the user is a candidate (`eligible`: now; `waiting`: later).
-    pub from: Option<DateTime<Utc>>,
-    /// The first scheduled run at or after `from` (none with the schedule off).
-    pub next_run: Option<DateTime<Utc>>,
-    /// What holds it back, in words.
-    pub why: String,
-}
-
-/// The candidate conditions of `archive_candidates.sql` applied to `m` at
-/// `now`: something pending, active within A, at least N pending or the
-/// oldest older than T, out of the cooldown, not backing off, not leased.
-pub fn eligibility(m: &MarkView, cfg: &Config, now: DateTime<Utc>) -> Eligibility {
-    let a = &cfg.archivist;
-    let secs = |s: u64| Span::seconds(i64::try_from(s).unwrap_or(i64::MAX / 1000));
-    let next_run = |from: DateTime<Utc>| {
-        if !a.enabled {
-            return None;
-        }
-        crate::archivist::cron_schedule(&a.schedule)
-            .ok()
-            .and_then(|c| c.find_next_occurrence(&from.max(now), true).ok())
-    };
-    let none = |state, why: String| Eligibility {
-        state,
-        from: None,
-        next_run: None,
-        why,
-    };
-    if m.pending <= 0 {
-        return none("nothing_pending", "no turn is waiting".into());
-    }
-    let active_until = m.last_active_at.map(|t| t + secs(a.active_within_secs));
-    if active_until.is_none_or(|t| t < now) {
-        return none(
-            "inactive",
-            format!(
-                "not active within active_within_secs = {} s; the next turn (or archive now) takes it",
-                a.active_within_secs
-            ),
-        );
-    }
-    let mut from = now;
-    let mut why = Vec::new();
-    let mut later = |t: Option<DateTime<Utc>>, what: String| {
-        if let Some(t) = t.filter(|t| *t > from) {
-            from = t;
-            why.push(what);
-        }
-    };
-    if u64::try_from(m.pending).unwrap_or(0) < a.min_pending {
-        later(
-            m.pending_since.map(|t| t + secs(a.max_pending_age_secs)),
-            format!(
-                "{} pending < min_pending {} until the oldest is max_pending_age_secs = {} s old",
-                m.pending, a.min_pending, a.max_pending_age_secs
-            ),
-        );
-    }
-    later(
-        m.last_archived_at.map(|t| t + secs(a.cooldown_secs)),
-        format!("cooldown_secs = {} s after the last archive", a.cooldown_secs),
-    );
-    later(m.retry_after, format!("backing off after {} failures", m.failures));
-    later(
-        m.lease_expires_at,
-        format!("leased to {}", m.lease_owner.as_deref().unwrap_or("?")),
-    );
-    if active_until.is_some_and(|t| t < from) {
-        return none(
-            "inactive",
-            format!(
-                "inactive (active_within_secs = {} s) before it would be due: {}",
-                a.active_within_secs,
-                why.join("; ")
-            ),
-        );
-    }
-    Eligibility {
-        state: if from > now { "waiting" } else { "eligible" },
-        from: Some(from),
-        next_run: next_run(from),
-        why: if why.is_empty() { "due".into() } else { why.join("; ") },
     }
 }
 
@@ -182,7 +77,7 @@ fn position(field: &str, v: &str) -> Result<Option<i64>, Fail> {
 }
 
 async fn user_data(app: &AppState, id: &str, uq: &UserQuery) -> Result<minijinja::Value, Fail> {
-    let user = UserKey::new(parse_user(id)?);
+    let user = UserKey::new(id_of(id, "user")?);
     let c = client(app).await?;
     let page = Page {
         before: position("before", &uq.before)?,
@@ -193,7 +88,9 @@ async fn user_data(app: &AppState, id: &str, uq: &UserQuery) -> Result<minijinja
     let mark = crate::repo::archive::show_mark(&c, user.user_id)
         .await
         .map_err(|e| db_fail("archive mark", e))?;
-    let eligible = mark.as_ref().map(|m| eligibility(m, &app.cfg, Utc::now()));
+    let eligible = mark
+        .as_ref()
+        .map(|m| crate::archivist::eligibility(m, &app.cfg.archivist, Utc::now()));
     let actions = audit::about_user(&c, user.user_id, ACTIONS)
         .await
         .map_err(|e| db_fail("operator actions", e))?;
@@ -245,7 +142,7 @@ pub async fn archive(
 
 async fn archive_now(app: &AppState, s: &Session, id: &str, f: &ActionForm) -> Result<Uuid, Fail> {
     check_action(s, &f.csrf)?;
-    let user = parse_user(id)?;
+    let user = id_of(id, "user")?;
     let reason = f.reason.trim();
     if reason.is_empty() {
         return Err(fail(
@@ -264,45 +161,13 @@ async fn archive_now(app: &AppState, s: &Session, id: &str, f: &ActionForm) -> R
     })?
 }
 
-/// One manual archive run of `user`, recorded in `operator_actions`.
+/// "Archive now" for `user`, by the daemon's archivist, recorded with the
+/// actor `console`; a user whose run failed is a 502 naming the failure.
 async fn run_and_record(app: AppState, user: Uuid, reason: String) -> Result<Uuid, Fail> {
-    let app = &app;
-    let reason = reason.as_str();
-    let llm = Llm::from_config(&app.cfg.llm, &app.cfg.llm_provider).map_err(|e| {
-        fail(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("console: archive now: the model configuration: {e}"),
-        )
-    })?;
-    let worker = format!("console:{}", crate::sys::worker_id());
-    let archivist = Archivist::new(app.pool.clone(), Arc::new(llm), app.cfg.clone(), worker);
-    let opts = RunOptions {
-        trigger: Trigger::Manual,
-        user: Some(user),
-        dry_run: false,
-        tick: None,
-    };
-    let report = archivist
-        .run(opts, &Quiet, &app.shutdown)
+    let report = control::archive_now(&app.archivist, user, "console", Some(&reason), &Quiet, &app.shutdown)
         .await
         .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("console: archive now: {e}")))?;
-    let u = report.users.first();
-    let detail = json!({
-        "user_id": user,
-        "run_id": report.run_id,
-        "outcome": u.map(|u| u.outcome.as_str()),
-        "turns": report.logs,
-        "records": report.records,
-        "memory_version": u.and_then(|u| u.memory_version),
-        "error": u.and_then(|u| u.error.clone()),
-    });
-    let c = client(app).await?;
-    audit::record(&c, "archive_run", "console", Some(reason), &detail)
-        .await
-        .map_err(|e| db_fail("recording the action", e))?;
-    tracing::info!(user_id = %user, outcome = ?u.map(|u| u.outcome), turns = report.logs, records = report.records,
-        "console: archive now");
-    if let Some(u) = u.filter(|u| u.outcome == UserOutcome::Failed) {
+    if let Some(u) = report.users.first().filter(|u| u.outcome == UserOutcome::Failed) {
         return Err(fail(
             StatusCode::BAD_GATEWAY,
             &format!(
@@ -313,67 +178,4 @@ async fn run_and_record(app: AppState, user: Uuid, reason: String) -> Result<Uui
         ));
     }
     Ok(user)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn mark(pending: i64) -> MarkView {
-        let now = Utc::now();
-        MarkView {
-            user_id: Uuid::nil(),
-            logged_seq: pending,
-            archived_seq: 0,
-            pending,
-            pending_since: Some(now - Span::seconds(10)),
-            last_active_at: Some(now - Span::seconds(5)),
-            last_archived_at: None,
-            memory_version: 0,
-            lease_owner: None,
-            lease_expires_at: None,
-            failures: 0,
-            retry_after: None,
-            last_error: None,
-        }
-    }
-
-    fn cfg() -> Config {
-        let mut c = Config::default();
-        c.archivist.min_pending = 20;
-        c.archivist.max_pending_age_secs = 3600;
-        c.archivist.active_within_secs = 86_400;
-        c.archivist.cooldown_secs = 600;
-        c
-    }
-
-    #[test]
-    fn few_young_turns_wait_for_the_age_threshold() {
-        let now = Utc::now();
-        let m = mark(3);
-        let e = eligibility(&m, &cfg(), now);
-        assert_eq!(e.state, "waiting");
-        assert_eq!(e.from, m.pending_since.map(|t| t + Span::seconds(3600)));
-        assert!(e.why.contains("min_pending"), "{}", e.why);
-    }
-
-    #[test]
-    fn enough_turns_are_due_now_unless_in_cooldown() {
-        let now = Utc::now();
-        let mut m = mark(25);
-        assert_eq!(eligibility(&m, &cfg(), now).state, "eligible");
-        m.last_archived_at = Some(now - Span::seconds(60));
-        let e = eligibility(&m, &cfg(), now);
-        assert_eq!(e.state, "waiting");
-        assert!(e.why.contains("cooldown"), "{}", e.why);
-    }
-
-    #[test]
-    fn nothing_pending_or_inactive_is_never_due() {
-        let now = Utc::now();
-        assert_eq!(eligibility(&mark(0), &cfg(), now).state, "nothing_pending");
-        let mut m = mark(25);
-        m.last_active_at = Some(now - Span::days(2));
-        assert_eq!(eligibility(&m, &cfg(), now).state, "inactive");
-    }
 }

@@ -22,6 +22,7 @@ use super::auth::{Session, check_action};
 use super::{Fail, fail, render};
 use crate::control;
 use crate::http::AppState;
+use crate::model::Status;
 use crate::repo::{audit, callbacks, requests, stats, steps};
 
 /// Rows of one page of the list.
@@ -42,6 +43,13 @@ pub(super) async fn client(app: &AppState) -> Result<Client, Fail> {
 
 pub(super) fn db_fail(what: &str, e: impl std::fmt::Display) -> Fail {
     fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("console: {what}: {e}"))
+}
+
+/// The id of a `what` ("request", "user") in a console path, read as the
+/// API reads ids ([`crate::http::input::parse_id`]), or a 400.
+pub(super) fn id_of(raw: &str, what: &str) -> Result<Uuid, Fail> {
+    crate::http::input::parse_id(raw.trim(), what)
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, &format!("console: {}", e.message)))
 }
 
 /// A row (any `Serialize`) as a template value.
@@ -137,7 +145,7 @@ impl ListQuery {
         let statuses = if status.is_empty() {
             None
         } else {
-            let parsed: crate::model::Status = status.parse().map_err(|_| bad("status", status))?;
+            let parsed: Status = status.parse().map_err(|_| bad("status", status))?;
             Some(vec![parsed.to_string()])
         };
         let before = match self.after.trim() {
@@ -184,7 +192,7 @@ async fn rows_data(app: &AppState, q: &ListQuery) -> Result<minijinja::Value, Fa
         rows => v(&page.lines), next, searched,
         q => context! { status => q.status.trim(), user => q.user.trim(), thread => q.thread.trim(), text => q.text.trim(),
                         since => q.since.trim(), until => q.until.trim() },
-        statuses => crate::model::Status::ALL.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        statuses => Status::ALL.iter().map(ToString::to_string).collect::<Vec<_>>(),
     })
 }
 
@@ -211,9 +219,7 @@ pub async fn request_rows(State(app): State<AppState>, Query(q): Query<ListQuery
 // ---- one request -----------------------------------------------------------
 
 async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja::Value, Fail> {
-    let id: Uuid = id
-        .parse()
-        .map_err(|_| fail(StatusCode::BAD_REQUEST, &format!("console: {id:?} is not a request id")))?;
+    let id = id_of(id, "request")?;
     let c = client(app).await?;
     let Some(r) = requests::get(&c, id).await.map_err(|e| db_fail("request", e))? else {
         return Err(fail(StatusCode::NOT_FOUND, &format!("console: no request {id}")));
@@ -234,10 +240,10 @@ async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja
         .as_ref()
         .and_then(|v| v.as_array().cloned())
         .unwrap_or_default();
-    let status = r.status.clone();
+    let status: Status = r.status.parse().map_err(|e| db_fail("request", e))?;
     let can = context! {
-        retry => status == "FAILED",
-        cancel => !matches!(status.as_str(), "COMPLETED" | "FAILED" | "CANCELLED"),
+        retry => status == Status::Failed,
+        cancel => !status.is_terminal(),
         cont => r.debug && r.held,
     };
     Ok(context! {
@@ -291,8 +297,9 @@ pub async fn act(
     if let Err(r) = check_action(&s, &f.csrf) {
         return r.into_response();
     }
-    let Ok(id) = id.parse::<Uuid>() else {
-        return fail(StatusCode::BAD_REQUEST, &format!("console: {id:?} is not a request id")).into_response();
+    let id = match id_of(&id, "request") {
+        Ok(id) => id,
+        Err(r) => return r.into_response(),
     };
     let reason = f.reason.trim();
     if reason.is_empty() {
@@ -310,7 +317,7 @@ pub async fn act(
         "cancel" => control::cancel(&c, id, actor, Some(reason))
             .await
             .map(serde_json::to_value),
-        "continue" => control::continue_run(&c, id, actor, Some(reason))
+        "continue" => control::continue_request(&c, id, actor, Some(reason))
             .await
             .map(serde_json::to_value),
         other => {

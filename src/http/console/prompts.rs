@@ -3,11 +3,11 @@
 //! them, and activating one.
 //!
 //! Guarantees:
-//! - Reads and the activation are the repo functions `maasctl prompts
-//!   list|show|activate` use; activating is one transaction that takes the
-//!   role's lock, switches the active version and records
-//!   `prompt_activate` (role, version, previous) in `operator_actions`,
-//!   exactly as `maasctl prompts activate` does, with the operator's
+//! - Reads are the repo functions `maasctl prompts list|show` use, and
+//!   activating is [`control::activate_prompt`], as for `maasctl prompts
+//!   activate`: one transaction that takes the role's lock, switches the
+//!   active version and records `prompt_activate` (role, version, previous)
+//!   in `operator_actions` with the actor `console` and the operator's
 //!   reason, after the CSRF and read-only checks; a version the role does
 //!   not have changes nothing (404).
 //! - The diff is computed on the server ([`similar`], by lines, with three
@@ -19,12 +19,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use minijinja::context;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use similar::{ChangeTag, TextDiff};
 
 use super::auth::{Session, check_action};
 use super::pages::{ActionForm, client, db_fail, session_ctx, v};
 use super::{Fail, fail, render};
+use crate::control;
 use crate::http::AppState;
 use crate::model::PromptRole;
 use crate::repo::{audit, prompts};
@@ -34,23 +34,14 @@ const ACTIONS: usize = 20;
 /// Unchanged lines kept around each change of the diff.
 const CONTEXT: usize = 3;
 
-/// The stored role name of `text` (case-insensitive; `responder` too).
-fn role_of(text: &str) -> Result<&'static str, Fail> {
-    let t = text.trim().to_ascii_lowercase().replace(['_', '-'], "");
-    let t = if t == "responder" {
-        "finalresponder".to_owned()
-    } else {
-        t
-    };
-    PromptRole::NAMES
-        .into_iter()
-        .find(|r| r.to_ascii_lowercase() == t)
-        .ok_or_else(|| {
-            fail(
-                StatusCode::BAD_REQUEST,
-                &format!("console: role: {text:?} is not one of {}", PromptRole::NAMES.join(", ")),
-            )
-        })
+/// The role an operator names ([`control::parse_role`]), or a 400.
+fn role_of(text: &str) -> Result<PromptRole, Fail> {
+    control::parse_role(text).map_err(|_| {
+        fail(
+            StatusCode::BAD_REQUEST,
+            &format!("console: role: {text:?} is not one of {}", PromptRole::NAMES.join(", ")),
+        )
+    })
 }
 
 /// One line of the diff.
@@ -108,13 +99,13 @@ pub struct PromptsQuery {
 
 async fn prompts_data(app: &AppState, q: &PromptsQuery) -> Result<minijinja::Value, Fail> {
     let role = if q.role.trim().is_empty() {
-        PromptRole::NAMES[0]
+        PromptRole::ALL[0]
     } else {
         role_of(&q.role)?
     };
     let c = client(app).await?;
     let roles = prompts::list(&c).await.map_err(|e| db_fail("prompts", e))?;
-    let versions = prompts::versions(&c, role)
+    let versions = prompts::versions(&c, role.as_str())
         .await
         .map_err(|e| db_fail("prompt versions", e))?;
     // By default: the active version (else the newest) against the one before it.
@@ -143,7 +134,7 @@ async fn prompts_data(app: &AppState, q: &PromptsQuery) -> Result<minijinja::Val
         .await
         .map_err(|e| db_fail("prompt changes", e))?;
     Ok(context! {
-        role, roles => v(&roles), versions => v(&versions), a, b, diff => v(&diff), shown => v(&shown),
+        role => role.as_str(), roles => v(&roles), versions => v(&versions), a, b, diff => v(&diff), shown => v(&shown),
         actions => v(&actions), all_roles => PromptRole::NAMES.to_vec(),
     })
 }
@@ -180,7 +171,7 @@ async fn activate_version(
     role: &str,
     version: &str,
     f: &ActionForm,
-) -> Result<&'static str, Fail> {
+) -> Result<PromptRole, Fail> {
     check_action(s, &f.csrf)?;
     let role = role_of(role)?;
     let version: i32 = version.trim().parse().map_err(|_| {
@@ -197,23 +188,16 @@ async fn activate_version(
         ));
     }
     let mut c = client(app).await?;
-    let tx = c.transaction().await.map_err(|e| db_fail("activate", e))?;
-    let (was, found) = prompts::activate(&tx, role, version)
+    let Some(change) = control::activate_prompt(&mut c, role, version, "console", Some(reason))
         .await
-        .map_err(|e| db_fail("activate", e))?;
-    if !found {
-        drop(tx); // rolls back: the previous version stays active
+        .map_err(|e| db_fail("activate", e))?
+    else {
         return Err(fail(
             StatusCode::NOT_FOUND,
             &format!("console: {role} has no version {version}; nothing changed"),
         ));
-    }
-    let detail = json!({"role": role, "version": version, "previous": was});
-    audit::record(&tx, "prompt_activate", "console", Some(reason), &detail)
-        .await
-        .map_err(|e| db_fail("recording the action", e))?;
-    tx.commit().await.map_err(|e| db_fail("activate", e))?;
-    tracing::info!(role, version, previous = ?was, "console: prompt activated");
+    };
+    tracing::info!(role = role.as_str(), version, previous = ?change.previous, "console: prompt activated");
     Ok(role)
 }
 
@@ -243,8 +227,7 @@ mod tests {
 
     #[test]
     fn roles_are_read_like_maasctl_reads_them() {
-        assert_eq!(role_of("responder").ok(), Some("FinalResponder"));
-        assert_eq!(role_of("ANALYZER").ok(), Some("Analyzer"));
+        assert_eq!(role_of("responder").ok(), Some(PromptRole::Responder));
         assert!(role_of("nobody").is_err());
     }
 }

@@ -1,4 +1,4 @@
--- Debug mode: releases run $1 if it rests (`held`) in ANALYZED or READY, on
+-- Debug mode: releases request $1 if it rests (`held`) in ANALYZED or READY, on
 -- behalf of $2 for reason $3, records the action and rings the doorbell
 -- (the status does not change, so the notify trigger stays silent).
 -- No row: unknown id. Otherwise its status, debug flag, and whether it was released.
