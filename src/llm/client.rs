@@ -180,79 +180,94 @@ impl Llm {
             })?;
 
         let sent = Instant::now();
+        let result = self.send(client, role, &req).await;
+        let latency = sent.elapsed();
+        match result {
+            Ok(done) => Ok(completed(client, role, &req, done, latency)),
+            Err(error) => Err(failed(client, role, error, sent, latency)),
+        }
+    }
+
+    /// One exchange with the role's backend.
+    async fn send(&self, client: &RoleClient, role: Role, req: &ChatRequest) -> Result<Completion, LlmError> {
+        let settings = &client.settings;
         let http = &self.http;
-        let result = match &client.backend {
+        match &client.backend {
             Backend::OpenAi(ep) => {
-                let builder = openai::request(ep, settings, &req).build(http);
+                let builder = openai::request(ep, settings, req).build(http);
                 exchange(settings, ep, builder, openai::parse).await
             }
             Backend::Anthropic(ep) => {
-                let builder = anthropic::request(ep, settings, &req).build(http);
+                let builder = anthropic::request(ep, settings, req).build(http);
                 exchange(settings, ep, builder, anthropic::parse).await
             }
             Backend::Gemini(ep) => {
-                let builder = gemini::request(ep, settings, &req).build(http);
+                let builder = gemini::request(ep, settings, req).build(http);
                 exchange(settings, ep, builder, gemini::parse).await
             }
-            Backend::Offline => self.offline.chat(role, settings, &req).await,
-        };
-        let latency = sent.elapsed();
-
-        match result {
-            Ok(done) => {
-                client.cooling.reachable();
-                tracing::debug!(
-                    role = role.as_str(),
-                    provider,
-                    model = settings.model,
-                    prompt.chars = req.prompt_chars(),
-                    completion.chars = done.text.len(),
-                    prompt_tokens = done.prompt_tokens,
-                    completion_tokens = done.completion_tokens,
-                    latency_ms = latency.as_millis(),
-                    "llm call completed"
-                );
-                Ok(ChatResponse {
-                    text: done.text,
-                    model: done.model.unwrap_or_else(|| settings.model.clone()),
-                    prompt_tokens: done.prompt_tokens,
-                    completion_tokens: done.completion_tokens,
-                    latency,
-                })
-            }
-            Err(error) => {
-                let error = match error {
-                    LlmError::Connect { provider, message } => outage(&client.cooling, sent, provider, message),
-                    // Not sent, or no answer: says nothing of the endpoint.
-                    LlmError::Timeout { .. } | LlmError::Throttled { .. } | LlmError::Outage { .. } => error,
-                    // Any HTTP answer: the endpoint is there.
-                    answered => {
-                        client.cooling.reachable();
-                        answered
-                    }
-                };
-                if let LlmError::RateLimited { retry_after, .. } = &error {
-                    let pause = client.cooling.rate_limited(*retry_after);
-                    tracing::warn!(
-                        provider,
-                        retry_after_ms = retry_after.map(|d| d.as_millis()),
-                        cooling_ms = pause.as_millis(),
-                        "llm provider is rate limiting; every call to it waits"
-                    );
-                }
-                tracing::debug!(
-                    role = role.as_str(),
-                    provider,
-                    model = settings.model,
-                    error.class = error.class(),
-                    error.status = error.status(),
-                    latency_ms = latency.as_millis(),
-                    "llm call failed"
-                );
-                Err(error)
-            }
+            Backend::Offline => self.offline.chat(role, settings, req).await,
         }
     }
+}
+
+/// A completed call: the endpoint is reachable; logged and answered.
+fn completed(client: &RoleClient, role: Role, req: &ChatRequest, done: Completion, latency: Duration) -> ChatResponse {
+    let settings = &client.settings;
+    client.cooling.reachable();
+    tracing::debug!(
+        role = role.as_str(),
+        provider = settings.provider.as_str(),
+        model = settings.model,
+        prompt.chars = req.prompt_chars(),
+        completion.chars = done.text.len(),
+        prompt_tokens = done.prompt_tokens,
+        completion_tokens = done.completion_tokens,
+        latency_ms = latency.as_millis(),
+        "llm call completed"
+    );
+    ChatResponse {
+        text: done.text,
+        model: done.model.unwrap_or_else(|| settings.model.clone()),
+        prompt_tokens: done.prompt_tokens,
+        completion_tokens: done.completion_tokens,
+        latency,
+    }
+}
+
+/// A failed call: what it says of the endpoint (an outage, reachable, or
+/// rate limiting every call to it) is recorded, and the error logged.
+fn failed(client: &RoleClient, role: Role, error: LlmError, sent: Instant, latency: Duration) -> LlmError {
+    let settings = &client.settings;
+    let provider = settings.provider.as_str();
+    let error = match error {
+        LlmError::Connect { provider, message } => outage(&client.cooling, sent, provider, message),
+        // Not sent, or no answer: says nothing of the endpoint.
+        LlmError::Timeout { .. } | LlmError::Throttled { .. } | LlmError::Outage { .. } => error,
+        // Any HTTP answer: the endpoint is there.
+        answered => {
+            client.cooling.reachable();
+            answered
+        }
+    };
+    if let LlmError::RateLimited { retry_after, .. } = &error {
+        let pause = client.cooling.rate_limited(*retry_after);
+        tracing::warn!(
+            provider,
+            retry_after_ms = retry_after.map(|d| d.as_millis()),
+            cooling_ms = pause.as_millis(),
+            "llm provider is rate limiting; every call to it waits"
+        );
+    }
+    tracing::debug!(
+        role = role.as_str(),
+        provider,
+        model = settings.model,
+        error.class = error.class(),
+        error.status = error.status(),
+        latency_ms = latency.as_millis(),
+        "llm call failed"
+    );
+    error
 }
 
 /// A failed connection to an endpoint (see [`limit`](super::limit)): the

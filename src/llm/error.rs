@@ -298,85 +298,114 @@ pub fn classify_status(
     now: SystemTime,
     key: Option<&Secret>,
 ) -> LlmError {
-    let provider_name = provider.as_str();
+    let provider = provider.as_str();
     let text = String::from_utf8_lossy(body);
     let json: Option<Value> = serde_json::from_slice(body).ok();
     let message = scrub(&provider_message(json.as_ref(), &text, status), key);
     let lower = text.to_lowercase();
-
-    match status {
-        401 | 403 if !is_quota_exhausted(json.as_ref(), &lower) => LlmError::Auth {
-            provider: provider_name,
+    let quota = is_quota_exhausted(json.as_ref(), &lower);
+    match status_kind(status, quota, is_token_limit(&lower)) {
+        StatusKind::Auth => LlmError::Auth {
+            provider,
             status,
             message,
         },
-        408 => LlmError::Timeout {
-            provider: provider_name,
+        StatusKind::Timeout => LlmError::Timeout {
+            provider,
             message: format!("HTTP 408: {message}"),
         },
-        413 => LlmError::TokenLimit {
-            provider: provider_name,
+        StatusKind::TokenLimit => LlmError::TokenLimit {
+            provider,
             status,
             message,
         },
-        429 if is_quota_exhausted(json.as_ref(), &lower) => LlmError::QuotaExhausted {
-            provider: provider_name,
+        StatusKind::Quota => LlmError::QuotaExhausted {
+            provider,
             status,
             message,
         },
-        429 => LlmError::RateLimited {
-            provider: provider_name,
+        StatusKind::RateLimited => LlmError::RateLimited {
+            provider,
             retry_after: retry_after_from_headers(headers, now)
                 .or_else(|| json.as_ref().and_then(retry_delay_from_body)),
             message,
         },
-        529 => LlmError::Overloaded {
-            provider: provider_name,
+        StatusKind::Overloaded => LlmError::Overloaded {
+            provider,
             status,
             message,
         },
-        500..=599 => LlmError::Server {
-            provider: provider_name,
+        StatusKind::Server => LlmError::Server {
+            provider,
             status,
             message,
         },
-        400..=499 if is_token_limit(&lower) => LlmError::TokenLimit {
-            provider: provider_name,
+        StatusKind::BadRequest => LlmError::BadRequest {
+            provider,
             status,
             message,
         },
-        400..=499 if status == 402 || is_quota_exhausted(json.as_ref(), &lower) => LlmError::QuotaExhausted {
-            provider: provider_name,
+        StatusKind::Redirect => LlmError::BadRequest {
+            provider,
             status,
-            message,
+            message: redirect_message(headers, key),
         },
-        400..=499 => LlmError::BadRequest {
-            provider: provider_name,
-            status,
-            message,
-        },
-        // The client follows no redirect, so the key goes only to the
-        // configured base URL; a redirect is a base URL to correct.
-        300..=399 => LlmError::BadRequest {
-            provider: provider_name,
-            status,
-            message: scrub(
-                &format!(
-                    "redirect to `{}` not followed (the API key is sent only to the configured base URL; \
-                     point the base URL at the provider itself)",
-                    headers
-                        .get(reqwest::header::LOCATION)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("?")
-                ),
-                key,
-            ),
-        },
-        _ => LlmError::InvalidResponse {
-            provider: provider_name,
+        StatusKind::Unexpected => LlmError::InvalidResponse {
+            provider,
             message: format!("unexpected HTTP status {status}: {message}"),
         },
     }
+}
+
+/// What a non-success HTTP status means, before its error is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatusKind {
+    Auth,
+    Timeout,
+    TokenLimit,
+    Quota,
+    RateLimited,
+    Overloaded,
+    Server,
+    BadRequest,
+    Redirect,
+    Unexpected,
+}
+
+/// The meaning of `status`, given whether the body says the quota is
+/// exhausted (`quota`) or the request is over the model's token limit
+/// (`token_limit`).
+fn status_kind(status: u16, quota: bool, token_limit: bool) -> StatusKind {
+    match status {
+        401 | 403 if !quota => StatusKind::Auth,
+        408 => StatusKind::Timeout,
+        413 => StatusKind::TokenLimit,
+        429 if quota => StatusKind::Quota,
+        429 => StatusKind::RateLimited,
+        529 => StatusKind::Overloaded,
+        500..=599 => StatusKind::Server,
+        400..=499 if token_limit => StatusKind::TokenLimit,
+        400..=499 if status == 402 || quota => StatusKind::Quota,
+        400..=499 => StatusKind::BadRequest,
+        300..=399 => StatusKind::Redirect,
+        _ => StatusKind::Unexpected,
+    }
+}
+
+/// The client follows no redirect, so the key goes only to the configured
+/// base URL; a redirect is a base URL to correct.
+fn redirect_message(headers: &HeaderMap, key: Option<&Secret>) -> String {
+    scrub(
+        &format!(
+            "redirect to `{}` not followed (the API key is sent only to the configured base URL; \
+             point the base URL at the provider itself)",
+            headers
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("?")
+        ),
+        key,
+    )
 }
 
 /// The provider's own explanation: `error.message` (OpenAI, Anthropic,

@@ -13,25 +13,8 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::daemon::Opts;
 use crate::support::db::{TestDb, column, connect};
-use crate::support::{GENEROUS, count, wait_until};
-
-async fn insert_held(c: &tokio_postgres::Client, n: i64) -> Vec<Uuid> {
-    column(
-        c,
-        "INSERT INTO pipeline_runs (user_id, user_query, run_after)
-         SELECT gen_random_uuid(), 'held #' || g, now() + interval '1 hour' FROM generate_series(1, $1::int8) g
-         RETURNING id",
-        &[&n],
-    )
-    .await
-}
-
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.rsplit_once(' ').filter(|(s, _)| *s == series))
-        .and_then(|(_, v)| v.parse().ok())
-}
+use crate::support::metrics::metric;
+use crate::support::{GENEROUS, count, insert_held, new_users, wait_until};
 
 /// Asserts an immediate refusal with `status`, `Retry-After` and a JSON code.
 async fn assert_refused(resp: reqwest::Response, status: StatusCode, took: Duration) {
@@ -62,7 +45,7 @@ async fn caps_refuse_long_polls_and_streams_over_the_limit_at_once() {
             .env("MAAS_HTTP__MAX_STREAMS_PER_TOKEN", 2),
     )
     .await;
-    let held = insert_held(&c, 1).await[0];
+    let held = insert_held(&c, &new_users(1)).await[0];
     let get = |token: &'static str, path: String| {
         let rb = api.http.get(api.url(&path)).bearer_auth(token);
         async move { rb.send().await.unwrap() }
@@ -266,7 +249,7 @@ async fn caps_a_websocket_message_over_the_size_limit_closes_the_socket() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let api = Api::start(&db, Opts::default().env("MAAS_HTTP__WS_MAX_MESSAGE_BYTES", 1024)).await;
-    let held = insert_held(&c, 1).await[0];
+    let held = insert_held(&c, &new_users(1)).await[0];
     let url = format!("ws://{}/api/ws?request_id={held}", api.addr);
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
     // The current state first.

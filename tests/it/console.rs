@@ -17,9 +17,11 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::browser::Browser;
 use crate::support::cli::{NO_ENV, maasctl_async};
+use crate::support::console::{csrf_of, plain_client};
 use crate::support::daemon::Opts;
 use crate::support::db::{TestDb, value};
 use crate::support::fake_llm::{Api as FakeApi, FakeLlm, Reply};
+use crate::support::ops::{status_of, wait_status};
 use crate::support::{GENEROUS, wait_until};
 
 async fn submit(api: &Api, body: Value) -> Uuid {
@@ -94,17 +96,6 @@ fn analysis() -> String {
         "search_keywords": ["console"], "context_found": null,
     })
     .to_string()
-}
-
-async fn status_of(c: &tokio_postgres::Client, id: Uuid) -> String {
-    value(c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&id]).await
-}
-
-async fn wait_status(c: &tokio_postgres::Client, id: Uuid, want: &str) {
-    wait_until(GENEROUS, &format!("request {id} is {want}"), || async {
-        status_of(c, id).await == want
-    })
-    .await;
 }
 
 /// The rows the list shows: (id, status).
@@ -255,14 +246,6 @@ async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one()
     assert!(b.text("#actions-log").await.contains("stuck on the provider"));
     b.screenshot("request-cancelled").await;
     b.close().await;
-}
-
-/// A client that keeps cookies but does not follow redirects.
-fn plain_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -670,15 +653,6 @@ async fn console_prompts_page_diffs_two_versions_and_activates_one() {
     assert!(b.text("#actions-log").await.contains("roll forward"));
     b.screenshot("prompts-activated").await;
     b.close().await;
-}
-
-/// The CSRF token of a console page (empty when the page has none).
-fn csrf_of(page: &str) -> String {
-    page.split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|s| s.split('"').next())
-        .unwrap_or("")
-        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

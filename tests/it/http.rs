@@ -16,7 +16,8 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, column, value};
-use crate::support::{GENEROUS, count, wait_until};
+use crate::support::metrics::metric;
+use crate::support::{GENEROUS, count, insert_held, new_users, release, wait_until};
 
 impl Api {
     async fn submit_ok(&self, user: Uuid, query: &str) -> Uuid {
@@ -30,20 +31,6 @@ impl Api {
         let resp = self.get(&format!("/api/query/{id}/status?wait={wait}")).await;
         let code = resp.status();
         (code, resp.json().await.unwrap())
-    }
-
-    async fn metrics(&self) -> String {
-        let resp = self.get("/metrics").await;
-        assert_eq!(resp.status(), StatusCode::OK);
-        resp.text().await.unwrap()
-    }
-
-    /// Waits until the metrics show `series` at `value`.
-    async fn wait_metric(&self, series: &str, value: f64) {
-        wait_until(GENEROUS, &format!("{series} = {value}"), || async {
-            metric(&self.metrics().await, series) == Some(value)
-        })
-        .await;
     }
 
     async fn ws(&self, query: &str) -> Result<Ws, tungstenite::Error> {
@@ -108,41 +95,10 @@ impl Sse {
     }
 }
 
-/// The value of one series (`name{labels}` exactly as rendered, or a bare
-/// name) in Prometheus text.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.rsplit_once(' ').filter(|(s, _)| *s == series))
-        .and_then(|(_, v)| v.parse().ok())
-}
-
-/// Inserts a request that no stage will claim until [`release`] (it is not
-/// due for an hour), so tests can subscribe to it first.
-async fn insert_held(c: &tokio_postgres::Client, user: Uuid, n: i64) -> Vec<Uuid> {
-    column(
-        c,
-        "INSERT INTO pipeline_runs (user_id, user_query, run_after)
-         SELECT $1, 'held #' || g, now() + interval '1 hour' FROM generate_series(1, $2::int8) g RETURNING id",
-        &[&user, &n],
-    )
-    .await
-}
-
 /// Asserts that `resp` is an error answer with `status` and the JSON `code`.
 async fn assert_error(resp: reqwest::Response, status: StatusCode, code: &str) {
     assert_eq!(resp.status(), status);
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], code);
-}
-
-/// Makes held requests due and rings the doorbell.
-async fn release(c: &tokio_postgres::Client) {
-    c.batch_execute(
-        "UPDATE pipeline_runs SET run_after = now() WHERE status = 'NEW';
-         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
-    )
-    .await
-    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,7 +340,7 @@ async fn http_bad_requests_get_clear_codes() {
     );
 
     // Status: a malformed wait, and a wait past the cap (1 s here).
-    let held = insert_held(&c, Uuid::new_v4(), 1).await[0];
+    let held = insert_held(&c, &new_users(1)).await[0];
     assert_error(
         api.get(&format!("/api/query/{held}/status?wait=soon")).await,
         StatusCode::BAD_REQUEST,
@@ -416,7 +372,7 @@ async fn http_bearer_tokens_guard_every_api_route() {
     )
     .await;
     assert!(api.d.plain_log().contains("auth=true"));
-    let held = insert_held(&c, Uuid::new_v4(), 1).await[0];
+    let held = insert_held(&c, &new_users(1)).await[0];
     let body = json!({"user_id": Uuid::new_v4(), "query": "q"});
     for token in [None, Some("wrong"), Some("tok-a,tok-b")] {
         api.token = token.map(str::to_owned);
@@ -568,7 +524,7 @@ async fn http_websocket_and_sse_follow_a_request_to_completed() {
     let c = db.client().await;
     let api = Api::start(&db, Opts::default()).await;
     let user = Uuid::new_v4();
-    let held = insert_held(&c, user, 1).await[0];
+    let held = insert_held(&c, &[user]).await[0];
 
     let mut by_request = api.ws(&format!("request_id={held}")).await.unwrap();
     let mut by_user = api.ws(&format!("user_id={user}")).await.unwrap();
@@ -671,7 +627,7 @@ async fn http_a_thousand_long_polls_are_held_while_their_requests_complete() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let api = Api::start(&db, Opts::default()).await;
-    let ids = insert_held(&c, Uuid::new_v4(), i64::try_from(N).unwrap()).await;
+    let ids = insert_held(&c, &vec![Uuid::new_v4(); N]).await;
     let started = Instant::now();
     let polls: Vec<_> = ids
         .iter()
@@ -711,7 +667,7 @@ async fn http_streams_and_long_polls_end_cleanly_on_shutdown() {
     let c = db.client().await;
     let mut api = Api::start(&db, Opts::default()).await;
     let user = Uuid::new_v4();
-    let held = insert_held(&c, user, 1).await[0];
+    let held = insert_held(&c, &[user]).await[0];
     let mut ws = api.ws(&format!("request_id={held}")).await.unwrap();
     let mut user_ws = api.ws(&format!("user_id={user}")).await.unwrap();
     assert_eq!(ws_next(&mut ws).await.unwrap()["stage"], "NEW");
@@ -813,7 +769,7 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
         let id = api.submit_ok(user, &format!("metrics {i}")).await;
         assert_eq!(api.status(id, "30s").await.1["status"], "completed");
     }
-    insert_held(&c, user, 2).await;
+    insert_held(&c, &[user, user]).await;
     c.batch_execute(
         "INSERT INTO pipeline_runs (user_id, user_query, status) VALUES (gen_random_uuid(), 'x', 'FAILED')",
     )
@@ -918,7 +874,7 @@ async fn http_subscribers_reread_the_table_after_the_listener_reconnects() {
     let c = db.client().await;
     let api = Api::start(&db, Opts::default()).await;
     let user = Uuid::new_v4();
-    let held = insert_held(&c, user, 1).await[0];
+    let held = insert_held(&c, &[user]).await[0];
     let mut ws = api.ws(&format!("request_id={held}")).await.unwrap();
     assert_eq!(ws_next(&mut ws).await.unwrap()["stage"], "NEW");
     let poll = tokio::spawn(

@@ -11,18 +11,7 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::daemon::Opts;
 use crate::support::db::{TestDb, column, connect, value};
-use crate::support::{GENEROUS, count, wait_until};
-
-/// Requests of `users` (one each), not due for an hour.
-async fn insert_held(c: &tokio_postgres::Client, users: &[Uuid]) -> Vec<Uuid> {
-    column(
-        c,
-        "INSERT INTO pipeline_runs (user_id, user_query, run_after)
-         SELECT u, 'neighbour ' || u, now() + interval '1 hour' FROM unnest($1::uuid[]) u RETURNING id",
-        &[&users],
-    )
-    .await
-}
+use crate::support::{GENEROUS, count, insert_held, new_users, release, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_producer_transaction_on_one_user_holds_up_only_that_user() {
@@ -31,7 +20,7 @@ async fn an_open_producer_transaction_on_one_user_holds_up_only_that_user() {
     let api = Api::start(&db, Opts::default().env("MAAS_DB__LOCK_TIMEOUT_MS", 1000)).await;
 
     let victim = Uuid::new_v4();
-    let others: Vec<Uuid> = (0..40).map(|_| Uuid::new_v4()).collect();
+    let others: Vec<Uuid> = new_users(40);
     let mut users = others.clone();
     users.push(victim);
     let ids = insert_held(&c, &users).await;
@@ -49,12 +38,7 @@ async fn an_open_producer_transaction_on_one_user_holds_up_only_that_user() {
     .unwrap();
 
     // Everyone's requests become due at once, so the answers share batches.
-    c.batch_execute(
-        "UPDATE pipeline_runs SET run_after = now();
-         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
-    )
-    .await
-    .unwrap();
+    release(&c).await;
     let started = Instant::now();
     wait_until(GENEROUS, "every other user's request completed", || async {
         count(
@@ -130,15 +114,10 @@ async fn a_request_row_locked_elsewhere_does_not_stop_the_heartbeat_of_the_other
         .env("MAAS_LLM__OFFLINE__LATENCY_MS", 4000),
     )
     .await;
-    let users: Vec<Uuid> = (0..10).map(|_| Uuid::new_v4()).collect();
+    let users: Vec<Uuid> = new_users(10);
     let ids = insert_held(&c, &users).await;
     let victim = ids[0];
-    c.batch_execute(
-        "UPDATE pipeline_runs SET run_after = now();
-         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
-    )
-    .await
-    .unwrap();
+    release(&c).await;
     wait_until(GENEROUS, "every request is analyzing", || async {
         count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == 10
     })
@@ -182,7 +161,7 @@ async fn a_producer_that_never_commits_fails_only_that_users_request_with_a_reas
     let c = db.client().await;
     let _api = Api::start(&db, Opts::default().env("MAAS_DB__LOCK_TIMEOUT_MS", 200)).await;
     let victim = Uuid::new_v4();
-    let others: Vec<Uuid> = (0..10).map(|_| Uuid::new_v4()).collect();
+    let others: Vec<Uuid> = new_users(10);
     let mut users = others.clone();
     users.push(victim);
     insert_held(&c, &users).await;
@@ -195,12 +174,7 @@ async fn a_producer_that_never_commits_fails_only_that_users_request_with_a_reas
     )
     .await
     .unwrap();
-    c.batch_execute(
-        "UPDATE pipeline_runs SET run_after = now();
-         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
-    )
-    .await
-    .unwrap();
+    release(&c).await;
     let started = Instant::now();
     wait_until(GENEROUS, "the victim's request ended", || async {
         let s: String = value(&c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&victim_id]).await;

@@ -5,7 +5,6 @@
 //! query exists; the rules pass `promtool check rules` and `promtool test
 //! rules`; and one request's JSON log lines all carry its `request_id`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use axum::Router;
@@ -17,6 +16,7 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, value};
+use crate::support::metrics::{metric, samples};
 use crate::support::ops::wait_status;
 use crate::support::{GENEROUS, count, wait_until};
 
@@ -25,25 +25,9 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every sample of a Prometheus text page: `name{labels}` → value.
-fn samples(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (series, v) = l.rsplit_once(' ')?;
-            Some((series.to_owned(), v.parse().ok()?))
-        })
-        .collect()
-}
-
 /// The series name of a sample key (`name{...}` → `name`).
 fn name_of(series: &str) -> &str {
     series.split('{').next().unwrap_or(series)
-}
-
-/// The value of `series` (exactly as rendered, labels included).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    samples(text).get(series).copied()
 }
 
 /// The sum of every sample of `name` whose labels contain all of `labels`.
@@ -170,9 +154,9 @@ async fn drive(db: &TestDb, api: &Api) -> String {
         || async {
             let page = scrape().await;
             total(&page, "maas_archivist_records_total", &[]) >= 1.0
-                && sample(&page, "maas_callbacks_dead") == Some(1.0)
-                && sample(&page, "maas_callback_deliveries_total{outcome=\"delivered\"}") == Some(1.0)
-                && sample(&page, "maas_archivist_last_run_timestamp_seconds").is_some()
+                && metric(&page, "maas_callbacks_dead") == Some(1.0)
+                && metric(&page, "maas_callback_deliveries_total{outcome=\"delivered\"}") == Some(1.0)
+                && metric(&page, "maas_archivist_last_run_timestamp_seconds").is_some()
                 && total(&page, "maas_table_rows", &["table=\"lsm_storage\""]) >= 1.0
                 && total(&page, "maas_requests_failed_total", &[]) >= 1.0
         },
@@ -194,7 +178,7 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     for table in ["pipeline_runs", "raw_logs", "lsm_storage"] {
         for g in ["maas_table_rows", "maas_table_bytes"] {
             let s = format!("{g}{{table=\"{table}\"}}");
-            assert!(sample(&page, &s).is_some(), "{s} missing:\n{page}");
+            assert!(metric(&page, &s).is_some(), "{s} missing:\n{page}");
         }
     }
     assert!(total(&page, "maas_table_bytes", &["table=\"pipeline_runs\""]) > 0.0);
@@ -210,10 +194,10 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     assert!(has("maas_context_tokens_bucket") && has("maas_context_tokens_sum"));
     // Retries per stage: the failing request's analyze attempts.
     assert!(
-        sample(&page, "maas_stage_retries_total{stage=\"analyze\"}").unwrap_or(0.0) >= 1.0,
+        metric(&page, "maas_stage_retries_total{stage=\"analyze\"}").unwrap_or(0.0) >= 1.0,
         "{page}"
     );
-    assert!(sample(&page, "maas_stage_retries_total{stage=\"respond\"}").is_some());
+    assert!(metric(&page, "maas_stage_retries_total{stage=\"respond\"}").is_some());
     assert!(
         total(
             &page,
@@ -230,7 +214,7 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     assert!(total(&page, "maas_claim_poll_duration_seconds_count", &[]) >= 1.0);
     // Callbacks: delivered, dead, the dead-letter gauge.
     assert_eq!(
-        sample(&page, "maas_callback_deliveries_total{outcome=\"dead\"}"),
+        metric(&page, "maas_callback_deliveries_total{outcome=\"dead\"}"),
         Some(1.0)
     );
     assert!(has("maas_callback_delivery_duration_seconds_bucket"));
@@ -244,16 +228,16 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     assert!(total(&page, "maas_archivist_run_duration_seconds_count", &[]) >= 1.0);
     assert!(total(&page, "maas_archivist_users_total", &["outcome=\"archived\""]) >= 1.0);
     assert!(total(&page, "maas_archivist_logs_total", &[]) >= 2.0);
-    assert!(sample(&page, "maas_archivist_failures_total").is_some());
-    assert!(sample(&page, "maas_archivist_last_run_failures").is_some());
-    assert_eq!(sample(&page, "maas_archivist_enabled"), Some(1.0));
+    assert!(metric(&page, "maas_archivist_failures_total").is_some());
+    assert!(metric(&page, "maas_archivist_last_run_failures").is_some());
+    assert_eq!(metric(&page, "maas_archivist_enabled"), Some(1.0));
     // The gauges the alert rules use.
     for s in [
         "maas_backlog_oldest_due_seconds{status=\"NEW\"}",
         "maas_leases_expired",
         "maas_notification_queue_usage",
     ] {
-        assert!(sample(&page, s).is_some(), "{s} missing:\n{page}");
+        assert!(metric(&page, s).is_some(), "{s} missing:\n{page}");
     }
 
     // Every series the dashboard queries exists.

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::daemon::{Maasd, Opts};
 use super::db::TestDb;
+use super::metrics::metric;
 use super::{GENEROUS, wait_until};
 
 /// A running daemon and a client for it.
@@ -64,5 +65,20 @@ impl Api {
             .send()
             .await
             .unwrap()
+    }
+
+    /// The `/metrics` page.
+    pub async fn metrics(&self) -> String {
+        let resp = self.get("/metrics").await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.text().await.unwrap()
+    }
+
+    /// Waits until the metrics show `series` at `value`.
+    pub async fn wait_metric(&self, series: &str, value: f64) {
+        wait_until(GENEROUS, &format!("{series} = {value}"), || async {
+            metric(&self.metrics().await, series) == Some(value)
+        })
+        .await;
     }
 }

@@ -10,6 +10,15 @@ use tokio::sync::OnceCell;
 use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::{Client, NoTls, Row};
 
+/// Reads columns of a row into a tuple by their names, never by position:
+/// `by_name!(row, "status", "attempt")` is `(row.get("status"), row.get("attempt"))`.
+macro_rules! by_name {
+    ($row:expr, $($col:literal),+ $(,)?) => {
+        ($($row.get($col)),+)
+    };
+}
+pub(crate) use by_name;
+
 /// Every row `sql` returns, each read by `read`; panics on a query error.
 pub async fn rows<T>(c: &Client, sql: &str, params: &[&(dyn ToSql + Sync)], read: impl Fn(&Row) -> T) -> Vec<T> {
     c.query(sql, params).await.unwrap().iter().map(read).collect()
