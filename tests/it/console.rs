@@ -19,7 +19,7 @@ use crate::support::browser::Browser;
 use crate::support::cli::{NO_ENV, maasctl_async};
 use crate::support::console::{csrf_of, plain_client};
 use crate::support::daemon::Opts;
-use crate::support::db::{TestDb, value};
+use crate::support::db::{TestDb, by_name, value};
 use crate::support::fake_llm::{Api as FakeApi, FakeLlm, Reply};
 use crate::support::ops::{status_of, wait_status};
 use crate::support::{GENEROUS, wait_until};
@@ -212,7 +212,7 @@ async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one()
             )
             .await
             .unwrap();
-        (r.get(0), r.get(1))
+        by_name!(r, "actor", "reason")
     };
     assert_eq!((actor.as_str(), reason.as_str()), ("console", "provider fixed"));
     let shot = b.screenshot("request-retried").await;
@@ -534,13 +534,13 @@ async fn console_memory_page_searches_a_users_memory_and_archives_now() {
     let (left, records): (i64, i64) = {
         let r = c
             .query_one(
-                "SELECT (SELECT logged_seq - archived_seq FROM archive_marks WHERE user_id = $1),
-                        (SELECT count(*) FROM lsm_storage WHERE user_id = $1)",
+                "SELECT (SELECT logged_seq - archived_seq FROM archive_marks WHERE user_id = $1) AS pending,
+                        (SELECT count(*) FROM lsm_storage WHERE user_id = $1) AS records",
                 &[&user],
             )
             .await
             .unwrap();
-        (r.get(0), r.get(1))
+        by_name!(r, "pending", "records")
     };
     assert_eq!(left, 0, "every pending turn was archived");
     assert!(records > records_before, "a record was written");

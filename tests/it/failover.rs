@@ -13,7 +13,7 @@ use maas::db::devdb::{Cluster, ClusterSpec, ensure_database};
 use tokio_postgres::Client;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::connect;
+use crate::support::db::{by_name, connect};
 use crate::support::ops::{insert_one, wait_status};
 use crate::support::{GENEROUS, wait_until};
 
@@ -91,7 +91,7 @@ async fn a_primary_turned_read_only_is_a_connection_loss_until_it_takes_writes_a
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "application_name", "usename"))
         .collect();
     assert!(
         users.contains(&("maasd-listener".into(), "maas_listen".into())),

@@ -132,9 +132,9 @@ async fn http_submit_then_poll_to_completed() {
         .unwrap();
     assert_eq!(
         (
-            row.get::<_, Uuid>(0),
-            row.get::<_, Option<Uuid>>(1),
-            row.get::<_, String>(2)
+            row.get::<_, Uuid>("user_id"),
+            row.get::<_, Option<Uuid>>("thread_id"),
+            row.get::<_, String>("user_query")
         ),
         (user, Some(thread), "what did we decide?".to_owned())
     );

@@ -57,7 +57,7 @@ async fn cancel_and_retry_over_http_need_a_reason_and_say_why_they_refuse() {
         .await
         .unwrap();
     assert_eq!(
-        (row.get::<_, String>(0), row.get::<_, Option<String>>(1)),
+        (row.get::<_, String>("actor"), row.get::<_, Option<String>>("reason")),
         ("http".into(), Some("user left".into()))
     );
 
@@ -179,10 +179,10 @@ async fn submit_takes_callback_url_and_debug() {
         .await
         .unwrap();
     assert_eq!(
-        row.get::<_, Option<String>>(0).as_deref(),
+        row.get::<_, Option<String>>("callback_url").as_deref(),
         Some("https://hooks.example/maas?k=1")
     );
-    assert!(row.get::<_, bool>(1));
+    assert!(row.get::<_, bool>("debug"));
     let (status, _) = post(&api, &format!("/api/query/{id}/continue"), json!({})).await;
     assert_eq!(status, StatusCode::OK);
     wait_status(&c, id, "READY").await;

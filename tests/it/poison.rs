@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::support::api::Api;
 use crate::support::daemon::Maasd;
-use crate::support::db::{TestDb, apply_migration, rows, value};
+use crate::support::db::{TestDb, apply_migration, by_name, rows, value};
 use crate::support::fake_llm::{FakeConfig, FakeLlm, Reply};
 use crate::support::{GENEROUS, count, summary, wait_until};
 
@@ -311,17 +311,17 @@ async fn migration_0009_brings_existing_bad_rows_inside_the_bounds() {
             &[],
         )
         .await
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "status", "error"))
         .unwrap();
     assert_eq!(status, "FAILED");
     assert!(error.unwrap_or_default().contains("attempt 2147483647 is over 1000"));
     let kept: (String, i32, i32) = c
         .query_one(
-            "SELECT status, attempt, length(final_answer) FROM pipeline_runs WHERE user_query = 'done long ago'",
+            "SELECT status, attempt, length(final_answer) AS answer_length FROM pipeline_runs WHERE user_query = 'done long ago'",
             &[],
         )
         .await
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map(|r| by_name!(r, "status", "attempt", "answer_length"))
         .unwrap();
     assert_eq!(kept, ("COMPLETED".to_owned(), 1000, 1_000_000));
     assert_eq!(
@@ -422,7 +422,7 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
                      || array(SELECT 'innocent #' || g FROM generate_series(1, 14) g)) q
          RETURNING id, user_query",
         &[],
-        |r| (r.get(0), r.get(1)),
+        |r| by_name!(r, "id", "user_query"),
     )
     .await;
     let all: Vec<Uuid> = ids.iter().map(|(id, _)| *id).collect();
@@ -528,20 +528,20 @@ async fn a_result_the_database_refuses_fails_alone_and_the_batch_is_written() {
     assert_eq!(harmed(&c, &others).await, Vec::<String>::new(), "{}", summary(&c).await);
     let (status, error): (String, String) = c
         .query_one(
-            "SELECT status, coalesce(error, '') FROM pipeline_runs WHERE id = $1",
+            "SELECT status, coalesce(error, '') AS error FROM pipeline_runs WHERE id = $1",
             &[&victim],
         )
         .await
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "status", "error"))
         .unwrap();
     assert_eq!(status, "FAILED");
     assert!(error.contains("the test refuses this result"), "{error}");
     assert!(error.contains("SQLSTATE P0001"), "{error}");
     let steps: Vec<(String, String)> = rows(
         &c,
-        "SELECT outcome, coalesce(error_class, '') FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
+        "SELECT outcome, coalesce(error_class, '') AS error_class FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
         &[&victim],
-        |r| (r.get(0), r.get(1)),
+        |r| by_name!(r, "outcome", "error_class"),
     )
     .await;
     assert_eq!(steps, vec![("failed".to_owned(), "unwritable_result".to_owned())]);
@@ -584,7 +584,7 @@ async fn an_archivist_reply_with_nul_and_huge_tags_is_stored_sanitised() {
     let (summary, tags): (String, Vec<String>) = c
         .query_one("SELECT summary, tags FROM lsm_storage WHERE user_id = $1", &[&user])
         .await
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "summary", "tags"))
         .unwrap();
     assert_eq!(summary, "summary");
     assert_eq!(tags[0], "tag");

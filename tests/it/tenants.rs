@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::daemon::Opts;
 use crate::support::console::{csrf_of, login as console_login, plain_client};
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, by_name};
 use crate::support::tenants::{ADMIN, get, send, start, submit, submit_ok, token};
 
 async fn finished_context(api: &Api, tok: &str, id: Uuid) -> String {
@@ -59,7 +59,7 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map(|r| by_name!(r, "user_id", "tenant_user_id", "name"))
         .collect();
     assert_eq!(rows.len(), 2);
     assert_ne!(rows[0].0, rows[1].0, "two tenants' users share a stored id");
@@ -136,7 +136,7 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
             &[&d1],
         )
         .await
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "user_id", "tenant_user_id"))
         .unwrap();
     assert!(
         stored != acme_stored && shown == Some(acme_stored),
@@ -150,7 +150,7 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
             &[&d2],
         )
         .await
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "user_id", "tenant_user_id"))
         .unwrap();
     assert_eq!((stored, shown), (user, None));
 }
@@ -351,7 +351,7 @@ async fn maasctl_manages_tenants_and_tokens() {
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "action", "actor"))
         .collect();
     let names: Vec<&str> = actions.iter().map(|a| a.0.as_str()).collect();
     assert_eq!(

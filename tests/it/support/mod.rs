@@ -137,7 +137,7 @@ pub async fn assert_each_stage_succeeded_once(c: &Client) {
 pub async fn summary(c: &Client) -> String {
     let rows = c
         .query(
-            "SELECT status, count(*), min(error) FROM pipeline_runs GROUP BY status ORDER BY status",
+            "SELECT status, count(*) AS n, min(error) AS error FROM pipeline_runs GROUP BY status ORDER BY status",
             &[],
         )
         .await
@@ -146,9 +146,9 @@ pub async fn summary(c: &Client) -> String {
         .map(|r| {
             format!(
                 "{}={} {}",
-                r.get::<_, String>(0),
-                r.get::<_, i64>(1),
-                r.get::<_, Option<String>>(2).unwrap_or_default()
+                r.get::<_, String>("status"),
+                r.get::<_, i64>("n"),
+                r.get::<_, Option<String>>("error").unwrap_or_default()
             )
         })
         .collect::<Vec<_>>()
