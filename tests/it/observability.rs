@@ -170,11 +170,21 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     let db = TestDb::new().await;
     let api = busy_daemon(&db).await;
     let page = drive(&db, &api).await;
-    let all = samples(&page);
-    let names: Vec<&str> = all.keys().map(|s| name_of(s)).collect();
-    let has = |n: &str| names.contains(&n);
+    every_on_call_series_is_exported(&page);
+    the_dashboard_queries_only_exported_series(&page);
+    the_alert_rules_use_only_exported_series(&page);
+}
 
-    // The seeds' series, each named.
+/// Whether `page` exports a series named `name` (any labels).
+fn exports(page: &str, name: &str) -> bool {
+    samples(page).keys().any(|s| name_of(s) == name)
+}
+
+/// The series an on-call engineer reads, each named, with the figures of
+/// the driven requests, callbacks and archive run.
+fn every_on_call_series_is_exported(page: &str) {
+    let page = page.to_owned();
+    let has = |n: &str| exports(&page, n);
     for table in ["pipeline_runs", "raw_logs", "lsm_storage"] {
         for g in ["maas_table_rows", "maas_table_bytes"] {
             let s = format!("{g}{{table=\"{table}\"}}");
@@ -239,8 +249,10 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     ] {
         assert!(metric(&page, s).is_some(), "{s} missing:\n{page}");
     }
+}
 
-    // Every series the dashboard queries exists.
+/// Every series the dashboard queries exists.
+fn the_dashboard_queries_only_exported_series(page: &str) {
     let text = std::fs::read_to_string(root().join("docs/grafana/maas.json")).unwrap();
     let dashboard: Value = serde_json::from_str(&text).unwrap();
     let mut queries = Vec::new();
@@ -252,17 +264,19 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
         assert!(!found.is_empty(), "a query that names no maas series: {q}");
         queried.extend(found);
     }
-    let missing: Vec<&String> = queried.iter().filter(|n| !has(n)).collect();
+    let missing: Vec<&String> = queried.iter().filter(|n| !exports(page, n)).collect();
     assert!(
         missing.is_empty(),
         "the dashboard queries series /metrics lacks: {missing:?}\n{page}"
     );
+}
 
-    // Every series the alert rules use exists.
+/// Every series the alert rules use exists.
+fn the_alert_rules_use_only_exported_series(page: &str) {
     let rules = std::fs::read_to_string(root().join("docs/prometheus/alerts.yml")).unwrap();
     let used = series_names(&rules);
     assert!(used.len() >= 10, "{used:?}");
-    let missing: Vec<&String> = used.iter().filter(|n| !has(n)).collect();
+    let missing: Vec<&String> = used.iter().filter(|n| !exports(page, n)).collect();
     assert!(
         missing.is_empty(),
         "the alert rules use series /metrics lacks: {missing:?}\n{page}"
@@ -341,23 +355,7 @@ async fn every_line_of_a_requests_path_carries_its_request_id_in_json_logs() {
         .env("MAAS_CALLBACKS__POLL_SECS", 1);
     let mut d = Maasd::spawn(&db.url, opts);
     let addr = d.http_addr(GENEROUS).await;
-    let http = reqwest::Client::new();
-    let mut ids = Vec::new();
-    for i in 0..3 {
-        let resp = http
-            .post(format!("http://{addr}/api/query"))
-            .json(&json!({"user_id": Uuid::new_v4(), "query": format!("trace me {i}")}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), StatusCode::ACCEPTED);
-        let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        ids.push(id);
-    }
+    let mut ids = submit_over_http(addr, 3).await;
     let hook = receiver().await;
     let called: Uuid = value(
         &c,
@@ -379,33 +377,7 @@ async fn every_line_of_a_requests_path_carries_its_request_id_in_json_logs() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
         .collect();
     for id in &ids {
-        let id = id.to_string();
-        let mine: Vec<&Value> = lines.iter().filter(|l| l["request_id"] == id.as_str()).collect();
-        // Every line that mentions the request names it as request_id.
-        for l in &lines {
-            if l.to_string().contains(&id) {
-                assert_eq!(
-                    l["request_id"],
-                    id.as_str(),
-                    "a line about {id} without its request_id: {l}"
-                );
-            }
-        }
-        for stage in ["analyze", "assemble", "respond"] {
-            assert!(
-                mine.iter().any(|l| l["stage"] == stage),
-                "no {stage} line for {id}:\n{}",
-                mine.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
-            );
-        }
-        // The model calls inside the stages carry it through their span.
-        for role in ["analyzer", "responder"] {
-            assert!(
-                mine.iter()
-                    .any(|l| l["message"] == "llm call completed" && l["role"] == role),
-                "no {role} call logged for {id}"
-            );
-        }
+        the_requests_lines_carry_its_id(&lines, *id);
     }
     let callback = called.to_string();
     assert!(
@@ -415,4 +387,57 @@ async fn every_line_of_a_requests_path_carries_its_request_id_in_json_logs() {
         "the callback's line carries its request_id"
     );
     d.kill();
+}
+
+/// Submits `n` requests over HTTP to `addr`; their ids.
+async fn submit_over_http(addr: std::net::SocketAddr, n: usize) -> Vec<Uuid> {
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let resp = http
+            .post(format!("http://{addr}/api/query"))
+            .json(&json!({"user_id": Uuid::new_v4(), "query": format!("trace me {i}")}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::ACCEPTED);
+        let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        ids.push(id);
+    }
+    ids
+}
+
+/// Every line that mentions request `id` names it as request_id, and its
+/// stages and model calls (through their span) each logged a line.
+fn the_requests_lines_carry_its_id(lines: &[Value], id: Uuid) {
+    let id = id.to_string();
+    let mine: Vec<&Value> = lines.iter().filter(|l| l["request_id"] == id.as_str()).collect();
+    for l in lines {
+        if l.to_string().contains(&id) {
+            assert_eq!(
+                l["request_id"],
+                id.as_str(),
+                "a line about {id} without its request_id: {l}"
+            );
+        }
+    }
+    for stage in ["analyze", "assemble", "respond"] {
+        assert!(
+            mine.iter().any(|l| l["stage"] == stage),
+            "no {stage} line for {id}:\n{}",
+            mine.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+        );
+    }
+    // The model calls inside the stages carry it through their span.
+    for role in ["analyzer", "responder"] {
+        assert!(
+            mine.iter()
+                .any(|l| l["message"] == "llm call completed" && l["role"] == role),
+            "no {role} call logged for {id}"
+        );
+    }
 }
