@@ -571,7 +571,10 @@ impl Config {
     fn http_limits(&self) -> [(&'static str, u64); 13] {
         let h = &self.http;
         [
-            ("http.max_body_bytes", u64::try_from(h.max_body_bytes).unwrap_or(u64::MAX)),
+            (
+                "http.max_body_bytes",
+                u64::try_from(h.max_body_bytes).unwrap_or(u64::MAX),
+            ),
             ("http.request_timeout_secs", h.request_timeout_secs),
             ("http.max_wait_secs", h.max_wait_secs),
             ("http.idempotency_ttl_secs", h.idempotency_ttl_secs),

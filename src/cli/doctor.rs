@@ -136,7 +136,7 @@ async fn reachable(cfg: &Config, r: &mut Report) -> Option<deadpool_postgres::Ob
 /// schema is current.
 async fn schema_checks(client: &deadpool_postgres::Object, r: &mut Report) -> bool {
     let mut schema_ok = false;
-    match db::migrate::state(&client).await {
+    match db::migrate::state(client).await {
         Ok(s) => {
             if s.current_version == s.latest_version {
                 schema_ok = true;

@@ -208,7 +208,10 @@ async fn three_users_with_threads_get_the_right_records() {
         ),
         (3, 3, 13, 5, 0)
     );
-    assert!(runs.iter().all(|r| r.get::<_, bool>("finished") && r.get::<_, bool>("timed")));
+    assert!(
+        runs.iter()
+            .all(|r| r.get::<_, bool>("finished") && r.get::<_, bool>("timed"))
+    );
 
     // The memory version, shown by maasctl.
     let (code, out, _) = maasctl_async(

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::support::api::Api;
 use crate::support::daemon::Opts;
-use crate::support::db::{TestDb, column, connect};
+use crate::support::db::{TestDb, connect};
 use crate::support::metrics::metric;
 use crate::support::{GENEROUS, count, insert_held, new_users, wait_until};
 
@@ -55,18 +55,16 @@ async fn caps_refuse_long_polls_and_streams_over_the_limit_at_once() {
 
 /// GET `path` with bearer `token`.
 async fn get(api: &Api, token: &str, path: String) -> reqwest::Response {
-    api.http
-        .get(api.url(&path))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
+    api.http.get(api.url(&path)).bearer_auth(token).send().await.unwrap()
 }
 
 /// Long-polls: two of token a and one of token b are held; one more of a
 /// is over its token's cap (429), one more of b over the daemon's (503).
 /// Returns the held polls.
-async fn long_polls_over_the_caps_are_refused(api: &Api, held: Uuid) -> Vec<tokio::task::JoinHandle<reqwest::Response>> {
+async fn long_polls_over_the_caps_are_refused(
+    api: &Api,
+    held: Uuid,
+) -> Vec<tokio::task::JoinHandle<reqwest::Response>> {
     let poll = format!("/api/query/{held}/status?wait=60s");
     let mut polls = Vec::new();
     for token in ["tok-a", "tok-a", "tok-b"] {

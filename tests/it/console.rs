@@ -17,12 +17,11 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::browser::Browser;
 use crate::support::cli::{NO_ENV, maasctl_async};
-use crate::support::console::{csrf_of, plain_client};
+use crate::support::console::{Console, browser_logged_in, csrf_of, plain_client};
 use crate::support::daemon::Opts;
 use crate::support::db::{TestDb, by_name, value};
 use crate::support::fake_llm::{Api as FakeApi, FakeLlm, Reply};
 use crate::support::ops::{status_of, wait_status};
-use crate::support::{GENEROUS, wait_until};
 
 async fn submit(api: &Api, body: Value) -> Uuid {
     let resp = api.submit(&body).await;
@@ -340,17 +339,9 @@ async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
     assert_eq!(status_of(&c, fresh).await, "NEW");
 
     // In the browser: log in, cancel with the form (it carries the token).
-    let Some(b) = Browser::start().await else { return };
-    b.goto(&api.url("/console")).await;
-    b.wait_js("the login page", "return location.pathname === '/console/login';")
-        .await;
-    b.fill("#token", "tok-console").await;
-    b.click("#login").await;
-    b.wait_js(
-        "the overview after login",
-        "return location.pathname === '/console' && document.body.dataset.live === 'on';",
-    )
-    .await;
+    let Some(b) = browser_logged_in(&api, "tok-console").await else {
+        return;
+    };
     assert_eq!(
         b.js("return document.cookie.includes('maas_console');").await,
         json!(false),
@@ -372,41 +363,28 @@ async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_read_only_mode_hides_and_refuses_actions() {
     let db = TestDb::new().await;
-    let api = Api::start(&db, Opts::default().env("MAAS_HTTP__CONSOLE_READ_ONLY", "true")).await;
+    let console = Console::open(&db, Opts::default().env("MAAS_HTTP__CONSOLE_READ_ONLY", "true")).await;
+    let api = &console.api;
     let c = db.client().await;
     let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "hold it"], NO_ENV).await;
     assert_eq!(code, 0, "{err}");
-    let id = submit(
-        &api,
-        json!({ "user_id": Uuid::new_v4(), "query": "look, do not touch" }),
-    )
-    .await;
-    let http = plain_client();
-    let page = http
-        .get(api.url(&format!("/console/requests/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let id = submit(api, json!({ "user_id": Uuid::new_v4(), "query": "look, do not touch" })).await;
+    let page = console.page(&format!("/console/requests/{id}")).await;
     assert!(page.contains("read-only mode"), "{page}");
     assert!(!page.contains("id=\"cancel\""), "no cancel button in read-only mode");
     // Even with the right CSRF token, the action is refused.
-    let csrf = page
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .map(|s| s.split('"').next().unwrap().to_owned());
-    let r = http
-        .post(api.url(&format!("/console/requests/{id}/cancel")))
-        .form(&[("reason", "try anyway"), ("csrf", csrf.as_deref().unwrap_or(""))])
-        .send()
-        .await
-        .unwrap();
+    let csrf = csrf_of(&page);
+    let r = console
+        .post_as(
+            None,
+            &format!("/console/requests/{id}/cancel"),
+            &[("reason", "try anyway"), ("csrf", &csrf)],
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert!(r.text().await.unwrap().contains("read-only"));
     assert_eq!(status_of(&c, id).await, "NEW");
-    let Some(b) = Browser::start().await else { return };
+    let Some(b) = console.browser().await else { return };
     b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
     assert!(b.text("#act").await.contains("read-only mode"));
     b.screenshot("read-only").await;

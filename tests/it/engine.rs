@@ -123,7 +123,10 @@ async fn a_request_goes_from_new_to_completed() {
         assert_eq!(row.get::<_, String>("status"), "COMPLETED");
         let answer: String = row.get("final_answer");
         assert!(answer.starts_with("answer to in process #"), "{answer}");
-        assert!(row.get::<_, String>("final_context_payload").starts_with("context of in process #"));
+        assert!(
+            row.get::<_, String>("final_context_payload")
+                .starts_with("context of in process #")
+        );
         assert_eq!(row.get::<_, Option<String>>("lease_owner"), None, "lease released");
     }
     // One success per stage per request; nothing ran twice.

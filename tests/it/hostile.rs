@@ -13,13 +13,7 @@ use crate::support::db::TestDb;
 
 /// Sends a raw request and returns (status, code) after checking the body
 /// is `{"error": text, "code": text}`.
-async fn answer(
-    api: &Api,
-    method: Method,
-    path: &str,
-    ct: Option<&str>,
-    body: Vec<u8>,
-) -> (StatusCode, String) {
+async fn answer(api: &Api, method: Method, path: &str, ct: Option<&str>, body: Vec<u8>) -> (StatusCode, String) {
     let mut rb = api.http.request(method, api.url(path)).body(body);
     if let Some(ct) = ct {
         rb = rb.header("content-type", ct);
@@ -185,19 +179,59 @@ async fn hostile_paths_and_queries_are_refused(api: &Api) {
         (Method::GET, format!("/api/query/{long}/status"), 400, "invalid_id"),
         (Method::GET, "/api/query/%FF%FE/status".into(), 400, "bad_request"),
         (Method::GET, "/api/query/%00/status".into(), 400, "invalid_id"),
-        (Method::GET, format!("/api/query/{id}/status?wait=soon"), 400, "invalid_wait"),
-        (Method::GET, format!("/api/query/{id}/status?wait=-1s"), 400, "invalid_wait"),
-        (Method::GET, format!("/api/query/{id}/status?wait=1e400"), 400, "invalid_wait"),
-        (Method::GET, format!("/api/query/{id}/status?wait=NaN"), 400, "invalid_wait"),
-        (Method::GET, format!("/api/query/{id}/status?wait=%00"), 400, "invalid_wait"),
-        (Method::GET, format!("/api/query/{id}/status?wait=%FF"), 400, "invalid_wait"),
-        (Method::GET, format!("/api/query/{id}/status?include=%00"), 400, "invalid_include"),
+        (
+            Method::GET,
+            format!("/api/query/{id}/status?wait=soon"),
+            400,
+            "invalid_wait",
+        ),
+        (
+            Method::GET,
+            format!("/api/query/{id}/status?wait=-1s"),
+            400,
+            "invalid_wait",
+        ),
+        (
+            Method::GET,
+            format!("/api/query/{id}/status?wait=1e400"),
+            400,
+            "invalid_wait",
+        ),
+        (
+            Method::GET,
+            format!("/api/query/{id}/status?wait=NaN"),
+            400,
+            "invalid_wait",
+        ),
+        (
+            Method::GET,
+            format!("/api/query/{id}/status?wait=%00"),
+            400,
+            "invalid_wait",
+        ),
+        (
+            Method::GET,
+            format!("/api/query/{id}/status?wait=%FF"),
+            400,
+            "invalid_wait",
+        ),
+        (
+            Method::GET,
+            format!("/api/query/{id}/status?include=%00"),
+            400,
+            "invalid_include",
+        ),
         (Method::GET, format!("/api/query/{id}/status"), 404, "not_found"),
         (Method::GET, "/api/users/%00/memory".into(), 400, "invalid_id"),
         (Method::GET, "/api/query/x/events".into(), 400, "invalid_id"),
         (Method::POST, "/api/query/x/continue".into(), 400, "invalid_id"),
         (Method::GET, "/api/ws?user_id=%00".into(), 400, "invalid_id"),
-        (Method::GET, "/api/ws?request_id=1&user_id=2".into(), 400, "invalid_query"),
+        (
+            Method::GET,
+            "/api/ws?request_id=1&user_id=2".into(),
+            400,
+            "invalid_query",
+        ),
         (Method::GET, "/api/ws?user_id=%FF".into(), 400, "invalid_id"),
         (Method::DELETE, "/api/query".into(), 405, "method_not_allowed"),
         (Method::GET, "/api/query".into(), 405, "method_not_allowed"),

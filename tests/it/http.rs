@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use crate::support::api::Api;
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, column, value};
+use crate::support::db::{TestDb, value};
 use crate::support::metrics::metric;
 use crate::support::{GENEROUS, count, insert_held, new_users, release, wait_until};
 
@@ -255,18 +255,68 @@ async fn bad_submissions_get_clear_codes(api: &Api, user: &str) {
     let cases: Vec<(String, Option<&str>, u16, &str)> = vec![
         (r#"{"user_id": "#.into(), json_ct, 400, "malformed_json"),
         ("[1, 2]".into(), json_ct, 400, "malformed_json"),
-        (json!({"user_id": "nope", "query": "q"}).to_string(), json_ct, 400, "invalid_id"),
-        (json!({"user_id": 42, "query": "q"}).to_string(), json_ct, 400, "invalid_id"),
-        (json!({"user_id": user, "thread_id": "x", "query": "q"}).to_string(), json_ct, 400, "invalid_id"),
+        (
+            json!({"user_id": "nope", "query": "q"}).to_string(),
+            json_ct,
+            400,
+            "invalid_id",
+        ),
+        (
+            json!({"user_id": 42, "query": "q"}).to_string(),
+            json_ct,
+            400,
+            "invalid_id",
+        ),
+        (
+            json!({"user_id": user, "thread_id": "x", "query": "q"}).to_string(),
+            json_ct,
+            400,
+            "invalid_id",
+        ),
         (json!({"query": "q"}).to_string(), json_ct, 422, "missing_field"),
-        (json!({"user_id": "", "query": "q"}).to_string(), json_ct, 422, "empty_field"),
+        (
+            json!({"user_id": "", "query": "q"}).to_string(),
+            json_ct,
+            422,
+            "empty_field",
+        ),
         (json!({"user_id": user}).to_string(), json_ct, 422, "missing_field"),
-        (json!({"user_id": user, "query": null}).to_string(), json_ct, 422, "missing_field"),
-        (json!({"user_id": user, "query": ""}).to_string(), json_ct, 422, "empty_field"),
-        (json!({"user_id": user, "query": "  \n "}).to_string(), json_ct, 422, "empty_field"),
-        (json!({"user_id": user, "query": 5}).to_string(), json_ct, 422, "invalid_field"),
-        (json!({"user_id": user, "query": "x".repeat(100_001)}).to_string(), json_ct, 422, "field_too_long"),
-        (json!({"user_id": user, "query": "x".repeat(300_000)}).to_string(), json_ct, 413, "body_too_large"),
+        (
+            json!({"user_id": user, "query": null}).to_string(),
+            json_ct,
+            422,
+            "missing_field",
+        ),
+        (
+            json!({"user_id": user, "query": ""}).to_string(),
+            json_ct,
+            422,
+            "empty_field",
+        ),
+        (
+            json!({"user_id": user, "query": "  \n "}).to_string(),
+            json_ct,
+            422,
+            "empty_field",
+        ),
+        (
+            json!({"user_id": user, "query": 5}).to_string(),
+            json_ct,
+            422,
+            "invalid_field",
+        ),
+        (
+            json!({"user_id": user, "query": "x".repeat(100_001)}).to_string(),
+            json_ct,
+            422,
+            "field_too_long",
+        ),
+        (
+            json!({"user_id": user, "query": "x".repeat(300_000)}).to_string(),
+            json_ct,
+            413,
+            "body_too_large",
+        ),
         (good.clone(), Some("text/plain"), 415, "unsupported_media_type"),
         (good, None, 415, "unsupported_media_type"),
     ];

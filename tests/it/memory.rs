@@ -453,7 +453,10 @@ async fn migration_0018_keeps_every_embedding_and_its_cosine() {
         )
         .await
         .unwrap();
-    let got: Vec<(i32, i32, f64)> = rows.iter().map(|r| by_name!(r, "dims", "parts", "similarity")).collect();
+    let got: Vec<(i32, i32, f64)> = rows
+        .iter()
+        .map(|r| by_name!(r, "dims", "parts", "similarity"))
+        .collect();
     assert_eq!(got.len(), 3, "every embedding kept: {got:?}");
     let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum::<f64>();
     for ((dims, parts, cosine), v) in got.iter().zip(&vectors) {

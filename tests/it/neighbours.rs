@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::support::api::Api;
 use crate::support::daemon::Opts;
-use crate::support::db::{TestDb, column, connect, value};
+use crate::support::db::{TestDb, connect, value};
 use crate::support::{GENEROUS, count, insert_held, new_users, release, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

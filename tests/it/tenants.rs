@@ -12,10 +12,10 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::support::api::Api;
-use crate::support::daemon::Opts;
 use crate::support::console::{csrf_of, login as console_login, plain_client};
+use crate::support::daemon::Opts;
 use crate::support::db::{TestDb, by_name};
-use crate::support::tenants::{ADMIN, get, send, start, submit, submit_ok, token};
+use crate::support::tenants::{ADMIN, get, send, start, submit, submit_ok, token, with_tenants};
 
 async fn finished_context(api: &Api, tok: &str, id: Uuid) -> String {
     let (s, state) = get(api, tok, &format!("/api/query/{id}/status?wait=60s&include=context")).await;
@@ -197,11 +197,7 @@ async fn scopes_are_enforced_and_a_revoked_token_is_refused() {
         assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
         assert!(body["error"].as_str().unwrap().contains("scope operate"), "{body}");
     }
-    let (s, body, _) = send(
-        &operate_tok,
-        api.http.delete(api.url(&format!("/api/users/{user}"))),
-    )
-    .await;
+    let (s, body, _) = send(&operate_tok, api.http.delete(api.url(&format!("/api/users/{user}")))).await;
     assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
     assert!(body["error"].as_str().unwrap().contains("scope admin"), "{body}");
     let (s, body, _) = send(
@@ -481,9 +477,8 @@ fn tenant_tokens(text: &str, tenant: &str, kind: &str) -> f64 {
 async fn the_token_metric_counts_per_tenant() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let api = start(&db, Opts::default()).await;
-    let a = token(&c, "acme", "app", "submit").await;
-    let b = token(&c, "bravo", "app", "submit").await;
+    let (api, tokens) = with_tenants(&db, Opts::default(), &["acme", "bravo"]).await;
+    let [a, b]: [String; 2] = tokens.try_into().unwrap();
     let metrics = || async { api.get("/metrics").await.text().await.unwrap() };
 
     for i in 0..2 {

@@ -76,21 +76,6 @@ impl Console {
         }
     }
 
-    /// A daemon that takes only `token`, and a session logged in with it.
-    pub async fn logged_in(db: &TestDb, opts: Opts, token: &str) -> Console {
-        let mut console = Console::open(db, opts.env("MAAS_API_TOKENS", token)).await;
-        let login = console.login(token).await;
-        assert_eq!(login.status, StatusCode::SEE_OTHER, "{}", login.body);
-        console.session = login.cookie;
-        console.token = Some(token.to_owned());
-        console
-    }
-
-    /// Logs in with `token` (the session of this fixture is not changed).
-    pub async fn login(&self, token: &str) -> Login {
-        login(&self.api, token).await
-    }
-
     fn with_session(&self, rb: reqwest::RequestBuilder, session: Option<&str>) -> reqwest::RequestBuilder {
         match session.or(self.session.as_deref()) {
             Some(cookie) => rb.header("cookie", cookie),
@@ -123,19 +108,26 @@ impl Console {
     /// A browser on the console, logged in through the login form when the
     /// daemon takes a token; `None` where no browser is installed.
     pub async fn browser(&self) -> Option<Browser> {
-        let b = Browser::start().await?;
-        if let Some(token) = &self.token {
-            b.goto(&self.api.url("/console")).await;
-            b.wait_js("the login page", "return location.pathname === '/console/login';")
-                .await;
-            b.fill("#token", token).await;
-            b.click("#login").await;
-            b.wait_js(
-                "the overview after login",
-                "return location.pathname === '/console' && document.body.dataset.live === 'on';",
-            )
-            .await;
+        match &self.token {
+            Some(token) => browser_logged_in(&self.api, token).await,
+            None => Browser::start().await,
         }
-        Some(b)
     }
+}
+
+/// A browser logged in to `api`'s console with `token` through the login
+/// form, on the overview; `None` where no browser is installed.
+pub async fn browser_logged_in(api: &Api, token: &str) -> Option<Browser> {
+    let b = Browser::start().await?;
+    b.goto(&api.url("/console")).await;
+    b.wait_js("the login page", "return location.pathname === '/console/login';")
+        .await;
+    b.fill("#token", token).await;
+    b.click("#login").await;
+    b.wait_js(
+        "the overview after login",
+        "return location.pathname === '/console' && document.body.dataset.live === 'on';",
+    )
+    .await;
+    Some(b)
 }
