@@ -24,10 +24,7 @@ use crate::support::fake_llm::{Api as FakeApi, FakeLlm, Reply};
 use crate::support::ops::{status_of, wait_status};
 
 async fn submit(api: &Api, body: Value) -> Uuid {
-    let resp = api.submit(&body).await;
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let v: Value = resp.json().await.unwrap();
-    v["request_id"].as_str().unwrap().parse().unwrap()
+    api.submit_accepted(&body).await
 }
 
 /// Copies a screenshot into `docs/` when asked to (`MAAS_CONSOLE_DOCS=1`).

@@ -21,10 +21,7 @@ use crate::support::{GENEROUS, count, insert_held, new_users, release, wait_unti
 
 impl Api {
     async fn submit_ok(&self, user: Uuid, query: &str) -> Uuid {
-        let resp = self.submit(&json!({ "user_id": user, "query": query })).await;
-        assert_eq!(resp.status(), StatusCode::ACCEPTED);
-        let body: Value = resp.json().await.unwrap();
-        body["request_id"].as_str().unwrap().parse().unwrap()
+        self.submit_accepted(&json!({ "user_id": user, "query": query })).await
     }
 
     async fn status(&self, id: Uuid, wait: &str) -> (StatusCode, Value) {

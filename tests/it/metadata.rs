@@ -13,10 +13,7 @@ use crate::support::db::{TestDb, value};
 
 /// Submits `body`; the request id of a 202.
 async fn accepted(api: &Api, body: &Value) -> Uuid {
-    let resp = api.submit(body).await;
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let body: Value = resp.json().await.unwrap();
-    body["request_id"].as_str().unwrap().parse().unwrap()
+    api.submit_accepted(body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

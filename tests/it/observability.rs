@@ -13,7 +13,7 @@ use axum::routing::post;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::api::Api;
+use crate::support::api::{Api, accepted};
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, value};
 use crate::support::metrics::{metric, samples};
@@ -120,15 +120,9 @@ async fn busy_daemon(db: &TestDb) -> Api {
 async fn drive(db: &TestDb, api: &Api) -> String {
     let c = db.client().await;
     let user = Uuid::new_v4();
-    let resp = api
-        .submit(&json!({"user_id": user, "query": "what did I say about Lisbon?"}))
+    let id = api
+        .submit_accepted(&json!({"user_id": user, "query": "what did I say about Lisbon?"}))
         .await;
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
     let hook = receiver().await;
     let insert = "INSERT INTO pipeline_runs (user_id, user_query, callback_url) VALUES ($1, $2, $3) RETURNING id";
     let called: Uuid = value(&c, insert, &[&user, &"call me back", &hook]).await;
@@ -400,13 +394,7 @@ async fn submit_over_http(addr: std::net::SocketAddr, n: usize) -> Vec<Uuid> {
             .send()
             .await
             .unwrap();
-        assert_eq!(resp.status(), StatusCode::ACCEPTED);
-        let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        ids.push(id);
+        ids.push(accepted(resp).await);
     }
     ids
 }

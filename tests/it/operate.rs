@@ -6,7 +6,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::api::Api;
+use crate::support::api::{Api, accepted};
 use crate::support::db::TestDb;
 use crate::support::ops::{fast, insert_one, wait_status};
 
@@ -164,12 +164,7 @@ async fn submit_takes_callback_url_and_debug() {
             "callback_url": "https://hooks.example/maas?k=1"
         }))
         .await;
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = accepted(resp).await;
     wait_status(&c, id, "ANALYZED").await;
     let row = c
         .query_one(
@@ -209,10 +204,6 @@ async fn submit_takes_callback_url_and_debug() {
     }
     // A plain submit is neither debug nor called back.
     let resp = api.submit(&json!({ "user_id": user, "query": "plain" })).await;
-    let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = accepted(resp).await;
     wait_status(&c, id, "COMPLETED").await;
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::Value;
+use uuid::Uuid;
 
 use super::daemon::{Maasd, Opts};
 use super::db::TestDb;
@@ -67,6 +68,11 @@ impl Api {
             .unwrap()
     }
 
+    /// Submits `body`; asserts it was accepted and returns the request's id.
+    pub async fn submit_accepted(&self, body: &Value) -> Uuid {
+        accepted(self.submit(body).await).await
+    }
+
     /// The `/metrics` page.
     pub async fn metrics(&self) -> String {
         let resp = self.get("/metrics").await;
@@ -81,4 +87,13 @@ impl Api {
         })
         .await;
     }
+}
+
+/// The request id of a 202 answer to a submission; panics with the body on
+/// another status.
+pub async fn accepted(resp: reqwest::Response) -> Uuid {
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    body["request_id"].as_str().unwrap().parse().unwrap()
 }
