@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::json;
+use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
 use crate::support::api::Api;
@@ -13,29 +14,43 @@ use crate::support::daemon::Opts;
 use crate::support::db::{TestDb, connect, value};
 use crate::support::{GENEROUS, count, insert_held, new_users, release, wait_until};
 
+/// Held requests of `n` other users and of a victim (the last): (the
+/// victim, the others, every request's id, the victim's request).
+async fn a_victim_among(c: &Client, n: usize) -> (Uuid, Vec<Uuid>, Vec<Uuid>, Uuid) {
+    let victim = Uuid::new_v4();
+    let others = new_users(n);
+    let mut users = others.clone();
+    users.push(victim);
+    let ids = insert_held(c, &users).await;
+    let victim_id = value(c, "SELECT id FROM pipeline_runs WHERE user_id = $1", &[&victim]).await;
+    (victim, others, ids, victim_id)
+}
+
+/// A turn of `victim` inserted by `producer` and not committed: it holds
+/// the victim's archive_marks row until the transaction ends.
+async fn uncommitted_turn<'a>(producer: &'a mut Client, victim: Uuid, content: &str) -> Transaction<'a> {
+    let tx = producer.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO raw_logs (user_id, message_type, content) VALUES ($1, 'user_query', $2)",
+        &[&victim, &content],
+    )
+    .await
+    .unwrap();
+    tx
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_producer_transaction_on_one_user_holds_up_only_that_user() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let api = Api::start(&db, Opts::default().env("MAAS_DB__LOCK_TIMEOUT_MS", 1000)).await;
 
-    let victim = Uuid::new_v4();
-    let others: Vec<Uuid> = new_users(40);
-    let mut users = others.clone();
-    users.push(victim);
-    let ids = insert_held(&c, &users).await;
-    let victim_id: Uuid = value(&c, "SELECT id FROM pipeline_runs WHERE user_id = $1", &[&victim]).await;
+    let (victim, others, ids, victim_id) = a_victim_among(&c, 40).await;
 
     // The producer: a turn of the victim inserted and not committed. It
     // holds the victim's archive_marks row (triggers/0004).
     let mut producer = connect(&db.url).await;
-    let tx = producer.transaction().await.unwrap();
-    tx.execute(
-        "INSERT INTO raw_logs (user_id, message_type, content) VALUES ($1, 'user_query', 'typed in psql')",
-        &[&victim],
-    )
-    .await
-    .unwrap();
+    let tx = uncommitted_turn(&mut producer, victim, "typed in psql").await;
 
     // Everyone's requests become due at once, so the answers share batches.
     release(&c).await;
@@ -96,7 +111,7 @@ async fn an_open_producer_transaction_on_one_user_holds_up_only_that_user() {
         .await,
         1
     );
-    assert_eq!(ids.len(), users.len());
+    assert_eq!(ids.len(), others.len() + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,20 +175,9 @@ async fn a_producer_that_never_commits_fails_only_that_users_request_with_a_reas
     let db = TestDb::new().await;
     let c = db.client().await;
     let _api = Api::start(&db, Opts::default().env("MAAS_DB__LOCK_TIMEOUT_MS", 200)).await;
-    let victim = Uuid::new_v4();
-    let others: Vec<Uuid> = new_users(10);
-    let mut users = others.clone();
-    users.push(victim);
-    insert_held(&c, &users).await;
-    let victim_id: Uuid = value(&c, "SELECT id FROM pipeline_runs WHERE user_id = $1", &[&victim]).await;
+    let (victim, _, _, victim_id) = a_victim_among(&c, 10).await;
     let mut producer = connect(&db.url).await;
-    let tx = producer.transaction().await.unwrap();
-    tx.execute(
-        "INSERT INTO raw_logs (user_id, message_type, content) VALUES ($1, 'user_query', 'never committed')",
-        &[&victim],
-    )
-    .await
-    .unwrap();
+    let tx = uncommitted_turn(&mut producer, victim, "never committed").await;
     release(&c).await;
     let started = Instant::now();
     wait_until(GENEROUS, "the victim's request ended", || async {
