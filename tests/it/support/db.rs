@@ -35,6 +35,18 @@ pub async fn column<T: for<'a> FromSql<'a>>(c: &Client, sql: &str, params: &[&(d
     rows(c, sql, params, |r| r.get(0)).await
 }
 
+/// Creates login role `role` unless it exists (roles are shared by every
+/// database of the cluster, so tests may race to create one).
+pub async fn ensure_login_role(c: &Client, role: &str) {
+    c.batch_execute(&format!(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN
+           CREATE ROLE {} LOGIN; END IF; END $$",
+        quote_ident(role)
+    ))
+    .await
+    .unwrap();
+}
+
 /// Admin URL (database `postgres`) of the cluster the tests use.
 /// Applies migration `version` again, in a transaction of its own: the
 /// upgrade tests rebuild the schema as it was before it, then run it.
