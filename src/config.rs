@@ -58,6 +58,22 @@ use secs_getters;
 fn retry_delay(base_ms: u64, max_secs: u64, attempt: u32) -> Duration {
     crate::backoff::retry_delay(Duration::from_millis(base_ms), Duration::from_secs(max_secs), attempt)
 }
+
+/// The error of setting `key`, which has `problem`.
+fn invalid(key: &'static str, problem: &str) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid {
+        key,
+        problem: problem.to_owned(),
+    })
+}
+
+/// The first of `settings` that is 0, as an error.
+fn at_least_one(settings: &[(&'static str, u64)]) -> Result<(), ConfigError> {
+    match settings.iter().find(|(_, v)| *v == 0) {
+        Some((key, _)) => invalid(key, "must be at least 1"),
+        None => Ok(()),
+    }
+}
 mod memory;
 pub use archivist::{ArchivistConfig, cron_schedule};
 pub use db::{DbConfig, Pooler};
@@ -447,12 +463,43 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key, problem: &str| {
-            Err(ConfigError::Invalid {
-                key,
-                problem: problem.to_owned(),
-            })
-        };
+        self.validate_urls()?;
+        if let Err(e) = netallow::parse(&self.callbacks.allow_networks) {
+            return invalid("callbacks.allow_networks", &e);
+        }
+        at_least_one(&self.intervals())?;
+        at_least_one(&self.counts())?;
+        if self.pool_size < 4 {
+            return invalid(
+                "pool_size",
+                "must be at least 4 (claims, completions, heartbeats and the sweep share it)",
+            );
+        }
+        at_least_one(&self.http_limits())?;
+        // Whether the address may be bound without tokens is the server's
+        // check (`http::bind`, after resolving names), so that maasctl does
+        // not refuse a configuration it shares with a daemon.
+        if let Err(problem) = HttpAddr::parse(&self.http_addr) {
+            return invalid("http_addr", &problem);
+        }
+        if self.listener.reconnect_min_ms == 0 || self.listener.reconnect_max_ms < self.listener.reconnect_min_ms {
+            return invalid(
+                "listener.reconnect_max_ms",
+                "must be at least listener.reconnect_min_ms, which must be at least 1",
+            );
+        }
+        if let Some((key, problem)) = self.archivist.problem() {
+            return invalid(key, &problem);
+        }
+        if let Some((key, problem)) = self.memory.problem() {
+            return invalid(key, &problem);
+        }
+        Ok(())
+    }
+
+    /// `database_url` set and valid; `listen_database_url` valid when set,
+    /// and set when the database is reached through a transaction pooler.
+    fn validate_urls(&self) -> Result<(), ConfigError> {
         if self.database_url.0.trim().is_empty() {
             return invalid(
                 "database_url",
@@ -481,10 +528,12 @@ impl Config {
                 Ok(_) => {}
             }
         }
-        if let Err(e) = netallow::parse(&self.callbacks.allow_networks) {
-            return invalid("callbacks.allow_networks", &e);
-        }
-        for (key, v) in [
+        Ok(())
+    }
+
+    /// The durations, attempts and periods that must be at least 1.
+    fn intervals(&self) -> [(&'static str, u64); 12] {
+        [
             ("lease_secs", self.lease_secs),
             ("sweep_secs", self.sweep_secs),
             ("max_attempts", u64::from(self.max_attempts)),
@@ -497,12 +546,12 @@ impl Config {
             ("callbacks.retry_base_ms", self.callbacks.retry_base_ms),
             ("callbacks.poll_secs", self.callbacks.poll_secs),
             ("retention.interval_secs", self.retention.interval_secs),
-        ] {
-            if v == 0 {
-                return invalid(key, "must be at least 1");
-            }
-        }
-        for (key, v) in [
+        ]
+    }
+
+    /// The pool sizes, batches and concurrencies that must be at least 1.
+    fn counts(&self) -> [(&'static str, u64); 11] {
+        [
             ("pool_size", self.pool_size),
             ("claim_batch", self.claim_batch),
             ("complete_batch", self.complete_batch),
@@ -514,61 +563,31 @@ impl Config {
             ("callbacks.concurrency", self.callbacks.concurrency),
             ("retention.batch", self.retention.batch),
             ("db.api_pool_size", self.db.api_pool_size),
-        ] {
-            if v == 0 {
-                return invalid(key, "must be at least 1");
-            }
-        }
-        if self.pool_size < 4 {
-            return invalid(
-                "pool_size",
-                "must be at least 4 (claims, completions, heartbeats and the sweep share it)",
-            );
-        }
-        for (key, v) in [
+        ]
+        .map(|(key, v)| (key, u64::try_from(v).unwrap_or(u64::MAX)))
+    }
+
+    /// The HTTP sizes, timeouts and caps that must be at least 1.
+    fn http_limits(&self) -> [(&'static str, u64); 13] {
+        let h = &self.http;
+        [
             (
                 "http.max_body_bytes",
-                u64::try_from(self.http.max_body_bytes).unwrap_or(u64::MAX),
+                u64::try_from(h.max_body_bytes).unwrap_or(u64::MAX),
             ),
-            ("http.request_timeout_secs", self.http.request_timeout_secs),
-            ("http.max_wait_secs", self.http.max_wait_secs),
-            ("http.idempotency_ttl_secs", self.http.idempotency_ttl_secs),
-            ("http.metrics_refresh_secs", self.http.metrics_refresh_secs),
-            ("http.stream_keepalive_secs", self.http.stream_keepalive_secs),
-            ("http.stream_send_timeout_secs", self.http.stream_send_timeout_secs),
-            ("http.header_read_timeout_secs", self.http.header_read_timeout_secs),
-            ("http.max_long_polls", self.http.max_long_polls as u64),
-            (
-                "http.max_long_polls_per_token",
-                self.http.max_long_polls_per_token as u64,
-            ),
-            ("http.max_streams", self.http.max_streams as u64),
-            ("http.max_streams_per_token", self.http.max_streams_per_token as u64),
-            ("http.ws_max_message_bytes", self.http.ws_max_message_bytes as u64),
-        ] {
-            if v == 0 {
-                return invalid(key, "must be at least 1");
-            }
-        }
-        // Whether the address may be bound without tokens is the server's
-        // check (`http::bind`, after resolving names), so that maasctl does
-        // not refuse a configuration it shares with a daemon.
-        if let Err(problem) = HttpAddr::parse(&self.http_addr) {
-            return invalid("http_addr", &problem);
-        }
-        if self.listener.reconnect_min_ms == 0 || self.listener.reconnect_max_ms < self.listener.reconnect_min_ms {
-            return invalid(
-                "listener.reconnect_max_ms",
-                "must be at least listener.reconnect_min_ms, which must be at least 1",
-            );
-        }
-        if let Some((key, problem)) = self.archivist.problem() {
-            return invalid(key, &problem);
-        }
-        if let Some((key, problem)) = self.memory.problem() {
-            return invalid(key, &problem);
-        }
-        Ok(())
+            ("http.request_timeout_secs", h.request_timeout_secs),
+            ("http.max_wait_secs", h.max_wait_secs),
+            ("http.idempotency_ttl_secs", h.idempotency_ttl_secs),
+            ("http.metrics_refresh_secs", h.metrics_refresh_secs),
+            ("http.stream_keepalive_secs", h.stream_keepalive_secs),
+            ("http.stream_send_timeout_secs", h.stream_send_timeout_secs),
+            ("http.header_read_timeout_secs", h.header_read_timeout_secs),
+            ("http.max_long_polls", h.max_long_polls as u64),
+            ("http.max_long_polls_per_token", h.max_long_polls_per_token as u64),
+            ("http.max_streams", h.max_streams as u64),
+            ("http.max_streams_per_token", h.max_streams_per_token as u64),
+            ("http.ws_max_message_bytes", h.ws_max_message_bytes as u64),
+        ]
     }
 
     /// Delay before retry number `attempt` (1-based): exponential from

@@ -71,19 +71,8 @@ async fn supervise(engine: Arc<Engine>, cfg: Arc<Config>, shutdown: Cancellation
     // The watchdog runs from process start; feed it while waiting for LISTEN
     // too (migrations are done; the first connect may take a moment).
     let ping = watchdog.map_or(Duration::from_secs(3600), |wd| (wd / 2).max(Duration::from_millis(100)));
-    let mut last_ping = tokio::time::Instant::now();
-    loop {
-        if engine.is_listening() {
-            break;
-        }
-        if watchdog.is_some() && last_ping.elapsed() >= ping && engine.listener_silence() <= bound {
-            notify(&[NotifyState::Watchdog]);
-            last_ping = tokio::time::Instant::now();
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return stopping(watchdog, ping).await,
-            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-        }
+    if !wait_listening(&engine, &shutdown, watchdog.is_some(), ping, bound).await {
+        return stopping(watchdog, ping).await;
     }
     notify(&[
         NotifyState::Ready,
@@ -98,36 +87,84 @@ async fn supervise(engine: Arc<Engine>, cfg: Arc<Config>, shutdown: Cancellation
     // and STATUS follows the LISTEN session within a few seconds.
     let mut tick = tokio::time::interval(ping.min(Duration::from_secs(5)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut listening = true;
-    let mut starved = false;
+    let mut alive = Alive {
+        listening: true,
+        starved: false,
+    };
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return stopping(watchdog, ping).await,
             _ = tick.tick() => {}
         }
+        alive.status(&engine);
+        if watchdog.is_some() {
+            alive.feed(&engine, bound);
+        }
+    }
+}
+
+/// Waits until the engine listens, feeding the watchdog (when `watchdog`)
+/// every `ping` while the listener loop shows progress; false when
+/// `shutdown` comes first.
+async fn wait_listening(
+    engine: &Engine,
+    shutdown: &CancellationToken,
+    watchdog: bool,
+    ping: Duration,
+    bound: Duration,
+) -> bool {
+    let mut last_ping = tokio::time::Instant::now();
+    loop {
+        if engine.is_listening() {
+            return true;
+        }
+        if watchdog && last_ping.elapsed() >= ping && engine.listener_silence() <= bound {
+            notify(&[NotifyState::Watchdog]);
+            last_ping = tokio::time::Instant::now();
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+}
+
+/// What the notifier last told systemd once the daemon was ready.
+struct Alive {
+    listening: bool,
+    /// The watchdog is no longer fed.
+    starved: bool,
+}
+
+impl Alive {
+    /// STATUS follows the LISTEN session.
+    fn status(&mut self, engine: &Engine) {
         let now_listening = engine.is_listening();
-        if now_listening != listening {
-            listening = now_listening;
-            let status = if listening {
-                format!("listening on {}; worker {}", crate::listener::CHANNEL, engine.worker())
-            } else {
-                "LISTEN session lost; reconnecting (the sweep keeps due rows moving)".to_owned()
-            };
-            notify(&[NotifyState::Status(&status)]);
+        if now_listening == self.listening {
+            return;
         }
-        if watchdog.is_none() {
-            continue;
-        }
+        self.listening = now_listening;
+        let status = if now_listening {
+            format!("listening on {}; worker {}", crate::listener::CHANNEL, engine.worker())
+        } else {
+            "LISTEN session lost; reconnecting (the sweep keeps due rows moving)".to_owned()
+        };
+        notify(&[NotifyState::Status(&status)]);
+    }
+
+    /// Feeds the watchdog while the listener loop progresses within `bound`
+    /// and the engine is not stalled; says once when it stops and resumes.
+    fn feed(&mut self, engine: &Engine, bound: Duration) {
         let silence = engine.listener_silence();
         let stall = engine.stall();
         if silence <= bound && stall.is_none() {
-            if starved {
+            if self.starved {
                 tracing::info!("systemd: the engine progresses again; feeding the watchdog");
             }
             notify(&[NotifyState::Watchdog]);
-            starved = false;
-        } else if !starved {
-            starved = true;
+            self.starved = false;
+        } else if !self.starved {
+            self.starved = true;
             match stall {
                 Some(stall) => tracing::error!(
                     stall = %stall,

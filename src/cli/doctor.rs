@@ -90,13 +90,31 @@ pub async fn run(cfg: &Config, file: Option<&Path>, json: bool) -> Result<Outcom
     Ok(if failed == 0 { Outcome::Ok } else { Outcome::Finding })
 }
 
+/// The database, its schema and notifications; then, when the schema is
+/// current, what its tables say.
 async fn database_checks(cfg: &Config, r: &mut Report) {
+    let Some(client) = reachable(cfg, r).await else {
+        return;
+    };
+    let schema_ok = schema_checks(&client, r).await;
+    notify_checks(cfg, &client, r).await;
+    if !schema_ok {
+        return; // the rest reads tables of the current schema
+    }
+    daemons_check(&client, r).await;
+    claiming_check(&client, r).await;
+    leases_check(&client, r).await;
+    callbacks_check(cfg, &client, r).await;
+}
+
+/// A connection and the server's version, or `None` after a failed check.
+async fn reachable(cfg: &Config, r: &mut Report) -> Option<deadpool_postgres::Object> {
     let started = Instant::now();
     let client = match connect(cfg).await {
         Ok(c) => c,
         Err(e) => {
             r.add("database", Level::Fail, format!("unreachable: {}", chain(&e)));
-            return;
+            return None;
         }
     };
     let version = stats::server_version(&client).await;
@@ -108,12 +126,17 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         ),
         Err(e) => {
             r.add("database", Level::Fail, format!("query failed: {e}"));
-            return;
+            return None;
         }
     }
+    Some(client)
+}
 
+/// Every migration applied and every trigger installed; true when the
+/// schema is current.
+async fn schema_checks(client: &deadpool_postgres::Object, r: &mut Report) -> bool {
     let mut schema_ok = false;
-    match db::migrate::state(&client).await {
+    match db::migrate::state(client).await {
         Ok(s) => {
             if s.current_version == s.latest_version {
                 schema_ok = true;
@@ -143,12 +166,16 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         }
         Err(e) => r.add("schema", Level::Fail, e.to_string()),
     }
+    schema_ok
+}
 
-    match notify_round_trip(cfg, &client).await {
+/// A NOTIFY round trip and the notification queue's fill level.
+async fn notify_checks(cfg: &Config, client: &deadpool_postgres::Object, r: &mut Report) {
+    match notify_round_trip(cfg, client).await {
         Ok(took) => r.add("notify", Level::Ok, format!("round trip in {} ms", took.as_millis())),
         Err(e) => r.add("notify", Level::Fail, e),
     }
-    let usage = stats::notification_queue_usage(&client).await;
+    let usage = stats::notification_queue_usage(client).await;
     match usage {
         Ok(usage) => {
             let level = if usage >= 0.5 {
@@ -174,11 +201,11 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         }
         Err(e) => r.add("notify queue", Level::Warn, format!("cannot read: {e}")),
     }
+}
 
-    if !schema_ok {
-        return; // the rest reads tables of the current schema
-    }
-    match stats::daemons(&client).await {
+/// How many daemons listen (warn at none).
+async fn daemons_check(client: &deadpool_postgres::Object, r: &mut Report) {
+    match stats::daemons(client).await {
         Ok(d) if d.is_empty() => r.add(
             "daemons",
             Level::Warn,
@@ -187,7 +214,11 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         Ok(d) => r.add("daemons", Level::Ok, format!("{} maasd listening", d.len())),
         Err(e) => r.add("daemons", Level::Warn, format!("cannot read pg_stat_activity: {e}")),
     }
-    match control::get(&client).await {
+}
+
+/// Warns while claiming is paused.
+async fn claiming_check(client: &deadpool_postgres::Object, r: &mut Report) {
+    match control::get(client).await {
         Ok(c) if c.paused => r.add(
             "claiming",
             Level::Warn,
@@ -201,7 +232,11 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         Ok(_) => r.add("claiming", Level::Ok, "active"),
         Err(e) => r.add("claiming", Level::Fail, e.to_string()),
     }
-    match stats::leases(&client).await {
+}
+
+/// Warns about expired leases nobody took back.
+async fn leases_check(client: &deadpool_postgres::Object, r: &mut Report) {
+    match stats::leases(client).await {
         Ok(leases) => {
             let expired: i64 = leases.iter().map(|l| l.expired).sum();
             let held: i64 = leases.iter().map(|l| l.held).sum();
@@ -220,7 +255,11 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
         }
         Err(e) => r.add("leases", Level::Warn, e.to_string()),
     }
-    match stats::callbacks(&client).await {
+}
+
+/// Fails when deliveries wait and no secret is set; warns about dead ones.
+async fn callbacks_check(cfg: &Config, client: &deadpool_postgres::Object, r: &mut Report) {
+    match stats::callbacks(client).await {
         Ok(c) => {
             let no_secret = cfg.callbacks.secret.expose().is_empty();
             if c.pending > 0 && no_secret {

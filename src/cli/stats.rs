@@ -9,6 +9,34 @@ use crate::config::Config;
 use crate::control;
 use crate::repo::stats;
 
+/// The figures of the report, read at once.
+struct Snapshot {
+    control: control::ControlState,
+    backlog: Vec<stats::Backlog>,
+    leases: Vec<stats::Leases>,
+    callbacks: stats::CallbackStats,
+    daemons: Vec<stats::DaemonSession>,
+    window: Duration,
+    /// Requests finished in the window: completed, failed, cancelled.
+    finished: (i64, i64, i64),
+}
+
+impl Snapshot {
+    /// Failed among completed and failed, when any finished.
+    fn failure_rate(&self) -> Option<f64> {
+        let (completed, failed, _) = self.finished;
+        (completed + failed > 0).then(|| failed as f64 / (completed + failed) as f64)
+    }
+
+    /// How long the longest-waiting due request has waited.
+    fn oldest_due(&self) -> Option<f64> {
+        self.backlog
+            .iter()
+            .filter_map(|b| b.oldest_due_secs)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+    }
+}
+
 pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, CliError> {
     let client = connect(cfg).await?;
     let control = control::state(&client).await?;
@@ -18,35 +46,48 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
     let callbacks = stats::callbacks(&client).await?;
     let daemons = stats::daemons(&client).await?;
     let count = |s: &str| finished.iter().find(|f| f.0 == s).map_or(0, |f| f.1);
-    let (completed, failed, cancelled) = (count("COMPLETED"), count("FAILED"), count("CANCELLED"));
-    let failure_rate = if completed + failed > 0 {
-        Some(failed as f64 / (completed + failed) as f64)
-    } else {
-        None
+    let s = Snapshot {
+        control,
+        backlog,
+        leases,
+        callbacks,
+        daemons,
+        window,
+        finished: (count("COMPLETED"), count("FAILED"), count("CANCELLED")),
     };
-    let oldest_due = backlog
-        .iter()
-        .filter_map(|b| b.oldest_due_secs)
-        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
     if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "paused": control.paused,
-                "control": control,
-                "daemons_listening": daemons.len(),
-                "daemons": daemons,
-                "backlog": backlog,
-                "oldest_due_secs": oldest_due,
-                "window_secs": window.as_secs_f64(),
-                "finished": {"completed": completed, "failed": failed, "cancelled": cancelled},
-                "failure_rate": failure_rate,
-                "leases": leases,
-                "callbacks": callbacks,
-            })
-        );
-        return Ok(Outcome::Ok);
+        print_json(&s);
+    } else {
+        print_claiming_and_daemons(&s);
+        print_backlog(&s);
+        print_leases(&s);
+        print_callbacks(&s);
     }
+    Ok(Outcome::Ok)
+}
+
+fn print_json(s: &Snapshot) {
+    let (completed, failed, cancelled) = s.finished;
+    println!(
+        "{}",
+        serde_json::json!({
+            "paused": s.control.paused,
+            "control": s.control,
+            "daemons_listening": s.daemons.len(),
+            "daemons": s.daemons,
+            "backlog": s.backlog,
+            "oldest_due_secs": s.oldest_due(),
+            "window_secs": s.window.as_secs_f64(),
+            "finished": {"completed": completed, "failed": failed, "cancelled": cancelled},
+            "failure_rate": s.failure_rate(),
+            "leases": s.leases,
+            "callbacks": s.callbacks,
+        })
+    );
+}
+
+fn print_claiming_and_daemons(s: &Snapshot) {
+    let control = &s.control;
     if control.paused {
         println!(
             "claiming  PAUSED {} ago by {}{}",
@@ -59,13 +100,13 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
     }
     println!(
         "daemons   {} listening{}",
-        daemons.len(),
-        if daemons.is_empty() {
+        s.daemons.len(),
+        if s.daemons.is_empty() {
             " (no maasd is connected to this database)".to_owned()
         } else {
             format!(
                 " ({})",
-                daemons
+                s.daemons
                     .iter()
                     .map(|d| format!("{} up {}", d.client, age(since(d.since))))
                     .collect::<Vec<_>>()
@@ -74,14 +115,18 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
         }
     );
     println!();
+}
+
+/// The backlog by status, then what finished in the window.
+fn print_backlog(s: &Snapshot) {
     println!(
         "{:<11} {:>9} {:>9} {:>6} {:>12}",
         "backlog", "requests", "due now", "held", "oldest due"
     );
-    if backlog.is_empty() {
+    if s.backlog.is_empty() {
         println!("(nothing unfinished)");
     }
-    for b in &backlog {
+    for b in &s.backlog {
         println!(
             "{:<11} {:>9} {:>9} {:>6} {:>12}",
             b.status,
@@ -92,22 +137,26 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
         );
     }
     println!();
+    let (completed, failed, cancelled) = s.finished;
     println!(
         "finished in the last {}: {completed} completed, {failed} failed, {cancelled} cancelled; failure rate {}",
-        age(window.as_secs_f64()),
-        failure_rate
+        age(s.window.as_secs_f64()),
+        s.failure_rate()
             .map(|r| format!("{:.1} %", r * 100.0))
             .unwrap_or_else(|| "-".into())
     );
     println!();
-    if leases.is_empty() {
+}
+
+fn print_leases(s: &Snapshot) {
+    if s.leases.is_empty() {
         println!("leases    none in flight");
     } else {
         println!(
             "{:<40} {:>9} {:>8} {:>16}",
             "leases by daemon", "in flight", "expired", "next expiry in"
         );
-        for l in &leases {
+        for l in &s.leases {
             println!(
                 "{:<40} {:>9} {:>8} {:>16}",
                 l.owner,
@@ -118,6 +167,10 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
         }
     }
     println!();
+}
+
+fn print_callbacks(s: &Snapshot) {
+    let callbacks = &s.callbacks;
     println!(
         "callbacks {} pending{}, {} dead",
         callbacks.pending,
@@ -127,5 +180,4 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
             .unwrap_or_default(),
         callbacks.dead
     );
-    Ok(Outcome::Ok)
 }

@@ -97,7 +97,19 @@ pub fn document() -> Value {
 }
 
 fn base_document() -> Value {
-    let secured = json!([{ "bearer": [] }]);
+    let mut paths = serde_json::Map::new();
+    for group in [
+        submit_paths(),
+        action_paths(),
+        memory_paths(),
+        user_paths(),
+        stream_paths(),
+        probe_paths(),
+    ] {
+        if let Value::Object(group) = group {
+            paths.extend(group);
+        }
+    }
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -107,355 +119,405 @@ fn base_document() -> Value {
                 Every /api route needs `Authorization: Bearer TOKEN` when the daemon has api_tokens; \
                 a token of `maasctl tokens` sees only its tenant's requests and users, within its scope."
         },
-        "paths": {
-            "/api/query": {
-                "post": {
-                    "summary": "Submit a query",
-                    "security": secured,
-                    "parameters": [{
-                        "name": "Idempotency-Key", "in": "header", "required": false,
-                        "description": "Retrying with the same key (per user, for http.idempotency_ttl_secs) returns the first request instead of creating another; reusing it for a different request is 422.",
-                        "schema": { "type": "string", "minLength": 1, "maxLength": 255 }
-                    }],
-                    "requestBody": {
-                        "required": true,
-                        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Submit" } } }
-                    },
-                    "responses": {
-                        "202": json_response("Accepted; follow it at the Location header. A replay carries `Idempotent-Replayed: true`.", json!({ "$ref": "#/components/schemas/Accepted" })),
-                        "400": error_response("Malformed JSON, a malformed id or Idempotency-Key"),
-                        "401": error_response("Missing or wrong bearer token"),
-                        "413": error_response("Body larger than http.max_body_bytes"),
-                        "415": error_response("Content-Type is not application/json"),
-                        "422": error_response("A missing, empty or too long field; a query holding a NUL character (invalid_text); an Idempotency-Key reused for a different request"),
-                        "503": error_response("Database unavailable or busy (another transaction holds the user's rows), or request timed out; see Retry-After")
-                    }
-                }
-            },
-            "/api/query/{id}/status": {
-                "get": {
-                    "summary": "Read a request's status, optionally waiting for it to finish",
-                    "security": secured,
-                    "parameters": [id_param(), {
-                        "name": "wait", "in": "query", "required": false,
-                        "description": "Long-poll: return as soon as the request is terminal, or when this much time has passed (e.g. 30s, 500ms, 2m; capped at http.max_wait_secs).",
-                        "schema": { "type": "string", "examples": ["30s"] }
-                    }, {
-                        "name": "include", "in": "query", "required": false,
-                        "description": "context: also return the assembled context and the memory it holds (context, context_sources).",
-                        "schema": { "type": "string", "enum": ["context"] }
-                    }],
-                    "responses": {
-                        "200": json_response("The request's state (with include=context, also context and context_sources)", json!({ "$ref": "#/components/schemas/RequestState" })),
-                        "400": error_response("Malformed id, wait or include"),
-                        "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("No such request"),
-                        "429": error_response("A long-poll over this token's cap (http.max_long_polls_per_token); see Retry-After"),
-                        "503": error_response("A long-poll over the daemon's cap (http.max_long_polls); see Retry-After")
-                    }
-                }
-            },
-            "/api/query/{id}/cancel": {
-                "post": {
-                    "summary": "Cancel a request that is not finished (recorded with the reason)",
-                    "security": secured,
-                    "parameters": [id_param()],
-                    "requestBody": reason_body(),
-                    "responses": {
-                        "200": object_response(
-                            "Cancelled; `was` is the status it had",
-                            json!({
-                                "request_id": { "type": "string", "format": "uuid" },
-                                "status": { "type": "string", "enum": ["CANCELLED"] },
-                                "was": { "type": "string" }
-                            })
-                        ),
-                        "400": error_response("Malformed id or body"),
-                        "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("No such request"),
-                        "409": error_response("Already finished"),
-                        "422": error_response("No reason given")
-                    }
-                }
-            },
-            "/api/query/{id}/retry": {
-                "post": {
-                    "summary": "Send a FAILED request back to the stage that failed, with fresh attempts",
-                    "security": secured,
-                    "parameters": [id_param()],
-                    "requestBody": reason_body(),
-                    "responses": {
-                        "200": object_response(
-                            "Back in the ready status of the stage that failed",
-                            json!({
-                                "request_id": { "type": "string", "format": "uuid" },
-                                "status": { "type": "string" },
-                                "stage": { "type": "string" }
-                            })
-                        ),
-                        "400": error_response("Malformed id or body"),
-                        "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("No such request"),
-                        "409": error_response("Not FAILED"),
-                        "422": error_response("No reason given")
-                    }
-                }
-            },
-            "/api/query/{id}/continue": {
-                "post": {
-                    "summary": "Release the next stage of a debug run resting in ANALYZED or READY",
-                    "security": secured,
-                    "parameters": [id_param()],
-                    "responses": {
-                        "200": object_response(
-                            "Released: the next stage will claim the run",
-                            json!({
-                                "request_id": { "type": "string", "format": "uuid" },
-                                "status": { "type": "string" },
-                                "next_stage": { "type": "string", "enum": ["analyze", "assemble", "respond"] }
-                            })
-                        ),
-                        "400": error_response("Malformed id"),
-                        "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("No such request"),
-                        "409": error_response("The run is not resting between stages")
-                    }
-                }
-            },
-            "/api/users/{id}/memory": {
-                "get": {
-                    "summary": "A user's memory: records newest first and turns not archived yet, or with q the pipeline's retrieval hits with scores",
-                    "security": secured,
-                    "parameters": [
-                        user_param(),
-                        { "name": "q", "in": "query", "required": false, "description": "Search text: the hits of the retrieval the pipeline runs, with scores, instead of the listing.", "schema": { "type": "string" } },
-                        { "name": "before", "in": "query", "required": false, "description": "Records with a smaller id (next_before of the previous page).", "schema": { "type": "integer" } },
-                        { "name": "turns_before", "in": "query", "required": false, "description": "Pending turns with a smaller user_seq (next_turns_before).", "schema": { "type": "integer" } },
-                        { "name": "limit", "in": "query", "required": false, "description": "Records and turns per page, 1 to 500 (50).", "schema": { "type": "integer" } }
-                    ],
-                    "responses": {
-                        "200": object_response(
-                            "The page (or the hits); memory_version is bumped by every new record and every correction",
-                            json!({
-                                "user_id": { "type": "string", "format": "uuid" },
-                                "memory_version": { "type": "integer" },
-                                "pending": { "type": "integer" },
-                                "records": { "type": "array" },
-                                "next_before": { "type": ["integer", "null"] },
-                                "pending_turns": { "type": "array" },
-                                "next_turns_before": { "type": ["integer", "null"] },
-                                "hits": { "type": "array" }
-                            })
-                        ),
-                        "400": error_response("Malformed id or query parameter"),
-                        "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("Nothing is held about the user (unknown_user), or it was forgotten (user_forgotten)"),
-                        "409": error_response("The user is being forgotten (erase_running)")
-                    }
-                }
-            },
-            "/api/users/{id}/memory/{record}": {
-                "put": {
-                    "summary": "Replace a record's summary (bumps the memory version; audited)",
-                    "security": secured,
-                    "parameters": [user_param(), row_param("record", "The record id")],
-                    "requestBody": {
-                        "required": true,
-                        "content": { "application/json": { "schema": { "type": "object", "required": ["summary"], "properties": {
-                            "summary": { "type": "string" }, "reason": { "type": "string" }, "actor": { "type": "string" } } } } }
-                    },
-                    "responses": correction_responses()
+        "paths": paths,
+        "components": components()
+    })
+}
+
+/// Every operation needs the bearer token.
+fn secured() -> Value {
+    json!([{ "bearer": [] }])
+}
+
+/// Submitting a query and reading its status.
+fn submit_paths() -> Value {
+    json!({
+        "/api/query": {
+            "post": {
+                "summary": "Submit a query",
+                "security": secured(),
+                "parameters": [{
+                    "name": "Idempotency-Key", "in": "header", "required": false,
+                    "description": "Retrying with the same key (per user, for http.idempotency_ttl_secs) returns the first request instead of creating another; reusing it for a different request is 422.",
+                    "schema": { "type": "string", "minLength": 1, "maxLength": 255 }
+                }],
+                "requestBody": {
+                    "required": true,
+                    "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Submit" } } }
                 },
-                "delete": {
-                    "summary": "Delete a record (bumps the memory version; audited with ?reason= and ?actor=)",
-                    "security": secured,
-                    "parameters": [user_param(), row_param("record", "The record id")],
-                    "responses": correction_responses()
-                }
-            },
-            "/api/users/{id}/turns/{turn}": {
-                "delete": {
-                    "summary": "Delete a turn and its id from the records covering it (bumps the memory version; audited)",
-                    "security": secured,
-                    "parameters": [user_param(), row_param("turn", "The turn id")],
-                    "responses": correction_responses()
-                }
-            },
-            "/api/users/{id}/export": {
-                "get": {
-                    "summary": "Everything held about a user (requests with their steps, turns, records, archive state) as one JSON document, streamed",
-                    "security": secured,
-                    "parameters": [user_param()],
-                    "responses": {
-                        "200": object_response("The document; a cut one (the connection closed early) means the export failed", json!({
-                            "user_id": { "type": "string", "format": "uuid" },
-                            "exported_at": { "type": "string" },
-                            "archive_state": { "type": ["object", "null"] },
-                            "requests": { "type": "array" },
-                            "turns": { "type": "array" },
-                            "records": { "type": "array" },
-                            "counts": { "type": "object" } })),
-                        "400": error_response("Malformed id"),
-                        "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("Nothing is held about the user, or it was forgotten"),
-                        "409": error_response("The user is being forgotten")
-                    }
-                }
-            },
-            "/api/users/{id}": {
-                "delete": {
-                    "summary": "Forget a user: erase every request, turn, record and archive mark of the user, leaving one tombstone; later requests for the user are refused (410)",
-                    "security": secured,
-                    "parameters": [user_param()],
-                    "responses": {
-                        "202": object_response("The erase runs; the memory route answers 409 until it has finished, then 404 user_forgotten", json!({
-                            "user_id": { "type": "string", "format": "uuid" }, "status": { "type": "string" } })),
-                        "400": error_response("Malformed id"),
-                        "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("Nothing is held about the user, or it was forgotten already"),
-                        "409": error_response("An erase of the user is running")
-                    }
-                }
-            },
-            "/api/query/{id}/events": {
-                "get": {
-                    "summary": "Follow a request with Server-Sent Events",
-                    "description": "One `data:` line of RequestState JSON per change, the current state first; the stream ends after the terminal state or when the daemon stops.",
-                    "security": secured,
-                    "parameters": [id_param()],
-                    "responses": {
-                        "200": {
-                            "description": "An event stream",
-                            "content": { "text/event-stream": { "schema": { "$ref": "#/components/schemas/RequestState" } } }
-                        },
-                        "400": error_response("Malformed id"),
-                        "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("No such request"),
-                        "429": error_response("A stream over this token's cap (http.max_streams_per_token); see Retry-After"),
-                        "503": error_response("A stream over the daemon's cap (http.max_streams); see Retry-After")
-                    }
-                }
-            },
-            "/api/ws": {
-                "get": {
-                    "summary": "Follow a request or all of a user's requests over WebSocket",
-                    "description": "Text messages of RequestState JSON: the current state first (for a user: each unfinished request), then every change. A request's socket closes with 1000 after its terminal state; every socket closes with 1001 when the daemon stops.",
-                    "security": secured,
-                    "parameters": [
-                        { "name": "request_id", "in": "query", "required": false, "schema": { "type": "string", "format": "uuid" } },
-                        { "name": "user_id", "in": "query", "required": false, "schema": { "type": "string", "format": "uuid" } }
-                    ],
-                    "responses": {
-                        "101": { "description": "Switching to WebSocket" },
-                        "400": error_response("Not exactly one of request_id and user_id, or a malformed id"),
-                        "401": error_response("Missing or wrong bearer token"),
-                        "404": error_response("No such request"),
-                        "426": error_response("Not a WebSocket handshake"),
-                        "429": error_response("A stream over this token's cap (http.max_streams_per_token); see Retry-After"),
-                        "503": error_response("A stream over the daemon's cap (http.max_streams); see Retry-After")
-                    }
-                }
-            },
-            "/healthz": {
-                "get": {
-                    "summary": "Liveness: the process serves HTTP",
-                    "responses": { "200": json_response("Alive", json!({ "type": "object" })) }
-                }
-            },
-            "/readyz": {
-                "get": {
-                    "summary": "Readiness: database reachable, listener connected, migrations current",
-                    "responses": {
-                        "200": json_response("Ready", json!({ "$ref": "#/components/schemas/Ready" })),
-                        "503": json_response("Not ready; `reason` says why", json!({ "$ref": "#/components/schemas/Ready" }))
-                    }
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics (text format 0.0.4), prefixed maas_",
-                    "responses": { "200": { "description": "Metrics", "content": { "text/plain": { "schema": { "type": "string" } } } } }
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "summary": "This document",
-                    "responses": { "200": json_response("OpenAPI 3.1", json!({ "type": "object" })) }
+                "responses": {
+                    "202": json_response("Accepted; follow it at the Location header. A replay carries `Idempotent-Replayed: true`.", json!({ "$ref": "#/components/schemas/Accepted" })),
+                    "400": error_response("Malformed JSON, a malformed id or Idempotency-Key"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "413": error_response("Body larger than http.max_body_bytes"),
+                    "415": error_response("Content-Type is not application/json"),
+                    "422": error_response("A missing, empty or too long field; a query holding a NUL character (invalid_text); an Idempotency-Key reused for a different request"),
+                    "503": error_response("Database unavailable or busy (another transaction holds the user's rows), or request timed out; see Retry-After")
                 }
             }
         },
-        "components": {
-            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
-            "schemas": {
-                "Submit": {
-                    "type": "object",
-                    "required": ["user_id", "query"],
-                    "properties": {
+        "/api/query/{id}/status": {
+            "get": {
+                "summary": "Read a request's status, optionally waiting for it to finish",
+                "security": secured(),
+                "parameters": [id_param(), {
+                    "name": "wait", "in": "query", "required": false,
+                    "description": "Long-poll: return as soon as the request is terminal, or when this much time has passed (e.g. 30s, 500ms, 2m; capped at http.max_wait_secs).",
+                    "schema": { "type": "string", "examples": ["30s"] }
+                }, {
+                    "name": "include", "in": "query", "required": false,
+                    "description": "context: also return the assembled context and the memory it holds (context, context_sources).",
+                    "schema": { "type": "string", "enum": ["context"] }
+                }],
+                "responses": {
+                    "200": json_response("The request's state (with include=context, also context and context_sources)", json!({ "$ref": "#/components/schemas/RequestState" })),
+                    "400": error_response("Malformed id, wait or include"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "404": error_response("No such request"),
+                    "429": error_response("A long-poll over this token's cap (http.max_long_polls_per_token); see Retry-After"),
+                    "503": error_response("A long-poll over the daemon's cap (http.max_long_polls); see Retry-After")
+                }
+            }
+        }
+    })
+}
+
+/// The operator actions on one request: cancel, retry, continue.
+fn action_paths() -> Value {
+    json!({
+        "/api/query/{id}/cancel": {
+            "post": {
+                "summary": "Cancel a request that is not finished (recorded with the reason)",
+                "security": secured(),
+                "parameters": [id_param()],
+                "requestBody": reason_body(),
+                "responses": {
+                    "200": object_response(
+                        "Cancelled; `was` is the status it had",
+                        json!({
+                            "request_id": { "type": "string", "format": "uuid" },
+                            "status": { "type": "string", "enum": ["CANCELLED"] },
+                            "was": { "type": "string" }
+                        })
+                    ),
+                    "400": error_response("Malformed id or body"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "404": error_response("No such request"),
+                    "409": error_response("Already finished"),
+                    "422": error_response("No reason given")
+                }
+            }
+        },
+        "/api/query/{id}/retry": {
+            "post": {
+                "summary": "Send a FAILED request back to the stage that failed, with fresh attempts",
+                "security": secured(),
+                "parameters": [id_param()],
+                "requestBody": reason_body(),
+                "responses": {
+                    "200": object_response(
+                        "Back in the ready status of the stage that failed",
+                        json!({
+                            "request_id": { "type": "string", "format": "uuid" },
+                            "status": { "type": "string" },
+                            "stage": { "type": "string" }
+                        })
+                    ),
+                    "400": error_response("Malformed id or body"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "404": error_response("No such request"),
+                    "409": error_response("Not FAILED"),
+                    "422": error_response("No reason given")
+                }
+            }
+        },
+        "/api/query/{id}/continue": {
+            "post": {
+                "summary": "Release the next stage of a debug run resting in ANALYZED or READY",
+                "security": secured(),
+                "parameters": [id_param()],
+                "responses": {
+                    "200": object_response(
+                        "Released: the next stage will claim the run",
+                        json!({
+                            "request_id": { "type": "string", "format": "uuid" },
+                            "status": { "type": "string" },
+                            "next_stage": { "type": "string", "enum": ["analyze", "assemble", "respond"] }
+                        })
+                    ),
+                    "400": error_response("Malformed id"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "404": error_response("No such request"),
+                    "409": error_response("The run is not resting between stages")
+                }
+            }
+        }
+    })
+}
+
+/// A user's memory and its corrections.
+fn memory_paths() -> Value {
+    json!({
+        "/api/users/{id}/memory": {
+            "get": {
+                "summary": "A user's memory: records newest first and turns not archived yet, or with q the pipeline's retrieval hits with scores",
+                "security": secured(),
+                "parameters": [
+                    user_param(),
+                    { "name": "q", "in": "query", "required": false, "description": "Search text: the hits of the retrieval the pipeline runs, with scores, instead of the listing.", "schema": { "type": "string" } },
+                    { "name": "before", "in": "query", "required": false, "description": "Records with a smaller id (next_before of the previous page).", "schema": { "type": "integer" } },
+                    { "name": "turns_before", "in": "query", "required": false, "description": "Pending turns with a smaller user_seq (next_turns_before).", "schema": { "type": "integer" } },
+                    { "name": "limit", "in": "query", "required": false, "description": "Records and turns per page, 1 to 500 (50).", "schema": { "type": "integer" } }
+                ],
+                "responses": {
+                    "200": object_response(
+                        "The page (or the hits); memory_version is bumped by every new record and every correction",
+                        json!({
+                            "user_id": { "type": "string", "format": "uuid" },
+                            "memory_version": { "type": "integer" },
+                            "pending": { "type": "integer" },
+                            "records": { "type": "array" },
+                            "next_before": { "type": ["integer", "null"] },
+                            "pending_turns": { "type": "array" },
+                            "next_turns_before": { "type": ["integer", "null"] },
+                            "hits": { "type": "array" }
+                        })
+                    ),
+                    "400": error_response("Malformed id or query parameter"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "404": error_response("Nothing is held about the user (unknown_user), or it was forgotten (user_forgotten)"),
+                    "409": error_response("The user is being forgotten (erase_running)")
+                }
+            }
+        },
+        "/api/users/{id}/memory/{record}": {
+            "put": {
+                "summary": "Replace a record's summary (bumps the memory version; audited)",
+                "security": secured(),
+                "parameters": [user_param(), row_param("record", "The record id")],
+                "requestBody": {
+                    "required": true,
+                    "content": { "application/json": { "schema": { "type": "object", "required": ["summary"], "properties": {
+                        "summary": { "type": "string" }, "reason": { "type": "string" }, "actor": { "type": "string" } } } } }
+                },
+                "responses": correction_responses()
+            },
+            "delete": {
+                "summary": "Delete a record (bumps the memory version; audited with ?reason= and ?actor=)",
+                "security": secured(),
+                "parameters": [user_param(), row_param("record", "The record id")],
+                "responses": correction_responses()
+            }
+        },
+        "/api/users/{id}/turns/{turn}": {
+            "delete": {
+                "summary": "Delete a turn and its id from the records covering it (bumps the memory version; audited)",
+                "security": secured(),
+                "parameters": [user_param(), row_param("turn", "The turn id")],
+                "responses": correction_responses()
+            }
+        }
+    })
+}
+
+/// Exporting and forgetting a user.
+fn user_paths() -> Value {
+    json!({
+        "/api/users/{id}/export": {
+            "get": {
+                "summary": "Everything held about a user (requests with their steps, turns, records, archive state) as one JSON document, streamed",
+                "security": secured(),
+                "parameters": [user_param()],
+                "responses": {
+                    "200": object_response("The document; a cut one (the connection closed early) means the export failed", json!({
                         "user_id": { "type": "string", "format": "uuid" },
-                        "query": { "type": "string", "minLength": 1, "maxLength": 100000 },
-                        "thread_id": { "type": ["string", "null"], "format": "uuid" },
-                        "callback_url": {
-                            "type": ["string", "null"], "format": "uri", "maxLength": 2048,
-                            "description": "http(s) URL the outcome is POSTed to, signed (README, callbacks)"
-                        },
-                        "debug": {
-                            "type": ["boolean", "null"],
-                            "description": "Rest in ANALYZED and READY until POST /api/query/{id}/continue"
-                        },
-                        "metadata": {
-                            "type": ["object", "null"],
-                            "description": "The client's own JSON object, stored with the request and shown by GET /api/query/{id}/status; at most 4096 bytes as compact JSON and 8 levels deep, no NUL character (400 invalid_metadata otherwise)"
-                        }
+                        "exported_at": { "type": "string" },
+                        "archive_state": { "type": ["object", "null"] },
+                        "requests": { "type": "array" },
+                        "turns": { "type": "array" },
+                        "records": { "type": "array" },
+                        "counts": { "type": "object" } })),
+                    "400": error_response("Malformed id"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "404": error_response("Nothing is held about the user, or it was forgotten"),
+                    "409": error_response("The user is being forgotten")
+                }
+            }
+        },
+        "/api/users/{id}": {
+            "delete": {
+                "summary": "Forget a user: erase every request, turn, record and archive mark of the user, leaving one tombstone; later requests for the user are refused (410)",
+                "security": secured(),
+                "parameters": [user_param()],
+                "responses": {
+                    "202": object_response("The erase runs; the memory route answers 409 until it has finished, then 404 user_forgotten", json!({
+                        "user_id": { "type": "string", "format": "uuid" }, "status": { "type": "string" } })),
+                    "400": error_response("Malformed id"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "404": error_response("Nothing is held about the user, or it was forgotten already"),
+                    "409": error_response("An erase of the user is running")
+                }
+            }
+        }
+    })
+}
+
+/// Following a request: Server-Sent Events and WebSocket.
+fn stream_paths() -> Value {
+    json!({
+        "/api/query/{id}/events": {
+            "get": {
+                "summary": "Follow a request with Server-Sent Events",
+                "description": "One `data:` line of RequestState JSON per change, the current state first; the stream ends after the terminal state or when the daemon stops.",
+                "security": secured(),
+                "parameters": [id_param()],
+                "responses": {
+                    "200": {
+                        "description": "An event stream",
+                        "content": { "text/event-stream": { "schema": { "$ref": "#/components/schemas/RequestState" } } }
+                    },
+                    "400": error_response("Malformed id"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "404": error_response("No such request"),
+                    "429": error_response("A stream over this token's cap (http.max_streams_per_token); see Retry-After"),
+                    "503": error_response("A stream over the daemon's cap (http.max_streams); see Retry-After")
+                }
+            }
+        },
+        "/api/ws": {
+            "get": {
+                "summary": "Follow a request or all of a user's requests over WebSocket",
+                "description": "Text messages of RequestState JSON: the current state first (for a user: each unfinished request), then every change. A request's socket closes with 1000 after its terminal state; every socket closes with 1001 when the daemon stops.",
+                "security": secured(),
+                "parameters": [
+                    { "name": "request_id", "in": "query", "required": false, "schema": { "type": "string", "format": "uuid" } },
+                    { "name": "user_id", "in": "query", "required": false, "schema": { "type": "string", "format": "uuid" } }
+                ],
+                "responses": {
+                    "101": { "description": "Switching to WebSocket" },
+                    "400": error_response("Not exactly one of request_id and user_id, or a malformed id"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "404": error_response("No such request"),
+                    "426": error_response("Not a WebSocket handshake"),
+                    "429": error_response("A stream over this token's cap (http.max_streams_per_token); see Retry-After"),
+                    "503": error_response("A stream over the daemon's cap (http.max_streams); see Retry-After")
+                }
+            }
+        }
+    })
+}
+
+/// The probes, the metrics and this document.
+fn probe_paths() -> Value {
+    json!({
+        "/healthz": {
+            "get": {
+                "summary": "Liveness: the process serves HTTP",
+                "responses": { "200": json_response("Alive", json!({ "type": "object" })) }
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Readiness: database reachable, listener connected, migrations current",
+                "responses": {
+                    "200": json_response("Ready", json!({ "$ref": "#/components/schemas/Ready" })),
+                    "503": json_response("Not ready; `reason` says why", json!({ "$ref": "#/components/schemas/Ready" }))
+                }
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (text format 0.0.4), prefixed maas_",
+                "responses": { "200": { "description": "Metrics", "content": { "text/plain": { "schema": { "type": "string" } } } } }
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": { "200": json_response("OpenAPI 3.1", json!({ "type": "object" })) }
+            }
+        }
+    })
+}
+
+/// The securitySchemes and the schemas the operations refer to.
+fn components() -> Value {
+    json!({
+        "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+        "schemas": {
+            "Submit": {
+                "type": "object",
+                "required": ["user_id", "query"],
+                "properties": {
+                    "user_id": { "type": "string", "format": "uuid" },
+                    "query": { "type": "string", "minLength": 1, "maxLength": 100000 },
+                    "thread_id": { "type": ["string", "null"], "format": "uuid" },
+                    "callback_url": {
+                        "type": ["string", "null"], "format": "uri", "maxLength": 2048,
+                        "description": "http(s) URL the outcome is POSTed to, signed (README, callbacks)"
+                    },
+                    "debug": {
+                        "type": ["boolean", "null"],
+                        "description": "Rest in ANALYZED and READY until POST /api/query/{id}/continue"
+                    },
+                    "metadata": {
+                        "type": ["object", "null"],
+                        "description": "The client's own JSON object, stored with the request and shown by GET /api/query/{id}/status; at most 4096 bytes as compact JSON and 8 levels deep, no NUL character (400 invalid_metadata otherwise)"
                     }
-                },
-                "Accepted": {
+                }
+            },
+            "Accepted": {
+                "type": "object",
+                "required": ["request_id", "status"],
+                "properties": {
+                    "request_id": { "type": "string", "format": "uuid" },
+                    "status": { "const": "processing" }
+                }
+            },
+            "RequestState": request_state_schema(),
+            "Ready": {
+                "type": "object",
+                "required": ["status", "checks"],
+                "properties": {
+                    "status": { "enum": ["ready", "unavailable"] },
+                    "reason": { "type": "string" },
+                    "checks": { "type": "object" }
+                }
+            },
+            "Error": {
+                "type": "object",
+                "required": ["error", "code"],
+                "properties": { "error": { "type": "string" }, "code": { "type": "string" } }
+            }
+        }
+    })
+}
+
+/// The state of a request, as status, streams and WebSocket show it.
+fn request_state_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["request_id", "status", "stage"],
+        "description": "processing; completed with answer; failed with error. A cancelled request is failed with stage CANCELLED.",
+        "properties": {
+            "request_id": { "type": "string", "format": "uuid" },
+            "status": { "enum": ["processing", "completed", "failed"] },
+            "stage": { "enum": ["NEW", "ANALYZING", "ANALYZED", "ASSEMBLING", "READY", "RESPONDING", "COMPLETED", "FAILED", "CANCELLED"] },
+            "answer": { "type": "string" },
+            "error": { "type": "string" },
+            "metadata": { "type": "object", "description": "GET /api/query/{id}/status only: the metadata given at submit, when it was" },
+            "context": { "type": ["string", "null"], "description": "With include=context: the assembled context (null before the assemble stage)" },
+            "context_sources": {
+                "type": ["array", "null"],
+                "description": "With include=context: the memory the context holds, most relevant first within each part",
+                "items": {
                     "type": "object",
-                    "required": ["request_id", "status"],
                     "properties": {
-                        "request_id": { "type": "string", "format": "uuid" },
-                        "status": { "const": "processing" }
+                        "kind": { "enum": ["turn", "record"] },
+                        "id": { "type": "integer" },
+                        "score": { "type": ["number", "null"] },
+                        "why": { "enum": ["thread", "hit", "neighbour", "record", "analysis"] }
                     }
-                },
-                "RequestState": {
-                    "type": "object",
-                    "required": ["request_id", "status", "stage"],
-                    "description": "processing; completed with answer; failed with error. A cancelled request is failed with stage CANCELLED.",
-                    "properties": {
-                        "request_id": { "type": "string", "format": "uuid" },
-                        "status": { "enum": ["processing", "completed", "failed"] },
-                        "stage": { "enum": ["NEW", "ANALYZING", "ANALYZED", "ASSEMBLING", "READY", "RESPONDING", "COMPLETED", "FAILED", "CANCELLED"] },
-                        "answer": { "type": "string" },
-                        "error": { "type": "string" },
-                        "metadata": { "type": "object", "description": "GET /api/query/{id}/status only: the metadata given at submit, when it was" },
-                        "context": { "type": ["string", "null"], "description": "With include=context: the assembled context (null before the assemble stage)" },
-                        "context_sources": {
-                            "type": ["array", "null"],
-                            "description": "With include=context: the memory the context holds, most relevant first within each part",
-                            "items": {
-                                "type": "object",
-                                "properties": {
-                                    "kind": { "enum": ["turn", "record"] },
-                                    "id": { "type": "integer" },
-                                    "score": { "type": ["number", "null"] },
-                                    "why": { "enum": ["thread", "hit", "neighbour", "record", "analysis"] }
-                                }
-                            }
-                        }
-                    }
-                },
-                "Ready": {
-                    "type": "object",
-                    "required": ["status", "checks"],
-                    "properties": {
-                        "status": { "enum": ["ready", "unavailable"] },
-                        "reason": { "type": "string" },
-                        "checks": { "type": "object" }
-                    }
-                },
-                "Error": {
-                    "type": "object",
-                    "required": ["error", "code"],
-                    "properties": { "error": { "type": "string" }, "code": { "type": "string" } }
                 }
             }
         }
@@ -495,5 +557,77 @@ mod tests {
         routes.sort();
         assert_eq!(operations(&doc), routes);
         assert_eq!(doc["openapi"], "3.1.0");
+    }
+
+    /// The document is assembled from groups of paths; together they give
+    /// every operation once, with the answers clients rely on.
+    #[test]
+    fn the_groups_give_every_operation_and_its_key_answers() {
+        let doc = document();
+        let ops: Vec<String> = operations(&doc).into_iter().map(|(m, p)| format!("{m} {p}")).collect();
+        assert_eq!(
+            ops,
+            [
+                "DELETE /api/users/{id}",
+                "DELETE /api/users/{id}/memory/{record}",
+                "DELETE /api/users/{id}/turns/{turn}",
+                "GET /api/query/{id}/events",
+                "GET /api/query/{id}/status",
+                "GET /api/users/{id}/export",
+                "GET /api/users/{id}/memory",
+                "GET /api/ws",
+                "GET /healthz",
+                "GET /metrics",
+                "GET /openapi.json",
+                "GET /readyz",
+                "POST /api/query",
+                "POST /api/query/{id}/cancel",
+                "POST /api/query/{id}/continue",
+                "POST /api/query/{id}/retry",
+                "PUT /api/users/{id}/memory/{record}",
+            ]
+        );
+        let codes = |path: &str, method: &str| -> Vec<String> {
+            doc["paths"][path][method]["responses"]
+                .as_object()
+                .map(|r| r.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            codes("/api/query", "post"),
+            ["202", "400", "401", "403", "413", "415", "422", "429", "503"]
+        );
+        assert_eq!(
+            codes("/api/query/{id}/status", "get"),
+            ["200", "400", "401", "403", "404", "429", "503"]
+        );
+        assert_eq!(codes("/healthz", "get"), ["200"]);
+        let submit = &doc["paths"]["/api/query"]["post"];
+        assert_eq!(
+            submit["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/Submit"
+        );
+        assert_eq!(submit["security"], serde_json::json!([{ "bearer": [] }]));
+        assert_eq!(doc["paths"]["/healthz"]["get"].get("security"), None);
+        let params: Vec<&str> = doc["paths"]["/api/query/{id}/status"]["get"]["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        assert_eq!(params, ["id", "wait", "include"]);
+        let schemas: Vec<&String> = doc["components"]["schemas"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(schemas, ["Accepted", "Error", "Ready", "RequestState", "Submit"]);
+        assert_eq!(
+            doc["components"]["schemas"]["RequestState"]["properties"]["stage"]["enum"]
+                .as_array()
+                .map(Vec::len),
+            Some(9)
+        );
     }
 }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::support::cli::{NO_ENV, maasctl_async, tokio_command};
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, column, value};
+use crate::support::db::{TestDb, by_name, column, value};
 use crate::support::fake_llm::{Api, FakeConfig, FakeLlm, Reply};
 use crate::support::{assert_no_overlapping_cron_runs, count, wait_until};
 
@@ -121,7 +121,7 @@ async fn mark(c: &Client, user: Uuid) -> (i64, i64, i64) {
         )
         .await
         .unwrap();
-    (r.get(0), r.get(1), r.get(2))
+    by_name!(r, "logged_seq", "archived_seq", "memory_version")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,7 +191,7 @@ async fn three_users_with_threads_get_the_right_records() {
     // Every run left a record.
     let runs = c
         .query(
-            "SELECT users, users_archived, logs, records, failures, finished_at IS NOT NULL, duration_ms IS NOT NULL
+            "SELECT users, users_archived, logs, records, failures, finished_at IS NOT NULL AS finished, duration_ms IS NOT NULL AS timed
              FROM archive_runs ORDER BY id",
             &[],
         )
@@ -200,15 +200,18 @@ async fn three_users_with_threads_get_the_right_records() {
     assert_eq!(runs.len(), 3);
     assert_eq!(
         (
-            runs[0].get::<_, i32>(0),
-            runs[0].get::<_, i32>(1),
-            runs[0].get::<_, i64>(2),
-            runs[0].get::<_, i32>(3),
-            runs[0].get::<_, i32>(4)
+            runs[0].get::<_, i32>("users"),
+            runs[0].get::<_, i32>("users_archived"),
+            runs[0].get::<_, i64>("logs"),
+            runs[0].get::<_, i32>("records"),
+            runs[0].get::<_, i32>("failures")
         ),
         (3, 3, 13, 5, 0)
     );
-    assert!(runs.iter().all(|r| r.get::<_, bool>(5) && r.get::<_, bool>(6)));
+    assert!(
+        runs.iter()
+            .all(|r| r.get::<_, bool>("finished") && r.get::<_, bool>("timed"))
+    );
 
     // The memory version, shown by maasctl.
     let (code, out, _) = maasctl_async(
@@ -531,13 +534,13 @@ async fn one_users_failure_backs_off_that_user_and_not_the_others() {
     assert_eq!(records(&c, third).await.len(), 1);
     let r = c
         .query_one(
-            "SELECT failures, retry_after > now() + interval '20 seconds', last_error FROM archive_marks WHERE user_id = $1",
+            "SELECT failures, retry_after > now() + interval '20 seconds' AS backing_off, last_error FROM archive_marks WHERE user_id = $1",
             &[&first],
         )
         .await
         .unwrap();
-    assert_eq!(r.get::<_, i32>(0), 1);
-    assert!(r.get::<_, bool>(1), "durable backoff");
+    assert_eq!(r.get::<_, i32>("failures"), 1);
+    assert!(r.get::<_, bool>("backing_off"), "durable backoff");
     let run = c
         .query_one("SELECT failures, errors FROM archive_runs", &[])
         .await

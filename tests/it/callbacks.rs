@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::support::cli::{maasctl, maasctl_env};
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, value};
+use crate::support::db::{TestDb, by_name, value};
 use crate::support::ops::{GENEROUS, fast, json, wait_listening, wait_status};
 use crate::support::{count, wait_until};
 
@@ -149,7 +149,7 @@ async fn callbacks_are_signed_retried_and_survive_restarts() {
             .query_one("SELECT attempts, last_status FROM callback_outbox", &[])
             .await
             .unwrap();
-        (r.get(0), r.get(1))
+        by_name!(r, "attempts", "last_status")
     };
     assert_eq!((attempts, last_status), (3, Some(204)));
     let (code, out, _) = maasctl(&db.url, &["requests", "show", &id.to_string()]);
@@ -279,7 +279,7 @@ async fn callbacks_to_loopback_are_refused_unless_allowed() {
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "attempts", "last_error"))
         .collect();
     for (attempts, e) in &errors {
         assert_eq!(*attempts, 1, "{e}");

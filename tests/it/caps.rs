@@ -12,26 +12,9 @@ use uuid::Uuid;
 
 use crate::support::api::Api;
 use crate::support::daemon::Opts;
-use crate::support::db::{TestDb, column, connect};
-use crate::support::{GENEROUS, count, wait_until};
-
-async fn insert_held(c: &tokio_postgres::Client, n: i64) -> Vec<Uuid> {
-    column(
-        c,
-        "INSERT INTO pipeline_runs (user_id, user_query, run_after)
-         SELECT gen_random_uuid(), 'held #' || g, now() + interval '1 hour' FROM generate_series(1, $1::int8) g
-         RETURNING id",
-        &[&n],
-    )
-    .await
-}
-
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.rsplit_once(' ').filter(|(s, _)| *s == series))
-        .and_then(|(_, v)| v.parse().ok())
-}
+use crate::support::db::{TestDb, connect};
+use crate::support::metrics::metric;
+use crate::support::{GENEROUS, count, insert_held, new_users, wait_until};
 
 /// Asserts an immediate refusal with `status`, `Retry-After` and a JSON code.
 async fn assert_refused(resp: reqwest::Response, status: StatusCode, took: Duration) {
@@ -62,62 +45,72 @@ async fn caps_refuse_long_polls_and_streams_over_the_limit_at_once() {
             .env("MAAS_HTTP__MAX_STREAMS_PER_TOKEN", 2),
     )
     .await;
-    let held = insert_held(&c, 1).await[0];
-    let get = |token: &'static str, path: String| {
-        let rb = api.http.get(api.url(&path)).bearer_auth(token);
-        async move { rb.send().await.unwrap() }
-    };
-    let metrics = || async {
-        api.http
-            .get(api.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let held = insert_held(&c, &new_users(1)).await[0];
+    let polls = long_polls_over_the_caps_are_refused(&api, held).await;
+    streams_over_the_caps_are_refused(&api, held).await;
+    for p in polls {
+        p.abort();
+    }
+}
 
-    // Long-polls: two of token a, one of token b.
+/// GET `path` with bearer `token`.
+async fn get(api: &Api, token: &str, path: String) -> reqwest::Response {
+    api.http.get(api.url(&path)).bearer_auth(token).send().await.unwrap()
+}
+
+/// Long-polls: two of token a and one of token b are held; one more of a
+/// is over its token's cap (429), one more of b over the daemon's (503).
+/// Returns the held polls.
+async fn long_polls_over_the_caps_are_refused(
+    api: &Api,
+    held: Uuid,
+) -> Vec<tokio::task::JoinHandle<reqwest::Response>> {
     let poll = format!("/api/query/{held}/status?wait=60s");
     let mut polls = Vec::new();
     for token in ["tok-a", "tok-a", "tok-b"] {
-        polls.push(tokio::spawn(get(token, poll.clone())));
+        polls.push(tokio::spawn({
+            let (http, url) = (api.http.clone(), api.url(&poll));
+            async move { http.get(url).bearer_auth(token).send().await.unwrap() }
+        }));
         let n = polls.len() as f64;
         wait_until(GENEROUS, "the long-poll is held", || async {
-            metric(&metrics().await, "maas_http_waiting_long_polls") == Some(n)
+            metric(&api.metrics().await, "maas_http_waiting_long_polls") == Some(n)
         })
         .await;
     }
     let t = Instant::now();
-    let resp = get("tok-a", poll.clone()).await;
+    let resp = get(api, "tok-a", poll.clone()).await;
     assert_refused(resp, StatusCode::TOO_MANY_REQUESTS, t.elapsed()).await;
     let t = Instant::now();
-    let resp = get("tok-b", poll.clone()).await;
+    let resp = get(api, "tok-b", poll.clone()).await;
     assert_refused(resp, StatusCode::SERVICE_UNAVAILABLE, t.elapsed()).await;
     // A status without a wait holds nothing and is answered.
     assert_eq!(
-        get("tok-b", format!("/api/query/{held}/status")).await.status(),
+        get(api, "tok-b", format!("/api/query/{held}/status")).await.status(),
         StatusCode::OK
     );
+    polls
+}
 
-    // Streams: SSE and WebSocket share the caps.
+/// Streams: SSE and WebSocket share the caps; a closed stream gives its
+/// place back.
+async fn streams_over_the_caps_are_refused(api: &Api, held: Uuid) {
     let sse = format!("/api/query/{held}/events");
-    let a1 = get("tok-a", sse.clone()).await;
-    let a2 = get("tok-a", sse.clone()).await;
+    let a1 = get(api, "tok-a", sse.clone()).await;
+    let a2 = get(api, "tok-a", sse.clone()).await;
     assert_eq!((a1.status(), a2.status()), (StatusCode::OK, StatusCode::OK));
     let t = Instant::now();
     assert_refused(
-        get("tok-a", sse.clone()).await,
+        get(api, "tok-a", sse.clone()).await,
         StatusCode::TOO_MANY_REQUESTS,
         t.elapsed(),
     )
     .await;
-    let b1 = get("tok-b", sse.clone()).await;
+    let b1 = get(api, "tok-b", sse.clone()).await;
     assert_eq!(b1.status(), StatusCode::OK);
     let t = Instant::now();
     assert_refused(
-        get("tok-b", sse.clone()).await,
+        get(api, "tok-b", sse.clone()).await,
         StatusCode::SERVICE_UNAVAILABLE,
         t.elapsed(),
     )
@@ -132,12 +125,9 @@ async fn caps_refuse_long_polls_and_streams_over_the_limit_at_once() {
     // A closed stream gives its place back.
     drop(a1);
     wait_until(GENEROUS, "a stream place is free again", || async {
-        get("tok-b", sse.clone()).await.status() == StatusCode::OK
+        get(api, "tok-b", sse.clone()).await.status() == StatusCode::OK
     })
     .await;
-    for p in polls {
-        p.abort();
-    }
 }
 
 /// Opens a WebSocket with a bearer token.
@@ -266,7 +256,7 @@ async fn caps_a_websocket_message_over_the_size_limit_closes_the_socket() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let api = Api::start(&db, Opts::default().env("MAAS_HTTP__WS_MAX_MESSAGE_BYTES", 1024)).await;
-    let held = insert_held(&c, 1).await[0];
+    let held = insert_held(&c, &new_users(1)).await[0];
     let url = format!("ws://{}/api/ws?request_id={held}", api.addr);
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
     // The current state first.

@@ -17,16 +17,14 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::browser::Browser;
 use crate::support::cli::{NO_ENV, maasctl_async};
+use crate::support::console::{Console, browser_logged_in, csrf_of, plain_client};
 use crate::support::daemon::Opts;
-use crate::support::db::{TestDb, value};
+use crate::support::db::{TestDb, by_name, value};
 use crate::support::fake_llm::{Api as FakeApi, FakeLlm, Reply};
-use crate::support::{GENEROUS, wait_until};
+use crate::support::ops::{status_of, wait_status};
 
 async fn submit(api: &Api, body: Value) -> Uuid {
-    let resp = api.submit(&body).await;
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let v: Value = resp.json().await.unwrap();
-    v["request_id"].as_str().unwrap().parse().unwrap()
+    api.submit_accepted(&body).await
 }
 
 /// Copies a screenshot into `docs/` when asked to (`MAAS_CONSOLE_DOCS=1`).
@@ -94,17 +92,6 @@ fn analysis() -> String {
         "search_keywords": ["console"], "context_found": null,
     })
     .to_string()
-}
-
-async fn status_of(c: &tokio_postgres::Client, id: Uuid) -> String {
-    value(c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&id]).await
-}
-
-async fn wait_status(c: &tokio_postgres::Client, id: Uuid, want: &str) {
-    wait_until(GENEROUS, &format!("request {id} is {want}"), || async {
-        status_of(c, id).await == want
-    })
-    .await;
 }
 
 /// The rows the list shows: (id, status).
@@ -221,7 +208,7 @@ async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one()
             )
             .await
             .unwrap();
-        (r.get(0), r.get(1))
+        by_name!(r, "actor", "reason")
     };
     assert_eq!((actor.as_str(), reason.as_str()), ("console", "provider fixed"));
     let shot = b.screenshot("request-retried").await;
@@ -255,14 +242,6 @@ async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one()
     assert!(b.text("#actions-log").await.contains("stuck on the provider"));
     b.screenshot("request-cancelled").await;
     b.close().await;
-}
-
-/// A client that keeps cookies but does not follow redirects.
-fn plain_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,17 +336,9 @@ async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
     assert_eq!(status_of(&c, fresh).await, "NEW");
 
     // In the browser: log in, cancel with the form (it carries the token).
-    let Some(b) = Browser::start().await else { return };
-    b.goto(&api.url("/console")).await;
-    b.wait_js("the login page", "return location.pathname === '/console/login';")
-        .await;
-    b.fill("#token", "tok-console").await;
-    b.click("#login").await;
-    b.wait_js(
-        "the overview after login",
-        "return location.pathname === '/console' && document.body.dataset.live === 'on';",
-    )
-    .await;
+    let Some(b) = browser_logged_in(&api, "tok-console").await else {
+        return;
+    };
     assert_eq!(
         b.js("return document.cookie.includes('maas_console');").await,
         json!(false),
@@ -389,41 +360,28 @@ async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_read_only_mode_hides_and_refuses_actions() {
     let db = TestDb::new().await;
-    let api = Api::start(&db, Opts::default().env("MAAS_HTTP__CONSOLE_READ_ONLY", "true")).await;
+    let console = Console::open(&db, Opts::default().env("MAAS_HTTP__CONSOLE_READ_ONLY", "true")).await;
+    let api = &console.api;
     let c = db.client().await;
     let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "hold it"], NO_ENV).await;
     assert_eq!(code, 0, "{err}");
-    let id = submit(
-        &api,
-        json!({ "user_id": Uuid::new_v4(), "query": "look, do not touch" }),
-    )
-    .await;
-    let http = plain_client();
-    let page = http
-        .get(api.url(&format!("/console/requests/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let id = submit(api, json!({ "user_id": Uuid::new_v4(), "query": "look, do not touch" })).await;
+    let page = console.page(&format!("/console/requests/{id}")).await;
     assert!(page.contains("read-only mode"), "{page}");
     assert!(!page.contains("id=\"cancel\""), "no cancel button in read-only mode");
     // Even with the right CSRF token, the action is refused.
-    let csrf = page
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .map(|s| s.split('"').next().unwrap().to_owned());
-    let r = http
-        .post(api.url(&format!("/console/requests/{id}/cancel")))
-        .form(&[("reason", "try anyway"), ("csrf", csrf.as_deref().unwrap_or(""))])
-        .send()
-        .await
-        .unwrap();
+    let csrf = csrf_of(&page);
+    let r = console
+        .post_as(
+            None,
+            &format!("/console/requests/{id}/cancel"),
+            &[("reason", "try anyway"), ("csrf", &csrf)],
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert!(r.text().await.unwrap().contains("read-only"));
     assert_eq!(status_of(&c, id).await, "NEW");
-    let Some(b) = Browser::start().await else { return };
+    let Some(b) = console.browser().await else { return };
     b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
     assert!(b.text("#act").await.contains("read-only mode"));
     b.screenshot("read-only").await;
@@ -551,13 +509,13 @@ async fn console_memory_page_searches_a_users_memory_and_archives_now() {
     let (left, records): (i64, i64) = {
         let r = c
             .query_one(
-                "SELECT (SELECT logged_seq - archived_seq FROM archive_marks WHERE user_id = $1),
-                        (SELECT count(*) FROM lsm_storage WHERE user_id = $1)",
+                "SELECT (SELECT logged_seq - archived_seq FROM archive_marks WHERE user_id = $1) AS pending,
+                        (SELECT count(*) FROM lsm_storage WHERE user_id = $1) AS records",
                 &[&user],
             )
             .await
             .unwrap();
-        (r.get(0), r.get(1))
+        by_name!(r, "pending", "records")
     };
     assert_eq!(left, 0, "every pending turn was archived");
     assert!(records > records_before, "a record was written");
@@ -670,15 +628,6 @@ async fn console_prompts_page_diffs_two_versions_and_activates_one() {
     assert!(b.text("#actions-log").await.contains("roll forward"));
     b.screenshot("prompts-activated").await;
     b.close().await;
-}
-
-/// The CSRF token of a console page (empty when the page has none).
-fn csrf_of(page: &str) -> String {
-    page.split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|s| s.split('"').next())
-        .unwrap_or("")
-        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use maas::model::StageKind;
 use maas::stage::{Pipeline, StageError, StageInput, StageOutput, StageSuccess, Usage};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::db::{TestDb, rows, value};
+use crate::support::db::{TestDb, by_name, rows, value};
 use crate::support::{GENEROUS, count, insert_requests, wait_all_terminal};
 
 /// What the respond stage does in a test.
@@ -120,11 +120,14 @@ async fn a_request_goes_from_new_to_completed() {
             )
             .await
             .unwrap();
-        assert_eq!(row.get::<_, String>(0), "COMPLETED");
-        let answer: String = row.get(1);
+        assert_eq!(row.get::<_, String>("status"), "COMPLETED");
+        let answer: String = row.get("final_answer");
         assert!(answer.starts_with("answer to in process #"), "{answer}");
-        assert!(row.get::<_, String>(2).starts_with("context of in process #"));
-        assert_eq!(row.get::<_, Option<String>>(3), None, "lease released");
+        assert!(
+            row.get::<_, String>("final_context_payload")
+                .starts_with("context of in process #")
+        );
+        assert_eq!(row.get::<_, Option<String>>("lease_owner"), None, "lease released");
     }
     // One success per stage per request; nothing ran twice.
     assert_eq!(
@@ -154,14 +157,14 @@ async fn a_retryable_failure_retries_up_to_max_attempts_then_fails() {
             .query_one("SELECT status, error FROM pipeline_runs WHERE id = $1", &[id])
             .await
             .unwrap();
-        assert_eq!(row.get::<_, String>(0), "FAILED");
-        let error: String = row.get(1);
+        assert_eq!(row.get::<_, String>("status"), "FAILED");
+        let error: String = row.get("error");
         assert!(error.contains("respond failed after 3 attempts"), "{error}");
         let outcomes: Vec<(i32, String)> = rows(
             &c,
             "SELECT attempt, outcome FROM pipeline_steps WHERE run_id = $1 AND stage = 'respond' ORDER BY id",
             &[id],
-            |r| (r.get(0), r.get(1)),
+            |r| by_name!(r, "attempt", "outcome"),
         )
         .await;
         assert_eq!(

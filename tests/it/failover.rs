@@ -13,7 +13,7 @@ use maas::db::devdb::{Cluster, ClusterSpec, ensure_database};
 use tokio_postgres::Client;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::connect;
+use crate::support::db::{by_name, connect, ensure_login_role};
 use crate::support::ops::{insert_one, wait_status};
 use crate::support::{GENEROUS, wait_until};
 
@@ -66,13 +66,7 @@ async fn a_primary_turned_read_only_is_a_connection_loss_until_it_takes_writes_a
     // A leftover of an interrupted run would make everything read-only.
     set_read_only(&admin, false).await;
     ensure_database(&admin_url, &db).await.unwrap();
-    admin
-        .batch_execute(
-            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'maas_listen') THEN
-               CREATE ROLE maas_listen LOGIN; END IF; END $$",
-        )
-        .await
-        .unwrap();
+    ensure_login_role(&admin, "maas_listen").await;
     let url = format!("{}?target_session_attrs=read-write", cluster.url(&db));
     let listen_url = format!("postgres://maas_listen@127.0.0.1:{}/{db}", cluster.port);
     let mut d = Maasd::spawn(&url, Opts::default().env("MAAS_LISTEN_DATABASE_URL", &listen_url));
@@ -91,7 +85,7 @@ async fn a_primary_turned_read_only_is_a_connection_loss_until_it_takes_writes_a
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "application_name", "usename"))
         .collect();
     assert!(
         users.contains(&("maasd-listener".into(), "maas_listen".into())),

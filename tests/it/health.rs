@@ -96,7 +96,13 @@ async fn doctor_passes_when_healthy_and_names_each_failed_check() {
     }
     assert!(out.contains("round trip in"), "{out}");
 
-    // A reachable provider whose key is accepted; the key is never printed.
+    doctor_checks_the_provider_and_never_prints_its_key(&db).await;
+    doctor_names_a_missing_trigger_and_an_unsigned_callback_backlog(&db, &c).await;
+}
+
+/// A reachable provider whose key is accepted, one that rejects it, and an
+/// unreachable one; the key is never printed.
+async fn doctor_checks_the_provider_and_never_prints_its_key(db: &TestDb) {
     let key = "sk-test-0123456789-secret";
     let base = fake_provider(key).await;
     let env = [
@@ -147,15 +153,17 @@ async fn doctor_passes_when_healthy_and_names_each_failed_check() {
         "{out}"
     );
     assert!(!out.contains(key), "{out}");
+}
 
-    // A missing trigger and an unsigned callback backlog fail by name.
+/// A missing trigger and an unsigned callback backlog fail by name.
+async fn doctor_names_a_missing_trigger_and_an_unsigned_callback_backlog(db: &TestDb, c: &tokio_postgres::Client) {
     c.batch_execute(
         "DROP TRIGGER pipeline_runs_notify_insert ON pipeline_runs;
          INSERT INTO pipeline_runs (user_id, user_query, callback_url) VALUES (gen_random_uuid(), 'cb', 'http://127.0.0.1:1/hook');",
     )
     .await
     .unwrap();
-    let cb: Uuid = value(&c, "SELECT id FROM pipeline_runs WHERE callback_url IS NOT NULL", &[]).await;
+    let cb: Uuid = value(c, "SELECT id FROM pipeline_runs WHERE callback_url IS NOT NULL", &[]).await;
     maasctl(&db.url, &["requests", "cancel", &cb.to_string(), "--reason", "test"]);
     let (code, out, _) = maasctl(&db.url, &["doctor"]);
     assert_eq!(code, 1, "{out}");

@@ -2,7 +2,7 @@
 //! request gets a 4xx with a JSON body naming the problem, nothing is
 //! stored, and the daemon keeps serving.
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -13,13 +13,7 @@ use crate::support::db::TestDb;
 
 /// Sends a raw request and returns (status, code) after checking the body
 /// is `{"error": text, "code": text}`.
-async fn answer(
-    api: &Api,
-    method: reqwest::Method,
-    path: &str,
-    ct: Option<&str>,
-    body: Vec<u8>,
-) -> (StatusCode, String) {
+async fn answer(api: &Api, method: Method, path: &str, ct: Option<&str>, body: Vec<u8>) -> (StatusCode, String) {
     let mut rb = api.http.request(method, api.url(path)).body(body);
     if let Some(ct) = ct {
         rb = rb.header("content-type", ct);
@@ -58,12 +52,34 @@ async fn hostile_http_input_gets_a_json_4xx_naming_the_problem() {
     let c = db.client().await;
     let api = Api::start(&db, Opts::default()).await;
     let user = Uuid::new_v4();
-    let json_ct = Some("application/json");
-    let post = reqwest::Method::POST;
-    let get = reqwest::Method::GET;
+    let good = json!({"user_id": user, "query": "q"}).to_string().into_bytes();
 
-    // Bodies of POST /api/query.
-    let bodies: Vec<(Vec<u8>, StatusCode, &str)> = vec![
+    hostile_bodies_are_refused(&api, user).await;
+    other_content_types_are_refused(&api, &good).await;
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM pipeline_runs").await,
+        0,
+        "nothing stored"
+    );
+    hostile_paths_and_queries_are_refused(&api).await;
+    the_daemon_still_serves(&api, &c, good).await;
+}
+
+/// Bodies of POST /api/query: bad text, bad JSON, bad fields, too big.
+async fn hostile_bodies_are_refused(api: &Api, user: Uuid) {
+    for (body, want, code) in hostile_bodies(user) {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(60)]).into_owned();
+        assert_eq!(
+            answer(api, Method::POST, "/api/query", Some("application/json"), body).await,
+            (want, code.to_owned()),
+            "{shown}"
+        );
+    }
+}
+
+/// Each hostile body of `user`, with the status and code it must get.
+fn hostile_bodies(user: Uuid) -> Vec<(Vec<u8>, StatusCode, &'static str)> {
+    vec![
         // NUL in the query: PostgreSQL text refuses it (was 500 internal).
         (
             format!(r#"{{"user_id":"{user}","query":"a\u0000b"}}"#).into_bytes(),
@@ -134,16 +150,11 @@ async fn hostile_http_input_gets_a_json_4xx_naming_the_problem() {
             "field_too_long",
         ),
         (vec![b' '; 2 << 20], StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
-    ];
-    for (body, want, code) in bodies {
-        let shown = String::from_utf8_lossy(&body[..body.len().min(60)]).into_owned();
-        assert_eq!(
-            answer(&api, post.clone(), "/api/query", json_ct, body).await,
-            (want, code.to_owned()),
-            "{shown}"
-        );
-    }
-    let good = json!({"user_id": user, "query": "q"}).to_string().into_bytes();
+    ]
+}
+
+/// A good body sent as anything but JSON is 415.
+async fn other_content_types_are_refused(api: &Api, good: &[u8]) {
     for ct in [
         Some("text/plain"),
         Some("application/x-www-form-urlencoded"),
@@ -151,164 +162,102 @@ async fn hostile_http_input_gets_a_json_4xx_naming_the_problem() {
         None,
     ] {
         assert_eq!(
-            answer(&api, post.clone(), "/api/query", ct, good.clone()).await,
+            answer(api, Method::POST, "/api/query", ct, good.to_vec()).await,
             (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type".to_owned()),
             "{ct:?}"
         );
     }
-    assert_eq!(
-        count(&c, "SELECT count(*) FROM pipeline_runs").await,
-        0,
-        "nothing stored"
-    );
+}
 
-    // Paths and query strings.
+/// Malformed ids, waits and includes, unknown requests, wrong methods and
+/// unknown routes.
+async fn hostile_paths_and_queries_are_refused(api: &Api) {
     let id = Uuid::new_v4();
     let long = "z".repeat(4000);
-    let paths: Vec<(reqwest::Method, String, StatusCode, &str)> = vec![
+    let paths: Vec<(Method, String, u16, &str)> = vec![
+        (Method::GET, "/api/query/not-a-uuid/status".into(), 400, "invalid_id"),
+        (Method::GET, format!("/api/query/{long}/status"), 400, "invalid_id"),
+        (Method::GET, "/api/query/%FF%FE/status".into(), 400, "bad_request"),
+        (Method::GET, "/api/query/%00/status".into(), 400, "invalid_id"),
         (
-            get.clone(),
-            "/api/query/not-a-uuid/status".into(),
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            get.clone(),
-            format!("/api/query/{long}/status"),
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            get.clone(),
-            "/api/query/%FF%FE/status".into(),
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-        ),
-        (
-            get.clone(),
-            "/api/query/%00/status".into(),
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            get.clone(),
+            Method::GET,
             format!("/api/query/{id}/status?wait=soon"),
-            StatusCode::BAD_REQUEST,
+            400,
             "invalid_wait",
         ),
         (
-            get.clone(),
+            Method::GET,
             format!("/api/query/{id}/status?wait=-1s"),
-            StatusCode::BAD_REQUEST,
+            400,
             "invalid_wait",
         ),
         (
-            get.clone(),
+            Method::GET,
             format!("/api/query/{id}/status?wait=1e400"),
-            StatusCode::BAD_REQUEST,
+            400,
             "invalid_wait",
         ),
         (
-            get.clone(),
+            Method::GET,
             format!("/api/query/{id}/status?wait=NaN"),
-            StatusCode::BAD_REQUEST,
+            400,
             "invalid_wait",
         ),
         (
-            get.clone(),
+            Method::GET,
             format!("/api/query/{id}/status?wait=%00"),
-            StatusCode::BAD_REQUEST,
+            400,
             "invalid_wait",
         ),
         (
-            get.clone(),
+            Method::GET,
             format!("/api/query/{id}/status?wait=%FF"),
-            StatusCode::BAD_REQUEST,
+            400,
             "invalid_wait",
         ),
         (
-            get.clone(),
+            Method::GET,
             format!("/api/query/{id}/status?include=%00"),
-            StatusCode::BAD_REQUEST,
+            400,
             "invalid_include",
         ),
+        (Method::GET, format!("/api/query/{id}/status"), 404, "not_found"),
+        (Method::GET, "/api/users/%00/memory".into(), 400, "invalid_id"),
+        (Method::GET, "/api/query/x/events".into(), 400, "invalid_id"),
+        (Method::POST, "/api/query/x/continue".into(), 400, "invalid_id"),
+        (Method::GET, "/api/ws?user_id=%00".into(), 400, "invalid_id"),
         (
-            get.clone(),
-            format!("/api/query/{id}/status"),
-            StatusCode::NOT_FOUND,
-            "not_found",
-        ),
-        (
-            get.clone(),
-            "/api/users/%00/memory".into(),
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            get.clone(),
-            "/api/query/x/events".into(),
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            post.clone(),
-            "/api/query/x/continue".into(),
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            get.clone(),
-            "/api/ws?user_id=%00".into(),
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            get.clone(),
+            Method::GET,
             "/api/ws?request_id=1&user_id=2".into(),
-            StatusCode::BAD_REQUEST,
+            400,
             "invalid_query",
         ),
-        (
-            get.clone(),
-            "/api/ws?user_id=%FF".into(),
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            reqwest::Method::DELETE,
-            "/api/query".into(),
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-        ),
-        (
-            get.clone(),
-            "/api/query".into(),
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-        ),
-        (
-            post.clone(),
-            "/healthz".into(),
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-        ),
-        (get.clone(), "/api/%FF".into(), StatusCode::NOT_FOUND, "no_route"),
+        (Method::GET, "/api/ws?user_id=%FF".into(), 400, "invalid_id"),
+        (Method::DELETE, "/api/query".into(), 405, "method_not_allowed"),
+        (Method::GET, "/api/query".into(), 405, "method_not_allowed"),
+        (Method::POST, "/healthz".into(), 405, "method_not_allowed"),
+        (Method::GET, "/api/%FF".into(), 404, "no_route"),
     ];
     for (method, path, want, code) in paths {
         let shown: String = path.chars().take(80).collect();
         assert_eq!(
-            answer(&api, method, &path, None, Vec::new()).await,
-            (want, code.to_owned()),
+            answer(api, method, &path, None, Vec::new()).await,
+            (StatusCode::from_u16(want).unwrap(), code.to_owned()),
             "{shown}"
         );
     }
+}
 
-    // The daemon still serves, and a good request is stored.
+/// After all that, a good request is stored, and no refusal reached the
+/// database.
+async fn the_daemon_still_serves(api: &Api, c: &tokio_postgres::Client, good: Vec<u8>) {
     assert_eq!(
-        answer(&api, post.clone(), "/api/query", json_ct, good).await.0,
+        answer(api, Method::POST, "/api/query", Some("application/json"), good)
+            .await
+            .0,
         StatusCode::ACCEPTED
     );
-    assert_eq!(count(&c, "SELECT count(*) FROM pipeline_runs").await, 1);
+    assert_eq!(count(c, "SELECT count(*) FROM pipeline_runs").await, 1);
     let log = api.d.plain_log();
     assert!(
         !log.contains("http: database error"),

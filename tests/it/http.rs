@@ -15,35 +15,19 @@ use uuid::Uuid;
 
 use crate::support::api::Api;
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, column, value};
-use crate::support::{GENEROUS, count, wait_until};
+use crate::support::db::{TestDb, value};
+use crate::support::metrics::metric;
+use crate::support::{GENEROUS, count, insert_held, new_users, release, wait_until};
 
 impl Api {
     async fn submit_ok(&self, user: Uuid, query: &str) -> Uuid {
-        let resp = self.submit(&json!({ "user_id": user, "query": query })).await;
-        assert_eq!(resp.status(), StatusCode::ACCEPTED);
-        let body: Value = resp.json().await.unwrap();
-        body["request_id"].as_str().unwrap().parse().unwrap()
+        self.submit_accepted(&json!({ "user_id": user, "query": query })).await
     }
 
     async fn status(&self, id: Uuid, wait: &str) -> (StatusCode, Value) {
         let resp = self.get(&format!("/api/query/{id}/status?wait={wait}")).await;
         let code = resp.status();
         (code, resp.json().await.unwrap())
-    }
-
-    async fn metrics(&self) -> String {
-        let resp = self.get("/metrics").await;
-        assert_eq!(resp.status(), StatusCode::OK);
-        resp.text().await.unwrap()
-    }
-
-    /// Waits until the metrics show `series` at `value`.
-    async fn wait_metric(&self, series: &str, value: f64) {
-        wait_until(GENEROUS, &format!("{series} = {value}"), || async {
-            metric(&self.metrics().await, series) == Some(value)
-        })
-        .await;
     }
 
     async fn ws(&self, query: &str) -> Result<Ws, tungstenite::Error> {
@@ -108,41 +92,10 @@ impl Sse {
     }
 }
 
-/// The value of one series (`name{labels}` exactly as rendered, or a bare
-/// name) in Prometheus text.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.rsplit_once(' ').filter(|(s, _)| *s == series))
-        .and_then(|(_, v)| v.parse().ok())
-}
-
-/// Inserts a request that no stage will claim until [`release`] (it is not
-/// due for an hour), so tests can subscribe to it first.
-async fn insert_held(c: &tokio_postgres::Client, user: Uuid, n: i64) -> Vec<Uuid> {
-    column(
-        c,
-        "INSERT INTO pipeline_runs (user_id, user_query, run_after)
-         SELECT $1, 'held #' || g, now() + interval '1 hour' FROM generate_series(1, $2::int8) g RETURNING id",
-        &[&user, &n],
-    )
-    .await
-}
-
 /// Asserts that `resp` is an error answer with `status` and the JSON `code`.
 async fn assert_error(resp: reqwest::Response, status: StatusCode, code: &str) {
     assert_eq!(resp.status(), status);
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], code);
-}
-
-/// Makes held requests due and rings the doorbell.
-async fn release(c: &tokio_postgres::Client) {
-    c.batch_execute(
-        "UPDATE pipeline_runs SET run_after = now() WHERE status = 'NEW';
-         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
-    )
-    .await
-    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,9 +129,9 @@ async fn http_submit_then_poll_to_completed() {
         .unwrap();
     assert_eq!(
         (
-            row.get::<_, Uuid>(0),
-            row.get::<_, Option<Uuid>>(1),
-            row.get::<_, String>(2)
+            row.get::<_, Uuid>("user_id"),
+            row.get::<_, Option<Uuid>>("thread_id"),
+            row.get::<_, String>("user_query")
         ),
         (user, Some(thread), "what did we decide?".to_owned())
     );
@@ -194,33 +147,7 @@ async fn http_submit_then_poll_to_completed() {
     let again: Value = api.get(&format!("/api/query/{id}/status")).await.json().await.unwrap();
     assert_eq!(again, state);
 
-    // A failed request shows its error; a cancelled one shows as failed.
-    // (status, stage, error) of the status answer for a request of `user`
-    // inserted already finished with `status` and `error`.
-    let answer = |status: &'static str, error: Option<&'static str>, wait: &'static str| {
-        let (c, api) = (&c, &api);
-        async move {
-            let id: Uuid = value(
-                c,
-                "INSERT INTO pipeline_runs (user_id, user_query, status, error) VALUES ($1, 'x', $2, $3) RETURNING id",
-                &[&user, &status, &error],
-            )
-            .await;
-            let (_, state) = api.status(id, wait).await;
-            let field = |k: &str| state[k].as_str().map(str::to_owned);
-            (field("status"), field("stage"), field("error"))
-        }
-    };
-    let some = |s: &str| Some(s.to_owned());
-    assert_eq!(
-        answer("FAILED", Some("respond failed (timeout)"), "0s").await,
-        (some("failed"), some("FAILED"), some("respond failed (timeout)"))
-    );
-    assert_eq!(
-        answer("CANCELLED", None, "10s").await,
-        (some("failed"), some("CANCELLED"), some("cancelled"))
-    );
-
+    finished_requests_show_their_outcome(&api, &c, user).await;
     assert_error(
         api.get(&format!("/api/query/{}/status", Uuid::new_v4())).await,
         StatusCode::NOT_FOUND,
@@ -235,6 +162,32 @@ async fn http_submit_then_poll_to_completed() {
     .await;
 }
 
+/// A failed request shows its error; a cancelled one shows as failed.
+async fn finished_requests_show_their_outcome(api: &Api, c: &tokio_postgres::Client, user: Uuid) {
+    // (status, stage, error) of the status answer for a request of `user`
+    // inserted already finished with `status` and `error`.
+    let answer = |status: &'static str, error: Option<&'static str>, wait: &'static str| async move {
+        let id: Uuid = value(
+            c,
+            "INSERT INTO pipeline_runs (user_id, user_query, status, error) VALUES ($1, 'x', $2, $3) RETURNING id",
+            &[&user, &status, &error],
+        )
+        .await;
+        let (_, state) = api.status(id, wait).await;
+        let field = |k: &str| state[k].as_str().map(str::to_owned);
+        (field("status"), field("stage"), field("error"))
+    };
+    let some = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        answer("FAILED", Some("respond failed (timeout)"), "0s").await,
+        (some("failed"), some("FAILED"), some("respond failed (timeout)"))
+    );
+    assert_eq!(
+        answer("CANCELLED", None, "10s").await,
+        (some("failed"), some("CANCELLED"), some("cancelled"))
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_bad_requests_get_clear_codes() {
     let db = TestDb::new().await;
@@ -247,122 +200,10 @@ async fn http_bad_requests_get_clear_codes() {
     )
     .await;
     let user = Uuid::new_v4().to_string();
-    let post = |body: String, ct: Option<&'static str>| {
-        let mut rb = api.http.post(api.url("/api/query")).body(body);
-        if let Some(ct) = ct {
-            rb = rb.header("content-type", ct);
-        }
-        async move {
-            let resp = rb.send().await.unwrap();
-            let code = resp.status();
-            let body: Value = resp.json().await.unwrap();
-            if code.is_success() {
-                return (code, body["status"].as_str().unwrap().to_owned());
-            }
-            assert!(body["error"].is_string(), "{body}");
-            (code, body["code"].as_str().unwrap().to_owned())
-        }
-    };
-    let json_ct = Some("application/json");
-    let cases: Vec<(String, Option<&'static str>, StatusCode, &str)> = vec![
-        (
-            r#"{"user_id": "#.into(),
-            json_ct,
-            StatusCode::BAD_REQUEST,
-            "malformed_json",
-        ),
-        ("[1, 2]".into(), json_ct, StatusCode::BAD_REQUEST, "malformed_json"),
-        (
-            json!({"user_id": "nope", "query": "q"}).to_string(),
-            json_ct,
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            json!({"user_id": 42, "query": "q"}).to_string(),
-            json_ct,
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            json!({"user_id": user, "thread_id": "x", "query": "q"}).to_string(),
-            json_ct,
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-        ),
-        (
-            json!({"query": "q"}).to_string(),
-            json_ct,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "missing_field",
-        ),
-        (
-            json!({"user_id": "", "query": "q"}).to_string(),
-            json_ct,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "empty_field",
-        ),
-        (
-            json!({"user_id": user}).to_string(),
-            json_ct,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "missing_field",
-        ),
-        (
-            json!({"user_id": user, "query": null}).to_string(),
-            json_ct,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "missing_field",
-        ),
-        (
-            json!({"user_id": user, "query": ""}).to_string(),
-            json_ct,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "empty_field",
-        ),
-        (
-            json!({"user_id": user, "query": "  \n "}).to_string(),
-            json_ct,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "empty_field",
-        ),
-        (
-            json!({"user_id": user, "query": 5}).to_string(),
-            json_ct,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_field",
-        ),
-        (
-            json!({"user_id": user, "query": "x".repeat(100_001)}).to_string(),
-            json_ct,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "field_too_long",
-        ),
-        (
-            json!({"user_id": user, "query": "x".repeat(300_000)}).to_string(),
-            json_ct,
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-        ),
-        (
-            json!({"user_id": user, "query": "q"}).to_string(),
-            Some("text/plain"),
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-        ),
-        (
-            json!({"user_id": user, "query": "q"}).to_string(),
-            None,
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-        ),
-    ];
-    for (body, ct, want, code) in cases {
-        let shown: String = body.chars().take(60).collect();
-        assert_eq!(post(body, ct).await, (want, code.to_owned()), "{shown} ({ct:?})");
-    }
+    bad_submissions_get_clear_codes(&api, &user).await;
     // With a charset the content type is still JSON.
-    let ok = post(
+    let ok = post_raw(
+        &api,
         json!({"user_id": user, "query": "q"}).to_string(),
         Some("application/json; charset=utf-8"),
     )
@@ -382,9 +223,114 @@ async fn http_bad_requests_get_clear_codes() {
         1,
         "only the good request was stored"
     );
+    status_waits_are_checked_and_capped(&api, &c).await;
+    assert_error(api.get("/api/nowhere").await, StatusCode::NOT_FOUND, "no_route").await;
+}
 
-    // Status: a malformed wait, and a wait past the cap (1 s here).
-    let held = insert_held(&c, Uuid::new_v4(), 1).await[0];
+/// POSTs `body` to /api/query with content type `ct`: (status, the
+/// accepted request's status or the error's code).
+async fn post_raw(api: &Api, body: String, ct: Option<&str>) -> (StatusCode, String) {
+    let mut rb = api.http.post(api.url("/api/query")).body(body);
+    if let Some(ct) = ct {
+        rb = rb.header("content-type", ct);
+    }
+    let resp = rb.send().await.unwrap();
+    let code = resp.status();
+    let body: Value = resp.json().await.unwrap();
+    if code.is_success() {
+        return (code, body["status"].as_str().unwrap().to_owned());
+    }
+    assert!(body["error"].is_string(), "{body}");
+    (code, body["code"].as_str().unwrap().to_owned())
+}
+
+/// Malformed JSON, ids, fields, sizes and content types: each its status
+/// and code.
+async fn bad_submissions_get_clear_codes(api: &Api, user: &str) {
+    let json_ct = Some("application/json");
+    let good = json!({"user_id": user, "query": "q"}).to_string();
+    let cases: Vec<(String, Option<&str>, u16, &str)> = vec![
+        (r#"{"user_id": "#.into(), json_ct, 400, "malformed_json"),
+        ("[1, 2]".into(), json_ct, 400, "malformed_json"),
+        (
+            json!({"user_id": "nope", "query": "q"}).to_string(),
+            json_ct,
+            400,
+            "invalid_id",
+        ),
+        (
+            json!({"user_id": 42, "query": "q"}).to_string(),
+            json_ct,
+            400,
+            "invalid_id",
+        ),
+        (
+            json!({"user_id": user, "thread_id": "x", "query": "q"}).to_string(),
+            json_ct,
+            400,
+            "invalid_id",
+        ),
+        (json!({"query": "q"}).to_string(), json_ct, 422, "missing_field"),
+        (
+            json!({"user_id": "", "query": "q"}).to_string(),
+            json_ct,
+            422,
+            "empty_field",
+        ),
+        (json!({"user_id": user}).to_string(), json_ct, 422, "missing_field"),
+        (
+            json!({"user_id": user, "query": null}).to_string(),
+            json_ct,
+            422,
+            "missing_field",
+        ),
+        (
+            json!({"user_id": user, "query": ""}).to_string(),
+            json_ct,
+            422,
+            "empty_field",
+        ),
+        (
+            json!({"user_id": user, "query": "  \n "}).to_string(),
+            json_ct,
+            422,
+            "empty_field",
+        ),
+        (
+            json!({"user_id": user, "query": 5}).to_string(),
+            json_ct,
+            422,
+            "invalid_field",
+        ),
+        (
+            json!({"user_id": user, "query": "x".repeat(100_001)}).to_string(),
+            json_ct,
+            422,
+            "field_too_long",
+        ),
+        (
+            json!({"user_id": user, "query": "x".repeat(300_000)}).to_string(),
+            json_ct,
+            413,
+            "body_too_large",
+        ),
+        (good.clone(), Some("text/plain"), 415, "unsupported_media_type"),
+        (good, None, 415, "unsupported_media_type"),
+    ];
+    for (body, ct, want, code) in cases {
+        let shown: String = body.chars().take(60).collect();
+        assert_eq!(
+            post_raw(api, body, ct).await,
+            (StatusCode::from_u16(want).unwrap(), code.to_owned()),
+            "{shown} ({ct:?})"
+        );
+    }
+}
+
+/// Status: a malformed wait is refused, and a wait past the cap (1 s here)
+/// answers at the cap.
+async fn status_waits_are_checked_and_capped(api: &Api, c: &tokio_postgres::Client) {
+    let held = insert_held(c, &new_users(1)).await[0];
     assert_error(
         api.get(&format!("/api/query/{held}/status?wait=soon")).await,
         StatusCode::BAD_REQUEST,
@@ -400,7 +346,6 @@ async fn http_bad_requests_get_clear_codes() {
         took >= Duration::from_millis(900) && took < Duration::from_secs(20),
         "{took:?}"
     );
-    assert_error(api.get("/api/nowhere").await, StatusCode::NOT_FOUND, "no_route").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -416,7 +361,7 @@ async fn http_bearer_tokens_guard_every_api_route() {
     )
     .await;
     assert!(api.d.plain_log().contains("auth=true"));
-    let held = insert_held(&c, Uuid::new_v4(), 1).await[0];
+    let held = insert_held(&c, &new_users(1)).await[0];
     let body = json!({"user_id": Uuid::new_v4(), "query": "q"});
     for token in [None, Some("wrong"), Some("tok-a,tok-b")] {
         api.token = token.map(str::to_owned);
@@ -478,77 +423,14 @@ async fn http_idempotency_key_returns_the_first_request_durably_and_under_concur
     let mut api = Api::start(&db, Opts::default()).await;
     let user = Uuid::new_v4();
     let body = json!({"user_id": user, "query": "book the trip"});
-    let post = |api: &Api, key: &str, body: &Value| {
-        api.http
-            .post(api.url("/api/query"))
-            .header("idempotency-key", key)
-            .json(body)
-            .send()
-    };
-    let first = post(&api, "key-1", &body).await.unwrap();
-    assert_eq!(first.status(), StatusCode::ACCEPTED);
-    assert!(first.headers().get("idempotent-replayed").is_none());
-    let id = first.json::<Value>().await.unwrap()["request_id"].clone();
-    let retry = post(&api, "key-1", &body).await.unwrap();
-    assert_eq!(retry.status(), StatusCode::ACCEPTED);
-    assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    assert_eq!(retry.json::<Value>().await.unwrap()["request_id"], id);
-    // The same key for a different request is refused.
-    let other = post(&api, "key-1", &json!({"user_id": user, "query": "something else"}))
-        .await
-        .unwrap();
-    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(other.json::<Value>().await.unwrap()["code"], "idempotency_key_reused");
-    // Keys belong to a user.
-    let stranger = post(
-        &api,
-        "key-1",
-        &json!({"user_id": Uuid::new_v4(), "query": "book the trip"}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(stranger.status(), StatusCode::ACCEPTED);
-    assert_ne!(stranger.json::<Value>().await.unwrap()["request_id"], id);
-
-    // Fifty concurrent duplicates: one request.
-    let concurrent = json!({"user_id": user, "query": "at once"});
-    let answers = futures_util::future::join_all((0..50).map(|_| post(&api, "key-2", &concurrent))).await;
-    let mut ids = HashSet::new();
-    for resp in answers {
-        let resp = resp.unwrap();
-        assert_eq!(resp.status(), StatusCode::ACCEPTED);
-        ids.insert(resp.json::<Value>().await.unwrap()["request_id"].to_string());
-    }
-    assert_eq!(ids.len(), 1, "{ids:?}");
-    assert_eq!(
-        count(&c, "SELECT count(*) FROM pipeline_runs WHERE user_query = 'at once'").await,
-        1
-    );
-
-    // An expired key starts a new request; expired keys are deleted.
-    c.execute(
-        "UPDATE http_idempotency_keys SET created_at = now() - interval '2 days' WHERE key = 'key-2'",
-        &[],
-    )
-    .await
-    .unwrap();
-    let renewed = post(&api, "key-2", &concurrent).await.unwrap();
-    assert!(renewed.headers().get("idempotent-replayed").is_none());
-    assert!(!ids.contains(&renewed.json::<Value>().await.unwrap()["request_id"].to_string()));
-    c.execute(
-        "UPDATE http_idempotency_keys SET created_at = now() - interval '2 days' WHERE key = 'key-2'",
-        &[],
-    )
-    .await
-    .unwrap();
-    let expire = maas::repo::statement("expire_idempotency_keys").unwrap();
-    let deleted = c.execute(expire, &[&86_400f64, &100i64]).await.unwrap();
-    assert_eq!(deleted, 1);
+    let id = a_key_replays_its_first_request(&api, user, &body).await;
+    let ids = concurrent_duplicates_make_one_request(&api, &c, user).await;
+    expired_keys_start_anew_and_are_deleted(&api, &c, user, &ids).await;
 
     // Durable: another daemon process still knows the key.
     api.d.kill();
     let api = Api::start(&db, Opts::default()).await;
-    let after = post(&api, "key-1", &body).await.unwrap();
+    let after = post_with_key(&api, "key-1", &body).await;
     assert_eq!(after.headers()["idempotent-replayed"], "true");
     assert_eq!(after.json::<Value>().await.unwrap()["request_id"], id);
     assert_eq!(
@@ -562,14 +444,104 @@ async fn http_idempotency_key_returns_the_first_request_durably_and_under_concur
     );
 }
 
+/// Submits `body` with Idempotency-Key `key`.
+async fn post_with_key(api: &Api, key: &str, body: &Value) -> reqwest::Response {
+    api.http
+        .post(api.url("/api/query"))
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A retry with the same key replays the first request (marked so); the
+/// key for a different request is refused; another user's same key is
+/// another request. Returns the first request's id.
+async fn a_key_replays_its_first_request(api: &Api, user: Uuid, body: &Value) -> Value {
+    let first = post_with_key(api, "key-1", body).await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let id = first.json::<Value>().await.unwrap()["request_id"].clone();
+    let retry = post_with_key(api, "key-1", body).await;
+    assert_eq!(retry.status(), StatusCode::ACCEPTED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.json::<Value>().await.unwrap()["request_id"], id);
+    let other = post_with_key(api, "key-1", &json!({"user_id": user, "query": "something else"})).await;
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.json::<Value>().await.unwrap()["code"], "idempotency_key_reused");
+    let stranger = post_with_key(
+        api,
+        "key-1",
+        &json!({"user_id": Uuid::new_v4(), "query": "book the trip"}),
+    )
+    .await;
+    assert_eq!(stranger.status(), StatusCode::ACCEPTED);
+    assert_ne!(stranger.json::<Value>().await.unwrap()["request_id"], id);
+    id
+}
+
+/// Fifty concurrent duplicates make one request; returns its id (as JSON
+/// text).
+async fn concurrent_duplicates_make_one_request(api: &Api, c: &tokio_postgres::Client, user: Uuid) -> HashSet<String> {
+    let concurrent = json!({"user_id": user, "query": "at once"});
+    let answers = futures_util::future::join_all((0..50).map(|_| post_with_key(api, "key-2", &concurrent))).await;
+    let mut ids = HashSet::new();
+    for resp in answers {
+        assert_eq!(resp.status(), StatusCode::ACCEPTED);
+        ids.insert(resp.json::<Value>().await.unwrap()["request_id"].to_string());
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(
+        count(c, "SELECT count(*) FROM pipeline_runs WHERE user_query = 'at once'").await,
+        1
+    );
+    ids
+}
+
+/// An expired key starts a new request; expired keys are deleted.
+async fn expired_keys_start_anew_and_are_deleted(
+    api: &Api,
+    c: &tokio_postgres::Client,
+    user: Uuid,
+    ids: &HashSet<String>,
+) {
+    let age_key = || async {
+        c.execute(
+            "UPDATE http_idempotency_keys SET created_at = now() - interval '2 days' WHERE key = 'key-2'",
+            &[],
+        )
+        .await
+        .unwrap();
+    };
+    age_key().await;
+    let renewed = post_with_key(api, "key-2", &json!({"user_id": user, "query": "at once"})).await;
+    assert!(renewed.headers().get("idempotent-replayed").is_none());
+    assert!(!ids.contains(&renewed.json::<Value>().await.unwrap()["request_id"].to_string()));
+    age_key().await;
+    let expire = maas::repo::statement("expire_idempotency_keys").unwrap();
+    let deleted = c.execute(expire, &[&86_400f64, &100i64]).await.unwrap();
+    assert_eq!(deleted, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_websocket_and_sse_follow_a_request_to_completed() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let api = Api::start(&db, Opts::default()).await;
     let user = Uuid::new_v4();
-    let held = insert_held(&c, user, 1).await[0];
+    let held = insert_held(&c, &[user]).await[0];
 
+    let (mut by_request, mut by_user, mut sse) = streams_show_the_current_state_first(&api, held, user).await;
+    release(&c).await;
+    streams_follow_the_request_to_its_answer(&mut by_request, &mut by_user, &mut sse).await;
+    the_users_socket_shows_only_the_users_next_requests(&api, &mut by_user, user).await;
+    bad_subscriptions_are_refused(&api, held, user).await;
+}
+
+/// A WebSocket by request, one by user and an SSE stream on `held`, each
+/// showing its current state first.
+async fn streams_show_the_current_state_first(api: &Api, held: Uuid, user: Uuid) -> (Ws, Ws, Sse) {
     let mut by_request = api.ws(&format!("request_id={held}")).await.unwrap();
     let mut by_user = api.ws(&format!("user_id={user}")).await.unwrap();
     let resp = api.get(&format!("/api/query/{held}/events")).await;
@@ -584,7 +556,6 @@ async fn http_websocket_and_sse_follow_a_request_to_completed() {
         resp,
         buf: String::new(),
     };
-    // The current state first.
     for first in [
         ws_next(&mut by_request).await.unwrap(),
         ws_next(&mut by_user).await.unwrap(),
@@ -595,11 +566,14 @@ async fn http_websocket_and_sse_follow_a_request_to_completed() {
             json!({"request_id": held, "status": "processing", "stage": "NEW"})
         );
     }
-    release(&c).await;
-    // Then every change, ending with the answer; the request's streams end.
+    (by_request, by_user, sse)
+}
+
+/// Then every change, ending with the answer; the request's streams end.
+async fn streams_follow_the_request_to_its_answer(by_request: &mut Ws, by_user: &mut Ws, sse: &mut Sse) {
     let mut seen = Vec::new();
     let last = loop {
-        let s = ws_next(&mut by_request).await.unwrap();
+        let s = ws_next(by_request).await.unwrap();
         seen.push(s["stage"].as_str().unwrap().to_owned());
         if s["status"] != "processing" {
             break s;
@@ -608,7 +582,7 @@ async fn http_websocket_and_sse_follow_a_request_to_completed() {
     assert_eq!(last["status"], "completed", "{seen:?}");
     assert!(last["answer"].as_str().unwrap().starts_with("[offline]"));
     assert_eq!(
-        ws_next(&mut by_request).await,
+        ws_next(by_request).await,
         Err(Some(1000)),
         "closed normally after the answer"
     );
@@ -621,30 +595,35 @@ async fn http_websocket_and_sse_follow_a_request_to_completed() {
     assert_eq!(sse_last, last);
     assert!(sse.next().await.is_none(), "the SSE stream ends after the answer");
     let user_last = loop {
-        let s = ws_next(&mut by_user).await.unwrap();
+        let s = ws_next(by_user).await.unwrap();
         if s["status"] != "processing" {
             break s;
         }
     };
     assert_eq!(user_last, last);
+}
 
-    // The user's socket stays open and shows the user's next request.
+/// The user's socket stays open and shows the user's next request, and
+/// nobody else's.
+async fn the_users_socket_shows_only_the_users_next_requests(api: &Api, by_user: &mut Ws, user: Uuid) {
     let next = api.submit_ok(user, "and now?").await;
     let done = loop {
-        let s = ws_next(&mut by_user).await.unwrap();
+        let s = ws_next(by_user).await.unwrap();
         assert_eq!(s["request_id"], next.to_string(), "{s}");
         if s["status"] != "processing" {
             break s;
         }
     };
     assert_eq!(done["status"], "completed");
-    // Nobody else's requests.
     api.submit_ok(Uuid::new_v4(), "someone else").await;
     let mine = api.submit_ok(user, "mine again").await;
-    let s = ws_next(&mut by_user).await.unwrap();
+    let s = ws_next(by_user).await.unwrap();
     assert_eq!(s["request_id"], mine.to_string(), "{s}");
+}
 
-    // Bad subscriptions.
+/// Bad subscriptions: both ids, none, a malformed or unknown one, no
+/// upgrade.
+async fn bad_subscriptions_are_refused(api: &Api, held: Uuid, user: Uuid) {
     for (query, code) in [
         (format!("request_id={held}&user_id={user}"), 400),
         (String::new(), 400),
@@ -671,7 +650,7 @@ async fn http_a_thousand_long_polls_are_held_while_their_requests_complete() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let api = Api::start(&db, Opts::default()).await;
-    let ids = insert_held(&c, Uuid::new_v4(), i64::try_from(N).unwrap()).await;
+    let ids = insert_held(&c, &vec![Uuid::new_v4(); N]).await;
     let started = Instant::now();
     let polls: Vec<_> = ids
         .iter()
@@ -711,7 +690,7 @@ async fn http_streams_and_long_polls_end_cleanly_on_shutdown() {
     let c = db.client().await;
     let mut api = Api::start(&db, Opts::default()).await;
     let user = Uuid::new_v4();
-    let held = insert_held(&c, user, 1).await[0];
+    let held = insert_held(&c, &[user]).await[0];
     let mut ws = api.ws(&format!("request_id={held}")).await.unwrap();
     let mut user_ws = api.ws(&format!("user_id={user}")).await.unwrap();
     assert_eq!(ws_next(&mut ws).await.unwrap()["stage"], "NEW");
@@ -813,7 +792,7 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
         let id = api.submit_ok(user, &format!("metrics {i}")).await;
         assert_eq!(api.status(id, "30s").await.1["status"], "completed");
     }
-    insert_held(&c, user, 2).await;
+    insert_held(&c, &[user, user]).await;
     c.batch_execute(
         "INSERT INTO pipeline_runs (user_id, user_query, status) VALUES (gen_random_uuid(), 'x', 'FAILED')",
     )
@@ -827,6 +806,14 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
     })
     .await;
     api.wait_metric("maas_backlog_requests{status=\"NEW\"}", 2.0).await;
+    the_metrics_page_has_every_series(&api).await;
+    every_documented_operation_is_served(&api).await;
+    readiness_names_what_is_wrong(&api, &c).await;
+}
+
+/// Every series is prefixed and present, with the figures of five
+/// completed requests, one failed and two waiting.
+async fn the_metrics_page_has_every_series(api: &Api) {
     let resp = api.get("/metrics").await;
     assert!(
         resp.headers()["content-type"]
@@ -871,9 +858,11 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
     );
     assert_eq!(metric(&text, "maas_failed_requests"), Some(1.0));
     assert_eq!(metric(&text, "maas_listener_connected"), Some(1.0));
+}
 
-    // Every documented operation is served (a param route may say its
-    // request is unknown, but never that the route is), and nothing else.
+/// Every documented operation is served (a param route may say its
+/// request is unknown, but never that the route is), and nothing else.
+async fn every_documented_operation_is_served(api: &Api) {
     let doc: Value = api.get("/openapi.json").await.json().await.unwrap();
     assert_eq!(doc["openapi"], "3.1.0");
     let mut ops = 0;
@@ -894,8 +883,10 @@ async fn http_readiness_metrics_and_openapi_match_the_server() {
         }
     }
     assert_eq!(ops, 17);
+}
 
-    // Readiness names what is wrong.
+/// Readiness names what is wrong.
+async fn readiness_names_what_is_wrong(api: &Api, c: &tokio_postgres::Client) {
     c.batch_execute("DROP TRIGGER pipeline_runs_log_user_query ON pipeline_runs")
         .await
         .unwrap();
@@ -918,7 +909,7 @@ async fn http_subscribers_reread_the_table_after_the_listener_reconnects() {
     let c = db.client().await;
     let api = Api::start(&db, Opts::default()).await;
     let user = Uuid::new_v4();
-    let held = insert_held(&c, user, 1).await[0];
+    let held = insert_held(&c, &[user]).await[0];
     let mut ws = api.ws(&format!("request_id={held}")).await.unwrap();
     assert_eq!(ws_next(&mut ws).await.unwrap()["stage"], "NEW");
     let poll = tokio::spawn(

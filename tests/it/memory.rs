@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::cli::maasctl_async;
 use crate::support::daemon::Opts;
-use crate::support::db::{TestDb, apply_migration};
+use crate::support::db::{TestDb, apply_migration, by_name};
 use crate::support::fake_llm::{FakeLlm, REFUSED_TEXT};
 use crate::support::poll::{count, poll_until};
 
@@ -445,15 +445,18 @@ async fn migration_0018_keeps_every_embedding_and_its_cosine() {
     apply_migration(&c, 18).await;
     let rows = c
         .query(
-            "SELECT e.dims, cardinality(e.parts),
+            "SELECT e.dims, cardinality(e.parts) AS parts,
                     1 - (SELECT sum(cube_distance(x.a, x.b) ^ 2)
-                         FROM unnest(e.parts, embedding_parts($2::real[])) AS x(a, b)) / 2
+                         FROM unnest(e.parts, embedding_parts($2::real[])) AS x(a, b)) / 2 AS similarity
              FROM turn_embeddings e WHERE e.user_id = $1 ORDER BY e.turn_id",
             &[&user, &vectors[0]],
         )
         .await
         .unwrap();
-    let got: Vec<(i32, i32, f64)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    let got: Vec<(i32, i32, f64)> = rows
+        .iter()
+        .map(|r| by_name!(r, "dims", "parts", "similarity"))
+        .collect();
     assert_eq!(got.len(), 3, "every embedding kept: {got:?}");
     let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum::<f64>();
     for ((dims, parts, cosine), v) in got.iter().zip(&vectors) {

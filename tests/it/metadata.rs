@@ -13,10 +13,7 @@ use crate::support::db::{TestDb, value};
 
 /// Submits `body`; the request id of a 202.
 async fn accepted(api: &Api, body: &Value) -> Uuid {
-    let resp = api.submit(body).await;
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let body: Value = resp.json().await.unwrap();
-    body["request_id"].as_str().unwrap().parse().unwrap()
+    api.submit_accepted(body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,30 +50,7 @@ async fn metadata_is_stored_returned_and_shown() {
     let stored: Option<Value> = value(&c, "SELECT metadata FROM pipeline_runs WHERE id = $1", &[&plain]).await;
     assert_eq!(stored, None);
 
-    // With an idempotency key: stored, and a replay with other metadata is another request.
-    let keyed = |m: Value| {
-        api.authed(api.http.post(api.url("/api/query")).header("idempotency-key", "k-1"))
-            .json(&json!({ "user_id": user, "query": "keyed", "metadata": m }))
-            .send()
-    };
-    let first = keyed(json!({ "n": 1 })).await.unwrap();
-    assert_eq!(first.status(), StatusCode::ACCEPTED);
-    let first_id: String = first.json::<Value>().await.unwrap()["request_id"]
-        .as_str()
-        .unwrap()
-        .into();
-    let stored: Option<Value> = value(
-        &c,
-        "SELECT metadata FROM pipeline_runs WHERE id = $1::text::uuid",
-        &[&first_id],
-    )
-    .await;
-    assert_eq!(stored, Some(json!({ "n": 1 })));
-    assert_eq!(keyed(json!({ "n": 1 })).await.unwrap().status(), StatusCode::ACCEPTED);
-    assert_eq!(
-        keyed(json!({ "n": 2 })).await.unwrap().status(),
-        StatusCode::UNPROCESSABLE_ENTITY
-    );
+    metadata_is_part_of_an_idempotent_request(&api, &c, user).await;
 
     // maasctl requests show prints it; --json carries it.
     let (code, out, err) = maasctl_async(&db.url, &["requests", "show", &id.to_string()], NO_ENV).await;
@@ -103,6 +77,34 @@ async fn metadata_is_stored_returned_and_shown() {
     assert_eq!(
         refused.as_db_error().and_then(|e| e.constraint()),
         Some("pipeline_runs_metadata_object")
+    );
+}
+
+/// With an idempotency key: stored, and a replay with other metadata is
+/// another request (422, the key already names a different one).
+async fn metadata_is_part_of_an_idempotent_request(api: &Api, c: &tokio_postgres::Client, user: Uuid) {
+    let keyed = |m: Value| {
+        api.authed(api.http.post(api.url("/api/query")).header("idempotency-key", "k-1"))
+            .json(&json!({ "user_id": user, "query": "keyed", "metadata": m }))
+            .send()
+    };
+    let first = keyed(json!({ "n": 1 })).await.unwrap();
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let first_id: String = first.json::<Value>().await.unwrap()["request_id"]
+        .as_str()
+        .unwrap()
+        .into();
+    let stored: Option<Value> = value(
+        c,
+        "SELECT metadata FROM pipeline_runs WHERE id = $1::text::uuid",
+        &[&first_id],
+    )
+    .await;
+    assert_eq!(stored, Some(json!({ "n": 1 })));
+    assert_eq!(keyed(json!({ "n": 1 })).await.unwrap().status(), StatusCode::ACCEPTED);
+    assert_eq!(
+        keyed(json!({ "n": 2 })).await.unwrap().status(),
+        StatusCode::UNPROCESSABLE_ENTITY
     );
 }
 

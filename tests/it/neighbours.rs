@@ -6,22 +6,37 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::json;
+use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
 use crate::support::api::Api;
 use crate::support::daemon::Opts;
-use crate::support::db::{TestDb, column, connect, value};
-use crate::support::{GENEROUS, count, wait_until};
+use crate::support::db::{TestDb, connect, value};
+use crate::support::{GENEROUS, count, insert_held, new_users, release, wait_until};
 
-/// Requests of `users` (one each), not due for an hour.
-async fn insert_held(c: &tokio_postgres::Client, users: &[Uuid]) -> Vec<Uuid> {
-    column(
-        c,
-        "INSERT INTO pipeline_runs (user_id, user_query, run_after)
-         SELECT u, 'neighbour ' || u, now() + interval '1 hour' FROM unnest($1::uuid[]) u RETURNING id",
-        &[&users],
+/// Held requests of `n` other users and of a victim (the last): (the
+/// victim, the others, every request's id, the victim's request).
+async fn a_victim_among(c: &Client, n: usize) -> (Uuid, Vec<Uuid>, Vec<Uuid>, Uuid) {
+    let victim = Uuid::new_v4();
+    let others = new_users(n);
+    let mut users = others.clone();
+    users.push(victim);
+    let ids = insert_held(c, &users).await;
+    let victim_id = value(c, "SELECT id FROM pipeline_runs WHERE user_id = $1", &[&victim]).await;
+    (victim, others, ids, victim_id)
+}
+
+/// A turn of `victim` inserted by `producer` and not committed: it holds
+/// the victim's archive_marks row until the transaction ends.
+async fn uncommitted_turn<'a>(producer: &'a mut Client, victim: Uuid, content: &str) -> Transaction<'a> {
+    let tx = producer.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO raw_logs (user_id, message_type, content) VALUES ($1, 'user_query', $2)",
+        &[&victim, &content],
     )
     .await
+    .unwrap();
+    tx
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,31 +45,15 @@ async fn an_open_producer_transaction_on_one_user_holds_up_only_that_user() {
     let c = db.client().await;
     let api = Api::start(&db, Opts::default().env("MAAS_DB__LOCK_TIMEOUT_MS", 1000)).await;
 
-    let victim = Uuid::new_v4();
-    let others: Vec<Uuid> = (0..40).map(|_| Uuid::new_v4()).collect();
-    let mut users = others.clone();
-    users.push(victim);
-    let ids = insert_held(&c, &users).await;
-    let victim_id: Uuid = value(&c, "SELECT id FROM pipeline_runs WHERE user_id = $1", &[&victim]).await;
+    let (victim, others, ids, victim_id) = a_victim_among(&c, 40).await;
 
     // The producer: a turn of the victim inserted and not committed. It
     // holds the victim's archive_marks row (triggers/0004).
     let mut producer = connect(&db.url).await;
-    let tx = producer.transaction().await.unwrap();
-    tx.execute(
-        "INSERT INTO raw_logs (user_id, message_type, content) VALUES ($1, 'user_query', 'typed in psql')",
-        &[&victim],
-    )
-    .await
-    .unwrap();
+    let tx = uncommitted_turn(&mut producer, victim, "typed in psql").await;
 
     // Everyone's requests become due at once, so the answers share batches.
-    c.batch_execute(
-        "UPDATE pipeline_runs SET run_after = now();
-         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
-    )
-    .await
-    .unwrap();
+    release(&c).await;
     let started = Instant::now();
     wait_until(GENEROUS, "every other user's request completed", || async {
         count(
@@ -112,7 +111,7 @@ async fn an_open_producer_transaction_on_one_user_holds_up_only_that_user() {
         .await,
         1
     );
-    assert_eq!(ids.len(), users.len());
+    assert_eq!(ids.len(), others.len() + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,15 +129,10 @@ async fn a_request_row_locked_elsewhere_does_not_stop_the_heartbeat_of_the_other
         .env("MAAS_LLM__OFFLINE__LATENCY_MS", 4000),
     )
     .await;
-    let users: Vec<Uuid> = (0..10).map(|_| Uuid::new_v4()).collect();
+    let users: Vec<Uuid> = new_users(10);
     let ids = insert_held(&c, &users).await;
     let victim = ids[0];
-    c.batch_execute(
-        "UPDATE pipeline_runs SET run_after = now();
-         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
-    )
-    .await
-    .unwrap();
+    release(&c).await;
     wait_until(GENEROUS, "every request is analyzing", || async {
         count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'ANALYZING'").await == 10
     })
@@ -181,26 +175,10 @@ async fn a_producer_that_never_commits_fails_only_that_users_request_with_a_reas
     let db = TestDb::new().await;
     let c = db.client().await;
     let _api = Api::start(&db, Opts::default().env("MAAS_DB__LOCK_TIMEOUT_MS", 200)).await;
-    let victim = Uuid::new_v4();
-    let others: Vec<Uuid> = (0..10).map(|_| Uuid::new_v4()).collect();
-    let mut users = others.clone();
-    users.push(victim);
-    insert_held(&c, &users).await;
-    let victim_id: Uuid = value(&c, "SELECT id FROM pipeline_runs WHERE user_id = $1", &[&victim]).await;
+    let (victim, _, _, victim_id) = a_victim_among(&c, 10).await;
     let mut producer = connect(&db.url).await;
-    let tx = producer.transaction().await.unwrap();
-    tx.execute(
-        "INSERT INTO raw_logs (user_id, message_type, content) VALUES ($1, 'user_query', 'never committed')",
-        &[&victim],
-    )
-    .await
-    .unwrap();
-    c.batch_execute(
-        "UPDATE pipeline_runs SET run_after = now();
-         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
-    )
-    .await
-    .unwrap();
+    let tx = uncommitted_turn(&mut producer, victim, "never committed").await;
+    release(&c).await;
     let started = Instant::now();
     wait_until(GENEROUS, "the victim's request ended", || async {
         let s: String = value(&c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&victim_id]).await;

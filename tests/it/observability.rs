@@ -5,7 +5,6 @@
 //! query exists; the rules pass `promtool check rules` and `promtool test
 //! rules`; and one request's JSON log lines all carry its `request_id`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use axum::Router;
@@ -14,9 +13,10 @@ use axum::routing::post;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::api::Api;
+use crate::support::api::{Api, accepted};
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, value};
+use crate::support::metrics::{metric, samples};
 use crate::support::ops::wait_status;
 use crate::support::{GENEROUS, count, wait_until};
 
@@ -25,25 +25,9 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every sample of a Prometheus text page: `name{labels}` → value.
-fn samples(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (series, v) = l.rsplit_once(' ')?;
-            Some((series.to_owned(), v.parse().ok()?))
-        })
-        .collect()
-}
-
 /// The series name of a sample key (`name{...}` → `name`).
 fn name_of(series: &str) -> &str {
     series.split('{').next().unwrap_or(series)
-}
-
-/// The value of `series` (exactly as rendered, labels included).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    samples(text).get(series).copied()
 }
 
 /// The sum of every sample of `name` whose labels contain all of `labels`.
@@ -136,15 +120,9 @@ async fn busy_daemon(db: &TestDb) -> Api {
 async fn drive(db: &TestDb, api: &Api) -> String {
     let c = db.client().await;
     let user = Uuid::new_v4();
-    let resp = api
-        .submit(&json!({"user_id": user, "query": "what did I say about Lisbon?"}))
+    let id = api
+        .submit_accepted(&json!({"user_id": user, "query": "what did I say about Lisbon?"}))
         .await;
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
     let hook = receiver().await;
     let insert = "INSERT INTO pipeline_runs (user_id, user_query, callback_url) VALUES ($1, $2, $3) RETURNING id";
     let called: Uuid = value(&c, insert, &[&user, &"call me back", &hook]).await;
@@ -170,9 +148,9 @@ async fn drive(db: &TestDb, api: &Api) -> String {
         || async {
             let page = scrape().await;
             total(&page, "maas_archivist_records_total", &[]) >= 1.0
-                && sample(&page, "maas_callbacks_dead") == Some(1.0)
-                && sample(&page, "maas_callback_deliveries_total{outcome=\"delivered\"}") == Some(1.0)
-                && sample(&page, "maas_archivist_last_run_timestamp_seconds").is_some()
+                && metric(&page, "maas_callbacks_dead") == Some(1.0)
+                && metric(&page, "maas_callback_deliveries_total{outcome=\"delivered\"}") == Some(1.0)
+                && metric(&page, "maas_archivist_last_run_timestamp_seconds").is_some()
                 && total(&page, "maas_table_rows", &["table=\"lsm_storage\""]) >= 1.0
                 && total(&page, "maas_requests_failed_total", &[]) >= 1.0
         },
@@ -186,15 +164,25 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     let db = TestDb::new().await;
     let api = busy_daemon(&db).await;
     let page = drive(&db, &api).await;
-    let all = samples(&page);
-    let names: Vec<&str> = all.keys().map(|s| name_of(s)).collect();
-    let has = |n: &str| names.contains(&n);
+    every_on_call_series_is_exported(&page);
+    the_dashboard_queries_only_exported_series(&page);
+    the_alert_rules_use_only_exported_series(&page);
+}
 
-    // The series the on-call alerts need, each named.
+/// Whether `page` exports a series named `name` (any labels).
+fn exports(page: &str, name: &str) -> bool {
+    samples(page).keys().any(|s| name_of(s) == name)
+}
+
+/// The series an on-call engineer reads, each named, with the figures of
+/// the driven requests, callbacks and archive run.
+fn every_on_call_series_is_exported(page: &str) {
+    let page = page.to_owned();
+    let has = |n: &str| exports(&page, n);
     for table in ["pipeline_runs", "raw_logs", "lsm_storage"] {
         for g in ["maas_table_rows", "maas_table_bytes"] {
             let s = format!("{g}{{table=\"{table}\"}}");
-            assert!(sample(&page, &s).is_some(), "{s} missing:\n{page}");
+            assert!(metric(&page, &s).is_some(), "{s} missing:\n{page}");
         }
     }
     assert!(total(&page, "maas_table_bytes", &["table=\"pipeline_runs\""]) > 0.0);
@@ -210,10 +198,10 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     assert!(has("maas_context_tokens_bucket") && has("maas_context_tokens_sum"));
     // Retries per stage: the failing request's analyze attempts.
     assert!(
-        sample(&page, "maas_stage_retries_total{stage=\"analyze\"}").unwrap_or(0.0) >= 1.0,
+        metric(&page, "maas_stage_retries_total{stage=\"analyze\"}").unwrap_or(0.0) >= 1.0,
         "{page}"
     );
-    assert!(sample(&page, "maas_stage_retries_total{stage=\"respond\"}").is_some());
+    assert!(metric(&page, "maas_stage_retries_total{stage=\"respond\"}").is_some());
     assert!(
         total(
             &page,
@@ -230,7 +218,7 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     assert!(total(&page, "maas_claim_poll_duration_seconds_count", &[]) >= 1.0);
     // Callbacks: delivered, dead, the dead-letter gauge.
     assert_eq!(
-        sample(&page, "maas_callback_deliveries_total{outcome=\"dead\"}"),
+        metric(&page, "maas_callback_deliveries_total{outcome=\"dead\"}"),
         Some(1.0)
     );
     assert!(has("maas_callback_delivery_duration_seconds_bucket"));
@@ -244,19 +232,21 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
     assert!(total(&page, "maas_archivist_run_duration_seconds_count", &[]) >= 1.0);
     assert!(total(&page, "maas_archivist_users_total", &["outcome=\"archived\""]) >= 1.0);
     assert!(total(&page, "maas_archivist_logs_total", &[]) >= 2.0);
-    assert!(sample(&page, "maas_archivist_failures_total").is_some());
-    assert!(sample(&page, "maas_archivist_last_run_failures").is_some());
-    assert_eq!(sample(&page, "maas_archivist_enabled"), Some(1.0));
+    assert!(metric(&page, "maas_archivist_failures_total").is_some());
+    assert!(metric(&page, "maas_archivist_last_run_failures").is_some());
+    assert_eq!(metric(&page, "maas_archivist_enabled"), Some(1.0));
     // The gauges the alert rules use.
     for s in [
         "maas_backlog_oldest_due_seconds{status=\"NEW\"}",
         "maas_leases_expired",
         "maas_notification_queue_usage",
     ] {
-        assert!(sample(&page, s).is_some(), "{s} missing:\n{page}");
+        assert!(metric(&page, s).is_some(), "{s} missing:\n{page}");
     }
+}
 
-    // Every series the dashboard queries exists.
+/// Every series the dashboard queries exists.
+fn the_dashboard_queries_only_exported_series(page: &str) {
     let text = std::fs::read_to_string(root().join("docs/grafana/maas.json")).unwrap();
     let dashboard: Value = serde_json::from_str(&text).unwrap();
     let mut queries = Vec::new();
@@ -268,17 +258,19 @@ async fn a_running_daemon_exports_every_on_call_series_and_all_the_dashboard_and
         assert!(!found.is_empty(), "a query that names no maas series: {q}");
         queried.extend(found);
     }
-    let missing: Vec<&String> = queried.iter().filter(|n| !has(n)).collect();
+    let missing: Vec<&String> = queried.iter().filter(|n| !exports(page, n)).collect();
     assert!(
         missing.is_empty(),
         "the dashboard queries series /metrics lacks: {missing:?}\n{page}"
     );
+}
 
-    // Every series the alert rules use exists.
+/// Every series the alert rules use exists.
+fn the_alert_rules_use_only_exported_series(page: &str) {
     let rules = std::fs::read_to_string(root().join("docs/prometheus/alerts.yml")).unwrap();
     let used = series_names(&rules);
     assert!(used.len() >= 10, "{used:?}");
-    let missing: Vec<&String> = used.iter().filter(|n| !has(n)).collect();
+    let missing: Vec<&String> = used.iter().filter(|n| !exports(page, n)).collect();
     assert!(
         missing.is_empty(),
         "the alert rules use series /metrics lacks: {missing:?}\n{page}"
@@ -357,23 +349,7 @@ async fn every_line_of_a_requests_path_carries_its_request_id_in_json_logs() {
         .env("MAAS_CALLBACKS__POLL_SECS", 1);
     let mut d = Maasd::spawn(&db.url, opts);
     let addr = d.http_addr(GENEROUS).await;
-    let http = reqwest::Client::new();
-    let mut ids = Vec::new();
-    for i in 0..3 {
-        let resp = http
-            .post(format!("http://{addr}/api/query"))
-            .json(&json!({"user_id": Uuid::new_v4(), "query": format!("trace me {i}")}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), StatusCode::ACCEPTED);
-        let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        ids.push(id);
-    }
+    let mut ids = submit_over_http(addr, 3).await;
     let hook = receiver().await;
     let called: Uuid = value(
         &c,
@@ -395,33 +371,7 @@ async fn every_line_of_a_requests_path_carries_its_request_id_in_json_logs() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
         .collect();
     for id in &ids {
-        let id = id.to_string();
-        let mine: Vec<&Value> = lines.iter().filter(|l| l["request_id"] == id.as_str()).collect();
-        // Every line that mentions the request names it as request_id.
-        for l in &lines {
-            if l.to_string().contains(&id) {
-                assert_eq!(
-                    l["request_id"],
-                    id.as_str(),
-                    "a line about {id} without its request_id: {l}"
-                );
-            }
-        }
-        for stage in ["analyze", "assemble", "respond"] {
-            assert!(
-                mine.iter().any(|l| l["stage"] == stage),
-                "no {stage} line for {id}:\n{}",
-                mine.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
-            );
-        }
-        // The model calls inside the stages carry it through their span.
-        for role in ["analyzer", "responder"] {
-            assert!(
-                mine.iter()
-                    .any(|l| l["message"] == "llm call completed" && l["role"] == role),
-                "no {role} call logged for {id}"
-            );
-        }
+        the_requests_lines_carry_its_id(&lines, *id);
     }
     let callback = called.to_string();
     assert!(
@@ -431,4 +381,51 @@ async fn every_line_of_a_requests_path_carries_its_request_id_in_json_logs() {
         "the callback's line carries its request_id"
     );
     d.kill();
+}
+
+/// Submits `n` requests over HTTP to `addr`; their ids.
+async fn submit_over_http(addr: std::net::SocketAddr, n: usize) -> Vec<Uuid> {
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let resp = http
+            .post(format!("http://{addr}/api/query"))
+            .json(&json!({"user_id": Uuid::new_v4(), "query": format!("trace me {i}")}))
+            .send()
+            .await
+            .unwrap();
+        ids.push(accepted(resp).await);
+    }
+    ids
+}
+
+/// Every line that mentions request `id` names it as request_id, and its
+/// stages and model calls (through their span) each logged a line.
+fn the_requests_lines_carry_its_id(lines: &[Value], id: Uuid) {
+    let id = id.to_string();
+    let mine: Vec<&Value> = lines.iter().filter(|l| l["request_id"] == id.as_str()).collect();
+    for l in lines {
+        if l.to_string().contains(&id) {
+            assert_eq!(
+                l["request_id"],
+                id.as_str(),
+                "a line about {id} without its request_id: {l}"
+            );
+        }
+    }
+    for stage in ["analyze", "assemble", "respond"] {
+        assert!(
+            mine.iter().any(|l| l["stage"] == stage),
+            "no {stage} line for {id}:\n{}",
+            mine.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+        );
+    }
+    // The model calls inside the stages carry it through their span.
+    for role in ["analyzer", "responder"] {
+        assert!(
+            mine.iter()
+                .any(|l| l["message"] == "llm call completed" && l["role"] == role),
+            "no {role} call logged for {id}"
+        );
+    }
 }

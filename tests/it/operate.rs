@@ -6,7 +6,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::api::Api;
+use crate::support::api::{Api, accepted};
 use crate::support::db::TestDb;
 use crate::support::ops::{fast, insert_one, wait_status};
 
@@ -57,7 +57,7 @@ async fn cancel_and_retry_over_http_need_a_reason_and_say_why_they_refuse() {
         .await
         .unwrap();
     assert_eq!(
-        (row.get::<_, String>(0), row.get::<_, Option<String>>(1)),
+        (row.get::<_, String>("actor"), row.get::<_, Option<String>>("reason")),
         ("http".into(), Some("user left".into()))
     );
 
@@ -164,12 +164,7 @@ async fn submit_takes_callback_url_and_debug() {
             "callback_url": "https://hooks.example/maas?k=1"
         }))
         .await;
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = accepted(resp).await;
     wait_status(&c, id, "ANALYZED").await;
     let row = c
         .query_one(
@@ -179,10 +174,10 @@ async fn submit_takes_callback_url_and_debug() {
         .await
         .unwrap();
     assert_eq!(
-        row.get::<_, Option<String>>(0).as_deref(),
+        row.get::<_, Option<String>>("callback_url").as_deref(),
         Some("https://hooks.example/maas?k=1")
     );
-    assert!(row.get::<_, bool>(1));
+    assert!(row.get::<_, bool>("debug"));
     let (status, _) = post(&api, &format!("/api/query/{id}/continue"), json!({})).await;
     assert_eq!(status, StatusCode::OK);
     wait_status(&c, id, "READY").await;
@@ -209,10 +204,6 @@ async fn submit_takes_callback_url_and_debug() {
     }
     // A plain submit is neither debug nor called back.
     let resp = api.submit(&json!({ "user_id": user, "query": "plain" })).await;
-    let id: Uuid = resp.json::<Value>().await.unwrap()["request_id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = accepted(resp).await;
     wait_status(&c, id, "COMPLETED").await;
 }

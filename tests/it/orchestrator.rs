@@ -7,7 +7,7 @@ use nix::sys::signal::Signal;
 use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, column, connect, rows, value};
+use crate::support::db::{TestDb, by_name, column, connect, rows, value};
 use crate::support::{
     GENEROUS, assert_all_completed_once, assert_completed, assert_each_stage_succeeded_once, assert_no_lease_held,
     assert_one_answer_logged, count, insert_requests, wait_all_terminal, wait_analyzing, wait_until,
@@ -221,7 +221,7 @@ async fn a_daemon_killed_mid_stage_is_recovered_after_its_lease() {
             &c,
             "SELECT stage, outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
             &[&id],
-            |r| (r.get(0), r.get(1), r.get(2), r.get(3)),
+            |r| by_name!(r, "stage", "outcome", "attempt", "worker"),
         )
         .await;
         assert_eq!(steps.len(), 4, "{steps:?}");
@@ -269,13 +269,13 @@ async fn a_poison_row_fails_after_max_attempts_and_holds_nobody_back() {
         )
         .await
         .unwrap();
-    assert_eq!(row.get::<_, String>(0), "FAILED");
-    let error: String = row.get(1);
+    assert_eq!(row.get::<_, String>("status"), "FAILED");
+    let error: String = row.get("error");
     assert!(
         error.contains("after 3 attempts") && error.contains("injected"),
         "{error}"
     );
-    assert_eq!(row.get::<_, i32>(2), 3);
+    assert_eq!(row.get::<_, i32>("attempt"), 3);
     let outcomes: Vec<String> = column(
         &c,
         "SELECT outcome FROM pipeline_steps WHERE run_id = $1 ORDER BY id",

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::support::api::Api;
 use crate::support::daemon::Maasd;
-use crate::support::db::{TestDb, apply_migration, rows, value};
+use crate::support::db::{TestDb, apply_migration, by_name, rows, value};
 use crate::support::fake_llm::{FakeConfig, FakeLlm, Reply};
 use crate::support::{GENEROUS, count, summary, wait_until};
 
@@ -311,17 +311,17 @@ async fn migration_0009_brings_existing_bad_rows_inside_the_bounds() {
             &[],
         )
         .await
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "status", "error"))
         .unwrap();
     assert_eq!(status, "FAILED");
     assert!(error.unwrap_or_default().contains("attempt 2147483647 is over 1000"));
     let kept: (String, i32, i32) = c
         .query_one(
-            "SELECT status, attempt, length(final_answer) FROM pipeline_runs WHERE user_query = 'done long ago'",
+            "SELECT status, attempt, length(final_answer) AS answer_length FROM pipeline_runs WHERE user_query = 'done long ago'",
             &[],
         )
         .await
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map(|r| by_name!(r, "status", "attempt", "answer_length"))
         .unwrap();
     assert_eq!(kept, ("COMPLETED".to_owned(), 1000, 1_000_000));
     assert_eq!(
@@ -364,6 +364,38 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
         ..FakeConfig::default()
     })
     .await;
+    poison_the_replies(&fake);
+    let api = Api::start(
+        &db,
+        crate::support::ops::fast()
+            .env("MAAS_LLM_PROVIDER", "openai")
+            .env("OPENAI_BASE_URL", fake.openai_base_url())
+            .env("OPENAI_API_KEY", KEY)
+            .env("MAAS_LLM__ANALYZER__MODEL", "cheap-model")
+            .env("MAAS_LLM__RESPONDER__MODEL", "strong-model"),
+    )
+    .await;
+    let ids = insert_poisoned_and_innocent(&c).await;
+    let all: Vec<Uuid> = ids.iter().map(|(id, _)| *id).collect();
+    wait_terminal(&c, &all).await;
+    let innocent: Vec<Uuid> = ids
+        .iter()
+        .filter(|(_, q)| q.starts_with("innocent"))
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(
+        harmed(&c, &innocent).await,
+        Vec::<String>::new(),
+        "{}",
+        summary(&c).await
+    );
+    poison_is_stored_sanitised_or_refused_with_a_reason(&c).await;
+    poison_is_counted_by_kind(&api).await;
+}
+
+/// Arms `fake` with a poisoned reply for each POISON-… query: NULs, a huge
+/// answer, a lone surrogate, a long model name, deep nesting.
+fn poison_the_replies(fake: &FakeLlm) {
     let slow = |r: Reply| r.after(Duration::from_millis(300));
     // A NUL inside the analysis JSON (PostgreSQL's jsonb refuses \u0000).
     fake.answer_when(
@@ -402,19 +434,13 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
                         "search_keywords": [], "context_found": {"lsm_record_id": null, "deep": deep}})
     .to_string();
     fake.answer_when(&["POISON-DEEP", "cheap-model"], slow(Reply::text(nested)));
+}
 
-    let api = Api::start(
-        &db,
-        crate::support::ops::fast()
-            .env("MAAS_LLM_PROVIDER", "openai")
-            .env("OPENAI_BASE_URL", fake.openai_base_url())
-            .env("OPENAI_API_KEY", KEY)
-            .env("MAAS_LLM__ANALYZER__MODEL", "cheap-model")
-            .env("MAAS_LLM__RESPONDER__MODEL", "strong-model"),
-    )
-    .await;
-    let ids: Vec<(Uuid, String)> = rows(
-        &c,
+/// Six poisoned requests and fourteen innocent ones, in one INSERT:
+/// (id, query) of each.
+async fn insert_poisoned_and_innocent(c: &tokio_postgres::Client) -> Vec<(Uuid, String)> {
+    rows(
+        c,
         "INSERT INTO pipeline_runs (user_id, user_query)
          SELECT gen_random_uuid(), q
          FROM unnest(ARRAY['POISON-NUL-ANALYSIS', 'POISON-NUL-ANSWER', 'POISON-HUGE-ANSWER', 'POISON-SURROGATE',
@@ -422,44 +448,32 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
                      || array(SELECT 'innocent #' || g FROM generate_series(1, 14) g)) q
          RETURNING id, user_query",
         &[],
-        |r| (r.get(0), r.get(1)),
+        |r| by_name!(r, "id", "user_query"),
     )
-    .await;
-    let all: Vec<Uuid> = ids.iter().map(|(id, _)| *id).collect();
-    wait_terminal(&c, &all).await;
-    let innocent: Vec<Uuid> = ids
-        .iter()
-        .filter(|(_, q)| q.starts_with("innocent"))
-        .map(|(id, _)| *id)
-        .collect();
-    assert_eq!(
-        harmed(&c, &innocent).await,
-        Vec::<String>::new(),
-        "{}",
-        summary(&c).await
-    );
+    .await
+}
 
-    let of = |q: &'static str| {
-        let c = &c;
-        async move {
-            c.query_one(
-                "SELECT status, coalesce(error, ''), analysis_result::text, coalesce(final_answer, '')
-                 FROM pipeline_runs WHERE user_query = $1",
-                &[&q],
+/// What a poisoned reply leaves: stored sanitised, or refused with a reason
+/// that says what was wrong.
+async fn poison_is_stored_sanitised_or_refused_with_a_reason(c: &tokio_postgres::Client) {
+    let of = |q: &'static str| async move {
+        c.query_one(
+            "SELECT status, coalesce(error, '') AS error, analysis_result::text AS analysis,
+                    coalesce(final_answer, '') AS answer
+             FROM pipeline_runs WHERE user_query = $1",
+            &[&q],
+        )
+        .await
+        .map(|r| {
+            (
+                r.get::<_, String>("status"),
+                r.get::<_, String>("error"),
+                r.get::<_, Option<String>>("analysis"),
+                r.get::<_, String>("answer"),
             )
-            .await
-            .map(|r| {
-                (
-                    r.get::<_, String>(0),
-                    r.get::<_, String>(1),
-                    r.get::<_, Option<String>>(2),
-                    r.get::<_, String>(3),
-                )
-            })
-            .unwrap()
-        }
+        })
+        .unwrap()
     };
-    // Stored sanitised.
     let (st, err, an, _) = of("POISON-NUL-ANALYSIS").await;
     assert_eq!(st, "COMPLETED", "{err}");
     assert!(an.unwrap_or_default().contains("\"ab\""));
@@ -470,7 +484,7 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
     let (st, err, _, _) = of("POISON-LONG-MODEL").await;
     assert_eq!(st, "COMPLETED", "{err}");
     let model_len: i32 = value(
-        &c,
+        c,
         "SELECT max(length(s.model)) FROM pipeline_steps s JOIN pipeline_runs r ON r.id = s.run_id
          WHERE r.user_query = 'POISON-LONG-MODEL'",
         &[],
@@ -487,7 +501,10 @@ async fn a_poisoned_reply_harms_only_its_own_request() {
         "{err}"
     );
     assert!(!err.contains("lease expired"), "{err}");
-    // Counted, by kind.
+}
+
+/// Counted, by kind.
+async fn poison_is_counted_by_kind(api: &Api) {
     let metrics = api.get("/metrics").await.text().await.unwrap();
     for kind in ["nul", "oversize", "nesting"] {
         let line = metrics
@@ -528,20 +545,20 @@ async fn a_result_the_database_refuses_fails_alone_and_the_batch_is_written() {
     assert_eq!(harmed(&c, &others).await, Vec::<String>::new(), "{}", summary(&c).await);
     let (status, error): (String, String) = c
         .query_one(
-            "SELECT status, coalesce(error, '') FROM pipeline_runs WHERE id = $1",
+            "SELECT status, coalesce(error, '') AS error FROM pipeline_runs WHERE id = $1",
             &[&victim],
         )
         .await
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "status", "error"))
         .unwrap();
     assert_eq!(status, "FAILED");
     assert!(error.contains("the test refuses this result"), "{error}");
     assert!(error.contains("SQLSTATE P0001"), "{error}");
     let steps: Vec<(String, String)> = rows(
         &c,
-        "SELECT outcome, coalesce(error_class, '') FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
+        "SELECT outcome, coalesce(error_class, '') AS error_class FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
         &[&victim],
-        |r| (r.get(0), r.get(1)),
+        |r| by_name!(r, "outcome", "error_class"),
     )
     .await;
     assert_eq!(steps, vec![("failed".to_owned(), "unwritable_result".to_owned())]);
@@ -584,7 +601,7 @@ async fn an_archivist_reply_with_nul_and_huge_tags_is_stored_sanitised() {
     let (summary, tags): (String, Vec<String>) = c
         .query_one("SELECT summary, tags FROM lsm_storage WHERE user_id = $1", &[&user])
         .await
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "summary", "tags"))
         .unwrap();
     assert_eq!(summary, "summary");
     assert_eq!(tags[0], "tag");

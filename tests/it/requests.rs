@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::support::cli::maasctl;
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, column, value};
+use crate::support::db::{TestDb, by_name, column, value};
 use crate::support::ops::{GENEROUS, fast, insert_one, json, status_of, wait_listening, wait_status};
 use crate::support::{count, wait_until};
 
@@ -74,7 +74,7 @@ async fn a_failed_request_is_found_explained_and_retried() {
         )
         .await
         .unwrap();
-    let (reason, actor, detail): (String, String, Value) = (row.get(0), row.get(1), row.get(2));
+    let (reason, actor, detail): (String, String, Value) = by_name!(row, "reason", "actor", "detail");
     assert_eq!((reason.as_str(), actor.as_str()), ("provider fixed", "night-shift"));
     assert!(detail["error"].as_str().unwrap().contains("injected"), "{detail}");
     let (code, out, _) = maasctl(&db.url, &["requests", "show", &bad.to_string()]);
@@ -210,7 +210,7 @@ async fn cancel_discards_a_late_result() {
             .query_one("SELECT lease_owner, error FROM pipeline_runs WHERE id = $1", &[&id])
             .await
             .unwrap();
-        (r.get(0), r.get(1))
+        by_name!(r, "lease_owner", "error")
     };
     assert_eq!(lease_owner, None);
     assert_eq!(error, "cancelled by night-shift: user gave up");

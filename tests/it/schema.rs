@@ -7,7 +7,7 @@ use maas::repo;
 use uuid::Uuid;
 
 use crate::support::count;
-use crate::support::db::{TestDb, column, connect, rows, value};
+use crate::support::db::{TestDb, by_name, column, connect, rows, value};
 
 #[tokio::test]
 async fn a_plain_insert_is_all_another_application_needs() {
@@ -21,10 +21,10 @@ async fn a_plain_insert_is_all_another_application_needs() {
         )
         .await
         .unwrap();
-    let id: Uuid = row.get(0);
-    assert_eq!(row.get::<_, String>(1), "NEW");
-    assert_eq!(row.get::<_, i32>(2), 0);
-    assert!(!row.get::<_, bool>(3));
+    let id: Uuid = row.get("id");
+    assert_eq!(row.get::<_, String>("status"), "NEW");
+    assert_eq!(row.get::<_, i32>("attempt"), 0);
+    assert!(!row.get::<_, bool>("debug"));
     // The logger's first half: the query is in raw_logs, once.
     let logged: i64 = value(&c, "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND user_id = $2 AND message_type = 'user_query' AND content = 'hello'", &[&id, &user]).await;
     assert_eq!(logged, 1);
@@ -329,19 +329,19 @@ async fn a_stale_writer_is_fenced_out() {
     assert!(applied[0].chained.is_none());
     let row = c
         .query_one(
-            "SELECT status, analysis_result->>'by', attempt FROM pipeline_runs WHERE id = $1",
+            "SELECT status, analysis_result->>'by' AS by_worker, attempt FROM pipeline_runs WHERE id = $1",
             &[&id],
         )
         .await
         .unwrap();
-    assert_eq!(row.get::<_, String>(0), "ANALYZED");
-    assert_eq!(row.get::<_, String>(1), "b");
-    assert_eq!(row.get::<_, i32>(2), 0, "attempts reset for the next stage");
+    assert_eq!(row.get::<_, String>("status"), "ANALYZED");
+    assert_eq!(row.get::<_, String>("by_worker"), "b");
+    assert_eq!(row.get::<_, i32>("attempt"), 0, "attempts reset for the next stage");
     let steps: Vec<(String, i32, String)> = rows(
         &c,
         "SELECT outcome, attempt, worker FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
         &[&id],
-        |r| (r.get(0), r.get(1), r.get(2)),
+        |r| by_name!(r, "outcome", "attempt", "worker"),
     )
     .await;
     assert_eq!(
@@ -451,12 +451,12 @@ async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
         .await
         .unwrap();
     for r in rows {
-        let id: Uuid = r.get(0);
+        let id: Uuid = r.get("id");
         let state = (
-            r.get::<_, String>(1),
-            r.get::<_, Option<String>>(2),
-            r.get::<_, i32>(3),
-            r.get::<_, bool>(4),
+            r.get::<_, String>("status"),
+            r.get::<_, Option<String>>("lease_owner"),
+            r.get::<_, i32>("attempt"),
+            r.get::<_, bool>("held"),
         );
         if id == plain {
             assert_eq!(state, ("ASSEMBLING".into(), Some("w".into()), 1, false));
@@ -644,7 +644,7 @@ async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
         &c,
         "SELECT run_id, stage, attempt, prompt_tokens FROM pipeline_steps ORDER BY id",
         &[],
-        |r| (r.get(0), r.get(1), r.get(2), r.get(3)),
+        |r| by_name!(r, "run_id", "stage", "attempt", "prompt_tokens"),
     )
     .await;
     for id in [chained, resting] {

@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, rows, value};
+use crate::support::db::{TestDb, by_name, rows, value};
 use crate::support::fake_llm::{Api, FakeLlm, Recorded, Reply};
 use crate::support::{summary, wait_until};
 
@@ -65,7 +65,7 @@ async fn wait_terminal(c: &Client, id: Uuid) -> (String, Option<String>, Option<
         )
         .await
         .unwrap();
-    (r.get(0), r.get(1), r.get(2))
+    by_name!(r, "status", "final_answer", "error")
 }
 
 /// (stage, attempt, outcome, error_class) of every step, in order.
@@ -74,7 +74,7 @@ async fn steps(c: &Client, id: Uuid) -> Vec<(String, i32, String, Option<String>
         c,
         "SELECT stage, attempt, outcome, error_class FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
         &[&id],
-        |r| (r.get(0), r.get(1), r.get(2), r.get(3)),
+        |r| by_name!(r, "stage", "attempt", "outcome", "error_class"),
     )
     .await
 }
@@ -111,10 +111,10 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
         )
         .await
         .unwrap();
-    let analysis: Value = row.get(0);
+    let analysis: Value = row.get("analysis_result");
     assert_eq!(analysis["needs_context"], false);
     assert_eq!(analysis["search_keywords"], json!(["trip"]));
-    let context: String = row.get(1);
+    let context: String = row.get("final_context_payload");
     assert!(
         context.contains("<current_query>\nWhere did I travel in May?\n</current_query>"),
         "{context}"
@@ -152,7 +152,7 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
     type Usage = (String, Option<String>, Option<i32>, Option<i32>);
     let got: Vec<Usage> = step_rows
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .map(|r| by_name!(r, "stage", "model", "prompt_tokens", "completion_tokens"))
         .collect();
     assert_eq!(
         got[0],
@@ -168,7 +168,7 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
         &c,
         "SELECT message_type, content FROM raw_logs WHERE request_id = $1 AND user_id = $2 ORDER BY id",
         &[&id, &user],
-        |r| (r.get(0), r.get(1)),
+        |r| by_name!(r, "message_type", "content"),
     )
     .await;
     assert_eq!(

@@ -9,80 +9,19 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::api::Api;
+use crate::support::console::{csrf_of, login as console_login, plain_client};
 use crate::support::daemon::Opts;
-use crate::support::db::TestDb;
-
-const ADMIN: &str = "tok-config-admin";
-
-/// Adds tenant `name` and a token of it with `scope`; returns the token.
-/// (`maasctl tokens create` is tested on its own below.)
-async fn token(c: &Client, tenant: &str, name: &str, scope: &str) -> String {
-    c.execute(
-        "INSERT INTO tenants (name) VALUES ($1) ON CONFLICT (name) DO NOTHING",
-        &[&tenant],
-    )
-    .await
-    .unwrap();
-    let tok = format!("maas_{}", Uuid::new_v4().simple());
-    let hash: Vec<u8> = Sha256::digest(tok.as_bytes()).to_vec();
-    c.execute(
-        "INSERT INTO api_tokens (name, tenant_id, scope, token_sha256) SELECT $1, id, $3, $4 FROM tenants WHERE name = $2",
-        &[&name, &tenant, &scope, &hash],
-    )
-    .await
-    .unwrap();
-    tok
-}
-
-async fn send(api: &Api, tok: &str, rb: reqwest::RequestBuilder) -> (StatusCode, Value, reqwest::header::HeaderMap) {
-    let resp = rb.bearer_auth(tok).send().await.unwrap();
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let _ = api;
-    (status, resp.json().await.unwrap_or(Value::Null), headers)
-}
-
-async fn get(api: &Api, tok: &str, path: &str) -> (StatusCode, Value) {
-    let (s, v, _) = send(api, tok, api.http.get(api.url(path))).await;
-    (s, v)
-}
-
-async fn submit(api: &Api, tok: &str, body: Value) -> (StatusCode, Value, reqwest::header::HeaderMap) {
-    send(api, tok, api.http.post(api.url("/api/query")).json(&body)).await
-}
-
-async fn submit_ok(api: &Api, tok: &str, user: Uuid, thread: Uuid, query: &str) -> Uuid {
-    let (s, body, _) = submit(
-        api,
-        tok,
-        json!({ "user_id": user, "thread_id": thread, "query": query }),
-    )
-    .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
-    body["request_id"].as_str().unwrap().parse().unwrap()
-}
+use crate::support::db::{TestDb, by_name};
+use crate::support::tenants::{ADMIN, get, send, start, submit, submit_ok, token, with_tenants};
 
 async fn finished_context(api: &Api, tok: &str, id: Uuid) -> String {
     let (s, state) = get(api, tok, &format!("/api/query/{id}/status?wait=60s&include=context")).await;
     assert_eq!(s, StatusCode::OK, "{state}");
     assert_eq!(state["status"], "completed", "{state}");
     state["context"].as_str().unwrap_or_default().to_owned()
-}
-
-async fn start(db: &TestDb, opts: Opts) -> Api {
-    let mut api = Api::start(
-        db,
-        opts.env("MAAS_API_TOKENS", ADMIN)
-            .env("MAAS_ARCHIVIST__ENABLED", "false"),
-    )
-    .await;
-    api.token = Some(ADMIN.to_owned());
-    api
 }
 
 /// Two tenants name the same user (one UUID): each sees only its own
@@ -120,7 +59,7 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map(|r| by_name!(r, "user_id", "tenant_user_id", "name"))
         .collect();
     assert_eq!(rows.len(), 2);
     assert_ne!(rows[0].0, rows[1].0, "two tenants' users share a stored id");
@@ -139,7 +78,6 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
         }
         for action in ["cancel", "retry", "continue"] {
             let (s, body, _) = send(
-                &api,
                 tok,
                 api.http
                     .post(api.url(&format!("/api/query/{other}/{action}")))
@@ -198,7 +136,7 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
             &[&d1],
         )
         .await
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "user_id", "tenant_user_id"))
         .unwrap();
     assert!(
         stored != acme_stored && shown == Some(acme_stored),
@@ -212,7 +150,7 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
             &[&d2],
         )
         .await
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "user_id", "tenant_user_id"))
         .unwrap();
     assert_eq!((stored, shown), (user, None));
 }
@@ -250,7 +188,6 @@ async fn scopes_are_enforced_and_a_revoked_token_is_refused() {
 
     for tok in [&submit_tok, &read_tok] {
         let (s, body, _) = send(
-            &api,
             tok,
             api.http
                 .post(api.url(&format!("/api/query/{id}/cancel")))
@@ -260,16 +197,10 @@ async fn scopes_are_enforced_and_a_revoked_token_is_refused() {
         assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
         assert!(body["error"].as_str().unwrap().contains("scope operate"), "{body}");
     }
-    let (s, body, _) = send(
-        &api,
-        &operate_tok,
-        api.http.delete(api.url(&format!("/api/users/{user}"))),
-    )
-    .await;
+    let (s, body, _) = send(&operate_tok, api.http.delete(api.url(&format!("/api/users/{user}")))).await;
     assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
     assert!(body["error"].as_str().unwrap().contains("scope admin"), "{body}");
     let (s, body, _) = send(
-        &api,
         &operate_tok,
         api.http
             .post(api.url(&format!("/api/query/{id}/cancel")))
@@ -416,7 +347,7 @@ async fn maasctl_manages_tenants_and_tokens() {
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| by_name!(r, "action", "actor"))
         .collect();
     let names: Vec<&str> = actions.iter().map(|a| a.0.as_str()).collect();
     assert_eq!(
@@ -546,9 +477,8 @@ fn tenant_tokens(text: &str, tenant: &str, kind: &str) -> f64 {
 async fn the_token_metric_counts_per_tenant() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let api = start(&db, Opts::default()).await;
-    let a = token(&c, "acme", "app", "submit").await;
-    let b = token(&c, "bravo", "app", "submit").await;
+    let (api, tokens) = with_tenants(&db, Opts::default(), &["acme", "bravo"]).await;
+    let [a, b]: [String; 2] = tokens.try_into().unwrap();
     let metrics = || async { api.get("/metrics").await.text().await.unwrap() };
 
     for i in 0..2 {
@@ -700,26 +630,13 @@ async fn the_console_takes_database_tokens_by_scope() {
     let operate = token(&c, "default", "oncall", "operate").await;
     let submit_only = token(&c, "default", "app", "submit").await;
     let other = token(&c, "acme", "acme-admin", "admin").await;
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let http = plain_client();
     let login = |tok: String| {
-        let http = http.clone();
-        let url = api.url("/console/login");
+        let api = &api;
         async move {
-            let r = http.post(url).form(&[("token", tok.as_str())]).send().await.unwrap();
-            let status = r.status();
-            let cookie = r
-                .headers()
-                .get("set-cookie")
-                .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_owned());
-            (status, cookie, r.text().await.unwrap_or_default())
+            let l = console_login(api, &tok).await;
+            (l.status, l.cookie, l.body)
         }
-    };
-    let csrf_of = |page: &str| {
-        let at = page.find("name=\"csrf\" value=\"").unwrap() + "name=\"csrf\" value=\"".len();
-        page[at..at + page[at..].find('"').unwrap()].to_owned()
     };
     let id = submit_ok(&api, ADMIN, Uuid::new_v4(), Uuid::new_v4(), "slow one").await;
 

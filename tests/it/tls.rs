@@ -10,7 +10,7 @@ use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyP
 
 use crate::support::cli::{NO_ENV, maasctl_async};
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::connect;
+use crate::support::db::{connect, ensure_login_role};
 use crate::support::ops::{insert_one, wait_status};
 
 /// The TLS cluster and the files the tests point at.
@@ -207,13 +207,7 @@ async fn require_prefer_and_disable_do_what_libpq_does() {
 async fn a_client_certificate_logs_in_where_the_server_requires_one() {
     let t = tls();
     let admin = connect(&t.admin_url()).await;
-    admin
-        .batch_execute(
-            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'maas_cert') THEN
-               CREATE ROLE maas_cert LOGIN; END IF; END $$",
-        )
-        .await
-        .unwrap();
+    ensure_login_role(&admin, "maas_cert").await;
     let with_cert = t.url(
         "maas_cert",
         "localhost",

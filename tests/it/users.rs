@@ -9,7 +9,7 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::cli::{maasctl_async, tokio_command};
 use crate::support::daemon::Opts;
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, by_name};
 use crate::support::{GENEROUS, count, wait_until};
 
 const TOKEN: &str = "users-token";
@@ -337,7 +337,7 @@ async fn correcting_memory_changes_the_next_context_and_is_audited() {
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .map(|r| by_name!(r, "action", "actor", "reason", "detail"))
         .collect();
     let names: Vec<&str> = actions.iter().map(|a| a.0.as_str()).collect();
     assert_eq!(
@@ -549,7 +549,7 @@ async fn maasctl_users_forget_erases_and_leaves_the_tombstone() {
             .query_one("SELECT actor, reason FROM forgotten_users WHERE user_id = $1", &[&user])
             .await
             .unwrap();
-        (r.get(0), r.get(1))
+        by_name!(r, "actor", "reason")
     };
     assert_eq!((actor.as_str(), reason.as_str()), ("night-shift", "GDPR art. 17"));
     let (code, _, err) = maasctl_async(

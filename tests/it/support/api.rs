@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::Value;
+use uuid::Uuid;
 
 use super::daemon::{Maasd, Opts};
 use super::db::TestDb;
+use super::metrics::metric;
 use super::{GENEROUS, wait_until};
 
 /// A running daemon and a client for it.
@@ -65,4 +67,33 @@ impl Api {
             .await
             .unwrap()
     }
+
+    /// Submits `body`; asserts it was accepted and returns the request's id.
+    pub async fn submit_accepted(&self, body: &Value) -> Uuid {
+        accepted(self.submit(body).await).await
+    }
+
+    /// The `/metrics` page.
+    pub async fn metrics(&self) -> String {
+        let resp = self.get("/metrics").await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.text().await.unwrap()
+    }
+
+    /// Waits until the metrics show `series` at `value`.
+    pub async fn wait_metric(&self, series: &str, value: f64) {
+        wait_until(GENEROUS, &format!("{series} = {value}"), || async {
+            metric(&self.metrics().await, series) == Some(value)
+        })
+        .await;
+    }
+}
+
+/// The request id of a 202 answer to a submission; panics with the body on
+/// another status.
+pub async fn accepted(resp: reqwest::Response) -> Uuid {
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    body["request_id"].as_str().unwrap().parse().unwrap()
 }

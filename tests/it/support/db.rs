@@ -10,6 +10,15 @@ use tokio::sync::OnceCell;
 use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::{Client, NoTls, Row};
 
+/// Reads columns of a row into a tuple by their names, never by position:
+/// `by_name!(row, "status", "attempt")` is `(row.get("status"), row.get("attempt"))`.
+macro_rules! by_name {
+    ($row:expr, $($col:literal),+ $(,)?) => {
+        ($($row.get($col)),+)
+    };
+}
+pub(crate) use by_name;
+
 /// Every row `sql` returns, each read by `read`; panics on a query error.
 pub async fn rows<T>(c: &Client, sql: &str, params: &[&(dyn ToSql + Sync)], read: impl Fn(&Row) -> T) -> Vec<T> {
     c.query(sql, params).await.unwrap().iter().map(read).collect()
@@ -24,6 +33,18 @@ pub async fn value<T: for<'a> FromSql<'a>>(c: &Client, sql: &str, params: &[&(dy
 /// The first column of every row `sql` returns; panics on a query error.
 pub async fn column<T: for<'a> FromSql<'a>>(c: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Vec<T> {
     rows(c, sql, params, |r| r.get(0)).await
+}
+
+/// Creates login role `role` unless it exists (roles are shared by every
+/// database of the cluster, so tests may race to create one).
+pub async fn ensure_login_role(c: &Client, role: &str) {
+    c.batch_execute(&format!(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN
+           CREATE ROLE {} LOGIN; END IF; END $$",
+        quote_ident(role)
+    ))
+    .await
+    .unwrap();
 }
 
 /// Admin URL (database `postgres`) of the cluster the tests use.

@@ -3,11 +3,14 @@
 pub mod api;
 pub mod browser;
 pub mod cli;
+pub mod console;
 pub mod daemon;
 pub mod db;
 pub mod fake_llm;
+pub mod metrics;
 pub mod ops;
 pub mod poll;
+pub mod tenants;
 
 use std::future::Future;
 use std::time::Duration;
@@ -55,6 +58,35 @@ pub async fn insert_requests(c: &Client, n: i64, query: &str) -> Vec<uuid::Uuid>
         &[&n, &query],
     )
     .await
+}
+
+/// Inserts one request for each of `users` (in order) that no stage will
+/// claim until [`release`] (it is not due for an hour), so a test can
+/// subscribe to it, or arrange its neighbours, first.
+pub async fn insert_held(c: &Client, users: &[uuid::Uuid]) -> Vec<uuid::Uuid> {
+    column(
+        c,
+        "INSERT INTO pipeline_runs (user_id, user_query, run_after)
+         SELECT u, 'held #' || n, now() + interval '1 hour' FROM unnest($1::uuid[]) WITH ORDINALITY AS h(u, n)
+         ORDER BY n RETURNING id",
+        &[&users],
+    )
+    .await
+}
+
+/// `n` new user ids.
+pub fn new_users(n: usize) -> Vec<uuid::Uuid> {
+    (0..n).map(|_| uuid::Uuid::new_v4()).collect()
+}
+
+/// Makes held requests due and rings the doorbell.
+pub async fn release(c: &Client) {
+    c.batch_execute(
+        "UPDATE pipeline_runs SET run_after = now() WHERE status = 'NEW';
+         SELECT pg_notify('pipeline_events', json_build_object('id', gen_random_uuid(), 'status', 'NEW', 'operation', 'SWEEP')::text);",
+    )
+    .await
+    .unwrap();
 }
 
 /// Waits until every request is terminal.
@@ -105,7 +137,7 @@ pub async fn assert_each_stage_succeeded_once(c: &Client) {
 pub async fn summary(c: &Client) -> String {
     let rows = c
         .query(
-            "SELECT status, count(*), min(error) FROM pipeline_runs GROUP BY status ORDER BY status",
+            "SELECT status, count(*) AS n, min(error) AS error FROM pipeline_runs GROUP BY status ORDER BY status",
             &[],
         )
         .await
@@ -114,9 +146,9 @@ pub async fn summary(c: &Client) -> String {
         .map(|r| {
             format!(
                 "{}={} {}",
-                r.get::<_, String>(0),
-                r.get::<_, i64>(1),
-                r.get::<_, Option<String>>(2).unwrap_or_default()
+                r.get::<_, String>("status"),
+                r.get::<_, i64>("n"),
+                r.get::<_, Option<String>>("error").unwrap_or_default()
             )
         })
         .collect::<Vec<_>>()
