@@ -65,10 +65,8 @@ pub async fn cancel(
 ) -> Result<CancelOutcome, Error> {
     Ok(match requests::cancel(client, id, actor, reason).await? {
         None => CancelOutcome::NotFound,
-        Some(r) if r.cancelled => CancelOutcome::Cancelled { was: r.status.parse()? },
-        Some(r) => CancelOutcome::AlreadyFinished {
-            status: r.status.parse()?,
-        },
+        Some(r) if r.cancelled => CancelOutcome::Cancelled { was: r.status },
+        Some(r) => CancelOutcome::AlreadyFinished { status: r.status },
     })
 }
 
@@ -100,7 +98,7 @@ pub async fn continue_run(
     Ok(match requests::continue_held(client, id, actor, reason).await? {
         None => ContinueOutcome::NotFound,
         Some(r) => {
-            let status: Status = r.status.parse()?;
+            let status = r.status;
             match (r.released, status.dispatches()) {
                 (true, Some(next)) => ContinueOutcome::Released { status, next },
                 _ => ContinueOutcome::NotHeld { status, debug: r.debug },
@@ -116,7 +114,7 @@ pub enum RetryOutcome {
     /// Back in `status`; `stage` runs again with fresh attempts.
     Retried {
         status: Status,
-        stage: String,
+        stage: StageKind,
     },
     /// Only `FAILED` requests are retried.
     NotFailed {
@@ -135,15 +133,13 @@ pub async fn retry(
     let done = requests::retry_failed(client, Some(&[id]), 1, actor, reason).await?;
     if let Some(r) = done.into_iter().next() {
         return Ok(RetryOutcome::Retried {
-            status: r.status.parse()?,
+            status: r.status,
             stage: r.stage,
         });
     }
     Ok(match requests::status(client, id).await? {
         None => RetryOutcome::NotFound,
-        Some(status) => RetryOutcome::NotFailed {
-            status: status.parse()?,
-        },
+        Some(status) => RetryOutcome::NotFailed { status },
     })
 }
 

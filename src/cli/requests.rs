@@ -115,7 +115,7 @@ async fn list(
                 Status::ALL.map(Status::as_str).join(", ")
             ))
         })?;
-        statuses.push(st.as_str().to_owned());
+        statuses.push(st);
     }
     let user_id = match user {
         Some(u) => Some(

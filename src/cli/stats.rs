@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::{CliError, Outcome, age, connect, since};
 use crate::config::Config;
 use crate::control;
+use crate::model::Status;
 use crate::repo::stats;
 
 pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, CliError> {
@@ -17,8 +18,12 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
     let leases = stats::leases(&client).await?;
     let callbacks = stats::callbacks(&client).await?;
     let daemons = stats::daemons(&client).await?;
-    let count = |s: &str| finished.iter().find(|f| f.0 == s).map_or(0, |f| f.1);
-    let (completed, failed, cancelled) = (count("COMPLETED"), count("FAILED"), count("CANCELLED"));
+    let count = |s: Status| finished.iter().find(|f| f.0 == s).map_or(0, |f| f.1);
+    let (completed, failed, cancelled) = (
+        count(Status::Completed),
+        count(Status::Failed),
+        count(Status::Cancelled),
+    );
     let failure_rate = if completed + failed > 0 {
         Some(failed as f64 / (completed + failed) as f64)
     } else {

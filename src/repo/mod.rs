@@ -42,9 +42,10 @@
 use std::time::Duration;
 
 use tokio_postgres::Row;
-use tokio_postgres::types::{FromSqlOwned, ToSql, Type, WrongType};
+use tokio_postgres::types::{FromSql, FromSqlOwned, ToSql, Type, WrongType};
 
 use crate::db::Error;
+use crate::model::{Outcome, PromptRole, StageKind, Status};
 
 /// The values a statement binds, `$1` first.
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -181,6 +182,56 @@ pub trait FromRow: Sized {
     fn from_row(row: &Row) -> Result<Self, Error>;
 }
 
+/// Column `name` of `r` as a `T`. A vocabulary value the program does not
+/// know (see [`UnknownName`]) is an [`Error::Unexpected`] naming the column
+/// and the value; other failures are the driver's errors.
+pub(crate) fn column<'a, T: FromSql<'a>>(r: &'a Row, name: &str) -> Result<T, Error> {
+    r.try_get(name).map_err(
+        |e| match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<UnknownName>()) {
+            Some(unknown) => Error::Unexpected(format!("column {name}: {unknown}")),
+            None => Error::Postgres(e),
+        },
+    )
+}
+
+/// A text column held a value that is not one of the names of its type
+/// (a row written by something else than this program).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {value:?}")]
+pub struct UnknownName {
+    /// What the column holds: `status`, `stage`, `outcome`, `prompt role`.
+    pub what: &'static str,
+    /// The value read (at most 64 characters of it).
+    pub value: String,
+}
+
+/// Reads the vocabulary types of [`crate::model`] from text columns:
+/// exactly their names (`as_str`); anything else is an [`UnknownName`].
+macro_rules! text_columns {
+    ($($ty:ident = $what:literal,)+) => {$(
+        impl<'a> FromSql<'a> for $ty {
+            fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<$ty, Box<dyn std::error::Error + Sync + Send>> {
+                let name = <&str as FromSql>::from_sql(ty, raw)?;
+                $ty::from_name(name).ok_or_else(|| {
+                    let value = name.chars().take(64).collect();
+                    UnknownName { what: $what, value }.into()
+                })
+            }
+
+            fn accepts(ty: &Type) -> bool {
+                <&str as FromSql>::accepts(ty)
+            }
+        }
+    )+};
+}
+
+text_columns! {
+    Status = "status",
+    StageKind = "stage",
+    Outcome = "outcome",
+    PromptRole = "prompt role",
+}
+
 /// Reads every row of a result as `T`.
 fn rows_as<T: FromRow>(rows: &[Row]) -> Result<Vec<T>, Error> {
     rows.iter().map(T::from_row).collect()
@@ -228,7 +279,7 @@ async fn query_column<T: FromSqlOwned>(
     column: &str,
 ) -> Result<Vec<T>, Error> {
     let rows = rows_of(client, sql, params).await?;
-    rows.iter().map(|r| Ok(r.try_get(column)?)).collect()
+    rows.iter().map(|r| self::column(r, column)).collect()
 }
 
 /// Runs `sql`, reading column `column` of its row, if any.
@@ -238,10 +289,10 @@ async fn query_opt_value<T: FromSqlOwned>(
     params: Params<'_>,
     column: &str,
 ) -> Result<Option<T>, Error> {
-    Ok(row_of(client, sql, params)
+    row_of(client, sql, params)
         .await?
-        .map(|r| r.try_get(column))
-        .transpose()?)
+        .map(|r| self::column(&r, column))
+        .transpose()
 }
 
 /// Runs `sql`, reading column `column` of its one row.
@@ -251,7 +302,7 @@ async fn query_one_value<T: FromSqlOwned>(
     params: Params<'_>,
     column: &str,
 ) -> Result<T, Error> {
-    Ok(one_row(client, sql, params).await?.try_get(column)?)
+    self::column(&one_row(client, sql, params).await?, column)
 }
 
 /// Runs `sql`; true when it returned a row.
@@ -289,8 +340,9 @@ macro_rules! statements {
 pub(crate) use statements;
 
 /// Declares a row type and its [`FromRow`] from one field list: each field
-/// is read with `try_get` from the column of its name, or from the column
-/// written after it as `field = "column"`. A field cannot be left out of
+/// is read with [`column`] from the column of its name, or from the column
+/// written after it as `field = "column"` (a vocabulary type such as
+/// [`Status`] straight from its text column). A field cannot be left out of
 /// the reading, nor read from a column it does not name.
 macro_rules! row_struct {
     (
@@ -307,7 +359,7 @@ macro_rules! row_struct {
         impl $crate::repo::FromRow for $name {
             fn from_row(r: &tokio_postgres::Row) -> Result<$name, $crate::db::Error> {
                 Ok($name {
-                    $($field: r.try_get({
+                    $($field: $crate::repo::column(r, {
                         #[allow(unused_variables)]
                         let column = stringify!($field);
                         $(let column = $col;)?
@@ -323,7 +375,7 @@ pub(crate) use row_struct;
 row_struct! {
     /// A row of a statement that counts by status.
     struct StatusCount {
-        status: String,
+        status: Status,
         n: i64,
     }
 }
@@ -333,7 +385,7 @@ async fn status_counts(
     client: &impl GenericClient,
     sql: &str,
     params: Params<'_>,
-) -> Result<Vec<(String, i64)>, Error> {
+) -> Result<Vec<(Status, i64)>, Error> {
     let rows: Vec<StatusCount> = query_as(client, sql, params).await?;
     Ok(rows.into_iter().map(|r| (r.status, r.n)).collect())
 }
@@ -400,6 +452,46 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
 /// benchmarks that look at its plan.
 pub fn statement(name: &str) -> Option<&'static str> {
     all().into_iter().find(|(n, _)| *n == name).map(|(_, sql)| sql)
+}
+
+#[cfg(test)]
+mod text_column_tests {
+    use tokio_postgres::types::{FromSql, Type};
+
+    use super::UnknownName;
+    use crate::model::{Outcome, PromptRole, StageKind, Status};
+
+    #[test]
+    fn vocabulary_values_read_exactly_their_names() {
+        for st in Status::ALL {
+            assert_eq!(Status::from_sql(&Type::TEXT, st.as_str().as_bytes()).ok(), Some(st));
+        }
+        for o in Outcome::ALL {
+            assert_eq!(Outcome::from_sql(&Type::VARCHAR, o.as_str().as_bytes()).ok(), Some(o));
+        }
+        assert_eq!(
+            PromptRole::from_sql(&Type::TEXT, b"FinalResponder").ok(),
+            Some(PromptRole::Responder)
+        );
+        assert!(<StageKind as FromSql>::accepts(&Type::TEXT));
+        assert!(!<StageKind as FromSql>::accepts(&Type::INT4));
+    }
+
+    #[test]
+    fn an_unknown_value_is_a_typed_error_naming_it() {
+        let Err(e) = StageKind::from_sql(&Type::TEXT, b"Analyze") else {
+            panic!("a name in the wrong case was read");
+        };
+        let unknown = e.downcast_ref::<UnknownName>().cloned();
+        assert_eq!(
+            unknown,
+            Some(UnknownName {
+                what: "stage",
+                value: "Analyze".into()
+            })
+        );
+        assert_eq!(e.to_string(), r#"unknown stage "Analyze""#);
+    }
 }
 
 #[cfg(test)]

@@ -234,10 +234,10 @@ async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja
         .as_ref()
         .and_then(|v| v.as_array().cloned())
         .unwrap_or_default();
-    let status = r.status.clone();
+    let status = r.status;
     let can = context! {
-        retry => status == "FAILED",
-        cancel => !matches!(status.as_str(), "COMPLETED" | "FAILED" | "CANCELLED"),
+        retry => status == crate::model::Status::Failed,
+        cancel => !status.is_terminal(),
         cont => r.debug && r.held,
     };
     Ok(context! {
