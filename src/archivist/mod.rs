@@ -177,8 +177,9 @@ impl UserReport {
 /// The result of a run.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
-    /// The `archive_runs` row (none for a dry run).
-    pub run_id: Option<i64>,
+    /// The `archive_runs` row (none for a dry run); shown as `run_id`.
+    #[serde(rename = "run_id")]
+    pub archive_run_id: Option<i64>,
     pub dry_run: bool,
     pub users: Vec<UserReport>,
     pub users_archived: i64,

@@ -116,14 +116,14 @@ impl Archivist {
             .get(PromptRole::Archivist)
             .map(str::to_owned)
             .ok_or(ArchivistError::NoPrompt)?;
-        let run_id = if opts.dry_run {
+        let archive_run_id = if opts.dry_run {
             None
         } else {
             Some(repo::archive::start_run(&client, opts.trigger.as_str(), &self.worker, opts.user, opts.tick).await?)
         };
         // Users take connections of their own; hold none across them.
         drop(client);
-        tracing::info!(run = run_id, trigger = opts.trigger.as_str(), user = ?opts.user, dry_run = opts.dry_run,
+        tracing::info!(run = archive_run_id, trigger = opts.trigger.as_str(), user = ?opts.user, dry_run = opts.dry_run,
             "archive run starting");
         let mut users: Vec<UserReport> = Vec::new();
         let work = |user: Uuid| {
@@ -167,7 +167,7 @@ impl Archivist {
             }
         }
         let mut report = RunReport {
-            run_id,
+            archive_run_id,
             dry_run: opts.dry_run,
             users_archived: count(&users, UserOutcome::Archived),
             logs: users.iter().map(|u| u.logs).sum(),
@@ -177,7 +177,7 @@ impl Archivist {
             duration_ms: 0,
         };
         report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        if let Some(id) = run_id {
+        if let Some(id) = archive_run_id {
             let errors: Vec<Value> = report
                 .users
                 .iter()
@@ -196,7 +196,7 @@ impl Archivist {
             repo::archive::finish_run(&client, id, &totals).await?;
         }
         tracing::info!(
-            run = run_id,
+            run = archive_run_id,
             users = report.users.len(),
             users_archived = report.users_archived,
             logs = report.logs,

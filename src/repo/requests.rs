@@ -27,23 +27,23 @@ use crate::model::{StageKind, Status};
 
 super::statements! {
     SUBMIT = "submit_request",
-    GET = "show_run",
-    LIST = "list_runs",
+    GET = "show_request",
+    LIST = "list_requests",
     STATES = "request_states",
     TENANT_STATE = "request_state_of_tenant",
     OF_TENANT = "request_of_tenant": "SELECT id FROM pipeline_runs WHERE id = $1 AND tenant_id = $2",
     USER_STATES = "user_states",
-    CONTEXT = "run_context",
-    STATUS = "run_status",
+    CONTEXT = "request_context",
+    STATUS = "request_status",
     FAILED_IDS = "failed_ids",
-    CANCEL = "cancel_run",
+    CANCEL = "cancel_request",
     CONTINUE = "continue_run",
     RETRY_FAILED = "retry_failed",
     COUNT_BACKLOG = "count_backlog",
     COUNT_EXPIRED_LEASES = "count_expired_leases",
     DUE_COUNTS = "due_counts",
     RING_DUE = "ring_due",
-    METADATA = "run_metadata",
+    METADATA = "request_metadata",
 }
 
 // ---- submit ------------------------------------------------------------

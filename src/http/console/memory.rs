@@ -289,7 +289,7 @@ async fn run_and_record(app: AppState, user: Uuid, reason: String) -> Result<Uui
     let u = report.users.first();
     let detail = json!({
         "user_id": user,
-        "run_id": report.run_id,
+        "run_id": report.archive_run_id,
         "outcome": u.map(|u| u.outcome.as_str()),
         "turns": report.logs,
         "records": report.records,
