@@ -175,6 +175,15 @@ pub async fn run(pool: Pool, cfg: Arc<Config>, events: broadcast::Receiver<Event
     worker.run(events, shutdown).await;
 }
 
+/// The worker's delivery slots: `callbacks.concurrency` permits, a bell
+/// rung when one is freed (so a worker that filled every slot claims again
+/// at once instead of at the next poll), and the deliveries running.
+struct Slots {
+    free: Arc<Semaphore>,
+    freed: Arc<Notify>,
+    tasks: TaskTracker,
+}
+
 struct Worker {
     pool: Pool,
     cfg: Arc<Config>,
@@ -193,92 +202,106 @@ impl Worker {
     }
 
     async fn run(self: Arc<Self>, events: broadcast::Receiver<Event>, shutdown: CancellationToken) {
-        let slots = Arc::new(Semaphore::new(self.cb().concurrency));
-        // Rung when a delivery ends, so a worker that filled every slot
-        // claims again at once instead of at the next poll.
-        let freed = Arc::new(Notify::new());
-        let tasks = TaskTracker::new();
+        let slots = Slots {
+            free: Arc::new(Semaphore::new(self.cb().concurrency)),
+            freed: Arc::new(Notify::new()),
+            tasks: TaskTracker::new(),
+        };
         let mut events = Some(events);
-        let poll = Duration::from_secs(self.cb().poll_secs);
-        let mut last_pass;
-        'outer: loop {
-            // Claim as many due deliveries as there are free slots.
-            loop {
-                if shutdown.is_cancelled() {
-                    break 'outer;
-                }
-                last_pass = Instant::now();
-                let free = slots.available_permits().min(self.cb().batch);
-                if free == 0 {
-                    break;
-                }
-                let claimed = match self.pool.get().await {
-                    Ok(client) => outbox::claim(&client, free, self.lease()).await,
-                    Err(e) => Err(e.into()),
-                };
-                match claimed {
-                    Ok(due) => {
-                        let n = due.len();
-                        for d in due {
-                            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                                break; // cannot happen: we claimed at most `free`
-                            };
-                            let me = self.clone();
-                            let freed = freed.clone();
-                            tasks.spawn(async move {
-                                me.deliver(d).await;
-                                drop(permit);
-                                freed.notify_one();
-                            });
-                        }
-                        if n < free {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "callbacks: claim failed; retrying at the next poll");
-                        break;
-                    }
-                }
-            }
-            // Wait for a terminal transition, a freed slot (if all were
-            // taken), the poll tick or shutdown.
-            let saturated = slots.available_permits() == 0;
-            let tick = tokio::time::sleep(poll);
-            tokio::pin!(tick);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break 'outer,
-                    _ = &mut tick => break,
-                    _ = freed.notified(), if saturated => break,
-                    ev = async { match events.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                        match ev {
-                            Ok(ev) if !ev.status.is_terminal() => continue,
-                            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                                // Coalesce bursts of completions into one pass.
-                                let since = last_pass.elapsed();
-                                if since < MIN_PASS_INTERVAL {
-                                    tokio::select! {
-                                        _ = shutdown.cancelled() => break 'outer,
-                                        _ = tokio::time::sleep(MIN_PASS_INTERVAL - since) => {}
-                                    }
-                                }
-                                break;
-                            }
-                            Err(broadcast::error::RecvError::Closed) => {
-                                events = None;
-                            }
-                        }
-                    }
-                }
+        while let Some(last_pass) = self.fill(&slots, &shutdown).await {
+            if !self.wait(&slots, &mut events, last_pass, &shutdown).await {
+                break;
             }
         }
         // Deliveries in flight end within their timeout; a delivery cut
         // short is retried after its lease.
-        tasks.close();
+        slots.tasks.close();
         let bound = self.cb().timeout() + Duration::from_secs(1);
-        if tokio::time::timeout(bound, tasks.wait()).await.is_err() {
+        if tokio::time::timeout(bound, slots.tasks.wait()).await.is_err() {
             tracing::warn!("callbacks: deliveries still running at shutdown; they will be retried");
+        }
+    }
+
+    /// Claims as many due deliveries as there are free slots and starts
+    /// each in its slot, until no slot is free or fewer were due. Returns
+    /// when the last claim began (`None` at shutdown).
+    async fn fill(self: &Arc<Self>, slots: &Slots, shutdown: &CancellationToken) -> Option<Instant> {
+        loop {
+            if shutdown.is_cancelled() {
+                return None;
+            }
+            let pass = Instant::now();
+            let free = slots.free.available_permits().min(self.cb().batch);
+            if free == 0 {
+                return Some(pass);
+            }
+            let claimed = match self.pool.get().await {
+                Ok(client) => outbox::claim(&client, free, self.lease()).await,
+                Err(e) => Err(e.into()),
+            };
+            let due = match claimed {
+                Ok(due) => due,
+                Err(e) => {
+                    tracing::warn!(error = %e, "callbacks: claim failed; retrying at the next poll");
+                    return Some(pass);
+                }
+            };
+            let n = due.len();
+            for d in due {
+                let Ok(permit) = slots.free.clone().try_acquire_owned() else {
+                    break; // cannot happen: we claimed at most `free`
+                };
+                let me = self.clone();
+                let freed = slots.freed.clone();
+                slots.tasks.spawn(async move {
+                    me.deliver(d).await;
+                    drop(permit);
+                    freed.notify_one();
+                });
+            }
+            if n < free {
+                return Some(pass);
+            }
+        }
+    }
+
+    /// Waits for a terminal transition (bursts coalesced to one pass per
+    /// `MIN_PASS_INTERVAL` after `last_pass`), a freed slot (if all were
+    /// taken) or the poll tick: true, time for a pass; false at shutdown.
+    async fn wait(
+        &self,
+        slots: &Slots,
+        events: &mut Option<broadcast::Receiver<Event>>,
+        last_pass: Instant,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let saturated = slots.free.available_permits() == 0;
+        let tick = tokio::time::sleep(Duration::from_secs(self.cb().poll_secs));
+        tokio::pin!(tick);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = &mut tick => return true,
+                _ = slots.freed.notified(), if saturated => return true,
+                ev = async { match events.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                    match ev {
+                        Ok(ev) if !ev.status.is_terminal() => continue,
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                            let since = last_pass.elapsed();
+                            if since < MIN_PASS_INTERVAL {
+                                tokio::select! {
+                                    _ = shutdown.cancelled() => return false,
+                                    _ = tokio::time::sleep(MIN_PASS_INTERVAL - since) => {}
+                                }
+                            }
+                            return true;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => {
+                            *events = None;
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -314,7 +337,7 @@ impl Worker {
             Ok(resp) if resp.status().is_success() => {
                 crate::metrics::callback_delivery("delivered", started.elapsed());
                 let status = i32::from(resp.status().as_u16());
-                tracing::debug!(delivery = d.id, request.id = %d.run_id, %host, status, ms, "callback delivered");
+                tracing::debug!(delivery = d.id, request.id = %d.request_id, %host, status, ms, "callback delivered");
                 self.record(|c| async move { outbox::delivered(&c, d.id, status).await })
                     .await;
                 return;
@@ -332,10 +355,10 @@ impl Worker {
         let retry_in = self.cb().retry_delay(attempts);
         crate::metrics::callback_delivery(if dead { "dead" } else { "failed" }, started.elapsed());
         if dead {
-            tracing::warn!(delivery = d.id, request.id = %d.run_id, %host, attempt = attempts, error = %error,
+            tracing::warn!(delivery = d.id, request.id = %d.request_id, %host, attempt = attempts, error = %error,
                 "callback failed; attempts exhausted, delivery is dead");
         } else {
-            tracing::warn!(delivery = d.id, request.id = %d.run_id, %host, attempt = attempts, error = %error,
+            tracing::warn!(delivery = d.id, request.id = %d.request_id, %host, attempt = attempts, error = %error,
                 retry_in_ms = u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX), "callback failed; will retry");
         }
         let d = &d;
@@ -347,7 +370,7 @@ impl Worker {
     /// A destination the guard refuses: given up at once (no retry can
     /// change the answer short of a new configuration).
     async fn refuse(&self, d: &Delivery, error: &str) {
-        tracing::warn!(delivery = d.id, request.id = %d.run_id, error = %error, "callback refused; delivery is dead");
+        tracing::warn!(delivery = d.id, request.id = %d.request_id, error = %error, "callback refused; delivery is dead");
         self.record(|c| async move { outbox::failed(&c, d, None, error, Duration::ZERO, true).await })
             .await;
     }

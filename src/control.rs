@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use crate::archivist::{Archivist, ArchivistError, Progress, RunOptions, RunReport, Trigger};
 use crate::db;
-use crate::model::{PromptRole, StageKind, Status, UnknownPromptRole, UnknownStatus};
+use crate::model::{PromptRole, StageKind, Status, UnknownPromptRole};
 use crate::repo::{self, GenericClient, audit, prompts, requests};
 
 pub use repo::control::ControlState;
@@ -40,10 +40,6 @@ pub use repo::requests::Retried;
 pub enum Error {
     #[error(transparent)]
     Db(#[from] db::Error),
-    #[error("the database holds a status this binary does not know: {0}")]
-    Status(#[from] UnknownStatus),
-    #[error("the database holds a stage this binary does not know: {0:?}")]
-    Stage(String),
     #[error(transparent)]
     Archive(#[from] ArchivistError),
 }
@@ -77,14 +73,10 @@ pub async fn cancel(
     actor: &str,
     reason: Option<&str>,
 ) -> Result<CancelOutcome, Error> {
-    let Some(r) = requests::cancel(client, id, actor, reason).await? else {
-        return Ok(CancelOutcome::NotFound);
-    };
-    let status: Status = r.status.parse()?;
-    Ok(if r.cancelled {
-        CancelOutcome::Cancelled { was: status }
-    } else {
-        CancelOutcome::AlreadyFinished { status }
+    Ok(match requests::cancel(client, id, actor, reason).await? {
+        None => CancelOutcome::NotFound,
+        Some(r) if r.cancelled => CancelOutcome::Cancelled { was: r.status },
+        Some(r) => CancelOutcome::AlreadyFinished { status: r.status },
     })
 }
 
@@ -113,13 +105,15 @@ pub async fn continue_request(
     actor: &str,
     reason: Option<&str>,
 ) -> Result<ContinueOutcome, Error> {
-    let Some(r) = requests::continue_held(client, id, actor, reason).await? else {
-        return Ok(ContinueOutcome::NotFound);
-    };
-    let status: Status = r.status.parse()?;
-    Ok(match (r.released, status.dispatches()) {
-        (true, Some(next)) => ContinueOutcome::Released { status, next },
-        _ => ContinueOutcome::NotHeld { status, debug: r.debug },
+    Ok(match requests::continue_held(client, id, actor, reason).await? {
+        None => ContinueOutcome::NotFound,
+        Some(r) => {
+            let status = r.status;
+            match (r.released, status.dispatches()) {
+                (true, Some(next)) => ContinueOutcome::Released { status, next },
+                _ => ContinueOutcome::NotHeld { status, debug: r.debug },
+            }
+        }
     })
 }
 
@@ -139,14 +133,6 @@ pub enum RetryOutcome {
     NotFound,
 }
 
-/// The stage stored as `name`.
-fn stage_named(name: &str) -> Result<StageKind, Error> {
-    StageKind::ALL
-        .into_iter()
-        .find(|s| s.as_str() == name)
-        .ok_or_else(|| Error::Stage(name.to_owned()))
-}
-
 /// Sends one `FAILED` request back to the ready status of the stage that failed.
 pub async fn retry(
     client: &impl GenericClient,
@@ -157,15 +143,13 @@ pub async fn retry(
     let done = requests::retry_failed(client, Some(&[id]), 1, actor, reason).await?;
     if let Some(r) = done.into_iter().next() {
         return Ok(RetryOutcome::Retried {
-            status: r.status.parse()?,
-            stage: stage_named(&r.stage)?,
+            status: r.status,
+            stage: r.stage,
         });
     }
     Ok(match requests::status(client, id).await? {
         None => RetryOutcome::NotFound,
-        Some(status) => RetryOutcome::NotFailed {
-            status: status.parse()?,
-        },
+        Some(status) => RetryOutcome::NotFailed { status },
     })
 }
 
@@ -308,7 +292,7 @@ pub async fn archive_now(
     let u = report.users.first();
     let detail = json!({
         "user_id": user,
-        "run_id": report.run_id,
+        "run_id": report.archive_run_id,
         "outcome": u.map(|u| u.outcome.as_str()),
         "turns": report.logs,
         "records": report.records,
@@ -344,13 +328,5 @@ mod tests {
         assert_eq!(parse_role("ANALYZER").ok(), Some(PromptRole::Analyzer));
         assert_eq!(parse_role(" archivist ").ok(), Some(PromptRole::Archivist));
         assert!(parse_role("nobody").is_err());
-    }
-
-    #[test]
-    fn stages_are_read_by_their_stored_names() {
-        for s in StageKind::ALL {
-            assert_eq!(stage_named(s.as_str()).ok(), Some(s));
-        }
-        assert!(matches!(stage_named("Analyze"), Err(Error::Stage(_))));
     }
 }

@@ -56,9 +56,18 @@ pub enum PayloadError {
 #[derive(Deserialize)]
 struct RawEvent {
     id: Uuid,
-    status: String,
+    /// The status, or the text of one this program does not know.
+    #[serde(deserialize_with = "status_or_text")]
+    status: Result<Status, String>,
     #[serde(default)]
     operation: Option<String>,
+}
+
+/// A payload's `status`: a [`Status`] by its name, else the text (so an
+/// unknown status is told apart from a malformed payload).
+fn status_or_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Result<Status, String>, D::Error> {
+    let text = String::deserialize(d)?;
+    Ok(Status::from_name(&text).ok_or(text))
 }
 
 /// Parses a `pipeline_events` payload: `{"id": uuid, "status": text, "operation": text}`.
@@ -69,8 +78,7 @@ pub fn parse_payload(payload: &str) -> Result<Event, PayloadError> {
     let raw: RawEvent = serde_json::from_str(payload).map_err(|e| PayloadError::Malformed(e.to_string()))?;
     let status = raw
         .status
-        .parse::<Status>()
-        .map_err(|_| PayloadError::UnknownStatus(raw.status.chars().take(64).collect()))?;
+        .map_err(|text| PayloadError::UnknownStatus(text.chars().take(64).collect()))?;
     Ok(Event {
         id: raw.id,
         status,
@@ -233,6 +241,8 @@ struct SessionEnd {
     listened: bool,
 }
 
+/// One LISTEN session: connect, LISTEN, report, then forward notifications
+/// and check the session's health until it fails or `shutdown`.
 async fn session(
     cfg: &Config,
     notifier: &Notifier,
@@ -241,20 +251,61 @@ async fn session(
     reconnect: bool,
     reset_backoff: &mut (dyn FnMut() + Send),
 ) -> Result<(), SessionEnd> {
-    let fail = |message: String| SessionEnd {
-        message,
-        listened: false,
+    let Some(mut conn) = connect(cfg, shutdown).await? else {
+        return Ok(());
     };
+    match tokio::time::timeout(health_timeout(cfg), crate::repo::stats::listen(&conn.client, CHANNEL)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(SessionEnd::before_listen(format!("LISTEN: {e}"))),
+        Err(_) => return Err(SessionEnd::before_listen("LISTEN timed out".into())),
+    }
+    reset_backoff();
+    tracing::info!(channel = CHANNEL, reconnect, "listener: listening");
+    notifier.connected(reconnect);
+    handler.connected(reconnect);
+    forward(cfg, &mut conn, notifier, handler, shutdown).await
+}
+
+impl SessionEnd {
+    /// The session ended before LISTEN was in place.
+    fn before_listen(message: String) -> SessionEnd {
+        SessionEnd {
+            message,
+            listened: false,
+        }
+    }
+
+    /// The session ended after LISTEN was in place.
+    fn after_listen(message: String) -> SessionEnd {
+        SessionEnd {
+            message,
+            listened: true,
+        }
+    }
+}
+
+/// A connected session: its client and the messages of its connection.
+struct Connection {
+    client: tokio_postgres::Client,
+    messages: mpsc::UnboundedReceiver<Result<AsyncMessage, String>>,
+    /// The task that drives the connection, stopped with the session.
+    _driver: AbortOnDrop,
+}
+
+/// Opens the session's own direct connection and drives it in a task that
+/// forwards its messages; `None` on shutdown.
+async fn connect(cfg: &Config, shutdown: &CancellationToken) -> Result<Option<Connection>, SessionEnd> {
+    let fail = SessionEnd::before_listen;
     let mut pg = pg_config(cfg.listen_url(), "maasd-listener").map_err(|e| fail(e.to_string()))?;
     crate::db::with_limits(&mut pg, &cfg.db);
     let tls = crate::db::tls::connector(cfg.listen_url()).map_err(|e| fail(e.to_string()))?;
     let (client, mut connection) = tokio::select! {
-        _ = shutdown.cancelled() => return Ok(()),
+        _ = shutdown.cancelled() => return Ok(None),
         r = pg.connect(tls) => r.map_err(|e| fail(format!("connect: {}", crate::error::chain(&e))))?,
     };
     // Drive the connection ourselves and forward notifications; after the
     // first error or end, the connection is never polled again.
-    let (tx, mut rx) = mpsc::unbounded_channel::<Result<AsyncMessage, String>>();
+    let (tx, messages) = mpsc::unbounded_channel::<Result<AsyncMessage, String>>();
     let driver = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(msg) = messages.next().await {
@@ -272,29 +323,31 @@ async fn session(
         }
         let _ = tx.send(Err("connection closed by the server".into()));
     });
-    let _abort = AbortOnDrop(driver);
+    Ok(Some(Connection {
+        client,
+        messages,
+        _driver: AbortOnDrop(driver),
+    }))
+}
 
-    match tokio::time::timeout(health_timeout(cfg), crate::repo::stats::listen(&client, CHANNEL)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(fail(format!("LISTEN: {e}"))),
-        Err(_) => return Err(fail("LISTEN timed out".into())),
-    }
-    reset_backoff();
-    tracing::info!(channel = CHANNEL, reconnect, "listener: listening");
-    notifier.connected(reconnect);
-    handler.connected(reconnect);
-
-    let ended = |message: String| SessionEnd {
-        message,
-        listened: true,
-    };
+/// Forwards the notifications of a listening session and runs its health
+/// query every `listener.health_secs`, until the session fails or
+/// `shutdown` (then `Ok`).
+async fn forward(
+    cfg: &Config,
+    conn: &mut Connection,
+    notifier: &Notifier,
+    handler: &dyn ListenerHandler,
+    shutdown: &CancellationToken,
+) -> Result<(), SessionEnd> {
+    let ended = SessionEnd::after_listen;
     let mut health = tokio::time::interval(Duration::from_secs(cfg.listener.health_secs));
     health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     health.tick().await;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            msg = rx.recv() => match msg {
+            msg = conn.messages.recv() => match msg {
                 Some(Ok(AsyncMessage::Notification(n))) => {
                     if n.channel() != CHANNEL {
                         continue;
@@ -312,7 +365,7 @@ async fn session(
                 None => return Err(ended("connection task ended".into())),
             },
             _ = health.tick() => {
-                match tokio::time::timeout(health_timeout(cfg), crate::repo::stats::ping(&client)).await {
+                match tokio::time::timeout(health_timeout(cfg), crate::repo::stats::ping(&conn.client)).await {
                     Ok(Ok(_)) => notifier.alive(),
                     Ok(Err(e)) => return Err(ended(format!("health query: {e}"))),
                     Err(_) => return Err(ended("health query timed out (backend frozen or network stalled)".into())),

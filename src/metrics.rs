@@ -303,19 +303,19 @@ pub fn observe_engine(stats: &Stats, listening: bool) {
 
 /// Sets the backlog gauges from `count_backlog` rows; statuses absent from
 /// the rows are zero.
-pub fn observe_backlog(rows: &[(String, i64)]) {
+pub fn observe_backlog(rows: &[(Status, i64)]) {
     #[allow(
         clippy::cast_precision_loss,
         reason = "a gauge is a float; counts stay far below 2^52"
     )]
-    let count = |st: &str| rows.iter().filter(|(s, _)| s == st).map(|(_, n)| *n).sum::<i64>() as f64;
+    let count = |st: Status| rows.iter().filter(|(s, _)| *s == st).map(|(_, n)| *n).sum::<i64>() as f64;
     for st in Status::ALL {
         if st.is_terminal() {
             continue;
         }
-        gauge!("maas_backlog_requests", "status" => st.as_str()).set(count(st.as_str()));
+        gauge!("maas_backlog_requests", "status" => st.as_str()).set(count(st));
     }
-    gauge!("maas_failed_requests").set(count(Status::Failed.as_str()));
+    gauge!("maas_failed_requests").set(count(Status::Failed));
 }
 
 /// Records one applied stage result in the latency histograms: how long the

@@ -6,11 +6,14 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Declares a fieldless enum whose every value has one name, from one list
-/// of `Variant = "name"`: the enum, `ALL` (every value, in that order),
-/// `as_str` (the name), `index` (the position in `ALL`), `Display` (the
-/// name) and, with `parse_error = ErrorType` after the list, a `FromStr`
-/// that takes exactly the names and reports anything else as
-/// `ErrorType(text)`. A value cannot lack a name nor be missing from `ALL`.
+/// of `Variant = "name"`: the enum (a plain value: `Debug`, `Clone`, `Copy`,
+/// `PartialEq`, `Eq`, `Hash`), `ALL` (every value, in that order),
+/// `NAMES` (their names, in the same order), `as_str` (the name), `index`
+/// (the position in `ALL`), `from_name` (exactly the names), `Display`,
+/// `Serialize` and `Deserialize` (the name) and, with
+/// `parse_error = ErrorType` after the list, a `FromStr` that takes exactly
+/// the names and reports anything else as `ErrorType(text)`. A value cannot
+/// lack a name nor be missing from `ALL`.
 macro_rules! named_enum {
     (
         $(#[$meta:meta])*
@@ -20,6 +23,7 @@ macro_rules! named_enum {
         $(parse_error = $err:ident;)?
     ) => {
         $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         $vis enum $name {
             $($(#[$vmeta])* $variant,)+
         }
@@ -27,6 +31,10 @@ macro_rules! named_enum {
         impl $name {
             /// Every value, in declaration order.
             pub const ALL: [$name; [$($text),+].len()] = [$($name::$variant),+];
+
+            /// The name of every value, in the order of `ALL`.
+            #[allow(dead_code)]
+            pub const NAMES: [&'static str; [$($text),+].len()] = [$($text),+];
 
             /// The name of this value (see the type's docs for where it is used).
             pub fn as_str(self) -> &'static str {
@@ -40,11 +48,30 @@ macro_rules! named_enum {
             pub fn index(self) -> usize {
                 self as usize
             }
+
+            /// The value named exactly `name` (case-sensitive), if any.
+            pub fn from_name(name: &str) -> Option<$name> {
+                $name::ALL.into_iter().find(|v| v.as_str() == name)
+            }
         }
 
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_str())
+            }
+        }
+
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $name {
+            fn deserialize<D: ::serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let name = <std::borrow::Cow<'de, str> as ::serde::Deserialize>::deserialize(deserializer)?;
+                $name::from_name(&name)
+                    .ok_or_else(|| ::serde::de::Error::unknown_variant(&name, &$name::NAMES))
             }
         }
 
@@ -54,10 +81,7 @@ macro_rules! named_enum {
 
                 /// Exactly the names (case-sensitive).
                 fn from_str(s: &str) -> Result<Self, Self::Err> {
-                    $name::ALL
-                        .into_iter()
-                        .find(|v| v.as_str() == s)
-                        .ok_or_else(|| $err(s.to_owned()))
+                    $name::from_name(s).ok_or_else(|| $err(s.to_owned()))
                 }
             }
         )?
@@ -68,8 +92,6 @@ pub(crate) use named_enum;
 named_enum! {
     /// Status of a request (`pipeline_runs.status`), as enforced by the
     /// `pipeline_runs_status_valid` constraint.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-    #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
     pub enum Status {
         New = "NEW",
         Analyzing = "ANALYZING",
@@ -116,8 +138,6 @@ pub struct UnknownStatus(pub String);
 
 named_enum! {
     /// One of the three stages of the fast path (`pipeline_steps.stage`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-    #[serde(rename_all = "lowercase")]
     pub enum StageKind {
         Analyze = "analyze",
         Assemble = "assemble",
@@ -168,7 +188,6 @@ impl StageKind {
 
 named_enum! {
     /// How a stage attempt ended (`pipeline_steps.outcome`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Outcome {
         Succeeded = "succeeded",
         /// Failed for good: the row is `FAILED`.
@@ -243,7 +262,6 @@ named_enum! {
     /// is `FinalResponder`, kept as it is for producers and operators
     /// ([`PromptRole::as_str`]); `maasctl prompts` shows that name too.
     /// Declared in the order `maasctl prompts list` shows them.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     pub enum PromptRole {
         /// The analyze stage's prompt (stored `Analyzer`).
         Analyzer = "Analyzer",
@@ -256,11 +274,6 @@ named_enum! {
         Archivist = "Archivist",
     }
     parse_error = UnknownPromptRole;
-}
-
-impl PromptRole {
-    /// The stored names (`system_prompts.role_name`), in the order of [`PromptRole::ALL`].
-    pub const NAMES: [&'static str; 4] = ["Analyzer", "Assembler", "FinalResponder", "Archivist"];
 }
 
 /// The text was not one of the stored role names.
@@ -319,6 +332,24 @@ mod tests {
         }
         assert!("new".parse::<Status>().is_err());
         assert!("BOGUS".parse::<Status>().is_err());
+    }
+
+    #[test]
+    fn names_are_the_serialised_form() {
+        assert_eq!(
+            serde_json::to_string(&Status::Analyzed).ok().as_deref(),
+            Some(r#""ANALYZED""#)
+        );
+        assert_eq!(
+            serde_json::to_string(&Outcome::LeaseExpired).ok().as_deref(),
+            Some(r#""lease_expired""#)
+        );
+        assert_eq!(
+            serde_json::from_str::<StageKind>(r#""respond""#).ok(),
+            Some(StageKind::Respond)
+        );
+        assert!(serde_json::from_str::<StageKind>(r#""Respond""#).is_err());
+        assert_eq!(Outcome::NAMES.len(), Outcome::ALL.len());
     }
 
     #[test]

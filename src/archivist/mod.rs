@@ -178,8 +178,9 @@ impl UserReport {
 /// The result of a run.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
-    /// The `archive_runs` row (none for a dry run).
-    pub run_id: Option<i64>,
+    /// The `archive_runs` row (none for a dry run); shown as `run_id`.
+    #[serde(rename = "run_id")]
+    pub archive_run_id: Option<i64>,
     pub dry_run: bool,
     pub users: Vec<UserReport>,
     pub users_archived: i64,
@@ -191,10 +192,10 @@ pub struct RunReport {
 
 impl RunReport {
     /// The report of a run over `users` (its duration still 0).
-    fn of(run_id: Option<i64>, dry_run: bool, users: Vec<UserReport>) -> RunReport {
+    fn of(archive_run_id: Option<i64>, dry_run: bool, users: Vec<UserReport>) -> RunReport {
         let count = |outcome| i64::try_from(users.iter().filter(|u| u.outcome == outcome).count()).unwrap_or(i64::MAX);
         RunReport {
-            run_id,
+            archive_run_id,
             dry_run,
             users_archived: count(UserOutcome::Archived),
             logs: users.iter().map(|u| u.logs).sum(),

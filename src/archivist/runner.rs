@@ -150,16 +150,16 @@ impl Archivist {
             .get(PromptRole::Archivist)
             .map(str::to_owned)
             .ok_or(ArchivistError::NoPrompt)?;
-        let run_id = if opts.dry_run {
+        let archive_run_id = if opts.dry_run {
             None
         } else {
             Some(repo::archive::start_run(&client, opts.trigger.as_str(), &self.worker, opts.user, opts.tick).await?)
         };
         // Users take connections of their own; hold none across them.
         drop(client);
-        tracing::info!(run = run_id, trigger = opts.trigger.as_str(), user = ?opts.user, dry_run = opts.dry_run,
+        tracing::info!(run = archive_run_id, trigger = opts.trigger.as_str(), user = ?opts.user, dry_run = opts.dry_run,
             "archive run starting");
-        Ok((prompt, run_id))
+        Ok((prompt, archive_run_id))
     }
 
     /// `work` on every candidate, a page at a time, `concurrency` at once,

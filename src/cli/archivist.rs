@@ -232,7 +232,7 @@ fn print_report(report: &RunReport, json: bool) -> Result<(), CliError> {
         writeln!(
             out,
             "run {}: {} users, {} archived, {} logs, {} records, {} failed, {} ms",
-            report.run_id.unwrap_or_default(),
+            report.archive_run_id.unwrap_or_default(),
             report.users.len(),
             report.users_archived,
             report.logs,

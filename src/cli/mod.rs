@@ -147,7 +147,6 @@ impl From<crate::control::Error> for CliError {
         match e {
             crate::control::Error::Db(e) => CliError::Db(e),
             crate::control::Error::Archive(e) => CliError::Archivist(e),
-            other => CliError::Usage(other.to_string()),
         }
     }
 }

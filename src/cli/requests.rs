@@ -96,19 +96,18 @@ fn parse_ids(ids: &[String]) -> Result<Vec<Uuid>, CliError> {
 }
 
 /// The statuses of `--status` (any case), as stored.
-fn parse_statuses(given: &[String]) -> Result<Vec<String>, CliError> {
+fn parse_statuses(given: &[String]) -> Result<Vec<Status>, CliError> {
     given
         .iter()
         .map(|s| s.trim().to_ascii_uppercase())
         .filter(|s| !s.is_empty())
         .map(|s| {
-            let st: Status = s.parse().map_err(|_| {
+            s.parse::<Status>().map_err(|_| {
                 CliError::Usage(format!(
                     "unknown status {s:?} (one of {})",
                     Status::ALL.map(Status::as_str).join(", ")
                 ))
-            })?;
-            Ok(st.as_str().to_owned())
+            })
         })
         .collect()
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::{CliError, Outcome, age, connect, since};
 use crate::config::Config;
 use crate::control;
+use crate::model::Status;
 use crate::repo::stats;
 
 /// The figures of the report, read at once.
@@ -45,7 +46,7 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
     let leases = stats::leases(&client).await?;
     let callbacks = stats::callbacks(&client).await?;
     let daemons = stats::daemons(&client).await?;
-    let count = |s: &str| finished.iter().find(|f| f.0 == s).map_or(0, |f| f.1);
+    let count = |s: Status| finished.iter().find(|f| f.0 == s).map_or(0, |f| f.1);
     let s = Snapshot {
         control,
         backlog,
@@ -53,7 +54,7 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
         callbacks,
         daemons,
         window,
-        finished: (count("COMPLETED"), count("FAILED"), count("CANCELLED")),
+        finished: (count(Status::Completed), count(Status::Failed), count(Status::Cancelled)),
     };
     if json {
         print_json(&s);

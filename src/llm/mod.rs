@@ -116,7 +116,6 @@ pub mod parse {
 crate::model::named_enum! {
     /// The API a role talks to; its name is the one used in configuration,
     /// logs, metrics and errors.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     pub enum ProviderKind {
         /// OpenAI chat completions and every server that speaks that shape.
         OpenAi = "openai",
@@ -150,7 +149,6 @@ impl FromStr for ProviderKind {
 crate::model::named_enum! {
     /// Who is calling: each role has its own provider, model and limits. Its
     /// name is the one used in configuration (`llm.<name>`), logs and metrics.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     pub enum Role {
         /// Decides whether a query needs long-term memory; a cheap model, JSON out.
         Analyzer = "analyzer",

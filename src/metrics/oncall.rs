@@ -21,7 +21,7 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 
 use super::Kind;
-use crate::model::{Outcome, StageKind};
+use crate::model::{Outcome, StageKind, Status};
 
 /// Buckets of the `_tokens` histograms: 16 to 64k tokens.
 pub(super) const TOKEN_BUCKETS: &[f64] = &[
@@ -334,7 +334,7 @@ pub struct DatabaseFigures {
     /// (table, live rows, bytes) for [`TABLES`].
     pub tables: Option<Vec<(String, i64, i64)>>,
     /// (ready status, seconds the oldest due row waited).
-    pub oldest_due: Option<Vec<(String, f64)>>,
+    pub oldest_due: Option<Vec<(Status, f64)>>,
     pub leases_expired: Option<i64>,
     pub notification_queue_usage: Option<f64>,
     /// (pending, dead, oldest pending seconds).
@@ -366,9 +366,9 @@ pub fn observe_database(figures: &DatabaseFigures, archivist_enabled: bool) {
         }
     }
     if let Some(rows) = &figures.oldest_due {
-        for st in ["NEW", "ANALYZED", "READY"] {
-            let secs = rows.iter().find(|(s, _)| s == st).map_or(0.0, |(_, v)| *v);
-            gauge!("maas_backlog_oldest_due_seconds", "status" => st).set(secs);
+        for st in StageKind::ALL.map(StageKind::ready_status) {
+            let secs = rows.iter().find(|(s, _)| *s == st).map_or(0.0, |(_, v)| *v);
+            gauge!("maas_backlog_oldest_due_seconds", "status" => st.as_str()).set(secs);
         }
     }
     if let Some(n) = figures.leases_expired {

@@ -307,11 +307,9 @@ impl FromRow for Applied {
     fn from_row(r: &Row) -> Result<Applied, Error> {
         let id: Uuid = r.try_get("id")?;
         let chained = if r.try_get::<_, bool>("chained")? {
-            let status: &str = r.try_get("status")?;
+            let status: Status = super::column(r, "status")?;
             let stage = status
-                .parse::<Status>()
-                .ok()
-                .and_then(Status::in_flight_stage)
+                .in_flight_stage()
                 .ok_or_else(|| Error::Unexpected(format!("finish: chained row {id} has status {status}")))?;
             Some((stage, Claimed::from_columns(r)?))
         } else {
@@ -358,8 +356,8 @@ super::row_struct! {
     #[derive(Debug, Clone)]
     pub struct Reclaimed {
         pub id: Uuid,
-        pub new_status: String,
-        pub was: String,
+        pub new_status: Status,
+        pub was: Status,
     }
 }
 

@@ -24,7 +24,7 @@ super::row_struct! {
     #[derive(Debug, Clone)]
     pub struct Delivery {
         pub id: i64,
-        pub run_id: Uuid,
+        pub request_id = "run_id": Uuid,
         pub url: String,
         pub event: String,
         /// The JSON body, exactly as it will be sent and signed.

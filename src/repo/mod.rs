@@ -47,6 +47,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{FromSqlOwned, ToSql, Type, WrongType};
 
 use crate::db::Error;
+use crate::model::Status;
 
 /// The values a statement binds, `$1` first.
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -55,6 +56,7 @@ pub mod archive;
 pub mod attempts;
 pub mod audit;
 pub mod callbacks;
+mod column;
 pub mod control;
 pub mod embeddings;
 pub mod gauges;
@@ -181,6 +183,9 @@ pub trait FromRow: Sized {
     fn from_row(row: &Row) -> Result<Self, Error>;
 }
 
+pub use column::UnknownName;
+pub(crate) use column::{column, row_struct};
+
 /// Reads every row of a result as `T`.
 fn rows_as<T: FromRow>(rows: &[Row]) -> Result<Vec<T>, Error> {
     rows.iter().map(T::from_row).collect()
@@ -228,7 +233,7 @@ async fn query_column<T: FromSqlOwned>(
     column: &str,
 ) -> Result<Vec<T>, Error> {
     let rows = rows_of(client, sql, params).await?;
-    rows.iter().map(|r| Ok(r.try_get(column)?)).collect()
+    rows.iter().map(|r| self::column(r, column)).collect()
 }
 
 /// Runs `sql`, reading column `column` of its row, if any.
@@ -238,10 +243,10 @@ async fn query_opt_value<T: FromSqlOwned>(
     params: Params<'_>,
     column: &str,
 ) -> Result<Option<T>, Error> {
-    Ok(row_of(client, sql, params)
+    row_of(client, sql, params)
         .await?
-        .map(|r| r.try_get(column))
-        .transpose()?)
+        .map(|r| self::column(&r, column))
+        .transpose()
 }
 
 /// Runs `sql`, reading column `column` of its one row.
@@ -251,7 +256,7 @@ async fn query_one_value<T: FromSqlOwned>(
     params: Params<'_>,
     column: &str,
 ) -> Result<T, Error> {
-    Ok(one_row(client, sql, params).await?.try_get(column)?)
+    self::column(&one_row(client, sql, params).await?, column)
 }
 
 /// Runs `sql`; true when it returned a row.
@@ -288,42 +293,10 @@ macro_rules! statements {
 }
 pub(crate) use statements;
 
-/// Declares a row type and its [`FromRow`] from one field list: each field
-/// is read with `try_get` from the column of its name, or from the column
-/// written after it as `field = "column"`. A field cannot be left out of
-/// the reading, nor read from a column it does not name.
-macro_rules! row_struct {
-    (
-        $(#[$meta:meta])*
-        $vis:vis struct $name:ident {
-            $($(#[$fmeta:meta])* $fvis:vis $field:ident $(= $col:literal)?: $ty:ty,)+
-        }
-    ) => {
-        $(#[$meta])*
-        $vis struct $name {
-            $($(#[$fmeta])* $fvis $field: $ty,)+
-        }
-
-        impl $crate::repo::FromRow for $name {
-            fn from_row(r: &tokio_postgres::Row) -> Result<$name, $crate::db::Error> {
-                Ok($name {
-                    $($field: r.try_get({
-                        #[allow(unused_variables)]
-                        let column = stringify!($field);
-                        $(let column = $col;)?
-                        column
-                    })?,)+
-                })
-            }
-        }
-    };
-}
-pub(crate) use row_struct;
-
 row_struct! {
     /// A row of a statement that counts by status.
     struct StatusCount {
-        status: String,
+        status: Status,
         n: i64,
     }
 }
@@ -333,7 +306,7 @@ async fn status_counts(
     client: &impl GenericClient,
     sql: &str,
     params: Params<'_>,
-) -> Result<Vec<(String, i64)>, Error> {
+) -> Result<Vec<(Status, i64)>, Error> {
     let rows: Vec<StatusCount> = query_as(client, sql, params).await?;
     Ok(rows.into_iter().map(|r| (r.status, r.n)).collect())
 }

@@ -27,29 +27,29 @@ use tokio_postgres::types::ToSql;
 
 use super::{as_limit, secs};
 use crate::db::Error;
-use crate::model::Status;
+use crate::model::{StageKind, Status};
 
 super::statements! {
     SUBMIT = "submit_request",
-    GET = "show_run",
-    LIST = "list_runs",
+    GET = "show_request",
+    LIST = "list_requests",
     STATES = "request_states",
     TENANT_STATE = "request_state_of_tenant",
     RECENTLY_FINISHED = "requests_recently_finished",
     PAGE = "requests_page",
     OF_TENANT = "request_of_tenant": "SELECT id FROM pipeline_runs WHERE id = $1 AND tenant_id = $2",
     USER_STATES = "user_states",
-    CONTEXT = "run_context",
-    STATUS = "run_status",
+    CONTEXT = "request_context",
+    STATUS = "request_status",
     FAILED_IDS = "failed_ids",
-    CANCEL = "cancel_run",
+    CANCEL = "cancel_request",
     CONTINUE = "continue_request",
     RETRY_FAILED = "retry_failed",
     COUNT_BACKLOG = "count_backlog",
     COUNT_EXPIRED_LEASES = "count_expired_leases",
     DUE_COUNTS = "due_counts",
     RING_DUE = "ring_due",
-    METADATA = "run_metadata",
+    METADATA = "request_metadata",
 }
 
 // ---- submit ------------------------------------------------------------
@@ -102,7 +102,7 @@ super::row_struct! {
         pub user_id: Uuid,
         pub thread_id: Option<Uuid>,
         pub user_query: String,
-        pub status: String,
+        pub status: Status,
         pub analysis_result: Option<Value>,
         pub final_context_payload: Option<String>,
         pub final_answer: Option<String>,
@@ -159,7 +159,7 @@ pub async fn metadata_of(client: &impl GenericClient, id: Uuid) -> Result<Option
 /// Filters of `maasctl requests list`; `None` means any.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
-    pub statuses: Option<Vec<String>>,
+    pub statuses: Option<Vec<Status>>,
     pub user_id: Option<Uuid>,
     /// Unchanged for longer than this.
     pub older_than: Option<Duration>,
@@ -172,7 +172,7 @@ super::row_struct! {
     #[derive(Debug, Clone, Serialize)]
     pub struct RequestSummary {
         pub id: Uuid,
-        pub status: String,
+        pub status: Status,
         pub user_id: Uuid,
         pub attempt: i32,
         pub debug: bool,
@@ -190,7 +190,8 @@ super::row_struct! {
 /// Requests matching `f`, most recently changed first.
 pub async fn list(client: &impl GenericClient, f: &ListFilter) -> Result<Vec<RequestSummary>, Error> {
     let older: Option<f64> = f.older_than.map(secs);
-    super::query_as(client, LIST, &[&f.statuses, &f.user_id, &older, &as_limit(f.limit)]).await
+    let statuses: Option<Vec<&str>> = f.statuses.as_ref().map(|s| s.iter().map(|s| s.as_str()).collect());
+    super::query_as(client, LIST, &[&statuses, &f.user_id, &older, &as_limit(f.limit)]).await
 }
 
 /// What the API shows of one request.
@@ -255,7 +256,7 @@ pub async fn user_states(
 }
 
 /// The status of a request, `None` for an unknown id.
-pub async fn status(client: &impl GenericClient, id: Uuid) -> Result<Option<String>, Error> {
+pub async fn status(client: &impl GenericClient, id: Uuid) -> Result<Option<Status>, Error> {
     super::query_opt_value(client, STATUS, &[&id], "status").await
 }
 
@@ -271,7 +272,7 @@ super::row_struct! {
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct CancelResult {
         /// The status before.
-        pub status: String,
+        pub status: Status,
         /// False: it was already terminal.
         pub cancelled: bool,
     }
@@ -292,7 +293,7 @@ super::row_struct! {
     /// What [`continue_held`] found and did.
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct ContinueResult {
-        pub status: String,
+        pub status: Status,
         pub debug: bool,
         /// False: it was not resting.
         pub released: bool,
@@ -316,9 +317,9 @@ super::row_struct! {
     pub struct Retried {
         pub id: Uuid,
         /// The ready status it went back to.
-        pub status: String,
+        pub status: Status,
         /// The stage that will run again.
-        pub stage: String,
+        pub stage: StageKind,
         /// The error it had.
         pub error: Option<String>,
     }
@@ -340,7 +341,7 @@ pub async fn retry_failed(
 // ---- counts and the doorbell ---------------------------------------------
 
 /// Requests by non-terminal status, plus `FAILED`: (status, count).
-pub async fn count_backlog(client: &impl GenericClient) -> Result<Vec<(String, i64)>, Error> {
+pub async fn count_backlog(client: &impl GenericClient) -> Result<Vec<(Status, i64)>, Error> {
     super::status_counts(client, COUNT_BACKLOG, &[]).await
 }
 
@@ -350,7 +351,7 @@ pub async fn count_expired_leases(client: &impl GenericClient) -> Result<i64, Er
 }
 
 /// Due dispatchable rows by status: (status, count, seconds the oldest waited).
-pub async fn due_counts(client: &impl GenericClient) -> Result<Vec<(String, i64, f64)>, Error> {
+pub async fn due_counts(client: &impl GenericClient) -> Result<Vec<(Status, i64, f64)>, Error> {
     let rows: Vec<DueCount> = super::query_as(client, DUE_COUNTS, &[]).await?;
     Ok(rows.into_iter().map(|r| (r.status, r.due, r.oldest_due_secs)).collect())
 }
@@ -358,7 +359,7 @@ pub async fn due_counts(client: &impl GenericClient) -> Result<Vec<(String, i64,
 super::row_struct! {
     /// A row of `due_counts.sql`.
     struct DueCount {
-        status: String,
+        status: Status,
         due: i64,
         oldest_due_secs: f64,
     }

@@ -10,7 +10,7 @@ use super::{as_limit, secs};
 use crate::db::Error;
 
 super::statements! {
-    REQUESTS = "retention_runs",
+    REQUESTS = "retention_requests",
     ACTIONS = "retention_actions",
     TURNS = "retention_turns",
     RECORDS = "retention_records",

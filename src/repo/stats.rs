@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::secs;
 use crate::db::Error;
+use crate::model::Status;
 
 super::statements! {
     BACKLOG = "stats_backlog",
@@ -32,7 +33,7 @@ super::row_struct! {
     /// Unfinished requests of one status.
     #[derive(Debug, Clone, Serialize)]
     pub struct Backlog {
-        pub status: String,
+        pub status: Status,
         pub total: i64,
         pub due: i64,
         pub held: i64,
@@ -46,7 +47,7 @@ pub async fn backlog(client: &impl GenericClient) -> Result<Vec<Backlog>, Error>
 }
 
 /// Terminal requests by status in the last `window`: (status, count).
-pub async fn finished(client: &impl GenericClient, window: Duration) -> Result<Vec<(String, i64)>, Error> {
+pub async fn finished(client: &impl GenericClient, window: Duration) -> Result<Vec<(Status, i64)>, Error> {
     super::status_counts(client, FINISHED, &[&secs(window)]).await
 }
 

@@ -7,6 +7,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::db::Error;
+use crate::model::{Outcome, StageKind};
 
 super::statements! {
     FOR_REQUEST = "show_steps",
@@ -16,12 +17,12 @@ super::row_struct! {
     /// One finished stage attempt.
     #[derive(Debug, Clone, Serialize)]
     pub struct Step {
-        pub stage: String,
+        pub stage: StageKind,
         pub attempt: i32,
         pub worker: String,
         pub started_at: DateTime<Utc>,
         pub finished_at: DateTime<Utc>,
-        pub outcome: String,
+        pub outcome: Outcome,
         pub error_class: Option<String>,
         pub error_message: Option<String>,
         pub model: Option<String>,

@@ -305,7 +305,7 @@ async fn a_stale_writer_is_fenced_out() {
     .unwrap();
     let back = repo::reclaim_expired(&client, 3, 100).await.unwrap();
     assert_eq!(back.len(), 1);
-    assert_eq!(back[0].new_status, "NEW");
+    assert_eq!(back[0].new_status, maas::model::Status::New);
     let b = claim_analyze(&client, 10, "worker-b").await;
     assert_eq!(b.len(), 1);
     assert_eq!(b[0].attempt, 2, "the expired attempt was counted");

@@ -240,9 +240,9 @@ async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja
         .as_ref()
         .and_then(|v| v.as_array().cloned())
         .unwrap_or_default();
-    let status: Status = r.status.parse().map_err(|e| db_fail("request", e))?;
+    let status = r.status;
     let can = context! {
-        retry => status == Status::Failed,
+        retry => status == crate::model::Status::Failed,
         cancel => !status.is_terminal(),
         cont => r.debug && r.held,
     };

@@ -1,4 +1,4 @@
--- Retention: deletes up to $2 terminal runs that finished more than $1
+-- Retention: deletes up to $2 terminal requests that finished more than $1
 -- seconds ago (their steps, callbacks and operator actions go with them by
 -- ON DELETE CASCADE); returns how many. SKIP LOCKED, so several daemons may
 -- run it at once. raw_logs and lsm_storage are memory, not history: kept.

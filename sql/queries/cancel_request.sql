@@ -1,4 +1,4 @@
--- Cancels run $1 unless it is already terminal, on behalf of $2 (actor) for
+-- Cancels request $1 unless it is already terminal, on behalf of $2 (actor) for
 -- reason $3, and records the action. An in-flight stage loses its lease here
 -- (owner and expiry cleared, as pipeline_runs_lease_matches_status demands):
 -- the daemon's heartbeat then cancels the stage, and a result that arrives

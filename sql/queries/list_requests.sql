@@ -1,4 +1,4 @@
--- Runs for `maasctl requests list`, most recently changed first. Filters are
+-- Requests for `maasctl requests list`, most recently changed first. Filters are
 -- optional (NULL = any): statuses $1, user $2, unchanged for more than $3
 -- seconds; at most $4 rows.
 SELECT id, status, user_id, attempt, debug, held, callback_url IS NOT NULL AS has_callback,
