@@ -56,8 +56,9 @@ macro_rules! named_enum {
         }
 
         impl std::fmt::Display for $name {
+            // `pad`, so that widths and alignment (`{:<9}`) apply as to a string.
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
+                f.pad(self.as_str())
             }
         }
 
@@ -324,6 +325,16 @@ impl Prompts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_pad_like_strings_in_tables() {
+        assert_eq!(format!("{:<9}|", Status::New), "NEW      |");
+        assert_eq!(format!("{:>8}|", StageKind::Analyze), " analyze|");
+        assert_eq!(
+            format!("{:<15}|", PromptRole::Responder),
+            format!("{:<15}|", PromptRole::Responder.as_str())
+        );
+    }
 
     #[test]
     fn status_round_trips_through_text() {

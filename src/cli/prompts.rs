@@ -97,9 +97,10 @@ async fn list(cfg: &Config, json: bool) -> Result<Outcome, CliError> {
     );
     println!("{header}");
     rows.iter().map(summary_line).for_each(|line| println!("{line}"));
-    let missing: Vec<&str> = PromptRole::NAMES
+    let missing: Vec<&str> = PromptRole::ALL
         .into_iter()
         .filter(|role| !rows.iter().any(|r| r.role == *role && r.active_version.is_some()))
+        .map(PromptRole::as_str)
         .collect();
     if missing.is_empty() {
         return Ok(Outcome::Ok);

@@ -23,7 +23,7 @@ super::statements! {
 super::row_struct! {
     /// A row of `active_prompts.sql`.
     struct Active {
-        role = "role_name": String,
+        role = "role_name": PromptRole,
         text = "prompt_template": String,
     }
 }
@@ -32,9 +32,7 @@ super::row_struct! {
 pub async fn active_prompts(client: &impl GenericClient) -> Result<Prompts, Error> {
     let mut prompts = Prompts::default();
     for a in super::query_as::<Active>(client, ACTIVE, &[]).await? {
-        if let Ok(role) = a.role.parse::<PromptRole>() {
-            prompts.set(role, a.text);
-        }
+        prompts.set(a.role, a.text);
     }
     Ok(prompts)
 }
@@ -43,7 +41,7 @@ super::row_struct! {
     /// The prompts of one role.
     #[derive(Debug, Clone, Serialize)]
     pub struct PromptSummary {
-        pub role = "role_name": String,
+        pub role = "role_name": PromptRole,
         pub versions: i64,
         pub active_version: Option<i32>,
         pub latest_version: i32,
@@ -61,7 +59,7 @@ super::row_struct! {
     /// One prompt version.
     #[derive(Debug, Clone, Serialize)]
     pub struct Prompt {
-        pub role = "role_name": String,
+        pub role = "role_name": PromptRole,
         pub version: i32,
         pub active = "is_active": bool,
         pub created_at: DateTime<Utc>,
@@ -119,6 +117,6 @@ super::row_struct! {
 }
 
 /// Every version of `role`'s prompt, newest first.
-pub async fn versions(client: &impl GenericClient, role: &str) -> Result<Vec<PromptVersion>, Error> {
-    super::query_as(client, VERSIONS, &[&role]).await
+pub async fn versions(client: &impl GenericClient, role: PromptRole) -> Result<Vec<PromptVersion>, Error> {
+    super::query_as(client, VERSIONS, &[&role.as_str()]).await
 }

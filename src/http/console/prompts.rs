@@ -105,7 +105,7 @@ async fn prompts_data(app: &AppState, q: &PromptsQuery) -> Result<minijinja::Val
     };
     let c = client(app).await?;
     let roles = prompts::list(&c).await.map_err(|e| db_fail("prompts", e))?;
-    let versions = prompts::versions(&c, role.as_str())
+    let versions = prompts::versions(&c, role)
         .await
         .map_err(|e| db_fail("prompt versions", e))?;
     // By default: the active version (else the newest) against the one before it.
