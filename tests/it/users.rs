@@ -7,9 +7,9 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::api::Api;
-use crate::support::cli::{maasctl_async, tokio_command};
+use crate::support::cli::{NO_ENV, maasctl_async, tokio_command};
 use crate::support::daemon::Opts;
-use crate::support::db::{TestDb, by_name};
+use crate::support::db::{TestDb, by_name, rows};
 use crate::support::{GENEROUS, count, wait_until};
 
 const TOKEN: &str = "users-token";
@@ -45,15 +45,19 @@ impl Api {
         self.send(self.http.delete(self.url(path))).await
     }
 
+    /// Submits a query: the answer's status and body.
+    async fn submit_json(&self, user: Uuid, query: &str) -> (StatusCode, Value) {
+        self.send(
+            self.http
+                .post(self.url("/api/query"))
+                .json(&json!({ "user_id": user, "query": query })),
+        )
+        .await
+    }
+
     /// Submits a query; returns the request id.
     async fn submit_for(&self, user: Uuid, query: &str) -> Uuid {
-        let (status, body) = self
-            .send(
-                self.http
-                    .post(self.url("/api/query"))
-                    .json(&json!({ "user_id": user, "query": query })),
-            )
-            .await;
+        let (status, body) = self.submit_json(user, query).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         body["request_id"].as_str().unwrap().parse().unwrap()
     }
@@ -125,24 +129,30 @@ async fn traces_of(c: &Client, user: Uuid) -> Vec<(String, i64)> {
     found
 }
 
-/// See: the records newest first in keyset pages with their period, tags,
-/// summary and turn counts, the pending turns, a search with scores; the
-/// same from `maasctl users show`; 404 for an unknown user, 401 without
-/// the token, never another user's rows.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn users_memory_lists_pages_and_searches_one_users_memory() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
+/// One user's memory as the listing tests find it: three records (the
+/// oldest covering two archived turns) and one pending turn; another user
+/// has a turn and a record that must never show.
+struct Remembered {
+    user: Uuid,
+    t1: i64,
+    pending: i64,
+    r1: i64,
+    r2: i64,
+    r3: i64,
+}
+
+/// Writes [`Remembered`]'s rows, and the other user's.
+async fn remembered(c: &Client) -> Remembered {
     let (user, other) = (Uuid::new_v4(), Uuid::new_v4());
-    let t1 = add_turn(&c, user, "I adopted a greyhound called Comet").await;
-    let t2 = add_turn(&c, user, "Comet loves the beach").await;
-    let pending = add_turn(&c, user, "Tomorrow I start learning the cello").await;
+    let t1 = add_turn(c, user, "I adopted a greyhound called Comet").await;
+    let t2 = add_turn(c, user, "Comet loves the beach").await;
+    let pending = add_turn(c, user, "Tomorrow I start learning the cello").await;
     // The first two turns are archived into the oldest record.
     c.execute("UPDATE archive_marks SET archived_seq = 2 WHERE user_id = $1", &[&user])
         .await
         .unwrap();
     let r1 = add_record(
-        &c,
+        c,
         user,
         30,
         &["dog"],
@@ -150,12 +160,24 @@ async fn users_memory_lists_pages_and_searches_one_users_memory() {
         &[t1, t2],
     )
     .await;
-    let r2 = add_record(&c, user, 20, &["travel"], "The user planned a trip to Porto", &[]).await;
-    let r3 = add_record(&c, user, 10, &["work"], "The user changed jobs to a bakery", &[]).await;
-    add_turn(&c, other, "OTHER-USER greyhound secret").await;
-    add_record(&c, other, 5, &["dog"], "OTHER-USER has a greyhound too", &[]).await;
-    let api = start(&db, 0).await;
+    let r2 = add_record(c, user, 20, &["travel"], "The user planned a trip to Porto", &[]).await;
+    let r3 = add_record(c, user, 10, &["work"], "The user changed jobs to a bakery", &[]).await;
+    add_turn(c, other, "OTHER-USER greyhound secret").await;
+    add_record(c, other, 5, &["dog"], "OTHER-USER has a greyhound too", &[]).await;
+    Remembered {
+        user,
+        t1,
+        pending,
+        r1,
+        r2,
+        r3,
+    }
+}
 
+/// Two keyset pages, newest first, with the pending turns; returns the
+/// first page.
+async fn assert_memory_pages(api: &Api, m: &Remembered) -> Value {
+    let user = m.user;
     let (status, page) = api.get_json(&format!("/api/users/{user}/memory?limit=2")).await;
     assert_eq!(status, StatusCode::OK, "{page}");
     let ids: Vec<i64> = page["records"]
@@ -164,11 +186,11 @@ async fn users_memory_lists_pages_and_searches_one_users_memory() {
         .iter()
         .map(|r| r["id"].as_i64().unwrap())
         .collect();
-    assert_eq!(ids, vec![r3, r2], "newest first");
-    assert_eq!(page["next_before"], json!(r2));
+    assert_eq!(ids, vec![m.r3, m.r2], "newest first");
+    assert_eq!(page["next_before"], json!(m.r2));
     assert_eq!(page["pending"], json!(1));
     assert_eq!(page["pending_turns"].as_array().unwrap().len(), 1);
-    assert_eq!(page["pending_turns"][0]["id"], json!(pending));
+    assert_eq!(page["pending_turns"][0]["id"], json!(m.pending));
     let (_, page2) = api
         .get_json(&format!(
             "/api/users/{user}/memory?limit=2&before={}",
@@ -176,30 +198,35 @@ async fn users_memory_lists_pages_and_searches_one_users_memory() {
         ))
         .await;
     let last = &page2["records"][0];
-    assert_eq!(last["id"], json!(r1));
+    assert_eq!(last["id"], json!(m.r1));
     assert_eq!(last["turns"], json!(2));
     assert_eq!(last["tags"], json!(["dog"]));
     assert!(last["time_bucket_start"].is_string() && last["time_bucket_end"].is_string());
     assert_eq!(page2["next_before"], Value::Null);
     assert!(!page2.to_string().contains("OTHER-USER"));
+    page
+}
 
-    // Search: the pipeline's retrieval, with scores, this user's only.
-    let (status, found) = api.get_json(&format!("/api/users/{user}/memory?q=greyhound")).await;
+/// Search: the pipeline's retrieval, with scores, this user's only.
+async fn assert_memory_search(api: &Api, m: &Remembered) {
+    let (status, found) = api.get_json(&format!("/api/users/{}/memory?q=greyhound", m.user)).await;
     assert_eq!(status, StatusCode::OK, "{found}");
     let hits = found["hits"].as_array().unwrap();
     assert!(
-        hits.iter().any(|h| h["kind"] == "record" && h["id"] == json!(r1)),
+        hits.iter().any(|h| h["kind"] == "record" && h["id"] == json!(m.r1)),
         "{found}"
     );
     assert!(
-        hits.iter().any(|h| h["kind"] == "turn" && h["id"] == json!(t1)),
+        hits.iter().any(|h| h["kind"] == "turn" && h["id"] == json!(m.t1)),
         "{found}"
     );
     assert!(hits.iter().all(|h| h["score"].as_f64().is_some()), "{found}");
     assert!(hits.iter().any(|h| h["score"].as_f64().unwrap_or(0.0) > 0.0), "{found}");
     assert!(!found.to_string().contains("OTHER-USER"), "{found}");
+}
 
-    // Unknown user, malformed id, no token.
+/// Unknown user, malformed id, no token.
+async fn assert_memory_refusals(api: &Api, user: Uuid) {
     let (status, body) = api.get_json(&format!("/api/users/{}/memory", Uuid::new_v4())).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["code"], "unknown_user");
@@ -212,43 +239,145 @@ async fn users_memory_lists_pages_and_searches_one_users_memory() {
         .await
         .unwrap();
     assert_eq!(bare.status(), StatusCode::UNAUTHORIZED);
+}
 
-    // maasctl prints the same.
-    let (code, out, err) = maasctl_async(
-        &db.url,
-        &["users", "show", &user.to_string()],
-        crate::support::cli::NO_ENV,
-    )
-    .await;
+/// `maasctl users show` prints what the API's first `page` holds, searches
+/// the same way and refuses an unknown user.
+async fn assert_maasctl_shows_the_same(url: &str, m: &Remembered, page: &Value) {
+    let user = m.user.to_string();
+    let (code, out, err) = maasctl_async(url, &["users", "show", &user], NO_ENV).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("The user adopted a greyhound named Comet"), "{out}");
     assert!(out.contains("2 turns"), "{out}");
     assert!(out.contains("Tomorrow I start learning the cello"), "{out}");
-    let (code, out, _) = maasctl_async(
-        &db.url,
-        &["--json", "users", "show", &user.to_string(), "--limit", "2"],
-        crate::support::cli::NO_ENV,
-    )
-    .await;
+    let (code, out, _) = maasctl_async(url, &["--json", "users", "show", &user, "--limit", "2"], NO_ENV).await;
     assert_eq!(code, 0);
     let cli: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(cli["records"], page["records"]);
     let (code, out, _) = maasctl_async(
-        &db.url,
-        &["users", "show", &user.to_string(), "--q", "greyhound"],
+        url,
+        &["users", "show", &user, "--q", "greyhound"],
         &[("MAAS_MEMORY__RECORDS", "3")],
     )
     .await;
     assert_eq!(code, 0);
-    assert!(out.contains("record") && out.contains(&r1.to_string()), "{out}");
-    let (code, _, err) = maasctl_async(
-        &db.url,
-        &["users", "show", &Uuid::new_v4().to_string()],
-        crate::support::cli::NO_ENV,
-    )
-    .await;
+    assert!(out.contains("record") && out.contains(&m.r1.to_string()), "{out}");
+    let (code, _, err) = maasctl_async(url, &["users", "show", &Uuid::new_v4().to_string()], NO_ENV).await;
     assert_eq!(code, 1);
     assert!(err.contains("nothing is held"), "{err}");
+}
+
+/// See: the records newest first in keyset pages with their period, tags,
+/// summary and turn counts, the pending turns, a search with scores; the
+/// same from `maasctl users show`; 404 for an unknown user, 401 without
+/// the token, never another user's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_memory_lists_pages_and_searches_one_users_memory() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let m = remembered(&c).await;
+    let api = start(&db, 0).await;
+    let page = assert_memory_pages(&api, &m).await;
+    assert_memory_search(&api, &m).await;
+    assert_memory_refusals(&api, m.user).await;
+    assert_maasctl_shows_the_same(&db.url, &m, &page).await;
+}
+
+/// The memory version of `user` as the API shows it.
+async fn memory_version(api: &Api, user: Uuid) -> i64 {
+    let (_, memory) = api.get_json(&format!("/api/users/{user}/memory")).await;
+    memory["memory_version"].as_i64().unwrap()
+}
+
+/// Deleting record `cat` (which the first context names): another user
+/// cannot reach it, the user deletes it once, and the next context no
+/// longer holds it.
+async fn assert_deleting_a_record_changes_the_context(api: &Api, user: Uuid, cat: i64, v0: i64) {
+    let (status, _) = api.delete(&format!("/api/users/{}/memory/{cat}", Uuid::new_v4())).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = api
+        .delete(&format!(
+            "/api/users/{user}/memory/{cat}?reason=asked%20by%20the%20user&actor=support"
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["memory_version"], json!(v0 + 1));
+    let (status, _) = api.delete(&format!("/api/users/{user}/memory/{cat}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "deleted once");
+
+    let (context, sources) = api.ask_context(user, "What is my cat called?").await;
+    assert!(!context.contains("The user's cat is named Zebrafish"), "{context}");
+    assert!(
+        !sources.iter().any(|s| s["kind"] == "record" && s["id"] == json!(cat)),
+        "{sources:?}"
+    );
+}
+
+/// Replacing the summary of record `keep`: the next context has the new text.
+async fn assert_replacing_a_summary_changes_the_context(api: &Api, user: Uuid, keep: i64, v0: i64) {
+    let (status, body) = api
+        .send(
+            api.http
+                .put(api.url(&format!("/api/users/{user}/memory/{keep}")))
+                .json(&json!({ "summary": "The user grows peppers on the balcony", "reason": "correction" })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["memory_version"], json!(v0 + 2));
+    let (context, _) = api.ask_context(user, "What do I grow on the balcony?").await;
+    assert!(context.contains("The user grows peppers on the balcony"), "{context}");
+    assert!(!context.contains("tomatoes"), "{context}");
+}
+
+/// Deleting `turn`: gone from the turns and from the record covering it
+/// (added here); returns that record.
+async fn assert_deleting_a_turn_leaves_no_trace(api: &Api, c: &Client, user: Uuid, turn: i64, v0: i64) -> i64 {
+    let covering = add_record(c, user, 1, &["cat"], "cat again", &[turn]).await;
+    let (status, body) = api.delete(&format!("/api/users/{user}/turns/{turn}?reason=typo")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["memory_version"], json!(v0 + 3));
+    assert_eq!(
+        count(c, &format!("SELECT count(*) FROM raw_logs WHERE id = {turn}")).await,
+        0
+    );
+    assert_eq!(
+        count(
+            c,
+            &format!("SELECT cardinality(raw_log_ids)::bigint FROM lsm_storage WHERE id = {covering}")
+        )
+        .await,
+        0
+    );
+    covering
+}
+
+/// The audit trail of the three corrections: who, why, which rows — never
+/// the removed text; and the mark's memory version moved three times.
+async fn assert_corrections_audited(c: &Client, user: Uuid, cat: i64, covering: i64, v0: i64) {
+    let actions: Vec<(String, String, Option<String>, Value)> = rows(
+        c,
+        "SELECT action, actor, reason, detail FROM operator_actions
+         WHERE detail ->> 'user_id' = $1 ORDER BY id",
+        &[&user.to_string()],
+        |r| by_name!(r, "action", "actor", "reason", "detail"),
+    )
+    .await;
+    let names: Vec<&str> = actions.iter().map(|a| a.0.as_str()).collect();
+    assert_eq!(
+        names,
+        ["memory_delete_record", "memory_replace_summary", "memory_delete_turn"]
+    );
+    assert_eq!(actions[0].1, "http:support");
+    assert_eq!(actions[0].2.as_deref(), Some("asked by the user"));
+    assert_eq!(actions[0].3["record_id"], json!(cat));
+    assert_eq!(actions[2].3["records"], json!([covering]));
+    assert!(!format!("{actions:?}").contains("Zebrafish"));
+    let mark_version = count(
+        c,
+        &format!("SELECT memory_version FROM archive_marks WHERE user_id = '{user}'"),
+    )
+    .await;
+    assert_eq!(mark_version, v0 + 3);
 }
 
 /// Correct: deleting a record changes the next request's context (its
@@ -272,100 +401,15 @@ async fn correcting_memory_changes_the_next_context_and_is_audited() {
         sources.iter().any(|s| s["kind"] == "record" && s["id"] == json!(cat)),
         "{sources:?}"
     );
-    let (_, before) = api.get_json(&format!("/api/users/{user}/memory")).await;
-    let v0 = before["memory_version"].as_i64().unwrap();
-
-    // Another user cannot reach the record.
-    let (status, _) = api.delete(&format!("/api/users/{}/memory/{cat}", Uuid::new_v4())).await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, body) = api
-        .delete(&format!(
-            "/api/users/{user}/memory/{cat}?reason=asked%20by%20the%20user&actor=support"
-        ))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["memory_version"], json!(v0 + 1));
-    let (status, _) = api.delete(&format!("/api/users/{user}/memory/{cat}")).await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "deleted once");
-
-    let (context, sources) = api.ask_context(user, "What is my cat called?").await;
-    assert!(!context.contains("The user's cat is named Zebrafish"), "{context}");
-    assert!(
-        !sources.iter().any(|s| s["kind"] == "record" && s["id"] == json!(cat)),
-        "{sources:?}"
-    );
-
-    // Replace a summary: the next context has the new text.
-    let (status, body) = api
-        .send(
-            api.http
-                .put(api.url(&format!("/api/users/{user}/memory/{keep}")))
-                .json(&json!({ "summary": "The user grows peppers on the balcony", "reason": "correction" })),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["memory_version"], json!(v0 + 2));
-    let (context, _) = api.ask_context(user, "What do I grow on the balcony?").await;
-    assert!(context.contains("The user grows peppers on the balcony"), "{context}");
-    assert!(!context.contains("tomatoes"), "{context}");
-
-    // Delete a turn: gone from the turns and from the record covering it.
-    let covering = add_record(&c, user, 1, &["cat"], "cat again", &[turn]).await;
-    let (status, body) = api.delete(&format!("/api/users/{user}/turns/{turn}?reason=typo")).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["memory_version"], json!(v0 + 3));
-    assert_eq!(
-        count(&c, &format!("SELECT count(*) FROM raw_logs WHERE id = {turn}")).await,
-        0
-    );
-    assert_eq!(
-        count(
-            &c,
-            &format!("SELECT cardinality(raw_log_ids)::bigint FROM lsm_storage WHERE id = {covering}")
-        )
-        .await,
-        0
-    );
-
-    // The audit trail: who, why, which rows — never the removed text.
-    let actions: Vec<(String, String, Option<String>, Value)> = c
-        .query(
-            "SELECT action, actor, reason, detail FROM operator_actions
-             WHERE detail ->> 'user_id' = $1 ORDER BY id",
-            &[&user.to_string()],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| by_name!(r, "action", "actor", "reason", "detail"))
-        .collect();
-    let names: Vec<&str> = actions.iter().map(|a| a.0.as_str()).collect();
-    assert_eq!(
-        names,
-        ["memory_delete_record", "memory_replace_summary", "memory_delete_turn"]
-    );
-    assert_eq!(actions[0].1, "http:support");
-    assert_eq!(actions[0].2.as_deref(), Some("asked by the user"));
-    assert_eq!(actions[0].3["record_id"], json!(cat));
-    assert_eq!(actions[2].3["records"], json!([covering]));
-    assert!(!format!("{actions:?}").contains("Zebrafish"));
-    let mark_version = count(
-        &c,
-        &format!("SELECT memory_version FROM archive_marks WHERE user_id = '{user}'"),
-    )
-    .await;
-    assert_eq!(mark_version, v0 + 3);
+    let v0 = memory_version(&api, user).await;
+    assert_deleting_a_record_changes_the_context(&api, user, cat, v0).await;
+    assert_replacing_a_summary_changes_the_context(&api, user, keep, v0).await;
+    let covering = assert_deleting_a_turn_leaves_no_trace(&api, &c, user, turn, v0).await;
+    assert_corrections_audited(&c, user, cat, covering, v0).await;
 }
 
-/// Forget: while the user's requests are in flight and an archivist run
-/// over the user is going, `DELETE /api/users/{id}` erases everything;
-/// 409 while it runs; afterwards no table but the tombstone mentions the
-/// user, late results and late writes change nothing, a new request for
-/// the user is refused, and another user is untouched.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forgetting_a_user_mid_flight_and_mid_archive_leaves_only_the_tombstone() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
+/// `user` with 200 turns in one thread, and `other` with a turn and a record.
+async fn a_user_and_a_bystander(c: &Client) -> (Uuid, Uuid) {
     let (user, other) = (Uuid::new_v4(), Uuid::new_v4());
     c.execute(
         "INSERT INTO raw_logs (user_id, thread_id, message_type, content)
@@ -374,42 +418,35 @@ async fn forgetting_a_user_mid_flight_and_mid_archive_leaves_only_the_tombstone(
     )
     .await
     .unwrap();
-    add_turn(&c, other, "the other user's turn").await;
-    add_record(&c, other, 1, &["other"], "the other user's record", &[]).await;
-    // The daemon's model calls take 4 s (its requests stay in flight), the
-    // archivist's 0.8 s (it commits a record per batch of 20 turns).
-    let api = start(&db, 4000).await;
-    for i in 0..6 {
-        api.submit_for(user, &format!("question {i} about my turns")).await;
-    }
+    add_turn(c, other, "the other user's turn").await;
+    add_record(c, other, 1, &["other"], "the other user's record", &[]).await;
+    (user, other)
+}
+
+/// A `maasctl archivist run` over `user` whose model calls take 0.8 s (it
+/// commits a record per batch of 20 turns), waited for until it committed
+/// its first record while the user's requests are in flight.
+async fn archiving_while_in_flight(url: &str, c: &Client, user: Uuid) -> tokio::process::Child {
     let env = [
         ("MAAS_LLM__OFFLINE__LATENCY_MS", "800".to_owned()),
         ("MAAS_ARCHIVIST__BATCH_LOGS", "20".to_owned()),
     ];
-    let mut archivist = tokio_command(&db.url, &["archivist", "run", "--user", &user.to_string()], &env)
+    let archivist = tokio_command(url, &["archivist", "run", "--user", &user.to_string()], &env)
         .spawn()
         .unwrap();
+    let leased = format!("SELECT count(*) FROM pipeline_runs WHERE user_id = '{user}' AND lease_owner IS NOT NULL");
+    let recorded = format!("SELECT count(*) FROM lsm_storage WHERE user_id = '{user}'");
     wait_until(
         GENEROUS,
         "requests in flight and the archive run past its first record",
-        || async {
-            count(
-                &c,
-                &format!("SELECT count(*) FROM pipeline_runs WHERE user_id = '{user}' AND lease_owner IS NOT NULL"),
-            )
-            .await
-                > 0
-                && count(
-                    &c,
-                    &format!("SELECT count(*) FROM lsm_storage WHERE user_id = '{user}'"),
-                )
-                .await
-                    > 0
-        },
+        || async { count(c, &leased).await > 0 && count(c, &recorded).await > 0 },
     )
     .await;
-    // A producer transaction that logged a turn before the forget and is
-    // still open: the erase waits for it (and then deletes its turn).
+    archivist
+}
+
+/// A producer transaction that logged a turn of `user` and is still open.
+async fn open_producer(db: &TestDb, user: Uuid) -> Client {
     let producer = db.client().await;
     producer
         .batch_execute(&format!(
@@ -417,7 +454,14 @@ async fn forgetting_a_user_mid_flight_and_mid_archive_leaves_only_the_tombstone(
         ))
         .await
         .unwrap();
+    producer
+}
 
+/// Starts the erase of `user` over HTTP; while it runs, a second forget and
+/// the memory are 409 and a request submitted is refused, whatever the
+/// order in which it and the `producer`'s commit reach the database (the
+/// erase waits for that transaction, then deletes its turn).
+async fn forget_while_a_producer_commits(api: &Api, user: Uuid, producer: Client) {
     let (status, body) = api.delete(&format!("/api/users/{user}?reason=erasure%20request")).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let (status, body) = api.delete(&format!("/api/users/{user}")).await;
@@ -425,30 +469,14 @@ async fn forgetting_a_user_mid_flight_and_mid_archive_leaves_only_the_tombstone(
     assert_eq!(body["code"], "erase_running");
     let (status, _) = api.get_json(&format!("/api/users/{user}/memory")).await;
     assert_eq!(status, StatusCode::CONFLICT);
-    // A request submitted while the erase runs is refused, whatever the
-    // order in which it and the producer's commit reach the database.
-    let (raced, ()) = tokio::join!(
-        api.send(
-            api.http
-                .post(api.url("/api/query"))
-                .json(&json!({ "user_id": user, "query": "racing the erase" }))
-        ),
-        async { producer.batch_execute("COMMIT").await.unwrap() }
-    );
+    let (raced, ()) = tokio::join!(api.submit_json(user, "racing the erase"), async {
+        producer.batch_execute("COMMIT").await.unwrap()
+    });
     assert_eq!(raced.0, StatusCode::GONE, "{}", raced.1);
+}
 
-    wait_until(GENEROUS, "the erase finishes", || async {
-        api.get_json(&format!("/api/users/{user}/memory")).await.1["code"] == "user_forgotten"
-    })
-    .await;
-    let _ = archivist.wait().await;
-    // A request of the other user, submitted now, takes two model calls:
-    // by its end every stage of the forgotten user that was running when
-    // the erase finished has ended too, and its result was discarded.
-    let (_, _) = api.ask_context(other, "anything new?").await;
-
-    let traces = traces_of(&c, user).await;
-    assert!(traces.is_empty(), "left behind: {traces:?}");
+/// The tombstone of `user`: by whom, why, finished, and what it erased.
+async fn assert_tombstone(c: &Client, user: Uuid) {
     let tomb = c
         .query_one(
             "SELECT actor, reason, finished_at IS NOT NULL AS done, erased FROM forgotten_users WHERE user_id = $1",
@@ -467,15 +495,12 @@ async fn forgetting_a_user_mid_flight_and_mid_archive_leaves_only_the_tombstone(
     assert!(erased["turns"].as_i64().unwrap() >= 201, "{erased}");
     assert!(erased["records"].as_i64().unwrap() >= 1, "{erased}");
     println!("erased: {erased}");
+}
 
-    // Late writes: a request is refused, a turn or record is dropped.
-    let (status, body) = api
-        .send(
-            api.http
-                .post(api.url("/api/query"))
-                .json(&json!({ "user_id": user, "query": "hello again" })),
-        )
-        .await;
+/// Late writes for the forgotten `user`: a request is refused, a turn or
+/// record is dropped (and counted).
+async fn assert_late_writes_change_nothing(api: &Api, c: &Client, user: Uuid) {
+    let (status, body) = api.submit_json(user, "hello again").await;
     assert_eq!(status, StatusCode::GONE, "{body}");
     let err = c
         .execute(
@@ -493,15 +518,50 @@ async fn forgetting_a_user_mid_flight_and_mid_archive_leaves_only_the_tombstone(
         .await
         .unwrap();
     assert_eq!(inserted, 0, "the late turn is dropped");
-    assert!(traces_of(&c, user).await.is_empty());
+    assert!(traces_of(c, user).await.is_empty());
     assert!(
         count(
-            &c,
+            c,
             &format!("SELECT dropped_writes FROM forgotten_users WHERE user_id = '{user}'")
         )
         .await
             >= 1
     );
+}
+
+/// Forget: while the user's requests are in flight and an archivist run
+/// over the user is going, `DELETE /api/users/{id}` erases everything;
+/// 409 while it runs; afterwards no table but the tombstone mentions the
+/// user, late results and late writes change nothing, a new request for
+/// the user is refused, and another user is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgetting_a_user_mid_flight_and_mid_archive_leaves_only_the_tombstone() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (user, other) = a_user_and_a_bystander(&c).await;
+    // The daemon's model calls take 4 s: its requests stay in flight.
+    let api = start(&db, 4000).await;
+    for i in 0..6 {
+        api.submit_for(user, &format!("question {i} about my turns")).await;
+    }
+    let mut archivist = archiving_while_in_flight(&db.url, &c, user).await;
+    let producer = open_producer(&db, user).await;
+    forget_while_a_producer_commits(&api, user, producer).await;
+
+    wait_until(GENEROUS, "the erase finishes", || async {
+        api.get_json(&format!("/api/users/{user}/memory")).await.1["code"] == "user_forgotten"
+    })
+    .await;
+    let _ = archivist.wait().await;
+    // A request of the other user, submitted now, takes two model calls:
+    // by its end every stage of the forgotten user that was running when
+    // the erase finished has ended too, and its result was discarded.
+    let (_, _) = api.ask_context(other, "anything new?").await;
+
+    let traces = traces_of(&c, user).await;
+    assert!(traces.is_empty(), "left behind: {traces:?}");
+    assert_tombstone(&c, user).await;
+    assert_late_writes_change_nothing(&api, &c, user).await;
 
     // The other user is untouched.
     assert_eq!(
@@ -532,12 +592,7 @@ async fn maasctl_users_forget_erases_and_leaves_the_tombstone() {
     }
     add_record(&c, user, 1, &["x"], "a record", &[]).await;
     let id = user.to_string();
-    let (code, out, err) = maasctl_async(
-        &db.url,
-        &["users", "forget", &id, "--reason", "GDPR art. 17"],
-        crate::support::cli::NO_ENV,
-    )
-    .await;
+    let (code, out, err) = maasctl_async(&db.url, &["users", "forget", &id, "--reason", "GDPR art. 17"], NO_ENV).await;
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("3 requests") && out.contains("3 turns") && out.contains("1 records"),
@@ -552,21 +607,16 @@ async fn maasctl_users_forget_erases_and_leaves_the_tombstone() {
         by_name!(r, "actor", "reason")
     };
     assert_eq!((actor.as_str(), reason.as_str()), ("night-shift", "GDPR art. 17"));
-    let (code, _, err) = maasctl_async(
-        &db.url,
-        &["users", "forget", &id, "--reason", "again"],
-        crate::support::cli::NO_ENV,
-    )
-    .await;
+    let (code, _, err) = maasctl_async(&db.url, &["users", "forget", &id, "--reason", "again"], NO_ENV).await;
     assert_eq!(code, 1);
     assert!(err.contains("was forgotten"), "{err}");
-    let (code, _, err) = maasctl_async(&db.url, &["users", "show", &id], crate::support::cli::NO_ENV).await;
+    let (code, _, err) = maasctl_async(&db.url, &["users", "show", &id], NO_ENV).await;
     assert_eq!(code, 1);
     assert!(err.contains("was forgotten"), "{err}");
     let (code, _, _) = maasctl_async(
         &db.url,
         &["users", "forget", &Uuid::new_v4().to_string(), "--reason", "x"],
-        crate::support::cli::NO_ENV,
+        NO_ENV,
     )
     .await;
     assert_eq!(code, 1);
@@ -586,13 +636,9 @@ fn rss_kib(pid: i32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// Export: a user with 10,000 turns streams as one JSON document whose
-/// counts match the tables (HTTP and `maasctl users export`); the daemon's
-/// memory is logged, not asserted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exporting_a_user_with_ten_thousand_turns_streams_one_document() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
+/// A user with 10,000 turns and 40 records, served by a daemon that then
+/// answered three of the user's requests.
+async fn a_user_with_ten_thousand_turns(db: &TestDb, c: &Client) -> (Uuid, Api) {
     let user = Uuid::new_v4();
     c.execute(
         "INSERT INTO raw_logs (user_id, thread_id, message_type, content)
@@ -603,12 +649,18 @@ async fn exporting_a_user_with_ten_thousand_turns_streams_one_document() {
     .await
     .unwrap();
     for i in 0..40 {
-        add_record(&c, user, 40 - i, &["t"], &format!("record {i}"), &[i64::from(i) + 1]).await;
+        add_record(c, user, 40 - i, &["t"], &format!("record {i}"), &[i64::from(i) + 1]).await;
     }
-    let api = start(&db, 0).await;
+    let api = start(db, 0).await;
     for i in 0..3 {
         api.ask_context(user, &format!("question {i}")).await;
     }
+    (user, api)
+}
+
+/// Streams the export of `user` over HTTP and parses it; logs the daemon's
+/// memory while it streams.
+async fn stream_export(api: &Api, user: Uuid) -> Value {
     let pid = api.d.pid().as_raw();
     let (rss_before, _) = rss_kib(pid);
     let mut resp = api
@@ -630,10 +682,15 @@ async fn exporting_a_user_with_ten_thousand_turns_streams_one_document() {
         "export: {} bytes in {chunks} chunks; maasd RSS before {rss_before} KiB, max while streaming {rss_max} KiB, after {rss_after} KiB, peak (VmHWM) {hwm} KiB",
         body.len()
     );
-    let doc: Value = serde_json::from_slice(&body).unwrap();
-    let turns = count(&c, &format!("SELECT count(*) FROM raw_logs WHERE user_id = '{user}'")).await;
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// The exported `doc` of `user` counts what the tables hold: every turn
+/// once in the user's order, the records, the requests with their steps.
+async fn assert_export_matches_the_tables(c: &Client, user: Uuid, doc: &Value) {
+    let turns = count(c, &format!("SELECT count(*) FROM raw_logs WHERE user_id = '{user}'")).await;
     let steps = count(
-        &c,
+        c,
         &format!(
             "SELECT count(*) FROM pipeline_steps s JOIN pipeline_runs r ON r.id = s.run_id WHERE r.user_id = '{user}'"
         ),
@@ -658,16 +715,24 @@ async fn exporting_a_user_with_ten_thousand_turns_streams_one_document() {
         .map(|t| t["user_seq"].as_i64().unwrap())
         .collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+}
+
+/// Export: a user with 10,000 turns streams as one JSON document whose
+/// counts match the tables (HTTP and `maasctl users export`); the daemon's
+/// memory is logged, not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exporting_a_user_with_ten_thousand_turns_streams_one_document() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (user, api) = a_user_with_ten_thousand_turns(&db, &c).await;
+    let doc = stream_export(&api, user).await;
+    assert_export_matches_the_tables(&c, user, &doc).await;
 
     // maasctl writes the same document to stdout.
-    let out = tokio_command(
-        &db.url,
-        &["users", "export", &user.to_string()],
-        crate::support::cli::NO_ENV,
-    )
-    .output()
-    .await
-    .unwrap();
+    let out = tokio_command(&db.url, &["users", "export", &user.to_string()], NO_ENV)
+        .output()
+        .await
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(cli["counts"], doc["counts"]);
