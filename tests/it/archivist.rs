@@ -124,13 +124,14 @@ async fn mark(c: &Client, user: Uuid) -> (i64, i64, i64) {
     by_name!(r, "logged_seq", "archived_seq", "memory_version")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_users_with_threads_get_the_right_records() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    let (a, b, u3) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
-    let (t1, t2, t3, t4) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
-    // Interleaved, as real traffic is.
+/// Logs of three users in four threads (and one without a thread),
+/// interleaved as real traffic is: three rounds, the third user in the
+/// first only. Returns each user's expected records: one per thread.
+async fn interleaved_threads(
+    c: &Client,
+    [a, b, u3]: [Uuid; 3],
+    [t1, t2, t3, t4]: [Uuid; 4],
+) -> BTreeMap<Uuid, BTreeSet<Vec<i64>>> {
     let mut expect: BTreeMap<Uuid, BTreeSet<Vec<i64>>> = BTreeMap::new();
     let mut threads: BTreeMap<(Uuid, Option<Uuid>), Vec<i64>> = BTreeMap::new();
     for round in 0..3 {
@@ -138,38 +139,21 @@ async fn three_users_with_threads_get_the_right_records() {
             if user == u3 && round > 0 {
                 continue;
             }
-            let id = log(
-                &c,
-                user,
-                thread,
-                &format!("round {round} talk about travel plans"),
-                60.0,
-            )
-            .await;
+            let id = log(c, user, thread, &format!("round {round} talk about travel plans"), 60.0).await;
             threads.entry((user, thread)).or_default().push(id);
         }
     }
     for ((user, _), ids) in threads {
         expect.entry(user).or_default().insert(ids);
     }
-    let env = [("MAAS_ARCHIVIST__MIN_PENDING", "1".to_owned())];
-    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
-    assert_eq!(code, 0, "{out}{err}");
-    assert!(
-        out.contains("3 users, 3 archived, 13 logs, 5 records, 0 failed"),
-        "{out}"
-    );
-    for (user, want) in &expect {
-        let got: BTreeSet<Vec<i64>> = records(&c, *user).await.into_iter().collect();
-        assert_eq!(&got, want, "records of {user}");
-    }
-    assert_exactly_once(&c, true).await;
-    assert_eq!(mark(&c, a).await, (6, 6, 2));
-    assert_eq!(mark(&c, b).await, (6, 6, 2));
-    assert_eq!(mark(&c, u3).await, (1, 1, 1));
-    // The offline provider's buckets are the messages' own times (to the second).
+    expect
+}
+
+/// No record's period strays more than a second from its turns' times (the
+/// offline provider's buckets are the messages' own times).
+async fn assert_buckets_span_their_turns(c: &Client) {
     let bad_buckets = count(
-        &c,
+        c,
         "SELECT count(*) FROM lsm_storage l,
                 LATERAL (SELECT min(created_at) AS first, max(created_at) AS last
                          FROM raw_logs r WHERE r.id = ANY (l.raw_log_ids)) m
@@ -178,17 +162,10 @@ async fn three_users_with_threads_get_the_right_records() {
     )
     .await;
     assert_eq!(bad_buckets, 0);
+}
 
-    // A second run with nothing new adds nothing, with or without --user.
-    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
-    assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("0 users"), "{out}");
-    let (code, out, _) = maasctl_async(&db.url, &["archivist", "run", "--user", &a.to_string()], &env).await;
-    assert_eq!(code, 0);
-    assert!(out.contains("nothing pending (memory version 2)"), "{out}");
-    assert_eq!(count(&c, "SELECT count(*) FROM lsm_storage").await, 5);
-
-    // Every run left a record.
+/// Every run left a row, finished and timed; the first counts what it did.
+async fn assert_every_run_recorded(c: &Client) {
     let runs = c
         .query(
             "SELECT users, users_archived, logs, records, failures, finished_at IS NOT NULL AS finished, duration_ms IS NOT NULL AS timed
@@ -212,32 +189,62 @@ async fn three_users_with_threads_get_the_right_records() {
         runs.iter()
             .all(|r| r.get::<_, bool>("finished") && r.get::<_, bool>("timed"))
     );
+}
 
-    // The memory version, shown by maasctl.
-    let (code, out, _) = maasctl_async(
-        &db.url,
-        &["--json", "archivist", "show", "--user", &b.to_string()],
-        NO_ENV,
-    )
-    .await;
+/// `maasctl archivist show` gives the memory version of `user`; a new log
+/// in `thread` is pending again, and the version moves on the next archive.
+async fn assert_memory_version_shown_and_moved(url: &str, c: &Client, user: Uuid, thread: Uuid) {
+    let id = user.to_string();
+    let (code, out, _) = maasctl_async(url, &["--json", "archivist", "show", "--user", &id], NO_ENV).await;
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["memory_version"], 2);
     assert_eq!(v["pending"], 0);
-    // New logs: pending again, and the version moves on the next archive.
-    log(&c, b, Some(t3), "one more", 0.0).await;
-    let (_, out, _) = maasctl_async(&db.url, &["archivist", "show", "--user", &b.to_string()], NO_ENV).await;
+    log(c, user, Some(thread), "one more", 0.0).await;
+    let (_, out, _) = maasctl_async(url, &["archivist", "show", "--user", &id], NO_ENV).await;
     assert!(out.contains("7 logged, 6 archived, 1 pending"), "{out}");
-    let (code, out, _) = maasctl_async(
-        &db.url,
-        &["--json", "archivist", "run", "--user", &b.to_string()],
-        NO_ENV,
-    )
-    .await;
+    let (code, out, _) = maasctl_async(url, &["--json", "archivist", "run", "--user", &id], NO_ENV).await;
     assert_eq!(code, 0, "{out}");
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["users"][0]["outcome"], "archived");
     assert_eq!(v["users"][0]["memory_version"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_users_with_threads_get_the_right_records() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (a, b, u3) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let threads = [Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()];
+    let expect = interleaved_threads(&c, [a, b, u3], threads).await;
+    let env = [("MAAS_ARCHIVIST__MIN_PENDING", "1".to_owned())];
+    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("3 users, 3 archived, 13 logs, 5 records, 0 failed"),
+        "{out}"
+    );
+    for (user, want) in &expect {
+        let got: BTreeSet<Vec<i64>> = records(&c, *user).await.into_iter().collect();
+        assert_eq!(&got, want, "records of {user}");
+    }
+    assert_exactly_once(&c, true).await;
+    assert_eq!(mark(&c, a).await, (6, 6, 2));
+    assert_eq!(mark(&c, b).await, (6, 6, 2));
+    assert_eq!(mark(&c, u3).await, (1, 1, 1));
+    assert_buckets_span_their_turns(&c).await;
+
+    // A second run with nothing new adds nothing, with or without --user.
+    let (code, out, err) = maasctl_async(&db.url, &["archivist", "run"], &env).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("0 users"), "{out}");
+    let (code, out, _) = maasctl_async(&db.url, &["archivist", "run", "--user", &a.to_string()], &env).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("nothing pending (memory version 2)"), "{out}");
+    assert_eq!(count(&c, "SELECT count(*) FROM lsm_storage").await, 5);
+
+    assert_every_run_recorded(&c).await;
+    assert_memory_version_shown_and_moved(&db.url, &c, b, threads[2]).await;
     assert_exactly_once(&c, true).await;
 }
 
