@@ -15,12 +15,13 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::api::Api;
 use crate::support::cli::maasctl_async;
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, value};
 use crate::support::{
     GENEROUS, assert_all_completed_once, assert_no_overlapping_cron_runs, count, insert_requests, wait_until,
 };
@@ -201,26 +202,20 @@ async fn pooled_api(url: &str, opts: Opts) -> Api {
     api
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn everything_but_listen_works_through_pgbouncer_in_transaction_mode() {
-    let Some(binary) = pgbouncer_binary() else { return };
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    let bouncer = PgBouncer::start(&binary, &db.url).await;
-    let url = bouncer.url(&db.url);
+/// A daemon through the pooler whose archivist runs every second on any
+/// pending turn, in batches of two, its model calls 5 ms.
+fn scheduled(direct: &str) -> Opts {
+    pooled(Opts::default(), direct)
+        .env("MAAS_ARCHIVIST__SCHEDULE", "* * * * * *")
+        .env("MAAS_ARCHIVIST__MIN_PENDING", "1")
+        .env("MAAS_ARCHIVIST__COOLDOWN_SECS", "0")
+        .env("MAAS_ARCHIVIST__BATCH_LOGS", "2")
+        .env("MAAS_LLM__OFFLINE__LATENCY_MS", "5")
+}
 
-    let opts = || {
-        pooled(Opts::default(), &db.url)
-            .env("MAAS_ARCHIVIST__SCHEDULE", "* * * * * *")
-            .env("MAAS_ARCHIVIST__MIN_PENDING", "1")
-            .env("MAAS_ARCHIVIST__COOLDOWN_SECS", "0")
-            .env("MAAS_ARCHIVIST__BATCH_LOGS", "2")
-            .env("MAAS_LLM__OFFLINE__LATENCY_MS", "5")
-    };
-    let api = pooled_api(&url, opts()).await;
-    let _second = Maasd::spawn(&url, opts());
-
-    // Over HTTP (with and without an idempotency key) and by INSERT.
+/// Submits 20 requests over HTTP, every other one with an idempotency key,
+/// each with its number as metadata; returns their ids.
+async fn submit_twenty(api: &Api) -> Vec<Uuid> {
     let mut ids = Vec::new();
     for i in 0..20 {
         let body = json!({ "user_id": Uuid::from_u128(i % 5 + 1), "query": format!("through the pooler #{i}"),
@@ -234,38 +229,37 @@ async fn everything_but_listen_works_through_pgbouncer_in_transaction_mode() {
         let body: Value = resp.json().await.unwrap();
         ids.push(body["request_id"].as_str().unwrap().parse::<Uuid>().unwrap());
     }
-    insert_requests(&c, 20, "inserted behind the pooler").await;
-    assert_all_completed_once(&c, 40).await;
-    let resp = api.get(&format!("/api/query/{}/status?wait=10s", ids[3])).await;
-    let state: Value = resp.json().await.unwrap();
-    assert_eq!(state["status"], "completed", "{state}");
-    assert_eq!(state["metadata"], json!({ "i": 3 }));
+    ids
+}
 
-    // The scheduled archivist of both daemons archives every turn, once,
-    // and two runs never overlap.
+/// The scheduled archivist of both daemons archives every turn, once, and
+/// two runs never overlap.
+async fn assert_the_schedule_archives_every_turn_once(c: &Client) {
     wait_until(GENEROUS, "the schedule archives every turn", || async {
-        count(&c, "SELECT count(*) FROM archive_marks WHERE archived_seq < logged_seq").await == 0
-            && count(&c, "SELECT count(*) FROM archive_marks").await > 0
+        count(c, "SELECT count(*) FROM archive_marks WHERE archived_seq < logged_seq").await == 0
+            && count(c, "SELECT count(*) FROM archive_marks").await > 0
     })
     .await;
-    assert_no_overlapping_cron_runs(&c).await;
+    assert_no_overlapping_cron_runs(c).await;
     let double = count(
-        &c,
+        c,
         "SELECT count(*) FROM (SELECT u.lid FROM lsm_storage l, unnest(l.raw_log_ids) u(lid) GROUP BY u.lid HAVING count(*) > 1) d",
     )
     .await;
     assert_eq!(double, 0, "a turn was archived twice");
-    assert!(count(&c, "SELECT count(*) FROM lsm_storage").await > 0);
+    assert!(count(c, "SELECT count(*) FROM lsm_storage").await > 0);
     assert!(
         count(
-            &c,
+            c,
             "SELECT count(*) FROM archive_runs WHERE trigger = 'cron' AND logs > 0"
         )
         .await
             > 0
     );
+}
 
-    // The clients really shared the pooler's two server connections.
+/// The clients of `db` really shared the pooler's two server connections.
+async fn assert_clients_shared_the_servers(bouncer: &PgBouncer, db: &TestDb) {
     let clients = bouncer.show(&db.url, "CLIENTS").await;
     let ours = clients.iter().filter(|r| r["database"] == db.name).count();
     let servers = bouncer.show(&db.url, "SERVERS").await;
@@ -274,13 +268,15 @@ async fn everything_but_listen_works_through_pgbouncer_in_transaction_mode() {
         i64::try_from(theirs).unwrap() <= POOL_SIZE && ours > theirs,
         "{ours} clients on {theirs} server connections"
     );
+}
 
-    // maasctl through the pooler.
-    let env = [
-        ("MAAS_DB__POOLER", "transaction"),
-        ("MAAS_LISTEN_DATABASE_URL", db.url.as_str()),
-    ];
-    let id = ids[0].to_string();
+/// `maasctl` through the pooler at `url` (`direct` for its LISTEN):
+/// reads, an archive run, migrate, and an operator transition (one
+/// statement with its audit row); `request` is a request submitted with
+/// metadata `{"i":0}`.
+async fn assert_maasctl_works_through(url: &str, direct: &str, c: &Client, request: Uuid) {
+    let env = [("MAAS_DB__POOLER", "transaction"), ("MAAS_LISTEN_DATABASE_URL", direct)];
+    let id = request.to_string();
     for args in [
         vec!["requests", "list", "--limit", "5"],
         vec!["requests", "show", id.as_str()],
@@ -288,29 +284,52 @@ async fn everything_but_listen_works_through_pgbouncer_in_transaction_mode() {
         vec!["archivist", "run"],
         vec!["migrate"],
     ] {
-        let (code, out, err) = maasctl_async(&url, &args, &env).await;
+        let (code, out, err) = maasctl_async(url, &args, &env).await;
         assert_eq!(code, 0, "maasctl {args:?} through pgbouncer: {out}\n{err}");
         assert!(!err.contains("prepared statement"), "{err}");
     }
-    let (_, out, _) = maasctl_async(&url, &["requests", "show", id.as_str()], &env).await;
+    let (_, out, _) = maasctl_async(url, &["requests", "show", id.as_str()], &env).await;
     assert!(out.contains("metadata  {\"i\":0}"), "{out}");
-    // An operator transition (one statement with its audit row).
-    let held: Uuid = crate::support::db::value(
-        &c,
+    let held: Uuid = value(
+        c,
         "INSERT INTO pipeline_runs (user_id, user_query, run_after) VALUES ($1, 'held', now() + interval '1 hour') RETURNING id",
         &[&Uuid::new_v4()],
     )
     .await;
     let held = held.to_string();
-    let (code, out, err) = maasctl_async(&url, &["requests", "cancel", "--reason", "pooler test", &held], &env).await;
+    let (code, out, err) = maasctl_async(url, &["requests", "cancel", "--reason", "pooler test", &held], &env).await;
     assert_eq!(code, 0, "{out}\n{err}");
-    let status: String = crate::support::db::value(
-        &c,
+    let status: String = value(
+        c,
         "SELECT status FROM pipeline_runs WHERE id = $1::text::uuid",
         &[&held],
     )
     .await;
     assert_eq!(status, "CANCELLED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_but_listen_works_through_pgbouncer_in_transaction_mode() {
+    let Some(binary) = pgbouncer_binary() else { return };
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let bouncer = PgBouncer::start(&binary, &db.url).await;
+    let url = bouncer.url(&db.url);
+    let api = pooled_api(&url, scheduled(&db.url)).await;
+    let _second = Maasd::spawn(&url, scheduled(&db.url));
+
+    // Over HTTP (with and without an idempotency key) and by INSERT.
+    let ids = submit_twenty(&api).await;
+    insert_requests(&c, 20, "inserted behind the pooler").await;
+    assert_all_completed_once(&c, 40).await;
+    let resp = api.get(&format!("/api/query/{}/status?wait=10s", ids[3])).await;
+    let state: Value = resp.json().await.unwrap();
+    assert_eq!(state["status"], "completed", "{state}");
+    assert_eq!(state["metadata"], json!({ "i": 3 }));
+
+    assert_the_schedule_archives_every_turn_once(&c).await;
+    assert_clients_shared_the_servers(&bouncer, &db).await;
+    assert_maasctl_works_through(&url, &db.url, &c, ids[0]).await;
 
     let logs = format!("{}{}", api.d.plain_log(), bouncer.log_text());
     assert!(!logs.contains("prepared statement"), "{logs}");
