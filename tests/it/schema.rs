@@ -106,6 +106,31 @@ async fn listen(db: &TestDb) -> (tokio_postgres::Client, tokio::sync::mpsc::Unbo
     (listener, rx)
 }
 
+/// The next `n` notifications of `rx`, each as (request, status); panics
+/// when one takes more than five seconds.
+async fn next_events(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, n: usize) -> Vec<(Uuid, String)> {
+    let mut seen = Vec::new();
+    while seen.len() < n {
+        let payload = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("a notification")
+            .unwrap();
+        let ev = maas::listener::parse_payload(&payload).unwrap();
+        seen.push((ev.id, ev.status.as_str().to_owned()));
+    }
+    seen
+}
+
+/// Asserts that `rx` receives nothing more within 300 ms.
+async fn assert_silent(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, why: &str) {
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rx.recv())
+            .await
+            .is_err(),
+        "{why}"
+    );
+}
+
 #[tokio::test]
 async fn the_trigger_rings_on_insert_and_status_change_only() {
     let db = TestDb::new().await;
@@ -144,12 +169,7 @@ async fn the_trigger_rings_on_insert_and_status_change_only() {
     // The payload names the row; it never carries it.
     let v: serde_json::Value = serde_json::from_str(&first).unwrap();
     assert_eq!(v.as_object().unwrap().len(), 3);
-    // The non-status update rang nothing.
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), rx.recv())
-            .await
-            .is_err()
-    );
+    assert_silent(&mut rx, "the non-status update rang nothing").await;
 }
 
 #[tokio::test]
@@ -469,15 +489,7 @@ async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
         count(&c, "SELECT count(*) FROM pipeline_steps WHERE outcome = 'succeeded'").await,
         2
     );
-    let mut seen = Vec::new();
-    while seen.len() < 3 {
-        let payload = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .expect("a notification")
-            .unwrap();
-        let ev = maas::listener::parse_payload(&payload).unwrap();
-        seen.push((ev.id, ev.status.as_str().to_owned()));
-    }
+    let seen = next_events(&mut rx, 3).await;
     let plain_seen: Vec<&str> = seen
         .iter()
         .filter(|(id, _)| *id == plain)
@@ -485,12 +497,7 @@ async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
         .collect();
     assert_eq!(plain_seen, vec!["ANALYZED", "ASSEMBLING"]);
     assert!(seen.contains(&(debug, "ANALYZED".to_owned())));
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), rx.recv())
-            .await
-            .is_err(),
-        "nothing else rang"
-    );
+    assert_silent(&mut rx, "nothing else rang").await;
     // A late second write of the same results changes nothing.
     let again = repo::finish_batch(&client, "w", &batch, |_| Some(StageKind::Assemble), LEASE)
         .await
@@ -531,12 +538,7 @@ async fn a_many_row_update_rings_for_each_row_whose_status_changed() {
         assert_eq!((ev.status.as_str(), ev.operation.as_str()), ("CANCELLED", "UPDATE"));
         assert!(ids.insert(ev.id), "one notification per row");
     }
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), rx.recv())
-            .await
-            .is_err(),
-        "rows whose status did not change rang nothing"
-    );
+    assert_silent(&mut rx, "rows whose status did not change rang nothing").await;
 }
 
 /// Deleting runs deletes their step history (one DELETE of many runs
@@ -574,6 +576,59 @@ async fn deleting_runs_deletes_their_steps() {
     assert_eq!(left, 4, "the other runs keep their history");
 }
 
+/// The results of analyze for `claimed`, each with its assemble fused in.
+fn fused(claimed: &[repo::Claimed]) -> Vec<repo::Finished> {
+    claimed
+        .iter()
+        .map(|r| repo::Finished {
+            fused: Some(repo::FusedAssemble {
+                context: format!("context of {}", r.id),
+                context_sources: None,
+                tokens: Some(12),
+                latency_ms: 1,
+            }),
+            ..analyzed(r)
+        })
+        .collect()
+}
+
+/// Status, context and `held` of request `id`.
+async fn fused_state(c: &tokio_postgres::Client, id: Uuid) -> (String, Option<String>, bool) {
+    let r = c
+        .query_one(
+            "SELECT status, final_context_payload, held FROM pipeline_runs WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    (
+        r.get::<_, String>(0),
+        r.get::<_, Option<String>>(1),
+        r.get::<_, bool>(2),
+    )
+}
+
+/// A fused request wrote a step for analyze and one for assemble; `debug`
+/// (not fused) wrote its analyze step alone.
+async fn assert_fused_steps(c: &tokio_postgres::Client, fused: [Uuid; 2], debug: Uuid) {
+    let steps: Vec<(Uuid, String, i32, Option<i32>)> = rows(
+        c,
+        "SELECT run_id, stage, attempt, prompt_tokens FROM pipeline_steps ORDER BY id",
+        &[],
+        |r| by_name!(r, "run_id", "stage", "attempt", "prompt_tokens"),
+    )
+    .await;
+    for id in fused {
+        let mine: Vec<(&str, i32)> = steps
+            .iter()
+            .filter(|s| s.0 == id)
+            .map(|s| (s.1.as_str(), s.2))
+            .collect();
+        assert_eq!(mine, vec![("analyze", 1), ("assemble", 1)], "{id}");
+    }
+    assert_eq!(steps.iter().filter(|s| s.0 == debug).count(), 1);
+}
+
 /// Fusing: an analyze result that carries its assemble output moves the row
 /// past ASSEMBLING (to RESPONDING when chained, else READY) with both step
 /// rows, and every status it passed is announced, in order. A debug run
@@ -590,22 +645,10 @@ async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
     let claimed = claim_analyze(&client, 10, "w").await;
     assert_eq!(claimed.len(), 3);
     let (_listener, mut rx) = listen(&db).await;
-    let batch: Vec<repo::Finished> = claimed
-        .iter()
-        .map(|r| repo::Finished {
-            fused: Some(repo::FusedAssemble {
-                context: format!("context of {}", r.id),
-                context_sources: None,
-                tokens: Some(12),
-                latency_ms: 1,
-            }),
-            ..analyzed(r)
-        })
-        .collect();
     let applied = repo::finish_batch(
         &client,
         "w",
-        &batch,
+        &fused(&claimed),
         |f| (f.id == chained).then_some(StageKind::Respond),
         LEASE,
     )
@@ -617,62 +660,18 @@ async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
     let (stage, next) = of(chained).chained.clone().expect("chained into respond");
     assert_eq!(stage, StageKind::Respond);
     assert_eq!(next.context.as_deref(), Some(format!("context of {chained}").as_str()));
-    let state = |id: Uuid| {
-        let c = &c;
-        async move {
-            let r = c
-                .query_one(
-                    "SELECT status, final_context_payload, held FROM pipeline_runs WHERE id = $1",
-                    &[&id],
-                )
-                .await
-                .unwrap();
-            (
-                r.get::<_, String>(0),
-                r.get::<_, Option<String>>(1),
-                r.get::<_, bool>(2),
-            )
-        }
-    };
-    assert_eq!(state(chained).await.0, "RESPONDING");
+    assert_eq!(fused_state(&c, chained).await.0, "RESPONDING");
     assert_eq!(
-        state(resting).await,
+        fused_state(&c, resting).await,
         ("READY".into(), Some(format!("context of {resting}")), false)
     );
-    assert_eq!(state(debug).await, ("ANALYZED".into(), None, true));
-    let steps: Vec<(Uuid, String, i32, Option<i32>)> = rows(
-        &c,
-        "SELECT run_id, stage, attempt, prompt_tokens FROM pipeline_steps ORDER BY id",
-        &[],
-        |r| by_name!(r, "run_id", "stage", "attempt", "prompt_tokens"),
-    )
-    .await;
-    for id in [chained, resting] {
-        let mine: Vec<(&str, i32)> = steps
-            .iter()
-            .filter(|s| s.0 == id)
-            .map(|s| (s.1.as_str(), s.2))
-            .collect();
-        assert_eq!(mine, vec![("analyze", 1), ("assemble", 1)], "{id}");
-    }
-    assert_eq!(steps.iter().filter(|s| s.0 == debug).count(), 1);
-    let mut seen: Vec<(Uuid, String)> = Vec::new();
-    while seen.len() < 8 {
-        let payload = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .expect("a notification")
-            .unwrap();
-        let ev = maas::listener::parse_payload(&payload).unwrap();
-        seen.push((ev.id, ev.status.as_str().to_owned()));
-    }
+    assert_eq!(fused_state(&c, debug).await, ("ANALYZED".into(), None, true));
+    assert_fused_steps(&c, [chained, resting], debug).await;
+
+    let seen = next_events(&mut rx, 8).await;
     let of_run = |id: Uuid| -> Vec<&str> { seen.iter().filter(|e| e.0 == id).map(|e| e.1.as_str()).collect() };
     assert_eq!(of_run(chained), vec!["ANALYZED", "ASSEMBLING", "READY", "RESPONDING"]);
     assert_eq!(of_run(resting), vec!["ANALYZED", "ASSEMBLING", "READY"]);
     assert_eq!(of_run(debug), vec!["ANALYZED"]);
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), rx.recv())
-            .await
-            .is_err(),
-        "nothing else rang"
-    );
+    assert_silent(&mut rx, "nothing else rang").await;
 }
