@@ -87,23 +87,9 @@ fn body_text(r: &Recorded) -> String {
     r.body.to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn openai_request_completes_with_analysis_context_and_answer() {
-    let fake = FakeLlm::start().await;
-    fake.push(
-        Api::OpenAi,
-        Reply::text(format!("```json\n{}\n```", analysis(None))).with_usage(120, 30),
-    );
-    fake.push(Api::OpenAi, Reply::text("You went to Lisbon.").with_usage(400, 12));
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    let d = Maasd::spawn(&db.url, opts(&fake, Api::OpenAi));
-    let user = Uuid::new_v4();
-    let id = submit(&c, user, "Where did I travel in May?").await;
-    let (status, answer, error) = wait_terminal(&c, id).await;
-    assert_eq!(status, "COMPLETED", "{error:?}");
-    assert_eq!(answer.as_deref(), Some("You went to Lisbon."));
-
+/// The analysis (fences stripped) and the assembled context stored for
+/// request `id`, whose query was "Where did I travel in May?".
+async fn assert_analysis_and_context_stored(c: &Client, id: Uuid) {
     let row = c
         .query_one(
             "SELECT analysis_result, final_context_payload FROM pipeline_runs WHERE id = $1",
@@ -123,7 +109,11 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
         context.starts_with("<system>\nYou are a helpful assistant"),
         "{context}"
     );
+}
 
+/// What the OpenAI-shaped provider received: the analyzer's call, then the
+/// responder's, each with its key, model, temperature, limit and prompt.
+fn assert_openai_received_both_calls(fake: &FakeLlm) {
     let got = fake.requests_for(Api::OpenAi);
     assert_eq!(got.len(), 2);
     let (an, re) = (&got[0], &got[1]);
@@ -140,8 +130,10 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
     assert_eq!(re.body["temperature"], 0.7);
     assert_eq!(re.body["max_tokens"], 2000);
     assert!(body_text(re).contains("<current_query>"));
+}
 
-    // The step history records model, tokens and latency.
+/// The step history of request `id` records model, tokens and latency.
+async fn assert_steps_record_usage(c: &Client, id: Uuid) {
     let step_rows = c
         .query(
             "SELECT stage, model, prompt_tokens, completion_tokens, latency_ms FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
@@ -163,9 +155,13 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
         ("respond".into(), Some("strong-model".into()), Some(400), Some(12))
     );
     assert!(step_rows.iter().all(|r| r.get::<_, Option<i32>>(4).is_some()));
-    // Logged once each, with the request's ids.
+}
+
+/// The query and the answer of request `id` are logged once each, with the
+/// request's ids.
+async fn assert_turns_logged_once(c: &Client, id: Uuid, user: Uuid) {
     let logs: Vec<(String, String)> = rows(
-        &c,
+        c,
         "SELECT message_type, content FROM raw_logs WHERE request_id = $1 AND user_id = $2 ORDER BY id",
         &[&id, &user],
         |r| by_name!(r, "message_type", "content"),
@@ -178,6 +174,28 @@ async fn openai_request_completes_with_analysis_context_and_answer() {
             ("assistant_response".into(), "You went to Lisbon.".into())
         ]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_request_completes_with_analysis_context_and_answer() {
+    let fake = FakeLlm::start().await;
+    fake.push(
+        Api::OpenAi,
+        Reply::text(format!("```json\n{}\n```", analysis(None))).with_usage(120, 30),
+    );
+    fake.push(Api::OpenAi, Reply::text("You went to Lisbon.").with_usage(400, 12));
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let d = Maasd::spawn(&db.url, opts(&fake, Api::OpenAi));
+    let user = Uuid::new_v4();
+    let id = submit(&c, user, "Where did I travel in May?").await;
+    let (status, answer, error) = wait_terminal(&c, id).await;
+    assert_eq!(status, "COMPLETED", "{error:?}");
+    assert_eq!(answer.as_deref(), Some("You went to Lisbon."));
+    assert_analysis_and_context_stored(&c, id).await;
+    assert_openai_received_both_calls(&fake);
+    assert_steps_record_usage(&c, id).await;
+    assert_turns_logged_once(&c, id, user).await;
     assert!(!d.log_text().contains(KEY), "the key never reaches the log");
 }
 
