@@ -222,41 +222,40 @@ async fn every_turn_embedded_within(c: &Client, user: Uuid, model: &str, deadlin
     );
 }
 
-/// With embeddings on (the offline provider's hashed ones), maasd's
-/// embedder gives every turn its embedding, and the memory search finds a
-/// turn that shares no word with the query (Lisboa for Lisbon), which full
-/// text alone cannot; the provenance names it as the best hit, and the
-/// API's search of the user's memory finds it too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    let user = Uuid::new_v4();
+/// Twelve turns of `user` about the weather in one chat, one in another
+/// that says where Ann's sister lives (in Lisboa), and a record; returns
+/// the Lisboa turn.
+async fn a_sister_in_lisboa(c: &Client, user: Uuid) -> i64 {
     let chat = Uuid::new_v4();
     for i in 0..12 {
         let kind = if i % 2 == 0 { "user_query" } else { "assistant_response" };
-        log_turn(&c, user, chat, kind, &format!("Ann: the weather was grey on day {i}")).await;
+        log_turn(c, user, chat, kind, &format!("Ann: the weather was grey on day {i}")).await;
     }
     log_turn(
-        &c,
+        c,
         user,
         Uuid::new_v4(),
         "user_query",
         "Ann: my sister now lives in Lisboa",
     )
     .await;
-    let lisboa = turn_with(&c, "lives in Lisboa").await;
-    a_record(&c, user, "family", "Ann talks about her family").await;
-    // `maasctl doctor` names the backlog while no embedder has run, and a
-    // local model whose folder lacks its files.
+    let lisboa = turn_with(c, "lives in Lisboa").await;
+    a_record(c, user, "family", "Ann talks about her family").await;
+    lisboa
+}
+
+/// `maasctl doctor` with the offline embedder names the backlog while no
+/// embedder has run (13 turns of one user); with embeddings off it says
+/// so; a local model whose folder lacks its files fails.
+async fn assert_doctor_names_the_backlog(url: &str) {
     let offline = [("MAAS_LLM__EMBEDDING__PROVIDER", "offline")];
-    let (code, out, err) = maasctl_async(&db.url, &["doctor"], &offline).await;
+    let (code, out, err) = maasctl_async(url, &["doctor"], &offline).await;
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("warn  embeddings") && out.contains("offline (model offline-hash-384): 13 turn(s) of 1 user(s)"),
         "{out}"
     );
-    let (code, out, _) = maasctl_async::<&str>(&db.url, &["doctor"], &[]).await;
+    let (code, out, _) = maasctl_async::<&str>(url, &["doctor"], &[]).await;
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("ok    embeddings") && out.contains("off (the memory search is full text alone)"),
@@ -267,21 +266,17 @@ async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
         ("MAAS_LLM__EMBEDDING__PROVIDER", "local".to_owned()),
         ("MAAS_LLM__EMBEDDING__MODEL_DIR", nowhere.display().to_string()),
     ];
-    let (code, out, _) = maasctl_async(&db.url, &["doctor"], &local).await;
+    let (code, out, _) = maasctl_async(url, &["doctor"], &local).await;
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains("FAIL  embeddings") && out.contains("config.json, tokenizer.json, model.safetensors missing"),
         "{out}"
     );
-    let api = Api::start(
-        &db,
-        Opts::default()
-            .env("MAAS_ARCHIVIST__ENABLED", "false")
-            .env("MAAS_LLM__EMBEDDING__PROVIDER", "offline"),
-    )
-    .await;
-    every_turn_embedded(&c, user, "offline-hash-384").await;
+}
 
+/// A request of `user` asking "Lisbon?" gets the `lisboa` turn in its
+/// context, named as the best hit of its provenance.
+async fn assert_lisboa_is_the_best_hit(api: &Api, user: Uuid, lisboa: i64) {
     let id = api.ask(user, None, "Lisbon?").await;
     let state = api.status_with(id, "include=context").await;
     let context = state["context"].as_str().unwrap_or_default();
@@ -294,8 +289,32 @@ async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
             .total_cmp(&b["score"].as_f64().unwrap_or(0.0))
     });
     assert_eq!(best.map(|s| s["id"].clone()), Some(json!(lisboa)), "{sources:?}");
+}
+
+/// With embeddings on (the offline provider's hashed ones), maasd's
+/// embedder gives every turn its embedding, and the memory search finds a
+/// turn that shares no word with the query (Lisboa for Lisbon), which full
+/// text alone cannot; the provenance names it as the best hit, and the
+/// API's search of the user's memory finds it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    let lisboa = a_sister_in_lisboa(&c, user).await;
+    assert_doctor_names_the_backlog(&db.url).await;
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_LLM__EMBEDDING__PROVIDER", "offline"),
+    )
+    .await;
+    every_turn_embedded(&c, user, "offline-hash-384").await;
+    assert_lisboa_is_the_best_hit(&api, user, lisboa).await;
     // The request's own turns are embedded too, as they are logged.
     every_turn_embedded(&c, user, "offline-hash-384").await;
+    let offline = [("MAAS_LLM__EMBEDDING__PROVIDER", "offline")];
     let (code, out, err) = maasctl_async(&db.url, &["doctor"], &offline).await;
     assert_eq!(code, 0, "{out}{err}");
     assert!(
