@@ -173,6 +173,20 @@ async fn a_record(c: &Client, user: Uuid, tag: &str, summary: &str) {
     .unwrap();
 }
 
+/// The environment that turns on the offline provider's embeddings.
+const OFFLINE_EMBEDDINGS: &[(&str, &str)] = &[("MAAS_LLM__EMBEDDING__PROVIDER", "offline")];
+
+/// A daemon (archivist off) with the offline provider's embeddings.
+async fn start_with_offline_embeddings(db: &TestDb) -> Api {
+    Api::start(
+        db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_LLM__EMBEDDING__PROVIDER", "offline"),
+    )
+    .await
+}
+
 /// A daemon (archivist off) whose embeddings come from `fake`, as an
 /// OpenAI-compatible provider with the key `embed-test-key`.
 async fn start_with_provider_embeddings(db: &TestDb, fake: &FakeLlm) -> Api {
@@ -248,8 +262,7 @@ async fn a_sister_in_lisboa(c: &Client, user: Uuid) -> i64 {
 /// embedder has run (13 turns of one user); with embeddings off it says
 /// so; a local model whose folder lacks its files fails.
 async fn assert_doctor_names_the_backlog(url: &str) {
-    let offline = [("MAAS_LLM__EMBEDDING__PROVIDER", "offline")];
-    let (code, out, err) = maasctl_async(url, &["doctor"], &offline).await;
+    let (code, out, err) = maasctl_async(url, &["doctor"], OFFLINE_EMBEDDINGS).await;
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("warn  embeddings") && out.contains("offline (model offline-hash-384): 13 turn(s) of 1 user(s)"),
@@ -303,19 +316,12 @@ async fn the_semantic_part_finds_a_turn_that_shares_no_word_with_the_query() {
     let user = Uuid::new_v4();
     let lisboa = a_sister_in_lisboa(&c, user).await;
     assert_doctor_names_the_backlog(&db.url).await;
-    let api = Api::start(
-        &db,
-        Opts::default()
-            .env("MAAS_ARCHIVIST__ENABLED", "false")
-            .env("MAAS_LLM__EMBEDDING__PROVIDER", "offline"),
-    )
-    .await;
+    let api = start_with_offline_embeddings(&db).await;
     every_turn_embedded(&c, user, "offline-hash-384").await;
     assert_lisboa_is_the_best_hit(&api, user, lisboa).await;
     // The request's own turns are embedded too, as they are logged.
     every_turn_embedded(&c, user, "offline-hash-384").await;
-    let offline = [("MAAS_LLM__EMBEDDING__PROVIDER", "offline")];
-    let (code, out, err) = maasctl_async(&db.url, &["doctor"], &offline).await;
+    let (code, out, err) = maasctl_async(&db.url, &["doctor"], OFFLINE_EMBEDDINGS).await;
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("ok    embeddings") && out.contains("offline (model offline-hash-384): every turn embedded"),
@@ -520,13 +526,7 @@ async fn the_embedder_looks_only_at_users_with_new_turns_between_full_passes() {
     // Turns logged while the embedder idles, by a user it has done and a
     // user it has never seen, are embedded by its scoped passes: well
     // before the next full pass is due.
-    let _api = Api::start(
-        &db,
-        Opts::default()
-            .env("MAAS_ARCHIVIST__ENABLED", "false")
-            .env("MAAS_LLM__EMBEDDING__PROVIDER", "offline"),
-    )
-    .await;
+    let _api = start_with_offline_embeddings(&db).await;
     every_turn_embedded(&c, old, "offline-hash-384").await;
     every_turn_embedded(&c, new, "offline-hash-384").await;
     let third = Uuid::new_v4();
