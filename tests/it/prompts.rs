@@ -12,8 +12,8 @@ use crate::support::daemon::Maasd;
 use crate::support::db::TestDb;
 use crate::support::ops::{fast, json};
 
-/// The seeded prompts are listed, the responder's shown by its short name.
-fn assert_seeded_prompts_shown(url: &str) {
+/// The default prompts are listed, the responder's shown by its short name.
+fn assert_default_prompts_shown(url: &str) {
     let (code, out, err) = maasctl(url, &["prompts", "list"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("FinalResponder"), "{out}");
@@ -100,7 +100,7 @@ async fn prompts_are_versioned_and_activated_atomically() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let _d = Maasd::spawn(&db.url, fast());
-    assert_seeded_prompts_shown(&db.url);
+    assert_default_prompts_shown(&db.url);
     let file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("prompt-{}.txt", Uuid::new_v4()));
     assert_a_new_version_is_active_and_the_old_kept(&db.url, &c, &file).await;
     assert_rollback_by_version(&db.url);
