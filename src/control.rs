@@ -299,8 +299,11 @@ pub async fn archive_now(
         "memory_version": u.and_then(|u| u.memory_version),
         "error": u.and_then(|u| u.error.clone()),
     });
-    let client = archivist.pool().get().await.map_err(db::Error::from)?;
-    audit::record(&client, "archive_run", actor, reason, &detail).await?;
+    // A user forgotten while the run went on keeps no row about it.
+    let mut client = archivist.pool().get().await.map_err(db::Error::from)?;
+    let tx = client.transaction().await?;
+    audit::record_about_user(&tx, "archive_run", actor, reason, &detail, user).await?;
+    tx.commit().await?;
     tracing::info!(user_id = %user, actor, outcome = ?u.map(|u| u.outcome), turns = report.logs,
         records = report.records, "archive now");
     Ok(report)

@@ -13,6 +13,8 @@ use crate::db::Error;
 
 super::statements! {
     RECORD = "record_action",
+    USER_GUARD = "actions_user_guard",
+    RECORD_ABOUT_USER = "record_user_action",
     FOR_REQUEST = "show_actions",
     ABOUT_USER = "actions_about_user",
     PROMPT_CHANGES = "actions_prompt_changes",
@@ -28,6 +30,22 @@ pub async fn record(
 ) -> Result<(), Error> {
     super::execute(client, RECORD, &[&action, &actor, &reason, detail]).await?;
     Ok(())
+}
+
+/// Records an operator action about `user`'s memory (`detail` names the
+/// user), unless the user was forgotten; false when it was. Two
+/// statements: `client` must be a transaction, so that a forget that
+/// begins meanwhile waits for it and erases the row.
+pub async fn record_about_user(
+    client: &impl GenericClient,
+    action: &str,
+    actor: &str,
+    reason: Option<&str>,
+    detail: &Value,
+    user: Uuid,
+) -> Result<bool, Error> {
+    super::execute(client, USER_GUARD, &[&user]).await?;
+    super::query_found(client, RECORD_ABOUT_USER, &[&action, &actor, &reason, detail, &user]).await
 }
 
 super::row_struct! {
