@@ -1053,6 +1053,12 @@ async fn ws_as(api: &Api, token: &str, query: &str) -> Ws {
     tokio_tungstenite::connect_async(req).await.unwrap().0
 }
 
+/// `GET /api/query/{id}/events` with bearer `token`.
+async fn events_as(api: &Api, token: &str, id: Uuid) -> reqwest::Response {
+    let url = api.url(&format!("/api/query/{id}/events"));
+    api.http.get(url).bearer_auth(token).send().await.unwrap()
+}
+
 /// Reads SSE `resp` until it ends: the name of every event (`message`
 /// when unnamed), keep-alives left out.
 async fn sse_events_until_end(mut resp: reqwest::Response, within: Duration) -> Vec<String> {
@@ -1089,13 +1095,7 @@ async fn http_streams_end_once_their_token_is_revoked() {
     let mut by_request = ws_as(&api, &tok, &format!("request_id={id}")).await;
     let mut by_user = ws_as(&api, &tok, &format!("user_id={user}")).await;
     let mut admins = ws_as(&api, tenants::ADMIN, &format!("user_id={}", Uuid::new_v4())).await;
-    let sse = api
-        .http
-        .get(api.url(&format!("/api/query/{id}/events")))
-        .bearer_auth(&tok)
-        .send()
-        .await
-        .unwrap();
+    let sse = events_as(&api, &tok, id).await;
     assert_eq!(sse.status(), StatusCode::OK);
     assert!(ws_next(&mut by_request).await.is_ok());
 
@@ -1125,12 +1125,6 @@ async fn http_streams_end_once_their_token_is_revoked() {
     // A configured token's stream stays open.
     let still = tokio::time::timeout(Duration::from_secs(1), admins.next()).await;
     assert!(still.is_err(), "the admin's stream ended: {still:?}");
-    let refused = api
-        .http
-        .get(api.url(&format!("/api/query/{id}/events")))
-        .bearer_auth(&tok)
-        .send()
-        .await
-        .unwrap();
+    let refused = events_as(&api, &tok, id).await;
     assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
 }
