@@ -5,6 +5,7 @@
 //! what is wrong with anything else. Imports nothing of the crate.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -48,13 +49,31 @@ pub struct HttpConfig {
     /// with `Retry-After`. Default 4096.
     pub max_streams: usize,
     /// Streams open at once per bearer token; past it 429. Default 1024.
+    /// The console's `/console/events` counts under both stream caps.
     pub max_streams_per_token: usize,
+    /// Failed authentications (an unknown or revoked bearer token, a wrong
+    /// console login) one peer address may make per minute, in a burst of
+    /// as many; past it 429 with `Retry-After`, before any lookup.
+    /// Default 30 (0 counts as 1).
+    pub max_auth_failures_per_minute: u32,
+    /// Memory searches (`GET /api/users/{id}/memory?q=`) running at once
+    /// per bearer token; past it 429. Default 4 (0 counts as 1).
+    pub max_searches_per_token: usize,
+    /// User exports (`GET /api/users/{id}/export`) running at once per
+    /// bearer token; past it 429. Default 2 (0 counts as 1).
+    pub max_exports_per_token: usize,
     /// Largest WebSocket message (and frame) a client may send; the socket
     /// is closed on a larger one. Default 65536.
     pub ws_max_message_bytes: usize,
     /// The operator console (`/console`) shows and refuses no action:
     /// no retry, cancel or continue. Default false.
     pub console_read_only: bool,
+    /// PEM file of the server's certificate chain (leaf first): with
+    /// `tls_key`, the API and the console are served over HTTPS only, with
+    /// `Strict-Transport-Security`. Default none (plain HTTP).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM file of the private key of `tls_cert` (PKCS#8, PKCS#1 or SEC1).
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for HttpConfig {
@@ -74,7 +93,21 @@ impl Default for HttpConfig {
             max_streams_per_token: 1024,
             ws_max_message_bytes: 64 * 1024,
             console_read_only: false,
+            max_auth_failures_per_minute: 30,
+            max_searches_per_token: 4,
+            max_exports_per_token: 2,
+            tls_cert: None,
+            tls_key: None,
         }
+    }
+}
+
+impl HttpConfig {
+    /// True when the server speaks HTTPS (`tls_cert` and `tls_key` both
+    /// set; the server refuses to start with only one): the console's
+    /// cookie is then `Secure`.
+    pub fn serves_tls(&self) -> bool {
+        self.tls_cert.is_some() && self.tls_key.is_some()
     }
 }
 

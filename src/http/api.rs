@@ -5,15 +5,13 @@
 //! follower; one file keeps each route's contract in one reading.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
+use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use sha2::{Digest, Sha256};
@@ -22,8 +20,8 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::ApiError;
 use super::input::parse_id;
-use super::limits::{Caller, Pass};
-use super::live::{Follower, RequestState, Target};
+use super::limits::Caller;
+use super::live::{Follower, RequestState, Stream, Target};
 use super::tenancy::{self, Need, Principal};
 use crate::metrics::StreamGauge;
 use crate::repo::GenericClient;
@@ -348,7 +346,8 @@ async fn state_after_wait(
 }
 
 /// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per
-/// change, the current state first; ends after the terminal state.
+/// change, the current state first; ends after the terminal state, or
+/// with a `revoked` event once the token is revoked.
 pub async fn events(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
@@ -356,78 +355,21 @@ pub async fn events(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id, "request")?;
-    let place = app.streams.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
+    let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
+    let place = app.streams.enter(caller)?;
     let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
     let mut follower = Follower::new(app.pool.clone(), sub).for_tenant(who.tenant);
     let first = follower.current().await?;
     if first.is_empty() {
         return Err(ApiError::not_found(format!("no request {id}")));
     }
-    let stream = Stream {
-        app: app.clone(),
-        follower,
-        queued: first.into(),
-        done: false,
-        _gauge: StreamGauge::stream("sse"),
-        _place: place,
-    };
-    let events = futures_util::stream::unfold(stream, |mut st| async move {
-        let state = st.next().await?;
-        let event = SseEvent::default()
-            .json_data(&state)
-            .unwrap_or_else(|_| SseEvent::default().comment("unserializable state"));
-        Some((Ok::<_, Infallible>(event), st))
-    });
-    Ok(Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(app.cfg.http.stream_keepalive()))
-        .into_response())
-}
-
-/// One stream's progress: states to send, then changes until terminal (for
-/// a request) or shutdown.
-struct Stream {
-    app: AppState,
-    follower: Follower,
-    queued: std::collections::VecDeque<RequestState>,
-    done: bool,
-    _gauge: StreamGauge,
-    /// Its place under the stream caps, given back when it ends.
-    _place: Pass,
-}
-
-impl Stream {
-    /// The next state to send; `None` ends the stream.
-    async fn next(&mut self) -> Option<RequestState> {
-        loop {
-            if let Some(s) = self.queued.pop_front() {
-                if matches!(self.follower.target(), Target::Request(_)) && s.is_terminal() {
-                    self.done = true;
-                    self.queued.clear();
-                }
-                return Some(s);
-            }
-            if self.done {
-                return None;
-            }
-            tokio::select! {
-                _ = self.app.shutdown.cancelled() => return None,
-                next = self.follower.next() => match next {
-                    None => return None,
-                    Some(Ok(states)) => self.queued.extend(states),
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "live: stream could not re-read its state; ending it");
-                        return None;
-                    }
-                },
-            }
-        }
-    }
+    Ok(Stream::new(&app, caller, follower, first, "sse", place).sse())
 }
 
 /// `GET /api/ws?request_id=ID` or `?user_id=ID`: a WebSocket of JSON text
 /// messages, the current state(s) first, then every change. A request's
 /// socket closes (1000) after its terminal state; a user's stays open. Both
-/// close (1001) when the daemon stops.
+/// close (1001) when the daemon stops, and (1008) once the token is revoked.
 pub async fn ws(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
@@ -451,7 +393,8 @@ pub async fn ws(
             ));
         }
     };
-    let place = app.streams.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
+    let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
+    let place = app.streams.enter(caller)?;
     let queue = match target {
         Target::Request(_) => REQUEST_QUEUE,
         Target::User(_) => USER_QUEUE,
@@ -471,57 +414,12 @@ pub async fn ws(
             format!("this route speaks WebSocket: {}", e.body_text()),
         )
     })?;
-    let stream = Stream {
-        app: app.clone(),
-        follower,
-        queued: first.into(),
-        done: false,
-        _gauge: StreamGauge::stream("websocket"),
-        _place: place,
-    };
+    let stream = Stream::new(&app, caller, follower, first, "websocket", place);
     let max = app.cfg.http.ws_max_message_bytes;
     Ok(upgrade
         .max_message_size(max)
         .max_frame_size(max)
-        .on_upgrade(move |socket| ws_session(socket, stream)))
-}
-
-async fn ws_session(mut socket: WebSocket, mut stream: Stream) {
-    let send_timeout = stream.app.cfg.http.stream_send_timeout();
-    let mut ping = tokio::time::interval(stream.app.cfg.http.stream_keepalive());
-    ping.tick().await;
-    let close = loop {
-        let msg = tokio::select! {
-            next = stream.next() => match next {
-                Some(state) => match serde_json::to_string(&state) {
-                    Ok(text) => Message::Text(text.into()),
-                    Err(_) => continue,
-                },
-                None if stream.app.shutdown.is_cancelled() => break Some((close_code::AWAY, "server shutting down")),
-                None if stream.done => break Some((close_code::NORMAL, "request finished")),
-                None => break Some((close_code::AWAY, "subscription ended")),
-            },
-            incoming = socket.recv() => match incoming {
-                // Pings are answered by the protocol layer; text is ignored.
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
-                Some(Ok(_)) => continue,
-            },
-            _ = ping.tick() => Message::Ping(Bytes::new()),
-        };
-        match tokio::time::timeout(send_timeout, socket.send(msg)).await {
-            Ok(Ok(())) => {}
-            // A client that does not take its messages is dropped; the
-            // daemon never waits for it beyond the send timeout.
-            _ => break None,
-        }
-    };
-    if let Some((code, reason)) = close {
-        let frame = CloseFrame {
-            code,
-            reason: reason.into(),
-        };
-        let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(frame)))).await;
-    }
+        .on_upgrade(move |socket| stream.websocket(socket)))
 }
 
 #[cfg(test)]

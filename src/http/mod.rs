@@ -11,11 +11,18 @@
 //!   `http.max_body_bytes` (413). Streams are bounded by their keep-alives
 //!   and send timeouts instead, and end on shutdown.
 //! - A client cannot hold the server: request headers must arrive within
-//!   `http.header_read_timeout_secs` (idle keep-alive likewise, [`serve`]);
-//!   long-polls and streams are capped per daemon and per token, and over a
+//!   `http.header_read_timeout_secs` (idle keep-alive likewise, [`serve`]),
+//!   and a client that takes nothing for `http.stream_send_timeout_secs`
+//!   is cut; long-polls and streams (the console's included), memory
+//!   searches and exports are capped per daemon and per token, and over a
 //!   cap the answer is 503 or 429 with `Retry-After` at once ([`limits`]).
-//!   The server has its own pool (`db.api_pool_size`): HTTP traffic never
+//!   Failed authentications are rate limited per peer address (429). The
+//!   server has its own pool (`db.api_pool_size`): HTTP traffic never
 //!   takes the engine's connections.
+//! - An open stream checks its token again every token-cache period and
+//!   ends once the token is revoked ([`live`]).
+//! - With `http.tls_cert` and `http.tls_key` the server speaks HTTPS only
+//!   and sends `Strict-Transport-Security` ([`serves_tls`]).
 //! - Malformed input gets a 4xx JSON error naming the problem ([`input`]).
 //! - With `api_tokens` configured, every `/api` route needs
 //!   `Authorization: Bearer TOKEN`; without them the server refuses to bind
@@ -49,9 +56,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, MatchedPath, Request, State};
 use axum::handler::Handler;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Router};
@@ -77,6 +84,8 @@ pub enum HttpError {
     Exposed(String),
     #[error("http_addr: cannot bind {addr}: {source}")]
     Bind { addr: String, source: std::io::Error },
+    #[error("{0}")]
+    Tls(String),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
 }
@@ -102,6 +111,11 @@ pub struct Inner {
     /// Caps of long-polls and of streams (SSE, WebSocket).
     pub long_polls: Arc<limits::Gate>,
     pub streams: Arc<limits::Gate>,
+    /// Caps of memory searches (`?q=`) and exports per token.
+    pub searches: Arc<limits::Gate>,
+    pub exports: Arc<limits::Gate>,
+    /// Failed authentications per peer address.
+    pub auth_failures: limits::AuthFailures,
     /// The embedder of `[llm.embedding]`, for searching a user's memory as
     /// the pipeline does (`None`: embeddings are off).
     pub embedder: Option<crate::llm::embed::Embedder>,
@@ -199,8 +213,36 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::from_fn(input::json_errors))
         .layer(DefaultBodyLimit::max(state.cfg.http.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .layer(middleware::from_fn_with_state(state.clone(), hsts))
         .layer(Extension(state.clone()))
         .with_state(state)
+}
+
+/// True when the server speaks HTTPS (`http.tls_cert` and `http.tls_key`):
+/// responses carry `Strict-Transport-Security` and the console's cookie is
+/// `Secure`.
+pub fn serves_tls(cfg: &Config) -> bool {
+    cfg.http.serves_tls()
+}
+
+/// `Strict-Transport-Security` on every response when served over HTTPS.
+async fn hsts(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let mut resp = next.run(req).await;
+    if serves_tls(&app.cfg) {
+        resp.headers_mut().insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static("max-age=31536000"),
+        );
+    }
+    resp
+}
+
+/// The peer address of a request (none when it did not come through
+/// [`serve`], as in tests that call the router directly).
+pub fn peer_ip(req: &Request) -> Option<std::net::IpAddr> {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(a)| a.ip())
 }
 
 /// Bearer authentication of the `/api` routes: the caller's tenant and
@@ -220,23 +262,10 @@ async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, mut req: 
             (limits::Caller::ANONYMOUS, tenancy::Principal::default_admin("local"))
         }
         None => return ApiError::unauthorized("missing Authorization: Bearer token").into_response(),
-        Some(given) => {
-            let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-            // Compare every token in full, so timing tells nothing.
-            let configured = app.tokens.iter().fold(false, |acc, t| {
-                acc | (t.iter().zip(digest.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
-            });
-            let principal = if configured {
-                tenancy::Principal::default_admin("config")
-            } else {
-                match app.db_tokens.lookup(&app.pool, digest).await {
-                    Ok(Some(p)) => p,
-                    Ok(None) => return ApiError::unauthorized("wrong or revoked bearer token").into_response(),
-                    Err(e) => return e.into_response(),
-                }
-            };
-            (limits::Caller(digest), principal)
-        }
+        Some(given) => match authenticate(&app, given, peer_ip(&req)).await {
+            Ok(found) => found,
+            Err(refused) => return refused.into_response(),
+        },
     };
     let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
     if let Some(route) = route
@@ -247,6 +276,36 @@ async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, mut req: 
     req.extensions_mut().insert(caller);
     req.extensions_mut().insert(principal);
     next.run(req).await
+}
+
+/// The caller and principal of bearer token `given`: a configured token,
+/// or a database one (cached). A peer past its failed attempts is refused
+/// (429) before any lookup, unless the token is a known right one.
+async fn authenticate(
+    app: &AppState,
+    given: &str,
+    peer: Option<std::net::IpAddr>,
+) -> Result<(limits::Caller, tenancy::Principal), ApiError> {
+    let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+    // Compare every token in full, so timing tells nothing.
+    let configured = app.tokens.iter().fold(false, |acc, t| {
+        acc | (t.iter().zip(digest.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
+    });
+    let principal = if configured {
+        tenancy::Principal::default_admin("config")
+    } else if let Some(p) = app.db_tokens.cached(&digest) {
+        p
+    } else {
+        app.auth_failures.check(peer)?;
+        match app.db_tokens.lookup(&app.pool, digest).await? {
+            Some(p) => p,
+            None => {
+                app.auth_failures.failed(peer);
+                return Err(ApiError::unauthorized("wrong or revoked bearer token"));
+            }
+        }
+    };
+    Ok((limits::Caller(digest), principal))
 }
 
 /// The request timeout and the per-route HTTP metrics.
@@ -275,11 +334,26 @@ async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Respo
 pub struct Bound {
     listener: TcpListener,
     pub addr: SocketAddr,
+    /// HTTPS when `http.tls_cert` and `http.tls_key` are set.
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// The TLS acceptor of `http.tls_cert` and `http.tls_key` (both or
+/// neither), read before anything is bound.
+fn tls_acceptor(cfg: &Config) -> Result<Option<tokio_rustls::TlsAcceptor>, HttpError> {
+    match (&cfg.http.tls_cert, &cfg.http.tls_key) {
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => serve::acceptor(cert, key).map(Some).map_err(HttpError::Tls),
+        (Some(_), None) => Err(HttpError::Tls("http.tls_cert is set without http.tls_key".into())),
+        (None, Some(_)) => Err(HttpError::Tls("http.tls_key is set without http.tls_cert".into())),
+    }
 }
 
 /// Resolves and binds `http_addr`. Without `api_tokens` every resolved
-/// address must be loopback; this is checked before binding.
+/// address must be loopback; this is checked before binding, as the TLS
+/// certificate and key are read.
 pub async fn bind(cfg: &Config) -> Result<Bound, HttpError> {
+    let tls = tls_acceptor(cfg)?;
     let addrs: Vec<SocketAddr> = match HttpAddr::parse(&cfg.http_addr) {
         Ok(HttpAddr::Socket(a)) => vec![a],
         Ok(HttpAddr::Host(host, port)) => tokio::net::lookup_host((host.as_str(), port))
@@ -299,7 +373,7 @@ pub async fn bind(cfg: &Config) -> Result<Bound, HttpError> {
         match TcpListener::bind(a).await {
             Ok(listener) => {
                 let addr = listener.local_addr().unwrap_or(*a);
-                return Ok(Bound { listener, addr });
+                return Ok(Bound { listener, addr, tls });
             }
             Err(e) => last = Some(e),
         }
@@ -366,14 +440,36 @@ pub fn start(
         db_tokens: tenancy::TokenCache::default(),
         long_polls: limits::Gate::new("long-polls", cfg.http.max_long_polls, cfg.http.max_long_polls_per_token),
         streams: limits::Gate::new("streams", cfg.http.max_streams, cfg.http.max_streams_per_token),
+        searches: limits::Gate::coded(
+            "memory searches",
+            "too_many_searches",
+            usize::MAX,
+            cfg.http.max_searches_per_token.max(1),
+        ),
+        exports: limits::Gate::coded(
+            "exports",
+            "too_many_exports",
+            usize::MAX,
+            cfg.http.max_exports_per_token.max(1),
+        ),
+        auth_failures: limits::AuthFailures::new(cfg.http.max_auth_failures_per_minute),
         embedder: memory.embedder,
         archivist: memory.archivist,
     }));
     let router = app(state);
-    let header_read_timeout = cfg.http.header_read_timeout();
-    tracing::info!(addr = %bound.addr, auth = !cfg.api_tokens.is_empty(), "http: listening");
+    let opts = serve::Options {
+        header_read_timeout: cfg.http.header_read_timeout(),
+        send_timeout: cfg.http.stream_send_timeout(),
+        tls: bound.tls,
+    };
+    tracing::info!(
+        addr = %bound.addr,
+        auth = !cfg.api_tokens.is_empty(),
+        tls = opts.tls.is_some(),
+        "http: listening"
+    );
     let server = tokio::spawn(async move {
-        serve::serve(bound.listener, router, header_read_timeout, shutdown).await;
+        serve::serve(bound.listener, router, opts, shutdown).await;
     });
     Ok(Server {
         server,

@@ -7,10 +7,13 @@
 //!   server binds only loopback and a call without a token is the default
 //!   tenant with scope `admin` (a token, when one is sent, is checked).
 //! - A database token (`maasctl tokens create`) is looked up by its
-//!   SHA-256. A found token is kept in memory for at most [`TOKEN_TTL`], an
-//!   unknown one likewise: a revoked token is refused within that time, a
-//!   new one accepted within it. One lookup per token per period, none per
-//!   request.
+//!   SHA-256. A found token is kept in memory for at most [`TOKEN_TTL`]: a
+//!   revoked token is refused within that time. One lookup (a read) and
+//!   one stamp of `last_used_at` per token per period, none per request.
+//!   An unknown one is remembered apart, for [`UNKNOWN_TTL`], in a table
+//!   of its own that wrong tokens can fill without pushing out a right
+//!   one; it costs a read, never a write (and the peer's failed attempts
+//!   are rate limited, `limits::AuthFailures`).
 //!
 //! Scopes (what each allows; each route needs one [`Need`]):
 //!
@@ -51,10 +54,16 @@ use super::error::ApiError;
 use crate::db::Pool;
 use crate::repo::tenants::{self, TokenRow};
 
-/// How long a token lookup (found or not) is trusted.
+/// How long a found token is trusted (and how often an open stream checks
+/// its token again).
 pub const TOKEN_TTL: Duration = Duration::from_secs(5);
-/// Most cached lookups; the cache is emptied when full.
+/// How long an unknown (or revoked) token is remembered as such.
+pub const UNKNOWN_TTL: Duration = Duration::from_secs(2);
+/// Most cached lookups of found tokens; the cache is emptied when full.
 const CACHE_LIMIT: usize = 10_000;
+/// Most remembered unknown tokens; expired ones go first when full, then
+/// all of them.
+const UNKNOWN_LIMIT: usize = 4096;
 /// `Retry-After` when over `max_in_flight` (when a request finishes is
 /// not known).
 const IN_FLIGHT_RETRY_SECS: u64 = 2;
@@ -200,14 +209,14 @@ impl Principal {
 
 /// A database token found by id: its SHA-256 and principal.
 type ById = Option<([u8; 32], Principal)>;
-/// A lookup by SHA-256: when, and what it found.
-type ByHash = (Instant, Option<Principal>);
 
-/// Database tokens by SHA-256 (and by id, for console sessions), each
-/// trusted for [`TOKEN_TTL`].
+/// Database tokens by SHA-256 (and by id, for console sessions): found
+/// ones trusted for [`TOKEN_TTL`], unknown ones remembered apart for
+/// [`UNKNOWN_TTL`].
 #[derive(Default)]
 pub struct TokenCache {
-    entries: Mutex<HashMap<[u8; 32], ByHash>>,
+    found: Mutex<HashMap<[u8; 32], (Instant, Principal)>>,
+    unknown: Mutex<HashMap<[u8; 32], Instant>>,
     by_id: Mutex<HashMap<i64, (Instant, ById)>>,
 }
 
@@ -235,24 +244,57 @@ impl TokenCache {
         Ok(found)
     }
 
+    /// The principal of a found token still trusted from the cache, with
+    /// no lookup.
+    pub fn cached(&self, digest: &[u8; 32]) -> Option<Principal> {
+        let entries = self.found.lock().ok()?;
+        let (at, p) = entries.get(digest)?;
+        (at.elapsed() < TOKEN_TTL).then(|| p.clone())
+    }
+
     /// The principal of the token with SHA-256 `digest`, `None` for an
     /// unknown or revoked token.
     pub async fn lookup(&self, pool: &Pool, digest: [u8; 32]) -> Result<Option<Principal>, ApiError> {
-        if let Ok(entries) = self.entries.lock()
-            && let Some((at, p)) = entries.get(&digest)
-            && at.elapsed() < TOKEN_TTL
+        if let Some(p) = self.cached(&digest) {
+            return Ok(Some(p));
+        }
+        if let Ok(unknown) = self.unknown.lock()
+            && unknown.get(&digest).is_some_and(|at| at.elapsed() < UNKNOWN_TTL)
         {
-            return Ok(p.clone());
+            return Ok(None);
         }
         let client = pool.get().await?;
         let found = tenants::token_by_hash(&client, &digest)
             .await?
             .and_then(|r| Principal::of_row(&r));
-        if let Ok(mut entries) = self.entries.lock() {
-            if entries.len() >= CACHE_LIMIT {
-                entries.clear();
+        match &found {
+            Some(p) => {
+                if let Some(id) = p.token_id
+                    && let Err(e) = tenants::touch_token(&client, id).await
+                {
+                    tracing::warn!(token = %p.token, error = %e, "http: cannot stamp the token's last use");
+                }
+                if let Ok(mut entries) = self.found.lock() {
+                    if entries.len() >= CACHE_LIMIT {
+                        entries.clear();
+                    }
+                    entries.insert(digest, (Instant::now(), p.clone()));
+                }
             }
-            entries.insert(digest, (Instant::now(), found.clone()));
+            None => {
+                if let Ok(mut unknown) = self.unknown.lock() {
+                    if unknown.len() >= UNKNOWN_LIMIT {
+                        unknown.retain(|_, at| at.elapsed() < UNKNOWN_TTL);
+                        if unknown.len() >= UNKNOWN_LIMIT {
+                            unknown.clear();
+                        }
+                    }
+                    unknown.insert(digest, Instant::now());
+                }
+                if let Ok(mut entries) = self.found.lock() {
+                    entries.remove(&digest);
+                }
+            }
         }
         Ok(found)
     }

@@ -8,6 +8,13 @@
 //! body keeps `memory_version: 0` for clients that only read the version),
 //! 404 `user_forgotten` after an erase, 409 `erase_running` while one
 //! runs, 404 `not_found` for a record or turn the user does not have.
+//!
+//! Caps, so that one client cannot take the API pool: a search's `q` is at
+//! most [`MAX_SEARCH_CHARS`] characters (400 `invalid_query` naming `q`);
+//! searches and exports running at once are capped per token
+//! (`http.max_searches_per_token`, `http.max_exports_per_token`; 429
+//! `too_many_searches` / `too_many_exports` with `Retry-After`). An export
+//! holds its place until its document is written or its client goes away.
 
 use std::collections::HashMap;
 
@@ -21,12 +28,15 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
+use super::limits::Caller;
 use super::tenancy::{self, Principal};
 use crate::users::{self, Correction, Page, UserError, UserKey, Why};
 
 /// Most records (and pending turns) per page, and the default.
 const MAX_LIMIT: usize = 500;
 const DEFAULT_LIMIT: usize = 50;
+/// Longest memory search (`?q=`), in characters.
+pub const MAX_SEARCH_CHARS: usize = 2000;
 
 impl From<UserError> for ApiError {
     fn from(e: UserError) -> ApiError {
@@ -126,13 +136,20 @@ async fn user_call(
 /// `GET /api/users/{id}/memory[?before=&turns_before=&limit=]`: a page of the
 /// user's records (newest first) and pending turns; with `?q=TEXT` instead
 /// the hits of the pipeline's retrieval for TEXT, with scores.
-pub async fn memory(parts: UserParts) -> Result<Response, ApiError> {
+pub async fn memory(caller: Option<Extension<Caller>>, parts: UserParts) -> Result<Response, ApiError> {
     let (app, user, params) = user_call(parts).await?;
-    let client = app.pool.get().await?;
     if let Some(q) = params.get("q") {
         if q.trim().is_empty() {
             return Err(ApiError::bad_request("invalid_query", "q must not be empty"));
         }
+        if q.chars().count() > MAX_SEARCH_CHARS {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                format!("q is longer than {MAX_SEARCH_CHARS} characters"),
+            ));
+        }
+        let _place = app.searches.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
+        let client = app.pool.get().await?;
         return Ok(
             match users::search(&client, &app.cfg, user, q, app.embedder.as_ref()).await {
                 Ok(v) => Json(v).into_response(),
@@ -152,6 +169,7 @@ pub async fn memory(parts: UserParts) -> Result<Response, ApiError> {
         turns_before: int_param(&params, "turns_before")?,
         limit,
     };
+    let client = app.pool.get().await?;
     Ok(match users::view(&client, user, &page).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => user_error(user.shown, e),
@@ -252,16 +270,19 @@ pub async fn forget(parts: UserParts) -> Result<Response, ApiError> {
 /// document (the connection closes early) means the export failed.
 pub async fn export(
     State(app): State<AppState>,
+    caller: Option<Extension<Caller>>,
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let user = user_key(&app, &who, &id).await?;
+    let place = app.exports.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
     if let Err(e) = users::export::check(&app.pool, user).await {
         return Ok(user_error(user.shown, e));
     }
     let (tx, rx) = tokio::sync::mpsc::channel(users::export::QUEUE);
     let pool = app.pool.clone();
     tokio::spawn(async move {
+        let _place = place;
         match users::export::export(&pool, user, tx).await {
             Ok(c) => {
                 tracing::info!(user = %user, requests = c.requests, turns = c.turns, records = c.records, "users: exported")

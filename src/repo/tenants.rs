@@ -3,7 +3,8 @@
 //!
 //! Guarantees:
 //! - A token is kept only as its SHA-256; [`token_by_hash`] finds a live
-//!   (not revoked) one and stamps `last_used_at`.
+//!   (not revoked) one without writing; [`touch_token`] stamps
+//!   `last_used_at` of a found one.
 //! - A tenant's user id becomes the stored user id only in SQL
 //!   (`maas_tenant_user`, [`stored_user`]); for [`DEFAULT`] they are equal.
 //! - Every change made here for `maasctl` writes its `operator_actions` row
@@ -27,6 +28,7 @@ pub const DEFAULT: Uuid = Uuid::nil();
 super::statements! {
     TOKEN_BY_HASH = "tokens_by_hash",
     TOKEN_BY_ID = "tokens_by_id",
+    TOKEN_TOUCH = "tokens_touch",
     TOKEN_CREATE = "tokens_create",
     TOKEN_LIST = "tokens_list",
     TOKEN_REVOKE = "tokens_revoke",
@@ -68,9 +70,15 @@ super::row_struct! {
     }
 }
 
-/// The live token whose SHA-256 is `hash`; stamps its `last_used_at`.
+/// The live token whose SHA-256 is `hash` (a read: no write for an
+/// unknown token).
 pub async fn token_by_hash(client: &impl GenericClient, hash: &[u8; 32]) -> Result<Option<TokenRow>, Error> {
     super::query_opt_as(client, TOKEN_BY_HASH, &[&hash.as_slice()]).await
+}
+
+/// Stamps `last_used_at` of the token with id `id`.
+pub async fn touch_token(client: &impl GenericClient, id: i64) -> Result<(), Error> {
+    super::execute(client, TOKEN_TOUCH, &[&id]).await.map(|_| ())
 }
 
 /// The live token with id `id`.

@@ -285,3 +285,157 @@ async fn caps_a_websocket_message_over_the_size_limit_closes_the_socket() {
     // The daemon serves on.
     assert_eq!(api.get("/healthz").await.status(), StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_the_console_stream_counts_under_the_stream_caps() {
+    let db = TestDb::new().await;
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_API_TOKENS", "tok-a")
+            .env("MAAS_HTTP__MAX_STREAMS_PER_TOKEN", 1),
+    )
+    .await;
+    let session = crate::support::console::login(&api, "tok-a")
+        .await
+        .cookie
+        .expect("a session");
+    let open = |session: String| {
+        let url = api.url("/console/events");
+        async move {
+            crate::support::console::plain_client()
+                .get(url)
+                .header("cookie", session)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let first = open(session.clone()).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let t = Instant::now();
+    let second = open(session.clone()).await;
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(t.elapsed() < Duration::from_secs(3));
+    // The token's API streams share the same cap, and a closed stream gives
+    // its place back.
+    let held = insert_held(&db.client().await, &new_users(1)).await[0];
+    let api_stream = get(&api, "tok-a", format!("/api/query/{held}/events")).await;
+    assert_eq!(api_stream.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop(first);
+    wait_until(GENEROUS, "the console stream's place comes back", || async {
+        open(session.clone()).await.status() == StatusCode::OK
+    })
+    .await;
+}
+
+/// Counts UPDATE statements on `api_tokens` (a statement trigger fires even
+/// when no row changes).
+async fn count_token_updates(c: &tokio_postgres::Client) {
+    c.batch_execute(
+        "CREATE TABLE token_updates (at timestamptz DEFAULT now());
+         CREATE FUNCTION count_token_update() RETURNS trigger LANGUAGE plpgsql AS
+           $$BEGIN INSERT INTO token_updates DEFAULT VALUES; RETURN NULL; END$$;
+         CREATE TRIGGER count_token_update AFTER UPDATE ON api_tokens
+           FOR EACH STATEMENT EXECUTE FUNCTION count_token_update();",
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_wrong_tokens_cost_no_write_and_are_rate_limited_per_address() {
+    use crate::support::tenants;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, Opts::default().env("MAAS_HTTP__MAX_AUTH_FAILURES_PER_MINUTE", 3)).await;
+    count_token_updates(&c).await;
+    let held = insert_held(&c, &new_users(1)).await[0];
+    let status = format!("/api/query/{held}/status");
+    // The first failures are 401 and write nothing.
+    for n in 0..3 {
+        let resp = get(&api, &format!("wrong-{n}"), status.clone()).await;
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(count(&c, "SELECT count(*) FROM token_updates").await, 0);
+    // Past the budget the address is refused before any lookup.
+    let mut codes = Vec::new();
+    for n in 3..6 {
+        codes.push(get(&api, &format!("wrong-{n}"), status.clone()).await);
+    }
+    let last = codes.pop().unwrap();
+    assert_eq!(last.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(last.headers().contains_key("retry-after"));
+    assert_eq!(
+        last.json::<serde_json::Value>().await.unwrap()["code"],
+        "too_many_auth_failures"
+    );
+    // A configured token still passes from that address.
+    assert_eq!(get(&api, tenants::ADMIN, status.clone()).await.status(), StatusCode::OK);
+    assert_eq!(count(&c, "SELECT count(*) FROM token_updates").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_memory_searches_and_exports_are_capped_per_token() {
+    let db = TestDb::new().await;
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_API_TOKENS", "tok-a,tok-b")
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_DB__LOCK_TIMEOUT_MS", 30_000)
+            .env("MAAS_HTTP__MAX_SEARCHES_PER_TOKEN", 1)
+            .env("MAAS_HTTP__MAX_EXPORTS_PER_TOKEN", 1),
+    )
+    .await;
+    let user = Uuid::new_v4();
+    api.http
+        .post(api.url("/api/query"))
+        .bearer_auth("tok-a")
+        .json(&json!({ "user_id": user, "query": "remember the tulips" }))
+        .send()
+        .await
+        .unwrap();
+    let long = "x".repeat(2001);
+    let resp = get(&api, "tok-a", format!("/api/users/{user}/memory?q={long}")).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().starts_with("q is longer"), "{body}");
+
+    // Hold one search and one export of token a behind a lock.
+    let mut locker = connect(&db.url).await;
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE raw_logs, lsm_storage, pipeline_runs IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let search = format!("/api/users/{user}/memory?q=tulips");
+    let export = format!("/api/users/{user}/export");
+    let held: Vec<_> = [search.clone(), export.clone()]
+        .into_iter()
+        .map(|path| {
+            let (http, url) = (api.http.clone(), api.url(&path));
+            tokio::spawn(async move { http.get(url).bearer_auth("tok-a").send().await.unwrap().status() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (path, code) in [(&search, "too_many_searches"), (&export, "too_many_exports")] {
+        let t = Instant::now();
+        let resp = get(&api, "tok-a", path.clone()).await;
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+        assert!(resp.headers().contains_key("retry-after"));
+        assert_eq!(resp.json::<serde_json::Value>().await.unwrap()["code"], code);
+        assert!(t.elapsed() < Duration::from_secs(3));
+    }
+    // Another token is not held back by token a's.
+    let other = tokio::spawn({
+        let (http, url) = (api.http.clone(), api.url(&search));
+        async move { http.get(url).bearer_auth("tok-b").send().await.unwrap().status() }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tx.rollback().await.unwrap();
+    assert_ne!(other.await.unwrap(), StatusCode::TOO_MANY_REQUESTS);
+    for h in held {
+        let status = h.await.unwrap();
+        assert!(status.is_success() || status == StatusCode::NOT_FOUND, "{status}");
+    }
+}

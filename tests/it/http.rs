@@ -1042,3 +1042,89 @@ async fn http_memory_version_follows_new_lsm_records() {
         StatusCode::BAD_REQUEST
     );
 }
+
+/// A WebSocket to `/api/ws?{query}` with bearer `token`.
+async fn ws_as(api: &Api, token: &str, query: &str) -> Ws {
+    let mut req = format!("ws://{}/api/ws?{query}", api.addr)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    tokio_tungstenite::connect_async(req).await.unwrap().0
+}
+
+/// `GET /api/query/{id}/events` with bearer `token`.
+async fn events_as(api: &Api, token: &str, id: Uuid) -> reqwest::Response {
+    let url = api.url(&format!("/api/query/{id}/events"));
+    api.http.get(url).bearer_auth(token).send().await.unwrap()
+}
+
+/// Reads SSE `resp` until it ends: the name of every event (`message`
+/// when unnamed), keep-alives left out.
+async fn sse_events_until_end(mut resp: reqwest::Response, within: Duration) -> Vec<String> {
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while let Some(chunk) = tokio::time::timeout_at(deadline, resp.chunk())
+        .await
+        .expect("the SSE stream ended within the deadline")
+        .unwrap_or(None)
+    {
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    text.split("\n\n")
+        .filter(|e| e.lines().any(|l| l.starts_with("data:")))
+        .map(|e| {
+            e.lines()
+                .find_map(|l| l.strip_prefix("event:"))
+                .map_or("message".to_owned(), |n| n.trim().to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_streams_end_once_their_token_is_revoked() {
+    use crate::support::tenants;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // Slow answers keep the request open while its streams are watched.
+    let api = tenants::start(&db, Opts::default().env("MAAS_LLM__OFFLINE__LATENCY_MS", 120_000)).await;
+    let tok = tenants::token(&c, "shop", "app", "operate").await;
+    let (user, thread) = (Uuid::new_v4(), Uuid::new_v4());
+    let id = tenants::submit_ok(&api, &tok, user, thread, "follow me").await;
+
+    let mut by_request = ws_as(&api, &tok, &format!("request_id={id}")).await;
+    let mut by_user = ws_as(&api, &tok, &format!("user_id={user}")).await;
+    let mut admins = ws_as(&api, tenants::ADMIN, &format!("user_id={}", Uuid::new_v4())).await;
+    let sse = events_as(&api, &tok, id).await;
+    assert_eq!(sse.status(), StatusCode::OK);
+    assert!(ws_next(&mut by_request).await.is_ok());
+
+    c.execute(
+        "UPDATE api_tokens SET revoked_at = now() WHERE name = 'app' AND tenant_id = (SELECT id FROM tenants WHERE name = 'shop')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let revoked = Instant::now();
+    // Two token-cache periods (5 s each), and some slack.
+    let within = Duration::from_secs(20);
+    assert_eq!(
+        sse_events_until_end(sse, within).await.last().map(String::as_str),
+        Some("revoked")
+    );
+    for ws in [&mut by_request, &mut by_user] {
+        let closed = loop {
+            match tokio::time::timeout(within, ws_next(ws)).await.expect("closed in time") {
+                Ok(_) => continue,
+                Err(code) => break code,
+            }
+        };
+        assert_eq!(closed, Some(1008), "policy violation: token revoked");
+    }
+    assert!(revoked.elapsed() < within, "{:?}", revoked.elapsed());
+    // A configured token's stream stays open.
+    let still = tokio::time::timeout(Duration::from_secs(1), admins.next()).await;
+    assert!(still.is_err(), "the admin's stream ended: {still:?}");
+    let refused = events_as(&api, &tok, id).await;
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+}

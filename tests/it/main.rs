@@ -14,6 +14,7 @@ mod failover;
 mod health;
 mod hostile;
 mod http;
+mod https;
 mod layers;
 mod llm;
 mod memory;

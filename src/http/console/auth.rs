@@ -40,6 +40,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Fail, fail, render};
 use crate::http::AppState;
+use crate::http::limits::Caller;
 use crate::http::tenancy::{Need, Principal, Scope};
 
 /// How long a session lasts.
@@ -56,6 +57,8 @@ pub struct Session {
     pub read_only: bool,
     /// The token's scope is `admin` (a configured token, or no tokens).
     pub admin: bool,
+    /// Whose places the session's streams take (the token's SHA-256).
+    pub caller: Caller,
 }
 
 fn process_key() -> &'static [u8; 32] {
@@ -139,6 +142,7 @@ pub async fn guard(Extension(app): Extension<AppState>, mut req: Request, next: 
             csrf: mac(process_key(), "csrf:open"),
             read_only,
             admin: true,
+            caller: Caller::ANONYMOUS,
         })
     } else {
         match cookie_value(req.headers()) {
@@ -147,6 +151,7 @@ pub async fn guard(Extension(app): Extension<AppState>, mut req: Request, next: 
                 csrf: mac(&key, &format!("csrf:{v}")),
                 read_only: read_only || !scope.allows(Need::Operate),
                 admin: scope == Scope::Admin,
+                caller: Caller(key),
             }),
         }
     };

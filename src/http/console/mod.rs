@@ -9,7 +9,9 @@
 //!   an SSE stream of the [`Notifier`](crate::listener::Notifier)'s
 //!   broadcast, coalesced to at most one `change` event per
 //!   [`COALESCE`]; the page then fetches its fragments again (htmx). A
-//!   lagging stream is told to refresh; nothing is polled.
+//!   lagging stream is told to refresh; nothing is polled. It counts under
+//!   `http.max_streams` and `http.max_streams_per_token`, has the
+//!   connection's send timeout, and ends once its token is revoked.
 //! - Reads go through [`crate::repo`], actions through [`crate::control`],
 //!   so an action is recorded in `operator_actions` exactly as `maasctl`
 //!   records it.
@@ -28,18 +30,19 @@ use std::convert::Infallible;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::middleware;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use futures_util::{Stream, StreamExt};
+use axum::{Extension, Router};
+use futures_util::StreamExt;
 use minijinja::Environment;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::AppState;
+use super::live;
 
 /// Longest time between a notification and the `change` event it causes;
 /// notifications within it become one event.
@@ -139,8 +142,16 @@ async fn htmx() -> Response {
 }
 
 /// `GET /console/events`: a `change` event whenever requests changed
-/// (coalesced), `refresh` when notifications may have been lost.
-async fn events(State(app): State<AppState>) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+/// (coalesced), `refresh` when notifications may have been lost; capped
+/// like the API's streams, and ended with a `revoked` event once the
+/// session's token is revoked (`http::live::Access`).
+async fn events(State(app): State<AppState>, Extension(s): Extension<auth::Session>) -> Result<Response, Fail> {
+    let place = app
+        .streams
+        .enter(s.caller)
+        .map_err(|e| Fail(e.status, format!("console: {}", e.message)))?;
+    let access = live::Access::watch(&app, s.caller);
+    let revoked = access.token();
     let rx = app.notifier.subscribe();
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         let first = rx.recv().await;
@@ -161,10 +172,21 @@ async fn events(State(app): State<AppState>) -> Sse<impl Stream<Item = Result<Ss
         let ev = SseEvent::default()
             .event(if lagged { "refresh" } else { "change" })
             .data("{}");
-        Some((Ok(ev), rx))
+        Some((Ok::<_, Infallible>(ev), rx))
     })
-    .take_until(app.shutdown.clone().cancelled_owned());
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(app.cfg.http.stream_keepalive()))
+    .take_until(revoked.clone().cancelled_owned())
+    .chain(futures_util::stream::iter(
+        std::iter::from_fn(move || revoked.is_cancelled().then(|| Ok(live::revoked_event()))).take(1),
+    ))
+    .take_until(app.shutdown.clone().cancelled_owned())
+    .map(move |ev| {
+        // The place and the watch live as long as the stream.
+        let _held = (&place, &access);
+        ev
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(app.cfg.http.stream_keepalive()))
+        .into_response())
 }
 
 #[cfg(test)]
