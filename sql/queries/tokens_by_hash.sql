@@ -6,4 +6,4 @@ SET last_used_at = now()
 FROM tenants n
 WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL AND n.id = t.tenant_id
 RETURNING t.id, t.name, t.scope, t.token_sha256, t.tenant_id, n.name AS tenant_name,
-          n.requests_per_minute, n.max_in_flight
+          n.requests_per_minute, n.max_in_flight, t.operator

@@ -54,7 +54,11 @@ pub async fn run(cfg: &Config, window: Duration, json: bool) -> Result<Outcome, 
         callbacks,
         daemons,
         window,
-        finished: (count(Status::Completed), count(Status::Failed), count(Status::Cancelled)),
+        finished: (
+            count(Status::Completed),
+            count(Status::Failed),
+            count(Status::Cancelled),
+        ),
     };
     if json {
         print_json(&s);

@@ -2,11 +2,14 @@
 //!
 //! Guarantees: plain data with its defaults; [`HttpAddr::parse`] accepts
 //! `HOST:PORT`, `IP:PORT`, `[IPv6]:PORT` and `:PORT` (loopback) and names
-//! what is wrong with anything else. Imports nothing of the crate.
+//! what is wrong with anything else. Imports nothing of the crate but the
+//! secret type.
 
 use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
+
+use crate::secret::Secret;
 
 /// Limits of the HTTP server (`[http]` in the file, `MAAS_HTTP__*` in the
 /// environment).
@@ -55,6 +58,11 @@ pub struct HttpConfig {
     /// The operator console (`/console`) shows and refuses no action:
     /// no retry, cancel or continue. Default false.
     pub console_read_only: bool,
+    /// The key console session cookies are signed with (HMAC-SHA256):
+    /// long and random, the same on every daemon, kept out of the
+    /// database. Empty (the default): a key derived from the configured
+    /// `api_tokens`, which never reach the database either.
+    pub session_secret: Secret,
 }
 
 impl Default for HttpConfig {
@@ -74,6 +82,7 @@ impl Default for HttpConfig {
             max_streams_per_token: 1024,
             ws_max_message_bytes: 64 * 1024,
             console_read_only: false,
+            session_secret: Secret::default(),
         }
     }
 }
