@@ -2,7 +2,7 @@
 -- logout ends.
 --
 -- `operator`: a token that sees every tenant's requests, users and the
--- engine's state in the console (`maasctl tokens create … --operator`).
+-- engine's state in the console (`maasctl tokens create … --all-tenants`).
 -- Without it a console session sees only its token's tenant, whichever
 -- tenant that is (the default tenant included). The flag says nothing
 -- about the JSON API, where a token always sees only its own tenant.

@@ -8,7 +8,8 @@
 //!   (5 s, `http::tenancy::TOKEN_TTL`); `rotate` revokes the live token of
 //!   that name and creates a new one with the same scope, in one
 //!   transaction (the operator flag too).
-//! - `create --operator` makes a token the console shows every tenant;
+//! - `create --all-tenants` makes an operator token, which the console
+//!   shows every tenant;
 //!   without it a console session sees only the token's tenant.
 //! - Every change writes its `operator_actions` row in the statement that
 //!   makes it (never the token, its hash or a callback secret).
@@ -63,10 +64,11 @@ pub enum TokensCommand {
         /// submit, read, operate or admin (see docs/deploying.md, "Scopes").
         #[arg(long)]
         scope: String,
-        /// The console shows this token every tenant's requests, users and
-        /// the engine's state; without it, only its own tenant's.
+        /// An operator token: the console shows it every tenant's
+        /// requests, users and the engine's state; without it, only its own
+        /// tenant's. (`--operator` names the acting operator.)
         #[arg(long)]
-        operator: bool,
+        all_tenants: bool,
     },
     /// Tokens (never the token itself).
     List {
@@ -224,13 +226,13 @@ pub async fn tokens(cfg: &Config, cmd: TokensCommand, actor: &str, json: bool) -
             name,
             tenant,
             scope,
-            operator,
+            all_tenants,
         } => {
             let t = NewToken {
                 name: &name,
                 tenant: &tenant,
                 scope: &scope,
-                operator,
+                operator: all_tenants,
             };
             create_token(&client, t, actor, json).await
         }

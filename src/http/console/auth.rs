@@ -19,7 +19,7 @@
 //!   from the configuration, or the secret changes).
 //! - Scopes (the same tokens as the API): a database token needs `read` to
 //!   log in and view, `operate` to act and `admin` to activate a prompt; a
-//!   configured token is `admin`. A token made with `--operator` (and a
+//!   configured token is `admin`. An operator token (`tokens create --all-tenants`; and a
 //!   configured token) sees every tenant and the engine's overview and
 //!   prompts; any other session sees only its token's tenant: its
 //!   requests, its users' memory pages (by the ids the tenant uses), and
@@ -97,7 +97,7 @@ impl Session {
         Err(fail(
             StatusCode::FORBIDDEN,
             &format!(
-                "console: {what} shows every tenant; token `{}` sees only tenant `{}` (an operator token, `maasctl tokens create … --operator`, sees everything)",
+                "console: {what} shows every tenant; token `{}` sees only tenant `{}` (an operator token, `maasctl tokens create … --all-tenants`, sees everything)",
                 self.who.token, self.who.tenant_name
             ),
         ))
@@ -314,14 +314,14 @@ pub async fn same_origin_posts(req: Request, next: Next) -> Response {
 
 /// Checks an action's CSRF token and the read-only mode; `Err` is the refusal.
 pub fn check_action(s: &Session, given: &str) -> Result<(), Fail> {
-    if !same(&s.csrf, given) {
-        return Err(fail(StatusCode::FORBIDDEN, "console: missing or wrong csrf token"));
-    }
     if s.read_only {
         return Err(fail(
             StatusCode::FORBIDDEN,
             "console: read-only session (http.console_read_only, or a token of scope read; actions need scope operate): actions are refused",
         ));
+    }
+    if !same(&s.csrf, given) {
+        return Err(fail(StatusCode::FORBIDDEN, "console: missing or wrong csrf token"));
     }
     Ok(())
 }
