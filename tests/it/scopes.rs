@@ -60,12 +60,16 @@ fn probe(row: &'static str, method: Method, path: &'static str) -> Probe {
 
 fn probes() -> Vec<Probe> {
     use Method as M;
-    let reason = Some(json!({ "reason": "scope walk" }));
     let (api_read, api_user, api_act) = (
         "`GET /api/query/{id}/status`",
         "`GET /api/users/{id}/memory`",
         "`POST /api/query/{id}/cancel`",
     );
+    // An operator action over the API, with the reason it needs.
+    let act = |method: Method, path: &'static str| Probe {
+        body: Some(json!({ "summary": "x", "reason": "scope walk" })),
+        ..probe(api_act, method, path)
+    };
     vec![
         Probe {
             body: Some(json!({ "user_id": Uuid::new_v4(), "query": "walk" })),
@@ -78,30 +82,12 @@ fn probes() -> Vec<Probe> {
         probe(api_user, M::GET, "/api/users/{user}/export"),
         probe(api_user, M::GET, "/api/ws?user_id={user}"),
         probe(api_user, M::GET, "/api/query/{req}/status?include=context"),
-        Probe {
-            body: reason.clone(),
-            ..probe(api_act, M::POST, "/api/query/{req}/continue")
-        },
-        Probe {
-            body: reason.clone(),
-            ..probe(api_act, M::POST, "/api/query/{req}/retry")
-        },
-        Probe {
-            body: Some(json!({ "summary": "x", "reason": "scope walk" })),
-            ..probe(api_act, M::PUT, "/api/users/{user}/memory/1")
-        },
-        Probe {
-            body: reason.clone(),
-            ..probe(api_act, M::DELETE, "/api/users/{user}/memory/1")
-        },
-        Probe {
-            body: reason.clone(),
-            ..probe(api_act, M::DELETE, "/api/users/{user}/turns/1")
-        },
-        Probe {
-            body: reason,
-            ..probe(api_act, M::POST, "/api/query/{req}/cancel")
-        },
+        act(M::POST, "/api/query/{req}/continue"),
+        act(M::POST, "/api/query/{req}/retry"),
+        act(M::PUT, "/api/users/{user}/memory/1"),
+        act(M::DELETE, "/api/users/{user}/memory/1"),
+        act(M::DELETE, "/api/users/{user}/turns/1"),
+        act(M::POST, "/api/query/{req}/cancel"),
         probe("`DELETE /api/users/{id}` (forget)", M::DELETE, "/api/users/{user}"),
         probe("console: view", M::GET, "/console/requests"),
         probe("console: view", M::GET, "/console/requests/rows"),
