@@ -29,8 +29,12 @@
 -- $8 until
 -- $9 limit
 -- $10 scan
+-- $11 tenant: only its requests, with the user ids it uses (no index of
+--     its own: its rows are read from the list's indexes and filtered)
 WITH scanned AS MATERIALIZED (
-    SELECT id, status, user_id, thread_id, attempt, debug, held, created_at, updated_at, error,
+    SELECT id, status,
+           CASE WHEN $11::uuid IS NULL THEN user_id ELSE coalesce(tenant_user_id, user_id) END AS user_id,
+           thread_id, attempt, debug, held, created_at, updated_at, error,
            user_query, row_number() OVER (ORDER BY created_at DESC, id DESC) AS n
     FROM pipeline_runs
     WHERE ($1::text[] IS NULL OR $2::uuid IS NOT NULL OR $3::uuid IS NOT NULL
@@ -41,6 +45,7 @@ WITH scanned AS MATERIALIZED (
       AND ($7::timestamptz IS NULL OR created_at >= $7::timestamptz)
       AND ($8::timestamptz IS NULL OR created_at < $8::timestamptz)
       AND ($5::timestamptz IS NULL OR (created_at, id) < ($5::timestamptz, $6::uuid))
+      AND ($11::uuid IS NULL OR tenant_id = $11::uuid)
     ORDER BY created_at DESC, id DESC
     LIMIT CASE WHEN $4::text IS NULL AND ($1::text[] IS NULL OR ($2::uuid IS NULL AND $3::uuid IS NULL))
                THEN $9::int8 ELSE $10::int8 END

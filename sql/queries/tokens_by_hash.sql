@@ -2,6 +2,6 @@
 -- only: an unknown token costs no write (a found one is stamped apart,
 -- tokens_touch.sql).
 SELECT t.id, t.name, t.scope, t.token_sha256, t.tenant_id, n.name AS tenant_name,
-       n.requests_per_minute, n.max_in_flight
+       n.requests_per_minute, n.max_in_flight, t.operator
 FROM api_tokens t JOIN tenants n ON n.id = t.tenant_id
 WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL

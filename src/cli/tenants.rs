@@ -7,7 +7,10 @@
 //! - `revoke` takes effect in every daemon within the token cache period
 //!   (5 s, `http::tenancy::TOKEN_TTL`); `rotate` revokes the live token of
 //!   that name and creates a new one with the same scope, in one
-//!   transaction.
+//!   transaction (the operator flag too).
+//! - `create --all-tenants` makes an operator token, which the console
+//!   shows every tenant;
+//!   without it a console session sees only the token's tenant.
 //! - Every change writes its `operator_actions` row in the statement that
 //!   makes it (never the token, its hash or a callback secret).
 
@@ -16,7 +19,7 @@ use clap::Subcommand;
 
 use super::{CliError, Outcome, connect};
 use crate::config::Config;
-use crate::repo::tenants::{self, Tenant, TenantChange, TokenInfo};
+use crate::repo::tenants::{self, NewToken, Tenant, TenantChange, TokenInfo};
 
 #[derive(Subcommand, Debug)]
 pub enum TenantsCommand {
@@ -61,6 +64,11 @@ pub enum TokensCommand {
         /// submit, read, operate or admin (see docs/deploying.md, "Scopes").
         #[arg(long)]
         scope: String,
+        /// An operator token: the console shows it every tenant's
+        /// requests, users and the engine's state; without it, only its own
+        /// tenant's. (`--operator` names the acting operator.)
+        #[arg(long)]
+        all_tenants: bool,
     },
     /// Tokens (never the token itself).
     List {
@@ -201,8 +209,12 @@ fn print_token(info: &TokenInfo, token: &str, json: bool) {
     } else {
         println!("{token}");
         eprintln!(
-            "token {:?} of tenant {} with scope {} (id {}): shown once, keep it now",
-            info.name, info.tenant, info.scope, info.id
+            "token {:?} of tenant {} with scope {}{} (id {}): shown once, keep it now",
+            info.name,
+            info.tenant,
+            info.scope,
+            if info.operator { ", operator" } else { "" },
+            info.id
         );
     }
 }
@@ -210,8 +222,19 @@ fn print_token(info: &TokenInfo, token: &str, json: bool) {
 pub async fn tokens(cfg: &Config, cmd: TokensCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
     let mut client = connect(cfg).await?;
     match cmd {
-        TokensCommand::Create { name, tenant, scope } => {
-            create_token(&client, &name, &tenant, &scope, actor, json).await
+        TokensCommand::Create {
+            name,
+            tenant,
+            scope,
+            all_tenants,
+        } => {
+            let t = NewToken {
+                name: &name,
+                tenant: &tenant,
+                scope: &scope,
+                operator: all_tenants,
+            };
+            create_token(&client, t, actor, json).await
         }
         TokensCommand::List { all } => list_tokens(&client, all, json).await,
         TokensCommand::Revoke { name, tenant, reason } => {
@@ -224,15 +247,16 @@ pub async fn tokens(cfg: &Config, cmd: TokensCommand, actor: &str, json: bool) -
     }
 }
 
-/// `tokens create`: a new token of `tenant` with `scope`, printed once.
+/// `tokens create`: a new token, printed once.
 async fn create_token(
     client: &deadpool_postgres::Client,
-    name: &str,
-    tenant: &str,
-    scope: &str,
+    t: NewToken<'_>,
     actor: &str,
     json: bool,
 ) -> Result<Outcome, CliError> {
+    let NewToken {
+        name, tenant, scope, ..
+    } = t;
     if !SCOPES.contains(&scope) {
         return Err(CliError::Usage(format!(
             "--scope {scope:?}: one of {}",
@@ -240,7 +264,7 @@ async fn create_token(
         )));
     }
     let (token, hash) = new_token();
-    let made = tenants::create_token(client, name, tenant, scope, &hash, actor)
+    let made = tenants::create_token(client, t, &hash, actor)
         .await
         .map_err(|e| CliError::Usage(format!("token {name:?} of tenant {tenant}: {e}")))?;
     let Some(info) = made else {
@@ -259,8 +283,8 @@ async fn list_tokens(client: &deadpool_postgres::Client, all: bool, json: bool) 
         return Ok(Outcome::Ok);
     }
     println!(
-        "{:>5} {:<24} {:<16} {:<8} {:<20} state",
-        "id", "name", "tenant", "scope", "last used"
+        "{:>5} {:<24} {:<16} {:<8} {:<8} {:<20} state",
+        "id", "name", "tenant", "scope", "operator", "last used"
     );
     let stamp = |a: DateTime<Utc>| a.format("%Y-%m-%d %H:%M:%S").to_string();
     for t in &list {
@@ -269,8 +293,12 @@ async fn list_tokens(client: &deadpool_postgres::Client, all: bool, json: bool) 
             .revoked_at
             .map_or_else(|| "live".to_owned(), |a| format!("revoked {}", stamp(a)));
         println!(
-            "{:>5} {:<24} {:<16} {:<8} {used:<20} {state}",
-            t.id, t.name, t.tenant, t.scope
+            "{:>5} {:<24} {:<16} {:<8} {:<8} {used:<20} {state}",
+            t.id,
+            t.name,
+            t.tenant,
+            t.scope,
+            if t.operator { "yes" } else { "" }
         );
     }
     Ok(Outcome::Ok)
@@ -315,7 +343,13 @@ async fn rotate_token(
         return Ok(Outcome::Finding);
     };
     let (token, hash) = new_token();
-    let made = tenants::create_token(&tx, name, tenant, &old.scope, &hash, actor).await?;
+    let again = NewToken {
+        name,
+        tenant,
+        scope: &old.scope,
+        operator: old.operator,
+    };
+    let made = tenants::create_token(&tx, again, &hash, actor).await?;
     tx.commit().await.map_err(crate::db::Error::from)?;
     let Some(info) = made else {
         return Err(CliError::Usage(format!(

@@ -2,12 +2,15 @@
 //!
 //! Guarantees: plain data with its defaults; [`HttpAddr::parse`] accepts
 //! `HOST:PORT`, `IP:PORT`, `[IPv6]:PORT` and `:PORT` (loopback) and names
-//! what is wrong with anything else. Imports nothing of the crate.
+//! what is wrong with anything else. Imports nothing of the crate but the
+//! secret type.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+use crate::secret::Secret;
 
 /// Limits of the HTTP server (`[http]` in the file, `MAAS_HTTP__*` in the
 /// environment).
@@ -74,6 +77,11 @@ pub struct HttpConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM file of the private key of `tls_cert` (PKCS#8, PKCS#1 or SEC1).
     pub tls_key: Option<PathBuf>,
+    /// The key console session cookies are signed with (HMAC-SHA256):
+    /// long and random, the same on every daemon, kept out of the
+    /// database. Empty (the default): a key derived from the configured
+    /// `api_tokens`, which never reach the database either.
+    pub session_secret: Secret,
 }
 
 impl Default for HttpConfig {
@@ -98,6 +106,7 @@ impl Default for HttpConfig {
             max_exports_per_token: 2,
             tls_cert: None,
             tls_key: None,
+            session_secret: Secret::default(),
         }
     }
 }

@@ -246,8 +246,10 @@ pub fn parse_wait(raw: &str) -> Option<Duration> {
 
 /// `GET /api/query/{id}/status[?wait=30s][&include=context]`: the state,
 /// and `metadata` when the request carries one; with `include=context` also
-/// `context` and `context_sources` (the memory it holds), read after the
-/// state.
+/// `context` and `context_sources` (the memory it holds and the system
+/// prompt), read after the state. The context is the user's memory, so
+/// `include=context` needs what the memory route needs
+/// ([`Need::ReadUser`], scope `read`), checked before anything is read.
 pub async fn status(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
@@ -267,6 +269,9 @@ pub async fn status(
             ));
         }
     };
+    if with_context {
+        who.require(Need::ReadUser)?;
+    }
     let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
     let state = state_after_wait(&app, caller, who.tenant, id, &params).await?;
     let mut body = serde_json::to_value(&state)

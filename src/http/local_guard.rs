@@ -9,13 +9,55 @@
 //!   on every POST and WebSocket), must be a loopback origin too; `null`
 //!   (sandboxed pages, files) is refused.
 //!
+//! The guard ([`layer`]) sits in front of every route of the server — the
+//! API, the console, health, metrics and OpenAPI alike — whenever no token
+//! is configured, so no door is left without it.
+//!
+//! Apart from that mode, [`same_origin`] is the console's rule for every
+//! POST (tokens or not): the browser's `Origin` must name this server, as
+//! the request's `Host` does; a POST without `Origin` is refused (every
+//! browser sends one on a form POST).
+//!
 //! Refusals are 403 with the header and value named.
 
 use std::net::IpAddr;
 
+use axum::Extension;
+use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 
+use super::AppState;
 use super::error::ApiError;
+
+/// The middleware: without configured tokens, [`check`] before any route.
+pub async fn layer(Extension(app): Extension<AppState>, req: Request, next: Next) -> Response {
+    if app.tokens.is_empty()
+        && let Err(refused) = check(req.headers())
+    {
+        return refused.into_response();
+    }
+    next.run(req).await
+}
+
+/// Whether `Origin` names the server the request was sent to (its `Host`,
+/// over http or https); `Err` says what is wrong, for the refusal.
+pub fn same_origin(headers: &HeaderMap) -> Result<(), String> {
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Err("a POST needs an Origin header naming this server".to_owned());
+    };
+    let origin = origin.to_str().unwrap_or("?");
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .unwrap_or("");
+    if host.is_empty() || !authority.eq_ignore_ascii_case(host) {
+        return Err(format!("Origin `{origin}` is not this server (Host `{host}`)"));
+    }
+    Ok(())
+}
 
 /// Checks `Host` and `Origin` of a request served without tokens.
 pub fn check(headers: &HeaderMap) -> Result<(), ApiError> {
@@ -116,6 +158,24 @@ mod tests {
             "http://localhost:3000/x",
         ] {
             assert!(check(&headers("localhost:8080", Some(origin))).is_err(), "{origin}");
+        }
+    }
+
+    #[test]
+    fn a_post_must_come_from_this_server() {
+        assert!(same_origin(&headers("maas.example:8080", Some("https://maas.example:8080"))).is_ok());
+        assert!(same_origin(&headers("127.0.0.1:9", Some("http://127.0.0.1:9"))).is_ok());
+        for origin in [
+            None,
+            Some("null"),
+            Some("http://evil.example"),
+            Some("http://maas.example:8081"),
+            Some("http://maas.example:8080/x"),
+        ] {
+            assert!(
+                same_origin(&headers("maas.example:8080", origin)).is_err(),
+                "{origin:?}"
+            );
         }
     }
 }

@@ -211,6 +211,7 @@ pub fn app(state: AppState) -> Router {
         .merge(console::router())
         .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no_route", "no such route") })
         .layer(middleware::from_fn(input::json_errors))
+        .layer(middleware::from_fn(local_guard::layer))
         .layer(DefaultBodyLimit::max(state.cfg.http.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(middleware::from_fn_with_state(state.clone(), hsts))
@@ -254,13 +255,8 @@ async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, mut req: 
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim);
     let (caller, principal) = match given {
-        None if app.tokens.is_empty() => {
-            // Loopback-only mode: local programs, not a browser's pages.
-            if let Err(refused) = local_guard::check(&headers) {
-                return refused.into_response();
-            }
-            (limits::Caller::ANONYMOUS, tenancy::Principal::default_admin("local"))
-        }
+        // Loopback-only mode (`local_guard` has checked Host and Origin).
+        None if app.tokens.is_empty() => (limits::Caller::ANONYMOUS, tenancy::Principal::default_admin("local")),
         None => return ApiError::unauthorized("missing Authorization: Bearer token").into_response(),
         Some(given) => match authenticate(&app, given, peer_ip(&req)).await {
             Ok(found) => found,

@@ -21,11 +21,13 @@
 //! |------------------------------------------------|--------------|--------|------|---------|-------|
 //! | `POST /api/query`                              | submit       | yes    | –    | yes     | yes   |
 //! | `GET /api/query/{id}/status`, `/events`, `GET /api/ws?request_id=` | read request | yes | yes | yes | yes |
-//! | `GET /api/ws?user_id=`, `GET /api/users/{id}/memory`, `/export`  | read user | – | yes | yes | yes |
+//! | `GET /api/ws?user_id=`, `GET /api/users/{id}/memory`, `/export`, `GET /api/query/{id}/status?include=context` | read user | – | yes | yes | yes |
 //! | `POST /api/query/{id}/cancel`, `/retry`, `/continue`; `PUT`/`DELETE /api/users/{id}/memory/{record}`, `DELETE /api/users/{id}/turns/{turn}` | operate | – | – | yes | yes |
 //! | `DELETE /api/users/{id}` (forget)              | admin        | –      | –    | –       | yes   |
 //!
-//! A refusal is 403 `scope_required` naming the scope needed.
+//! A refusal is 403 `scope_required` naming the scope needed. The
+//! console's rows of the table are in `docs/deploying.md`, which
+//! `tests/it/scopes.rs` walks route by route.
 //!
 //! Isolation: every statement that reads a request by id takes the
 //! caller's tenant (`WHERE id = $1 AND tenant_id = $2`): another tenant's
@@ -159,6 +161,10 @@ pub struct Principal {
     pub limited: bool,
     /// The database token's id (`None` for a configured token).
     pub token_id: Option<i64>,
+    /// The console shows this caller every tenant (a configured token, the
+    /// loopback mode, or a database token made with `--operator`); the
+    /// JSON API ignores it.
+    pub operator: bool,
 }
 
 impl Principal {
@@ -171,6 +177,7 @@ impl Principal {
             token: Arc::from(token),
             limited: false,
             token_id: None,
+            operator: true,
         }
     }
 
@@ -182,6 +189,7 @@ impl Principal {
             token: Arc::from(r.name.as_str()),
             limited: r.requests_per_minute.is_some() || r.max_in_flight.is_some(),
             token_id: Some(r.id),
+            operator: r.operator,
         })
     }
 

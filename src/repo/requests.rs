@@ -411,6 +411,10 @@ pub struct PageFilter {
     /// The page starts after this (created_at, id).
     pub before: Option<(DateTime<Utc>, Uuid)>,
     pub limit: usize,
+    /// Only this tenant's requests, each with the user id the tenant uses
+    /// (`user_id` is then the stored id of the tenant's user); `None`:
+    /// every tenant's, with stored user ids.
+    pub tenant: Option<Uuid>,
 }
 
 super::statement_params! {
@@ -425,6 +429,7 @@ super::statement_params! {
         until: Option<DateTime<Utc>>,
         limit: i64,
         scan: i64,
+        tenant: Option<Uuid>,
     }
 }
 
@@ -491,6 +496,7 @@ pub async fn page(client: &impl GenericClient, f: &PageFilter) -> Result<Page, E
         until: f.until,
         limit: as_limit(f.limit),
         scan: as_limit(PAGE_TEXT_SCAN.max(f.limit)),
+        tenant: f.tenant,
     };
     let mut rows: Vec<PageRow> = super::query_as(client, PAGE, &p.params()).await?;
     // Matches come in the order read (`scanned` is the row's place in the

@@ -13,6 +13,8 @@
 //!   of its own before [`limit_counts`] counts: submissions of one limited
 //!   tenant from any number of daemons are counted one after the other when
 //!   the caller inserts in the same transaction.
+//! - A console session is a row of `console_sessions`; the secret its
+//!   cookie is signed with is not in the database.
 
 use super::GenericClient;
 use chrono::{DateTime, Utc};
@@ -32,6 +34,11 @@ super::statements! {
     TOKEN_CREATE = "tokens_create",
     TOKEN_LIST = "tokens_list",
     TOKEN_REVOKE = "tokens_revoke",
+    SESSION_START = "tokens_session_start",
+    SESSION_LIVE = "tokens_session_live",
+    SESSION_END = "tokens_session_end",
+    REQUEST_USER = "tenants_request_user",
+    ANY_REQUEST = "tenants_any_request",
     TENANT_ADD = "tenants_add",
     TENANT_LIST = "tenants_list",
     TENANT_SET = "tenants_set",
@@ -67,6 +74,8 @@ super::row_struct! {
         pub tenant_name: String,
         pub requests_per_minute: Option<i32>,
         pub max_in_flight: Option<i32>,
+        /// The console shows this token every tenant.
+        pub operator: bool,
     }
 }
 
@@ -213,26 +222,35 @@ super::row_struct! {
         pub name: String,
         pub tenant: String,
         pub scope: String,
+        pub operator: bool,
         pub created_at: DateTime<Utc>,
         pub last_used_at: Option<DateTime<Utc>>,
         pub revoked_at: Option<DateTime<Utc>>,
     }
 }
 
-/// Stores a new token's hash for tenant `tenant` (by name), recorded as
-/// `actor`'s action; `None` when the tenant is unknown.
+/// A token to create: its name, tenant (by name), scope and whether it is
+/// an operator's (the console shows it every tenant).
+#[derive(Debug, Clone, Copy)]
+pub struct NewToken<'a> {
+    pub name: &'a str,
+    pub tenant: &'a str,
+    pub scope: &'a str,
+    pub operator: bool,
+}
+
+/// Stores a new token's hash, recorded as `actor`'s action; `None` when
+/// the tenant is unknown.
 pub async fn create_token(
     client: &impl GenericClient,
-    name: &str,
-    tenant: &str,
-    scope: &str,
+    t: NewToken<'_>,
     hash: &[u8; 32],
     actor: &str,
 ) -> Result<Option<TokenInfo>, Error> {
     super::query_opt_as(
         client,
         TOKEN_CREATE,
-        &[&name, &tenant, &scope, &hash.as_slice(), &actor],
+        &[&t.name, &t.tenant, &t.scope, &hash.as_slice(), &actor, &t.operator],
     )
     .await
 }
@@ -252,4 +270,43 @@ pub async fn revoke_token(
     reason: Option<&str>,
 ) -> Result<Option<TokenInfo>, Error> {
     super::query_opt_as(client, TOKEN_REVOKE, &[&name, &tenant, &actor, &reason]).await
+}
+
+// ---- console sessions ----------------------------------------------------------
+
+/// Starts console session `id` of database token `token_id` (`None`: a
+/// configured token), valid until `expires_at`.
+pub async fn start_session(
+    client: &impl GenericClient,
+    id: Uuid,
+    token_id: Option<i64>,
+    expires_at: DateTime<Utc>,
+) -> Result<(), Error> {
+    super::execute(client, SESSION_START, &[&id, &token_id, &expires_at]).await?;
+    Ok(())
+}
+
+/// Whether console session `id` of `token_id` is live: not expired, not
+/// logged out.
+pub async fn session_live(client: &impl GenericClient, id: Uuid, token_id: Option<i64>) -> Result<bool, Error> {
+    super::query_one_value(client, SESSION_LIVE, &[&id, &token_id], "live").await
+}
+
+/// Ends console session `id` (a logout).
+pub async fn end_session(client: &impl GenericClient, id: Uuid) -> Result<(), Error> {
+    super::execute(client, SESSION_END, &[&id]).await?;
+    Ok(())
+}
+
+// ---- the console of one tenant ---------------------------------------------------
+
+/// The user id tenant `tenant` knows request `id`'s user by (its shown
+/// id); `None` when the request is not the tenant's.
+pub async fn request_user(client: &impl GenericClient, id: Uuid, tenant: Uuid) -> Result<Option<Uuid>, Error> {
+    super::query_opt_value(client, REQUEST_USER, &[&id, &tenant], "user_id").await
+}
+
+/// Whether any of the requests `ids` is tenant `tenant`'s.
+pub async fn any_request_of(client: &impl GenericClient, tenant: Uuid, ids: &[Uuid]) -> Result<bool, Error> {
+    super::query_one_value(client, ANY_REQUEST, &[&tenant, &ids], "found").await
 }

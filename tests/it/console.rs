@@ -210,7 +210,7 @@ async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one()
             .unwrap();
         by_name!(r, "actor", "reason")
     };
-    assert_eq!((actor.as_str(), reason.as_str()), ("console", "provider fixed"));
+    assert_eq!((actor.as_str(), reason.as_str()), ("local", "provider fixed"));
     let shot = b.screenshot("request-retried").await;
     to_docs(&shot, "console-request.png");
 
@@ -234,7 +234,7 @@ async fn console_requests_filter_then_retry_a_failed_one_and_cancel_a_slow_one()
     assert_eq!(status_of(&c, slow).await, "CANCELLED");
     let logged: i64 = value(
         &c,
-        "SELECT count(*) FROM operator_actions WHERE run_id = $1 AND action = 'cancel' AND actor = 'console' AND reason = 'stuck on the provider'",
+        "SELECT count(*) FROM operator_actions WHERE run_id = $1 AND action = 'cancel' AND actor = 'local' AND reason = 'stuck on the provider'",
         &[&slow],
     )
     .await;
@@ -268,6 +268,7 @@ async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
     assert_eq!(r.headers()["location"], "/console/login");
     let r = http
         .post(api.url(&format!("/console/requests/{id}/cancel")))
+        .header("origin", api.url(""))
         .form(&[("reason", "x"), ("csrf", "x")])
         .send()
         .await
@@ -276,6 +277,7 @@ async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
     // A wrong token is refused; the right one gives an HttpOnly, SameSite=Strict cookie.
     let r = http
         .post(api.url("/console/login"))
+        .header("origin", api.url(""))
         .form(&[("token", "nope")])
         .send()
         .await
@@ -283,6 +285,7 @@ async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let r = http
         .post(api.url("/console/login"))
+        .header("origin", api.url(""))
         .form(&[("token", "tok-console")])
         .send()
         .await
@@ -327,6 +330,7 @@ async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
     let (fresh, api) = fresh;
     let r = http
         .post(api.url(&format!("/console/requests/{fresh}/cancel")))
+        .header("origin", api.url(""))
         .header("cookie", &session)
         .form(&[("reason", "no csrf")])
         .send()
@@ -419,7 +423,7 @@ async fn console_steps_a_debug_request_through_with_continue() {
     wait_status(&c, id, "COMPLETED").await;
     let reasons: Vec<String> = crate::support::db::column(
         &c,
-        "SELECT reason FROM operator_actions WHERE run_id = $1 AND action = 'continue' AND actor = 'console' ORDER BY id",
+        "SELECT reason FROM operator_actions WHERE run_id = $1 AND action = 'continue' AND actor = 'local' ORDER BY id",
         &[&id],
     )
     .await;
@@ -528,7 +532,7 @@ async fn console_memory_page_searches_a_users_memory_and_archives_now() {
     assert_eq!(covered, pending, "the new records cover the pending turns");
     let logged: i64 = value(
         &c,
-        "SELECT count(*) FROM operator_actions WHERE action = 'archive_run' AND actor = 'console'
+        "SELECT count(*) FROM operator_actions WHERE action = 'archive_run' AND actor = 'local'
            AND reason = 'support ticket 42' AND detail ->> 'user_id' = $1::uuid::text AND detail ->> 'outcome' = 'archived'",
         &[&user],
     )
@@ -618,7 +622,7 @@ async fn console_prompts_page_diffs_two_versions_and_activates_one() {
     assert_eq!(active, new);
     let logged: i64 = value(
         &c,
-        "SELECT count(*) FROM operator_actions WHERE action = 'prompt_activate' AND actor = 'console'
+        "SELECT count(*) FROM operator_actions WHERE action = 'prompt_activate' AND actor = 'local'
            AND reason = 'roll forward' AND detail ->> 'role' = 'Analyzer' AND (detail ->> 'version')::int = $1
            AND (detail ->> 'previous')::int = $1 - 1",
         &[&new],
@@ -676,7 +680,13 @@ async fn console_archive_now_and_prompt_activation_need_csrf_and_are_refused_rea
             vec![("reason", "no csrf")],
             vec![("reason", "bad csrf"), ("csrf", "0000")],
         ] {
-            let r = http.post(api.url(path)).form(&form).send().await.unwrap();
+            let r = http
+                .post(api.url(path))
+                .header("origin", api.url(""))
+                .form(&form)
+                .send()
+                .await
+                .unwrap();
             assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path} {form:?}");
             assert!(r.text().await.unwrap().contains("csrf"));
         }
@@ -694,6 +704,7 @@ async fn console_archive_now_and_prompt_activation_need_csrf_and_are_refused_rea
     assert!(!csrf.is_empty(), "the page carries the token");
     let r = http
         .post(api.url(&archive))
+        .header("origin", api.url(""))
         .form(&[("csrf", csrf.as_str()), ("reason", " ")])
         .send()
         .await
@@ -744,6 +755,7 @@ async fn console_archive_now_and_prompt_activation_need_csrf_and_are_refused_rea
     for path in [&archive, &activate] {
         let r = http
             .post(api.url(path))
+            .header("origin", api.url(""))
             .form(&[("csrf", csrf.as_str()), ("reason", "try anyway")])
             .send()
             .await
@@ -909,6 +921,7 @@ async fn archive_now_from_maasctl_is_recorded_as_from_the_console() {
     let csrf = csrf_of(&page);
     let r = http
         .post(api.url(&format!("/console/users/{by_console}/archive")))
+        .header("origin", api.url(""))
         .form(&[("csrf", csrf.as_str()), ("reason", "one path")])
         .send()
         .await
@@ -934,7 +947,7 @@ async fn archive_now_from_maasctl_is_recorded_as_from_the_console() {
     let rows: Vec<(String, Option<String>, Value)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
     assert_eq!(rows.len(), 2, "one row per action: {rows:?}");
     let (console, cli) = (&rows[0], &rows[1]);
-    assert_eq!((console.0.as_str(), cli.0.as_str()), ("console", "night-shift"));
+    assert_eq!((console.0.as_str(), cli.0.as_str()), ("local", "night-shift"));
     assert_eq!(
         (console.1.as_deref(), cli.1.as_deref()),
         (Some("one path"), Some("one path"))
@@ -978,6 +991,7 @@ async fn prompt_activation_from_maasctl_is_recorded_as_from_the_console() {
     let csrf = csrf_of(&page);
     let r = http
         .post(api.url(&format!("/console/prompts/assembler/{}/activate", first + 1)))
+        .header("origin", api.url(""))
         .form(&[("csrf", csrf.as_str()), ("reason", "roll forward")])
         .send()
         .await
@@ -1007,7 +1021,7 @@ async fn prompt_activation_from_maasctl_is_recorded_as_from_the_console() {
         rows,
         vec![
             (
-                "console".to_owned(),
+                "local".to_owned(),
                 json!({"role": "Assembler", "version": first + 1, "previous": first})
             ),
             (

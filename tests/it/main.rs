@@ -31,6 +31,7 @@ mod requests;
 mod retention;
 mod roles;
 mod schema;
+mod scopes;
 mod stages;
 mod support;
 mod systemd;

@@ -138,7 +138,7 @@ async fn without_tokens_only_loopback_hosts_and_origins_are_served() {
     assert_eq!(body["code"], "forbidden_origin", "{body}");
     let c = db.client().await;
     assert_eq!(crate::support::count(&c, "SELECT count(*) FROM pipeline_runs").await, 0);
-    // Health and metrics are not API routes: served to any Host.
+    // Every door has the guard: health and metrics too.
     let ready = api
         .http
         .get(api.url("/readyz"))
@@ -146,7 +146,7 @@ async fn without_tokens_only_loopback_hosts_and_origins_are_served() {
         .send()
         .await
         .unwrap();
-    assert_eq!(ready.status(), StatusCode::OK);
+    assert_eq!(ready.status(), StatusCode::FORBIDDEN);
 }
 
 /// `POST /api/query` takes `callback_url` and `debug`: stored on the

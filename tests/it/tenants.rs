@@ -81,6 +81,7 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
                 tok,
                 api.http
                     .post(api.url(&format!("/api/query/{other}/{action}")))
+                    .header("origin", api.url(""))
                     .json(&json!({ "reason": "not mine" })),
             )
             .await;
@@ -191,6 +192,7 @@ async fn scopes_are_enforced_and_a_revoked_token_is_refused() {
             tok,
             api.http
                 .post(api.url(&format!("/api/query/{id}/cancel")))
+                .header("origin", api.url(""))
                 .json(&json!({ "reason": "x" })),
         )
         .await;
@@ -204,6 +206,7 @@ async fn scopes_are_enforced_and_a_revoked_token_is_refused() {
         &operate_tok,
         api.http
             .post(api.url(&format!("/api/query/{id}/cancel")))
+            .header("origin", api.url(""))
             .json(&json!({ "reason": "x" })),
     )
     .await;
@@ -640,12 +643,37 @@ async fn the_console_takes_database_tokens_by_scope() {
     };
     let id = submit_ok(&api, ADMIN, Uuid::new_v4(), Uuid::new_v4(), "slow one").await;
 
-    for (tok, why) in [(submit_only, "scope submit"), (other, "tenant `acme`")] {
-        let (status, cookie, body) = login(tok).await;
-        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-        assert!(cookie.is_none());
-        assert!(body.contains(why), "{body}");
-    }
+    let (status, cookie, body) = login(submit_only).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(cookie.is_none());
+    assert!(body.contains("scope submit"), "{body}");
+
+    // Another tenant's admin logs in, but sees only its tenant: the default
+    // tenant's request is 404 to it, and the overview sends it to its list.
+    let (status, cookie, body) = login(other).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let acme = cookie.unwrap();
+    let get_as = |cookie: String, path: String| {
+        let (http, api) = (&http, &api);
+        async move {
+            let r = http.get(api.url(&path)).header("cookie", cookie).send().await.unwrap();
+            (
+                r.status(),
+                r.headers().get("location").map(|l| l.to_str().unwrap().to_owned()),
+                r.text().await.unwrap(),
+            )
+        }
+    };
+    let (s, _, _) = get_as(acme.clone(), format!("/console/requests/{id}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _, list) = get_as(acme.clone(), "/console/requests".to_owned()).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(
+        !list.contains(&id.to_string()),
+        "another tenant's request is not listed"
+    );
+    let (s, at, _) = get_as(acme.clone(), "/console".to_owned()).await;
+    assert_eq!((s, at.as_deref()), (StatusCode::SEE_OTHER, Some("/console/requests")));
 
     // Read: the pages, but no action.
     let (status, cookie, _) = login(read).await;
@@ -661,6 +689,7 @@ async fn the_console_takes_database_tokens_by_scope() {
     let csrf = csrf_of(&page.text().await.unwrap());
     let r = http
         .post(api.url(&format!("/console/requests/{id}/cancel")))
+        .header("origin", api.url(""))
         .header("cookie", &viewer)
         .form(&[("reason", "viewer"), ("csrf", csrf.as_str())])
         .send()
@@ -682,6 +711,7 @@ async fn the_console_takes_database_tokens_by_scope() {
     let csrf = csrf_of(&page.text().await.unwrap());
     let r = http
         .post(api.url(&format!("/console/requests/{id}/cancel")))
+        .header("origin", api.url(""))
         .header("cookie", &oncall)
         .form(&[("reason", "oncall"), ("csrf", csrf.as_str())])
         .send()
@@ -699,7 +729,7 @@ async fn the_console_takes_database_tokens_by_scope() {
         "the revoked token's session ends",
         || async {
             let r = http
-                .get(api.url("/console"))
+                .get(api.url("/console/requests"))
                 .header("cookie", &viewer)
                 .send()
                 .await

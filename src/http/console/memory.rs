@@ -15,9 +15,13 @@
 //!   run --user ID` (a manual run of the daemon's archivist, regardless of
 //!   thresholds and cooldown), after the CSRF and read-only checks and with
 //!   a reason; it is recorded in `operator_actions` as `archive_run` with
-//!   the actor `console` and the run's outcome, and answers with a redirect
+//!   the session's token name as actor and the run's outcome, and answers
+//!   with a redirect
 //!   (303) to the page. The run and its record happen in a task of their
 //!   own, so a browser that leaves does not cut them short.
+//! - A session limited to a tenant names the tenant's users by the ids the
+//!   tenant uses (mapped to the stored id as the API maps them), so it can
+//!   reach no other tenant's user; an operator's names the stored ids.
 
 use axum::Extension;
 use axum::extract::{Form, Path, Query, State};
@@ -26,7 +30,6 @@ use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Utc;
 use minijinja::context;
 use serde::Deserialize;
-use uuid::Uuid;
 
 use super::auth::{Session, check_action};
 use super::pages::{ActionForm, client, db_fail, id_of, session_ctx, v};
@@ -76,9 +79,22 @@ fn position(field: &str, v: &str) -> Result<Option<i64>, Fail> {
     })
 }
 
-async fn user_data(app: &AppState, id: &str, uq: &UserQuery) -> Result<minijinja::Value, Fail> {
-    let user = UserKey::new(id_of(id, "user")?);
+/// The user a session names `id`: the stored id for an operator's, the
+/// tenant's own id otherwise.
+async fn user_key(c: &super::pages::Client, s: &Session, id: &str) -> Result<UserKey, Fail> {
+    let shown = id_of(id, "user")?;
+    if s.tenant().is_none() {
+        return Ok(UserKey::new(shown));
+    }
+    let stored = crate::http::tenancy::stored_user(c, &s.who, shown)
+        .await
+        .map_err(|e| db_fail("user", e.message))?;
+    Ok(UserKey::of_tenant(stored, shown))
+}
+
+async fn user_data(app: &AppState, s: &Session, id: &str, uq: &UserQuery) -> Result<minijinja::Value, Fail> {
     let c = client(app).await?;
+    let user = user_key(&c, s, id).await?;
     let page = Page {
         before: position("before", &uq.before)?,
         turns_before: position("turns_before", &uq.turns_before)?,
@@ -120,7 +136,7 @@ pub async fn user(
     Path(id): Path<String>,
     Query(q): Query<UserQuery>,
 ) -> Response {
-    match user_data(&app, &id, &q).await {
+    match user_data(&app, &s, &id, &q).await {
         Ok(data) => render("user.html", context! { session => session_ctx(&app, &s), ..data }),
         Err(r) => r.into_response(),
     }
@@ -135,14 +151,14 @@ pub async fn archive(
     Form(f): Form<ActionForm>,
 ) -> Response {
     match archive_now(&app, &s, &id, &f).await {
-        Ok(user) => Redirect::to(&format!("/console/users/{user}")).into_response(),
+        Ok(user) => Redirect::to(&format!("/console/users/{}", user.shown)).into_response(),
         Err(r) => r.into_response(),
     }
 }
 
-async fn archive_now(app: &AppState, s: &Session, id: &str, f: &ActionForm) -> Result<Uuid, Fail> {
+async fn archive_now(app: &AppState, s: &Session, id: &str, f: &ActionForm) -> Result<UserKey, Fail> {
     check_action(s, &f.csrf)?;
-    let user = id_of(id, "user")?;
+    let user = user_key(&client(app).await?, s, id).await?;
     let reason = f.reason.trim();
     if reason.is_empty() {
         return Err(fail(
@@ -152,7 +168,12 @@ async fn archive_now(app: &AppState, s: &Session, id: &str, f: &ActionForm) -> R
     }
     // Its own task: a browser that leaves does not cut the run (or its
     // record) short; shutdown still cancels it cleanly.
-    let task = tokio::spawn(run_and_record(app.clone(), user, reason.to_owned()));
+    let task = tokio::spawn(run_and_record(
+        app.clone(),
+        user,
+        s.actor().to_owned(),
+        reason.to_owned(),
+    ));
     task.await.map_err(|e| {
         fail(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -161,12 +182,19 @@ async fn archive_now(app: &AppState, s: &Session, id: &str, f: &ActionForm) -> R
     })?
 }
 
-/// "Archive now" for `user`, by the daemon's archivist, recorded with the
-/// actor `console`; a user whose run failed is a 502 naming the failure.
-async fn run_and_record(app: AppState, user: Uuid, reason: String) -> Result<Uuid, Fail> {
-    let report = control::archive_now(&app.archivist, user, "console", Some(&reason), &Quiet, &app.shutdown)
-        .await
-        .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("console: archive now: {e}")))?;
+/// "Archive now" for `user`, by the daemon's archivist, recorded with
+/// `actor`; a user whose run failed is a 502 naming the failure.
+async fn run_and_record(app: AppState, user: UserKey, actor: String, reason: String) -> Result<UserKey, Fail> {
+    let report = control::archive_now(
+        &app.archivist,
+        user.user_id,
+        &actor,
+        Some(&reason),
+        &Quiet,
+        &app.shutdown,
+    )
+    .await
+    .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, &format!("console: archive now: {e}")))?;
     if let Some(u) = report.users.first().filter(|u| u.outcome == UserOutcome::Failed) {
         return Err(fail(
             StatusCode::BAD_GATEWAY,

@@ -16,9 +16,11 @@
 //!   so an action is recorded in `operator_actions` exactly as `maasctl`
 //!   records it.
 //! - Access ([`auth`]): with `api_tokens`, a token given in the login form
-//!   becomes an HttpOnly, SameSite=Strict session cookie; without tokens
-//!   (the server then binds only loopback) the console is open. Every
-//!   action is a POST carrying a CSRF token derived from the session.
+//!   becomes an HttpOnly, SameSite=Strict session cookie signed with a
+//!   server secret; without tokens (the server then binds only loopback,
+//!   behind `http::local_guard`) the console is open. Every action is a
+//!   same-origin POST carrying a CSRF token derived from the session's
+//!   random id. A session of a tenant's token sees only that tenant.
 
 pub mod auth;
 pub mod charts;
@@ -40,6 +42,7 @@ use axum::{Extension, Router};
 use futures_util::StreamExt;
 use minijinja::Environment;
 use tokio::sync::broadcast::error::RecvError;
+use uuid::Uuid;
 
 use super::AppState;
 use super::live;
@@ -128,6 +131,7 @@ pub fn router() -> Router<AppState> {
         .route("/console/login", get(auth::login_page).post(auth::login))
         .route(HTMX_PATH, get(htmx))
         .merge(guarded)
+        .route_layer(middleware::from_fn(auth::same_origin_posts))
 }
 
 async fn htmx() -> Response {
@@ -144,7 +148,8 @@ async fn htmx() -> Response {
 /// `GET /console/events`: a `change` event whenever requests changed
 /// (coalesced), `refresh` when notifications may have been lost; capped
 /// like the API's streams, and ended with a `revoked` event once the
-/// session's token is revoked (`http::live::Access`).
+/// session's token is revoked (`http::live::Access`). A session limited to
+/// a tenant hears only of its tenant's requests.
 async fn events(State(app): State<AppState>, Extension(s): Extension<auth::Session>) -> Result<Response, Fail> {
     let place = app
         .streams
@@ -153,26 +158,21 @@ async fn events(State(app): State<AppState>, Extension(s): Extension<auth::Sessi
     let access = live::Access::watch(&app, s.caller);
     let revoked = access.token();
     let rx = app.notifier.subscribe();
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let first = rx.recv().await;
-        let name = match first {
-            Err(RecvError::Closed) => return None,
-            Err(RecvError::Lagged(_)) => "refresh",
-            Ok(_) => "change",
-        };
-        tokio::time::sleep(COALESCE).await;
-        let mut lagged = name == "refresh";
-        loop {
-            match rx.try_recv() {
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => lagged = true,
-                Err(_) => break,
+    let tenant = s.tenant();
+    let pool = app.pool.clone();
+    let stream = futures_util::stream::unfold(rx, move |mut rx| {
+        let pool = pool.clone();
+        async move {
+            loop {
+                let (ids, lagged) = next_batch(&mut rx).await?;
+                if lagged || of_tenant(&pool, tenant, &ids).await {
+                    let ev = SseEvent::default()
+                        .event(if lagged { "refresh" } else { "change" })
+                        .data("{}");
+                    return Some((Ok::<_, Infallible>(ev), rx));
+                }
             }
         }
-        let ev = SseEvent::default()
-            .event(if lagged { "refresh" } else { "change" })
-            .data("{}");
-        Some((Ok::<_, Infallible>(ev), rx))
     })
     .take_until(revoked.clone().cancelled_owned())
     .chain(futures_util::stream::iter(
@@ -187,6 +187,42 @@ async fn events(State(app): State<AppState>, Extension(s): Extension<auth::Sessi
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(app.cfg.http.stream_keepalive()))
         .into_response())
+}
+
+/// The requests of the next notifications, coalesced over [`COALESCE`],
+/// and whether some were lost; `None` when the broadcast closed.
+async fn next_batch(rx: &mut tokio::sync::broadcast::Receiver<crate::listener::Event>) -> Option<(Vec<Uuid>, bool)> {
+    let mut ids = Vec::new();
+    let mut lagged = false;
+    match rx.recv().await {
+        Err(RecvError::Closed) => return None,
+        Err(RecvError::Lagged(_)) => lagged = true,
+        Ok(e) => ids.push(e.id),
+    }
+    tokio::time::sleep(COALESCE).await;
+    loop {
+        match rx.try_recv() {
+            Ok(e) => ids.push(e.id),
+            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => lagged = true,
+            Err(_) => break,
+        }
+    }
+    Some((ids, lagged))
+}
+
+/// Whether any of `ids` is a request of `tenant` (every one is, for an
+/// operator's session: `None`). A database error counts as a change, so
+/// the page fetches again and shows the error itself.
+async fn of_tenant(pool: &crate::db::Pool, tenant: Option<Uuid>, ids: &[Uuid]) -> bool {
+    let Some(tenant) = tenant else {
+        return true;
+    };
+    match pool.get().await {
+        Ok(c) => crate::repo::tenants::any_request_of(&c, tenant, ids)
+            .await
+            .unwrap_or(true),
+        Err(_) => true,
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,12 @@
 //! browser fetches again on a `change` event. An action is one call of
 //! [`crate::control`] with the operator's reason, after the CSRF and
 //! read-only checks, and answers with a redirect to the request's page
-//! (303) so a reload never repeats it.
+//! (303) so a reload never repeats it, recorded with the session's token
+//! name as actor.
+//! - A session limited to a tenant ([`Session::tenant`]) lists only its
+//!   tenant's requests, under the user ids the tenant uses; another
+//!   tenant's request is 404 to it, page and action alike; the overview
+//!   (the whole engine) sends it to its list.
 
 use std::time::Duration;
 
@@ -30,7 +35,7 @@ pub const PAGE: usize = 50;
 /// Finished requests the overview shows.
 const RECENT: usize = 15;
 
-type Client = deadpool_postgres::Object;
+pub(super) type Client = deadpool_postgres::Object;
 
 pub(super) async fn client(app: &AppState) -> Result<Client, Fail> {
     app.pool.get().await.map_err(|e| {
@@ -59,7 +64,10 @@ pub(super) fn v<T: serde::Serialize>(x: &T) -> minijinja::Value {
 
 /// What every page's header needs of the session.
 pub(super) fn session_ctx(app: &AppState, s: &Session) -> minijinja::Value {
-    context! { csrf => s.csrf.clone(), read_only => s.read_only, auth => !app.tokens.is_empty() }
+    context! {
+        csrf => s.csrf.clone(), read_only => s.read_only, auth => !app.tokens.is_empty(),
+        operator => s.who.operator, admin => s.admin, actor => s.actor(),
+    }
 }
 
 // ---- overview --------------------------------------------------------------
@@ -85,8 +93,11 @@ async fn overview_data(app: &AppState) -> Result<minijinja::Value, Fail> {
     })
 }
 
-/// `GET /console`.
+/// `GET /console` (a session limited to a tenant goes to its list).
 pub async fn overview(State(app): State<AppState>, Extension(s): Extension<Session>) -> Response {
+    if s.tenant().is_some() {
+        return Redirect::to("/console/requests").into_response();
+    }
     match overview_data(&app).await {
         Ok(data) => render("overview.html", context! { session => session_ctx(&app, &s), ..data }),
         Err(r) => r.into_response(),
@@ -94,7 +105,10 @@ pub async fn overview(State(app): State<AppState>, Extension(s): Extension<Sessi
 }
 
 /// `GET /console/overview`: the overview's live part.
-pub async fn overview_body(State(app): State<AppState>) -> Response {
+pub async fn overview_body(State(app): State<AppState>, Extension(s): Extension<Session>) -> Response {
+    if let Err(r) = s.require_operator("the overview") {
+        return r.into_response();
+    }
     match overview_data(&app).await {
         Ok(data) => render("overview_body.html", data),
         Err(r) => r.into_response(),
@@ -176,13 +190,24 @@ impl ListQuery {
             until: time("until", &self.until)?,
             before,
             limit: PAGE,
+            tenant: None,
         })
     }
 }
 
-async fn rows_data(app: &AppState, q: &ListQuery) -> Result<minijinja::Value, Fail> {
-    let f = q.filter()?;
+async fn rows_data(app: &AppState, s: &Session, q: &ListQuery) -> Result<minijinja::Value, Fail> {
+    let mut f = q.filter()?;
     let c = client(app).await?;
+    if let Some(tenant) = s.tenant() {
+        f.tenant = Some(tenant);
+        if let Some(user) = f.user_id {
+            f.user_id = Some(
+                crate::http::tenancy::stored_user(&c, &s.who, user)
+                    .await
+                    .map_err(|e| db_fail("user", e.message))?,
+            );
+        }
+    }
     let page = requests::page(&c, &f).await.map_err(|e| db_fail("list", e))?;
     let next = page.next.map(|(t, id)| format!("{},{id}", t.to_rfc3339()));
     let searched = page
@@ -202,15 +227,19 @@ pub async fn requests(
     Extension(s): Extension<Session>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    match rows_data(&app, &q).await {
+    match rows_data(&app, &s, &q).await {
         Ok(data) => render("requests.html", context! { session => session_ctx(&app, &s), ..data }),
         Err(r) => r.into_response(),
     }
 }
 
 /// `GET /console/requests/rows`: one page of rows.
-pub async fn request_rows(State(app): State<AppState>, Query(q): Query<ListQuery>) -> Response {
-    match rows_data(&app, &q).await {
+pub async fn request_rows(
+    State(app): State<AppState>,
+    Extension(s): Extension<Session>,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    match rows_data(&app, &s, &q).await {
         Ok(data) => render("request_rows.html", data),
         Err(r) => r.into_response(),
     }
@@ -218,12 +247,26 @@ pub async fn request_rows(State(app): State<AppState>, Query(q): Query<ListQuery
 
 // ---- one request -----------------------------------------------------------
 
+/// The user id a session knows request `id`'s user by — the stored one
+/// for an operator, the tenant's own otherwise — or 404 when the request
+/// is not the session's tenant's.
+async fn request_user(c: &Client, s: &Session, id: Uuid, stored: Uuid) -> Result<Uuid, Fail> {
+    let Some(tenant) = s.tenant() else {
+        return Ok(stored);
+    };
+    crate::repo::tenants::request_user(c, id, tenant)
+        .await
+        .map_err(|e| db_fail("request", e))?
+        .ok_or_else(|| fail(StatusCode::NOT_FOUND, &format!("console: no request {id}")))
+}
+
 async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja::Value, Fail> {
     let id = id_of(id, "request")?;
     let c = client(app).await?;
     let Some(r) = requests::get(&c, id).await.map_err(|e| db_fail("request", e))? else {
         return Err(fail(StatusCode::NOT_FOUND, &format!("console: no request {id}")));
     };
+    let user = request_user(&c, s, id, r.user_id).await?;
     let steps = steps::for_request(&c, id).await.map_err(|e| db_fail("steps", e))?;
     let actions = audit::for_request(&c, id)
         .await
@@ -247,7 +290,7 @@ async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja
         cont => r.debug && r.held,
     };
     Ok(context! {
-        r => v(&r), steps => v(&steps), actions => v(&actions), callbacks => v(&cbs), analysis,
+        r => v(&r), user => user.to_string(), steps => v(&steps), actions => v(&actions), callbacks => v(&cbs), analysis,
         sources => v(&sources), can,
         session => session_ctx(app, s),
     })
@@ -309,7 +352,10 @@ pub async fn act(
         Ok(c) => c,
         Err(r) => return r.into_response(),
     };
-    let actor = "console";
+    if let Err(r) = request_user(&c, &s, id, id).await {
+        return r.into_response();
+    }
+    let actor = s.actor();
     let done = match action.as_str() {
         "retry" => control::retry(&c, id, actor, Some(reason))
             .await

@@ -7,9 +7,12 @@
 //!   activating is [`control::activate_prompt`], as for `maasctl prompts
 //!   activate`: one transaction that takes the role's lock, switches the
 //!   active version and records `prompt_activate` (role, version, previous)
-//!   in `operator_actions` with the actor `console` and the operator's
-//!   reason, after the CSRF and read-only checks; a version the role does
-//!   not have changes nothing (404).
+//!   in `operator_actions` with the session's token name as actor and the
+//!   operator's reason, after the CSRF and read-only checks and only for an
+//!   operator's session of scope `admin` (403 otherwise); a version the
+//!   role does not have changes nothing (404).
+//! - The prompts are every tenant's, so the page needs an operator's
+//!   session (403 otherwise).
 //! - The diff is computed on the server ([`similar`], by lines, with three
 //!   lines of context per change) and escaped like every other value.
 
@@ -145,6 +148,9 @@ pub async fn page(
     Extension(s): Extension<Session>,
     Query(q): Query<PromptsQuery>,
 ) -> Response {
+    if let Err(r) = s.require_operator("the prompts page") {
+        return r.into_response();
+    }
     match prompts_data(&app, &q).await {
         Ok(data) => render("prompts.html", context! { session => session_ctx(&app, &s), ..data }),
         Err(r) => r.into_response(),
@@ -173,6 +179,17 @@ async fn activate_version(
     f: &ActionForm,
 ) -> Result<PromptRole, Fail> {
     check_action(s, &f.csrf)?;
+    s.require_operator("activating a prompt")?;
+    if !s.admin {
+        return Err(fail(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "console: activating a prompt needs scope admin; token `{}` has scope {}",
+                s.actor(),
+                s.who.scope.as_str()
+            ),
+        ));
+    }
     let role = role_of(role)?;
     let version: i32 = version.trim().parse().map_err(|_| {
         fail(
@@ -188,7 +205,7 @@ async fn activate_version(
         ));
     }
     let mut c = client(app).await?;
-    let Some(change) = control::activate_prompt(&mut c, role, version, "console", Some(reason))
+    let Some(change) = control::activate_prompt(&mut c, role, version, s.actor(), Some(reason))
         .await
         .map_err(|e| db_fail("activate", e))?
     else {

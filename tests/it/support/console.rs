@@ -9,10 +9,22 @@ use super::browser::Browser;
 use super::daemon::Opts;
 use super::db::TestDb;
 
+/// The browser cookie this client sends unless a request sets its own: a
+/// console without tokens binds its CSRF token to it (as a browser keeps
+/// the cookie the first page set).
+pub const BROWSER_COOKIE: &str = "maas_console=0123456789abcdef0123456789abcdef";
+
 /// A client that does not follow redirects (the console answers a page
-/// without a session with 303 to its login).
+/// without a session with 303 to its login) and keeps one browser cookie
+/// ([`BROWSER_COOKIE`]).
 pub fn plain_client() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::COOKIE,
+        reqwest::header::HeaderValue::from_static(BROWSER_COOKIE),
+    );
     reqwest::Client::builder()
+        .default_headers(headers)
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap()
@@ -39,6 +51,7 @@ pub struct Login {
 pub async fn login(api: &Api, token: &str) -> Login {
     let r = plain_client()
         .post(api.url("/console/login"))
+        .header("origin", api.url(""))
         .form(&[("token", token)])
         .send()
         .await
@@ -99,6 +112,7 @@ impl Console {
     /// POST `form` to `path` in `session` (this fixture's when `None`).
     pub async fn post_as(&self, session: Option<&str>, path: &str, form: &[(&str, &str)]) -> reqwest::Response {
         self.with_session(self.http.post(self.api.url(path)), session)
+            .header("origin", self.api.url(""))
             .form(form)
             .send()
             .await
