@@ -41,7 +41,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use axum::Extension;
-use axum::extract::{Form, Request};
+use axum::extract::{ConnectInfo, Form, Request};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
@@ -351,7 +351,14 @@ pub struct LoginForm {
 
 /// The token of a login: `Ok((WHO, its SHA-256, database token id))` for
 /// one that may use the console, else the refusal.
-async fn login_token(app: &AppState, token: &str) -> Result<(String, [u8; 32], Option<i64>), Response> {
+/// Failed logins count against the peer's address like failed bearer
+/// tokens (`http.max_auth_failures_per_minute`): past the limit a login
+/// is refused with 429 before any lookup.
+async fn login_token(
+    app: &AppState,
+    token: &str,
+    peer: Option<std::net::IpAddr>,
+) -> Result<(String, [u8; 32], Option<i64>), Response> {
     let digest: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
     let mut configured = false;
     for t in &app.tokens {
@@ -360,11 +367,15 @@ async fn login_token(app: &AppState, token: &str) -> Result<(String, [u8; 32], O
     if configured {
         return Ok(("c".to_owned(), digest, None));
     }
+    if let Err(refused) = app.auth_failures.check(peer) {
+        return Err(refused.into_response());
+    }
     let who = match app.db_tokens.lookup(&app.pool, digest).await {
         Ok(who) => who,
         Err(e) => return Err(unavailable(e.message).into_response()),
     };
     let Some(who) = who else {
+        app.auth_failures.failed(peer);
         let mut resp = render("login.html", login_ctx("wrong token"));
         *resp.status_mut() = StatusCode::UNAUTHORIZED;
         return Err(resp);
@@ -385,11 +396,16 @@ async fn login_token(app: &AppState, token: &str) -> Result<(String, [u8; 32], O
 
 /// `POST /console/login`: a configured token, or a database token with
 /// scope `read` or more → a new session and its cookie.
-pub async fn login(Extension(app): Extension<AppState>, Form(f): Form<LoginForm>) -> Response {
+pub async fn login(
+    Extension(app): Extension<AppState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    Form(f): Form<LoginForm>,
+) -> Response {
     if app.tokens.is_empty() {
         return Redirect::to("/console").into_response();
     }
-    let (who, digest, token_id) = match login_token(&app, &f.token).await {
+    let peer = peer.map(|Extension(ConnectInfo(a))| a.ip());
+    let (who, digest, token_id) = match login_token(&app, &f.token, peer).await {
         Ok(found) => found,
         Err(refused) => return refused,
     };
