@@ -30,6 +30,7 @@ mod requests;
 mod retention;
 mod roles;
 mod schema;
+mod sql_tenancy;
 mod stages;
 mod support;
 mod systemd;
