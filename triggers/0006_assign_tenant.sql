@@ -29,6 +29,19 @@
 -- forgotten-user guards (sql/0010_user_data.sql) and raw_logs_track, which
 -- key on the stored user id.
 
+-- Refuses `user_id` when it is a stored id (version 8): an INSERT names a
+-- user by the id its application knows it by.
+CREATE OR REPLACE FUNCTION refuse_stored_user(user_id uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF get_byte(uuid_send(user_id), 6) >> 4 = 8 THEN
+        RAISE EXCEPTION 'user_id % is a stored user id (version 8), not a tenant''s own', user_id
+            USING ERRCODE = '22023', COLUMN = 'user_id',
+                  HINT = 'name the user by the id its application knows it by';
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION assign_request_tenant() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -51,11 +64,7 @@ BEGIN
             USING ERRCODE = '22023', COLUMN = 'tenant_user_id',
                   HINT = 'leave tenant_user_id out and put the tenant''s own user id in user_id';
     END IF;
-    IF get_byte(uuid_send(NEW.user_id), 6) >> 4 = 8 THEN
-        RAISE EXCEPTION 'user_id % is a stored user id (version 8), not a tenant''s own', NEW.user_id
-            USING ERRCODE = '22023', COLUMN = 'user_id',
-                  HINT = 'name the user by the id its application knows it by';
-    END IF;
+    PERFORM refuse_stored_user(NEW.user_id);
     stored := maas_tenant_user(NEW.tenant_id, NEW.user_id);
     IF stored <> NEW.user_id THEN
         NEW.tenant_user_id := NEW.user_id;
@@ -88,11 +97,7 @@ BEGIN
             USING ERRCODE = '42501', COLUMN = 'request_id',
                   HINT = 'leave request_id out: maas logs the turns of its requests itself';
     END IF;
-    IF get_byte(uuid_send(NEW.user_id), 6) >> 4 = 8 THEN
-        RAISE EXCEPTION 'user_id % is a stored user id (version 8), not a tenant''s own', NEW.user_id
-            USING ERRCODE = '22023', COLUMN = 'user_id',
-                  HINT = 'name the user by the id its application knows it by';
-    END IF;
+    PERFORM refuse_stored_user(NEW.user_id);
     NEW.user_id := maas_tenant_user(
         coalesce(maas_role_tenant(current_user), '00000000-0000-0000-0000-000000000000'), NEW.user_id);
     RETURN NEW;

@@ -99,7 +99,7 @@ async fn stored_user(admin: &Client, tenant: Uuid, user: Uuid) -> Uuid {
 
 const INSERT: &str = "INSERT INTO pipeline_runs (id, user_id, user_query) VALUES ($1, $2, $3)";
 
-/// The first example: a plain INSERT stores the user as the tenant's
+/// A plain INSERT stores the user as the tenant's
 /// stored user, like HTTP, whether the tenant comes from the inserting role
 /// (a producer) or from the column (a trusted role); its logged query and a
 /// producer's own turn are the same user's.
@@ -150,10 +150,10 @@ async fn a_plain_insert_stores_the_tenants_user() {
     assert_eq!(stored_as(&admin, default_id).await, (user, Uuid::nil(), None));
 }
 
-/// The second example and the tenant column: a stored (version-8)
-/// id in user_id, another tenant in tenant_id, a tenant_user_id that does
-/// not match, a producer's turn naming a request — each refused with an
-/// error naming the column, whoever inserts.
+/// A stored (version-8) id in user_id (which reached that user's memory
+/// before), another tenant in tenant_id, a tenant_user_id that does not
+/// match, a producer's turn naming a request: each refused with an error
+/// naming the column, whoever inserts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn naming_a_stored_id_or_another_tenant_is_refused() {
     let db = TestDb::new().await;
