@@ -8,7 +8,7 @@
 -- not touch each other. A statement that logs for several users locks their
 -- rows in row order.
 CREATE OR REPLACE FUNCTION track_raw_log() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     INSERT INTO archive_marks AS m (user_id, logged_seq, pending_since, last_active_at)
     VALUES (NEW.user_id, 1, NEW.created_at, NEW.created_at)
@@ -18,6 +18,14 @@ BEGIN
             last_active_at = greatest(m.last_active_at, EXCLUDED.last_active_at)
     RETURNING m.logged_seq INTO NEW.user_seq;
     RETURN NEW;
+END
+$$;
+
+-- It runs as its owner: a producer's INSERT sets it off, and a producer
+-- holds no grant on archive_marks (sql/0020_tenant_roles.sql).
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION track_raw_log() SET search_path = %I, pg_temp', current_schema());
 END
 $$;
 

@@ -1,6 +1,13 @@
-//! `maasctl tenants add|list|set` and `maasctl tokens create|list|rotate|revoke`.
+//! `maasctl tenants add|list|set|grant|roles` and `maasctl tokens
+//! create|list|rotate|revoke`.
 //!
 //! Guarantees:
+//! - `tenants grant` (and `tenants add --role`) maps a database role to a
+//!   tenant: that role's plain INSERTs into `pipeline_runs` and `raw_logs`
+//!   are the tenant's (docs/deploying.md, "Producer roles"). A role that
+//!   may UPDATE `pipeline_runs` is refused: it is trusted to name any
+//!   tenant. `add --role` adds the tenant and maps its roles in one
+//!   transaction.
 //! - A token is 32 random bytes, hex, after the prefix `maas_`; only its
 //!   SHA-256 is stored. `create` and `rotate` print it once; nothing prints
 //!   it again.
@@ -37,9 +44,24 @@ pub enum TenantsCommand {
         /// (16 to 512 characters).
         #[arg(long)]
         callback_secret: Option<String>,
+        /// A database role whose INSERTs are this tenant's (repeatable; see
+        /// `tenants grant`).
+        #[arg(long = "role", value_name = "ROLE")]
+        roles: Vec<String>,
     },
     /// Every tenant with its limits (never the callback secret).
     List,
+    /// Map database roles to a tenant: their plain INSERTs into
+    /// pipeline_runs and raw_logs are then that tenant's.
+    Grant {
+        /// The tenant (`default` for the default tenant).
+        name: String,
+        /// A database role (repeatable); one mapped before is moved.
+        #[arg(long = "role", value_name = "ROLE", required = true)]
+        roles: Vec<String>,
+    },
+    /// Every database role mapped to a tenant.
+    Roles,
     /// Change a tenant's limits or callback secret; `none` clears one.
     Set {
         name: String,
@@ -131,26 +153,121 @@ fn show_tenant(t: &Tenant) -> String {
     )
 }
 
-pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
+/// Maps each of `roles` to tenant `tenant` (by name); the first one that
+/// cannot be mapped is an error naming why (the caller's transaction then
+/// maps none).
+async fn grant_roles(
+    client: &impl crate::repo::GenericClient,
+    tenant: &str,
+    roles: &[String],
+    actor: &str,
+) -> Result<(), CliError> {
+    for role in roles {
+        let g = tenants::grant_role(client, tenant, role, actor).await?;
+        let why = if !g.tenant_known {
+            "no such tenant (maasctl tenants list)"
+        } else if !g.role_known {
+            "no such database role (CREATE ROLE it first)"
+        } else if g.trusted {
+            "it may UPDATE pipeline_runs, so it is trusted to insert for any tenant; \
+             a producer role holds INSERT only (docs/deploying.md, Producer roles)"
+        } else {
+            ""
+        };
+        if !g.granted {
+            return Err(CliError::Usage(format!("tenant {tenant}, role {role:?}: {why}")));
+        }
+    }
+    Ok(())
+}
+
+/// `tenants grant`: maps `roles` to tenant `name`, all or none.
+async fn grant(cfg: &Config, name: &str, roles: &[String], actor: &str, json: bool) -> Result<Outcome, CliError> {
+    let mut client = connect(cfg).await?;
+    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
+    grant_roles(&tx, name, roles, actor).await?;
+    tx.commit().await.map_err(crate::db::Error::from)?;
+    if json {
+        println!("{}", serde_json::json!({ "tenant": name, "roles": roles }));
+    } else {
+        for role in roles {
+            println!("role {role} inserts for tenant {name}");
+        }
+    }
+    Ok(Outcome::Ok)
+}
+
+/// `tenants roles`: every mapped role.
+async fn list_roles(cfg: &Config, json: bool) -> Result<Outcome, CliError> {
     let client = connect(cfg).await?;
+    let all = tenants::roles(&client).await?;
+    if json {
+        println!("{}", serde_json::to_string(&all).unwrap_or_default());
+    } else {
+        println!("{:<24} {:<32} since", "tenant", "role");
+        for r in &all {
+            println!(
+                "{:<24} {:<32} {}",
+                r.tenant,
+                r.role,
+                r.created_at.format("%Y-%m-%d %H:%M:%S")
+            );
+        }
+    }
+    Ok(Outcome::Ok)
+}
+
+/// `tenants add`: the tenant and the mapping of its `roles`, in one
+/// transaction.
+async fn add_tenant(cfg: &Config, new: NewTenant, actor: &str) -> Result<Tenant, CliError> {
+    let mut client = connect(cfg).await?;
+    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
+    let made = tenants::add(
+        &tx,
+        &new.name,
+        new.requests_per_minute,
+        new.max_in_flight,
+        new.callback_secret.as_deref(),
+        actor,
+    )
+    .await
+    .map_err(|e| CliError::Usage(format!("tenant {}: {e}", new.name)))?;
+    grant_roles(&tx, &new.name, &new.roles, actor).await?;
+    tx.commit().await.map_err(crate::db::Error::from)?;
+    Ok(made)
+}
+
+/// The fields of `tenants add`.
+struct NewTenant {
+    name: String,
+    requests_per_minute: Option<i32>,
+    max_in_flight: Option<i32>,
+    callback_secret: Option<String>,
+    roles: Vec<String>,
+}
+
+pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
     let done = match cmd {
         TenantsCommand::Add {
             name,
             requests_per_minute,
             max_in_flight,
             callback_secret,
-        } => tenants::add(
-            &client,
-            &name,
-            requests_per_minute,
-            max_in_flight,
-            callback_secret.as_deref(),
-            actor,
-        )
-        .await
-        .map_err(|e| CliError::Usage(format!("tenant {name}: {e}")))?,
+            roles,
+        } => {
+            let new = NewTenant {
+                name,
+                requests_per_minute,
+                max_in_flight,
+                callback_secret,
+                roles,
+            };
+            add_tenant(cfg, new, actor).await?
+        }
+        TenantsCommand::Grant { name, roles } => return grant(cfg, &name, &roles, actor, json).await,
+        TenantsCommand::Roles => return list_roles(cfg, json).await,
         TenantsCommand::List => {
-            let all = tenants::list(&client).await?;
+            let all = tenants::list(&connect(cfg).await?).await?;
             if json {
                 println!("{}", serde_json::to_string(&all).unwrap_or_default());
             } else {
@@ -179,7 +296,7 @@ pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool)
                     .as_deref()
                     .map(|s| (!s.eq_ignore_ascii_case("none")).then_some(s)),
             };
-            match tenants::set(&client, &name, &change, actor)
+            match tenants::set(&connect(cfg).await?, &name, &change, actor)
                 .await
                 .map_err(|e| CliError::Usage(format!("tenant {name}: {e}")))?
             {

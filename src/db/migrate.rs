@@ -80,6 +80,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     17 => "0017_turn_embeddings.sql",
     18 => "0018_embedding_parts.sql",
     19 => "0019_token_operator.sql",
+    20 => "0020_tenant_roles.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![
@@ -88,6 +89,7 @@ pub const TRIGGERS: &[TriggerFile] = trigger_files![
     "0003_callback_outbox.sql" => ["pipeline_runs_enqueue_callback"],
     "0004_track_raw_logs.sql" => ["raw_logs_track"],
     "0005_delete_run_steps.sql" => ["pipeline_runs_delete_steps"],
+    "0006_assign_tenant.sql" => ["pipeline_runs_assign_tenant", "raw_logs_assign_tenant"],
 ];
 
 /// What a migration run did.

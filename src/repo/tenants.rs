@@ -9,6 +9,10 @@
 //!   (`maas_tenant_user`, [`stored_user`]); for [`DEFAULT`] they are equal.
 //! - Every change made here for `maasctl` writes its `operator_actions` row
 //!   in the same statement.
+//! - Which tenant a database role's INSERTs belong to is a row of
+//!   `tenant_roles` ([`grant_role`]); the triggers apply it
+//!   (triggers/0006_assign_tenant.sql). A role that may UPDATE
+//!   `pipeline_runs` is never mapped: it is trusted to name any tenant.
 //! - [`lock_limits`] locks the tenant's row (`FOR UPDATE`) in a statement
 //!   of its own before [`limit_counts`] counts: submissions of one limited
 //!   tenant from any number of daemons are counted one after the other when
@@ -46,6 +50,8 @@ super::statements! {
     LIMIT_LOCK = "tenants_limit_lock",
     LIMIT_COUNTS = "tenants_limit_counts",
     NAMES = "tenants_names",
+    GRANT_ROLE = "tenants_grant",
+    ROLES = "tenants_roles",
 }
 
 super::row_struct! {
@@ -212,6 +218,44 @@ pub async fn set(
         ],
     )
     .await
+}
+
+super::row_struct! {
+    /// What [`grant_role`] found and did.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct RoleGrant {
+        pub tenant_known: bool,
+        pub role_known: bool,
+        /// The role may UPDATE `pipeline_runs` (so it was not mapped).
+        pub trusted: bool,
+        pub granted: bool,
+    }
+}
+
+/// Maps database role `role` to tenant `tenant` (by name), recorded as
+/// `actor`'s action; the result says whether it was and, if not, why.
+pub async fn grant_role(
+    client: &impl GenericClient,
+    tenant: &str,
+    role: &str,
+    actor: &str,
+) -> Result<RoleGrant, Error> {
+    super::query_one_as(client, GRANT_ROLE, &[&tenant, &role, &actor]).await
+}
+
+super::row_struct! {
+    /// A database role mapped to a tenant.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct TenantRole {
+        pub tenant: String,
+        pub role: String,
+        pub created_at: DateTime<Utc>,
+    }
+}
+
+/// Every database role mapped to a tenant, by tenant and role.
+pub async fn roles(client: &impl GenericClient) -> Result<Vec<TenantRole>, Error> {
+    super::query_as(client, ROLES, &[]).await
 }
 
 super::row_struct! {

@@ -32,6 +32,7 @@ mod retention;
 mod roles;
 mod schema;
 mod scopes;
+mod sql_tenancy;
 mod stages;
 mod support;
 mod systemd;

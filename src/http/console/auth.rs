@@ -37,6 +37,7 @@
 //! - `http.console_read_only` hides the action buttons and refuses every
 //!   action with 403.
 
+use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
