@@ -305,3 +305,42 @@ async fn callbacks_to_loopback_are_refused_unless_allowed() {
     wait_delivered(&c, 1, GENEROUS, "delivered once loopback is allowed").await;
     assert_eq!(rx.got.lock().unwrap().len(), 1);
 }
+
+/// The special ranges that reach a private network or a test one are
+/// refused like loopback is, even with loopback allowed: the
+/// protocol-assignment and benchmarking IPv4 blocks, site-local, local-use
+/// NAT64, 6to4 and IPv4-compatible IPv6 (`::127.0.0.1` is not opened by
+/// allowing `127.0.0.0/8`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_to_special_ranges_are_refused() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _d = callback_daemon(&db.url);
+    let cases = [
+        ("http://192.0.0.8:9/hook", "protocol-assignment"),
+        ("http://198.18.0.1:9/hook", "benchmarking"),
+        ("http://[fec0::1]:9/hook", "site-local"),
+        ("http://[64:ff9b:1::a00:1]:9/hook", "local-use NAT64"),
+        ("http://[2002:7f00:1::1]:9/hook", "6to4"),
+        ("http://[::127.0.0.1]:9/hook", "IPv4-compatible"),
+    ];
+    for (url, _) in cases {
+        insert_with_callback(&c, url, "special", 1).await;
+    }
+    wait_until(GENEROUS, "every delivery dead", || async {
+        count(&c, "SELECT count(*) FROM callback_outbox WHERE state = 'dead'").await == cases.len() as i64
+    })
+    .await;
+    for (url, range) in cases {
+        let row = c
+            .query_one(
+                "SELECT attempts, last_error FROM callback_outbox WHERE url = $1",
+                &[&url],
+            )
+            .await
+            .unwrap();
+        let (attempts, e): (i32, String) = by_name!(row, "attempts", "last_error");
+        assert_eq!(attempts, 1, "{url}: {e}");
+        assert!(e.contains(range) && e.contains("refused"), "{url}: {e}");
+    }
+}
