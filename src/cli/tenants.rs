@@ -34,6 +34,10 @@ pub enum TenantsCommand {
         /// (16 to 512 characters).
         #[arg(long)]
         callback_secret: Option<String>,
+        /// Reads the callback secret from this file, or stdin with `-`
+        /// (so that it is not on the command line).
+        #[arg(long, value_name = "PATH|-", conflicts_with = "callback_secret")]
+        callback_secret_file: Option<std::path::PathBuf>,
     },
     /// Every tenant with its limits (never the callback secret).
     List,
@@ -46,6 +50,9 @@ pub enum TenantsCommand {
         max_in_flight: Option<String>,
         #[arg(long, value_name = "SECRET|none")]
         callback_secret: Option<String>,
+        /// Reads the callback secret from this file, or stdin with `-`.
+        #[arg(long, value_name = "PATH|-", conflicts_with = "callback_secret")]
+        callback_secret_file: Option<std::path::PathBuf>,
     },
 }
 
@@ -111,6 +118,21 @@ fn limit(flag: &str, v: &str) -> Result<Option<i32>, CliError> {
         .ok_or_else(|| CliError::Usage(format!("--{flag} {v:?}: expected a positive number or none")))
 }
 
+/// The callback secret given inline or read from a file (`-`: stdin), its
+/// line break at the end dropped.
+fn secret_given(inline: Option<String>, file: Option<std::path::PathBuf>) -> Result<Option<String>, CliError> {
+    let Some(path) = file else {
+        return Ok(inline);
+    };
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(&path)
+    }
+    .map_err(|e| CliError::Usage(format!("--callback-secret-file {}: {e}", path.display())))?;
+    Ok(Some(text.trim_end_matches(['\n', '\r']).to_owned()))
+}
+
 fn show_tenant(t: &Tenant) -> String {
     let lim = |v: Option<i32>| v.map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
     format!(
@@ -131,12 +153,13 @@ pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool)
             requests_per_minute,
             max_in_flight,
             callback_secret,
+            callback_secret_file,
         } => tenants::add(
             &client,
             &name,
             requests_per_minute,
             max_in_flight,
-            callback_secret.as_deref(),
+            secret_given(callback_secret, callback_secret_file)?.as_deref(),
             actor,
         )
         .await
@@ -161,7 +184,9 @@ pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool)
             requests_per_minute,
             max_in_flight,
             callback_secret,
+            callback_secret_file,
         } => {
+            let callback_secret = secret_given(callback_secret, callback_secret_file)?;
             let change = TenantChange {
                 requests_per_minute: requests_per_minute
                     .map(|v| limit("requests-per-minute", &v))
