@@ -344,3 +344,55 @@ async fn callbacks_to_special_ranges_are_refused() {
         assert!(e.contains(range) && e.contains("refused"), "{url}: {e}");
     }
 }
+
+/// A tenant's callback secret can come from a file or stdin instead of the
+/// command line (where every local user's `ps` shows it); a line break at
+/// its end is not part of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_callback_secret_is_read_from_a_file_or_stdin() {
+    use std::io::Write;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let path = std::env::temp_dir().join(format!("maas-secret-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&path, "secret-from-a-file-0123\n").unwrap();
+    let file = path.to_str().unwrap();
+    let (code, out, err) =
+        crate::support::cli::maasctl(&db.url, &["tenants", "add", "filed", "--callback-secret-file", file]);
+    assert_eq!(code, 0, "{out}{err}");
+    let stored =
+        || crate::support::db::value::<String>(&c, "SELECT callback_secret FROM tenants WHERE name = 'filed'", &[]);
+    assert_eq!(stored().await, "secret-from-a-file-0123");
+    let mut child = crate::support::cli::command(
+        &db.url,
+        &["tenants", "set", "filed", "--callback-secret-file", "-"],
+        crate::support::cli::NO_ENV,
+    )
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"secret-from-stdin-456789\r\n")
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert_eq!(stored().await, "secret-from-stdin-456789");
+    let (code, _, err) = crate::support::cli::maasctl(
+        &db.url,
+        &[
+            "tenants",
+            "set",
+            "filed",
+            "--callback-secret",
+            "x",
+            "--callback-secret-file",
+            file,
+        ],
+    );
+    assert_ne!(code, 0, "both forms at once are refused: {err}");
+    let _ = std::fs::remove_file(&path);
+}

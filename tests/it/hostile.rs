@@ -407,3 +407,39 @@ async fn a_nul_in_stored_text_is_a_400_naming_the_field() {
         .get(0);
     assert_eq!(summary, "kept");
 }
+
+/// `maasctl` escapes control characters in the user-supplied text it
+/// prints: a query, an answer, an error and an operator action's reason
+/// and actor holding terminal escapes show as `\u{1b}`, never as the
+/// escape itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maasctl_escapes_control_characters_in_what_it_prints() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let evil = "\u{1b}[2J\u{1b}]0;owned\u{7}red\u{202e}txt";
+    let id: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query, status, final_answer, error) \
+             VALUES (gen_random_uuid(), $1, 'FAILED', $1, $1) RETURNING id",
+            &[&evil],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let id = id.to_string();
+    let (code, out, err) = crate::support::cli::maasctl_env(
+        &db.url,
+        &["requests", "retry", &id, "--reason", evil],
+        &[("MAAS_OPERATOR", evil)],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    for args in [vec!["requests", "show", id.as_str()], vec!["requests", "list"]] {
+        let (code, out, err) = crate::support::cli::maasctl(&db.url, &args);
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{7}') && !out.contains('\u{202e}'),
+            "{args:?}: {out:?}"
+        );
+        assert!(out.contains("\\u{1b}[2J"), "{args:?}: {out}");
+    }
+}
