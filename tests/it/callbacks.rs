@@ -328,7 +328,8 @@ async fn callbacks_to_special_ranges_are_refused() {
         insert_with_callback(&c, url, "special", 1).await;
     }
     wait_until(GENEROUS, "every delivery dead", || async {
-        count(&c, "SELECT count(*) FROM callback_outbox WHERE state = 'dead'").await == cases.len() as i64
+        count(&c, "SELECT count(*) FROM callback_outbox WHERE state = 'dead'").await
+            == i64::try_from(cases.len()).unwrap()
     })
     .await;
     for (url, range) in cases {
