@@ -100,29 +100,26 @@ pub struct Memory<'a> {
 
 /// Escapes memory text so it cannot open or close a block of the pie.
 pub fn quote(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '\n' | '\r' => out.push(' '),
-            c => out.push(c),
-        }
-    }
-    out
+    escape(text, false)
 }
 
 /// Escapes the current query: like [`quote`], and `"` too, keeping its
 /// line breaks.
 pub fn quote_query(text: &str) -> String {
+    escape(text, true)
+}
+
+/// `&`, `<` and `>` as entities; for the query `"` too and its line breaks
+/// kept, for memory line breaks as spaces (one line per item).
+fn escape(text: &str, query: bool) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
             '&' => out.push_str("&amp;"),
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
+            '"' if query => out.push_str("&quot;"),
+            '\n' | '\r' if !query => out.push(' '),
             c => out.push(c),
         }
     }
