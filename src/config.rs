@@ -167,6 +167,19 @@ pub struct Config {
     /// Retrieval and packing of the user's memory (`[memory]`, see
     /// [`MemoryConfig`]).
     pub memory: MemoryConfig,
+    /// What `/metrics` shows (`[metrics]`).
+    pub metrics: MetricsConfig,
+}
+
+/// What the unauthenticated `/metrics` shows.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MetricsConfig {
+    /// Show the series labelled with a tenant's name
+    /// (`maas_llm_tenant_tokens_total{tenant}`) to anyone who can reach
+    /// `/metrics`. Default false: they are left out, so the scrape names
+    /// no tenant. `MAAS_METRICS__PUBLIC_TENANTS`.
+    pub public_tenants: bool,
 }
 
 /// Per-stage concurrency limits. A notification that finds no free slot is
@@ -410,6 +423,7 @@ impl Default for Config {
             retention: RetentionConfig::default(),
             archivist: ArchivistConfig::default(),
             memory: MemoryConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -457,7 +471,7 @@ impl Config {
             .merge(maas_env.ignore(&["CONFIG"]))
             .merge(db_env.map(|_| "database_url".into()))
             .extract()
-            .map_err(Box::new)?;
+            .map_err(|e| Box::new(redact_secrets(e)))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -598,6 +612,48 @@ impl Config {
     }
 }
 
+/// Whether a configuration key holds a secret (a token, a key, a password,
+/// a connection string that may carry one): its value is never shown.
+fn is_secret_key(path: &[String]) -> bool {
+    path.iter().any(|segment| {
+        let s = segment.to_ascii_lowercase();
+        ["secret", "token", "key", "password", "database_url"]
+            .iter()
+            .any(|word| s.contains(word))
+    })
+}
+
+/// `err` with the value taken out of every error about a secret key:
+/// figment's messages quote the value they refused (`found string "…"`).
+fn redact_secrets(err: figment::Error) -> figment::Error {
+    use figment::error::Kind;
+    let hidden = |expected: &str| format!("invalid value (not shown: the key holds a secret), expected {expected}");
+    let mut errors: Vec<figment::Error> = err
+        .into_iter()
+        .map(|mut e| {
+            if is_secret_key(&e.path) {
+                e.kind = match e.kind {
+                    Kind::InvalidType(_, expected) | Kind::InvalidValue(_, expected) => {
+                        Kind::Message(hidden(&expected))
+                    }
+                    Kind::Message(_) | Kind::Unsupported(_) | Kind::UnsupportedKey(..) => {
+                        Kind::Message("invalid value (not shown: the key holds a secret)".to_owned())
+                    }
+                    other => other,
+                };
+            }
+            e
+        })
+        .collect();
+    let Some(mut chained) = errors.pop() else {
+        return figment::Error::from("configuration error".to_owned());
+    };
+    while let Some(e) = errors.pop() {
+        chained = chained.chain(e);
+    }
+    chained
+}
+
 secs_getters!(Config {
     lease: lease_secs,
     sweep_interval: sweep_secs,
@@ -684,6 +740,26 @@ mod tests {
         assert!(err.to_lowercase().contains("lease_secs"), "{err}");
         let err = load(None, &[]).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("DATABASE_URL"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_value_of_a_secret_key_is_not_echoed() {
+        for (var, value) in [
+            ("MAAS_CALLBACKS__SECRET", "987654321"),
+            ("MAAS_CALLBACKS__SECRET", "[\"s3cr3t-in-a-list\"]"),
+            ("MAAS_LISTEN_DATABASE_URL", "{ pw = \"hunter2-url\" }"),
+            ("MAAS_API_TOKENS", "{ t = \"tok-in-a-table\" }"),
+            ("MAAS_LLM__OPENAI__API_KEY", "[\"sk-in-a-list\"]"),
+        ] {
+            let err = refused(var, value);
+            assert!(!err.is_empty(), "{var}={value} loaded");
+            for secret in ["987654321", "s3cr3t", "hunter2", "tok-in-a-table", "sk-in-a-list"] {
+                assert!(!err.contains(secret), "{var}: {err}");
+            }
+            assert!(err.contains("not shown"), "{var}: {err}");
+        }
+        let err = refused("MAAS_LEASE_SECS", "soon");
+        assert!(err.contains("soon"), "other values are still shown: {err}");
     }
 
     #[test]

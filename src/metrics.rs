@@ -389,6 +389,39 @@ pub fn tenant_llm_tokens(tenant: &str, prompt: u64, completion: u64) {
     counter!("maas_llm_tenant_tokens_total", "tenant" => t, "kind" => "completion").increment(completion);
 }
 
+/// Whether a sample line carries a `tenant` label.
+fn has_tenant_label(line: &str) -> bool {
+    line.split_once('{')
+        .is_some_and(|(_, labels)| labels.starts_with("tenant=\"") || labels.contains(",tenant=\""))
+}
+
+/// The rendered exposition without the series labelled with a tenant (and
+/// the `# HELP` / `# TYPE` lines of a family left with no sample by that):
+/// what an unauthenticated scrape sees unless `metrics.public_tenants` is
+/// set.
+pub fn without_tenants(text: &str) -> String {
+    let name = |l: &str| l.split(['{', ' ']).next().unwrap_or_default().to_owned();
+    let samples = text.lines().filter(|l| !l.starts_with('#'));
+    let (removed, kept): (Vec<&str>, Vec<&str>) = samples.partition(|l| has_tenant_label(l));
+    let removed: Vec<String> = removed.into_iter().map(name).collect();
+    let kept: Vec<String> = kept.into_iter().map(name).collect();
+    let emptied =
+        |family: &str| removed.iter().any(|n| n.starts_with(family)) && !kept.iter().any(|n| n.starts_with(family));
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines().filter(|l| !has_tenant_label(l)) {
+        let family = line
+            .strip_prefix("# HELP ")
+            .or_else(|| line.strip_prefix("# TYPE "))
+            .and_then(|rest| rest.split(' ').next());
+        if family.is_some_and(emptied) {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// A live subscriber re-read its state from the database.
 pub fn live_resync(reason: &'static str) {
     counter!("maas_live_resyncs_total", "reason" => reason).increment(1);
@@ -403,5 +436,26 @@ pub fn poison(kind: &'static str) {
 pub fn register_poison(kinds: impl IntoIterator<Item = &'static str>) {
     for kind in kinds {
         counter!("maas_poison_total", "kind" => kind).increment(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_series_and_their_empty_families_are_left_out() {
+        let text = "# HELP maas_llm_tenant_tokens_total LLM tokens by tenant\n\
+                    # TYPE maas_llm_tenant_tokens_total counter\n\
+                    maas_llm_tenant_tokens_total{tenant=\"acme\",kind=\"prompt\"} 3\n\
+                    maas_llm_tenant_tokens_total{kind=\"completion\",tenant=\"acme\"} 1\n\
+                    # HELP maas_http_requests_total HTTP requests\n\
+                    # TYPE maas_http_requests_total counter\n\
+                    maas_http_requests_total{route=\"/api/query\",code=\"202\"} 5\n\
+                    maas_x{not_tenant=\"a\"} 1\n";
+        let out = without_tenants(text);
+        assert!(!out.contains("acme") && !out.contains("tenant_tokens"), "{out}");
+        assert!(out.contains("# TYPE maas_http_requests_total counter\nmaas_http_requests_total{"));
+        assert!(out.contains("maas_x{not_tenant=\"a\"} 1\n"));
     }
 }

@@ -1,6 +1,9 @@
 //! Where a callback may go: never to a loopback, private, link-local,
 //! unique-local (or unspecified, shared, multicast, broadcast) address,
-//! unless `callbacks.allow_networks` names its network.
+//! nor to the special ranges that reach one of those or a test network
+//! (192.0.0.0/24, 198.18.0.0/15, site-local fec0::/10, local-use NAT64
+//! 64:ff9b:1::/48, 6to4 2002::/16, IPv4-compatible `::a.b.c.d`), unless
+//! `callbacks.allow_networks` names its network.
 //!
 //! The check is on the address the connection is made to: names are
 //! resolved by [`Guard`] itself (the callbacks client's DNS resolver), so
@@ -137,6 +140,10 @@ pub fn guarded_range(addr: IpAddr) -> Option<&'static str> {
                 Some("unspecified")
             } else if o[0] == 100 && (o[1] & 0xc0) == 64 {
                 Some("shared (carrier-grade NAT)")
+            } else if o[..3] == [192, 0, 0] {
+                Some("protocol-assignment (192.0.0.0/24)")
+            } else if o[0] == 198 && (o[1] & 0xfe) == 18 {
+                Some("benchmarking (198.18.0.0/15)")
             } else if a.is_multicast() || a.is_broadcast() || o[0] >= 240 {
                 Some("multicast or reserved")
             } else {
@@ -144,15 +151,24 @@ pub fn guarded_range(addr: IpAddr) -> Option<&'static str> {
             }
         }
         IpAddr::V6(a) => {
-            let first = a.segments()[0];
+            let s = a.segments();
+            let first = s[0];
             if a.is_loopback() {
                 Some("loopback")
             } else if a.is_unspecified() {
                 Some("unspecified")
+            } else if s[..6] == [0; 6] {
+                Some("IPv4-compatible (::a.b.c.d)")
             } else if (first & 0xfe00) == 0xfc00 {
                 Some("unique-local")
             } else if (first & 0xffc0) == 0xfe80 {
                 Some("link-local")
+            } else if (first & 0xffc0) == 0xfec0 {
+                Some("site-local")
+            } else if s[..3] == [0x64, 0xff9b, 1] {
+                Some("local-use NAT64 (64:ff9b:1::/48)")
+            } else if first == 0x2002 {
+                Some("6to4 (2002::/16)")
             } else if a.is_multicast() {
                 Some("multicast or reserved")
             } else {
@@ -186,6 +202,15 @@ mod tests {
             ("fe80::1", "link-local"),
             ("::ffff:127.0.0.1", "loopback"),
             ("64:ff9b::a9fe:a9fe", "link-local"),
+            ("192.0.0.8", "protocol-assignment (192.0.0.0/24)"),
+            ("198.18.0.1", "benchmarking (198.18.0.0/15)"),
+            ("198.19.255.254", "benchmarking (198.18.0.0/15)"),
+            ("fec0::1", "site-local"),
+            ("feff::1", "site-local"),
+            ("64:ff9b:1::a00:1", "local-use NAT64 (64:ff9b:1::/48)"),
+            ("2002:7f00:1::1", "6to4 (2002::/16)"),
+            ("::127.0.0.1", "IPv4-compatible (::a.b.c.d)"),
+            ("::8.8.8.8", "IPv4-compatible (::a.b.c.d)"),
         ] {
             assert_eq!(guarded_range(ip(a)), Some(range), "{a}");
         }
@@ -193,6 +218,9 @@ mod tests {
             "93.184.216.34",
             "172.32.0.1",
             "100.128.0.1",
+            "192.0.1.1",
+            "198.20.0.1",
+            "64:ff9b:2::1",
             "2001:db8::1",
             "2606:4700::1111",
         ] {

@@ -242,9 +242,40 @@ pub(crate) fn parse_id(id: &str, what: &str) -> Result<uuid::Uuid, CliError> {
         .map_err(|_| CliError::Usage(format!("{id:?} is not a {what} id (expected a uuid)")))
 }
 
-/// Flattens a string to one line of at most `max` characters.
+/// Whether `c` would act on a terminal instead of showing: a control
+/// character or a bidirectional override.
+fn is_unsafe(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// User-supplied text made safe for a terminal or a log: every control
+/// character and bidirectional override escaped (`\u{1b}`), so a stored
+/// query, answer, reason or name cannot move the cursor, recolour the
+/// screen or fake a line of output.
+pub(crate) fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(is_unsafe) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if is_unsafe(c) {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Flattens a string to one line of at most `max` characters: line breaks
+/// and tabs become spaces, every other control character is escaped
+/// ([`shown`]).
 pub(crate) fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let flat: String = s
+        .chars()
+        .map(|c| if matches!(c, '\n' | '\r' | '\t') { ' ' } else { c })
+        .collect();
+    let flat = shown(&flat).into_owned();
     if flat.chars().count() > max {
         format!("{}…", flat.chars().take(max).collect::<String>())
     } else {

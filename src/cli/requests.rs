@@ -4,7 +4,7 @@
 use clap::Subcommand;
 use uuid::Uuid;
 
-use super::{CliError, Outcome, age, connect, one_line, parse_duration, parse_id, since};
+use super::{CliError, Outcome, age, connect, one_line, parse_duration, parse_id, shown, since};
 use crate::config::Config;
 use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
 use crate::model::Status;
@@ -233,7 +233,7 @@ fn print_request(run: &requests::Request) {
         (false, _) => {}
     }
     if let Some(url) = &run.callback_url {
-        println!("callback  {url}");
+        println!("callback  {}", shown(url));
     }
     if let Some(m) = &run.metadata {
         println!("metadata  {m}");
@@ -273,7 +273,7 @@ fn print_outputs(run: &requests::Request) {
         println!("answer    {}", one_line(a, 500));
     }
     if let Some(e) = &run.error {
-        println!("error     {e}");
+        println!("error     {}", one_line(e, 2000));
     }
 }
 
@@ -297,7 +297,7 @@ fn print_steps(steps: &[steps::Step]) {
             s.outcome,
             s.latency_ms.map(|l| l.to_string()).unwrap_or_else(|| "-".into()),
             s.started_at.format("%Y-%m-%d %H:%M:%S%.3f"),
-            s.worker,
+            shown(&s.worker),
             err
         );
     }
@@ -318,7 +318,7 @@ fn print_actions(actions: &[audit::Action]) {
             "  {}  {:<8} by {:<12} {} -> {}{}",
             a.at.format("%Y-%m-%d %H:%M:%S"),
             a.action,
-            a.actor,
+            shown(&a.actor),
             a.from_status.as_deref().unwrap_or("-"),
             a.to_status.as_deref().unwrap_or("-"),
             a.reason

@@ -48,6 +48,10 @@ pub enum TenantsCommand {
         /// `tenants grant`).
         #[arg(long = "role", value_name = "ROLE")]
         roles: Vec<String>,
+        /// Reads the callback secret from this file, or stdin with `-`
+        /// (so that it is not on the command line).
+        #[arg(long, value_name = "PATH|-", conflicts_with = "callback_secret")]
+        callback_secret_file: Option<std::path::PathBuf>,
     },
     /// Every tenant with its limits (never the callback secret).
     List,
@@ -71,6 +75,9 @@ pub enum TenantsCommand {
         max_in_flight: Option<String>,
         #[arg(long, value_name = "SECRET|none")]
         callback_secret: Option<String>,
+        /// Reads the callback secret from this file, or stdin with `-`.
+        #[arg(long, value_name = "PATH|-", conflicts_with = "callback_secret")]
+        callback_secret_file: Option<std::path::PathBuf>,
     },
 }
 
@@ -139,6 +146,21 @@ fn limit(flag: &str, v: &str) -> Result<Option<i32>, CliError> {
         .filter(|n| *n > 0)
         .map(Some)
         .ok_or_else(|| CliError::Usage(format!("--{flag} {v:?}: expected a positive number or none")))
+}
+
+/// The callback secret given inline or read from a file (`-`: stdin), its
+/// line break at the end dropped.
+fn secret_given(inline: Option<String>, file: Option<std::path::PathBuf>) -> Result<Option<String>, CliError> {
+    let Some(path) = file else {
+        return Ok(inline);
+    };
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(&path)
+    }
+    .map_err(|e| CliError::Usage(format!("--callback-secret-file {}: {e}", path.display())))?;
+    Ok(Some(text.trim_end_matches(['\n', '\r']).to_owned()))
 }
 
 fn show_tenant(t: &Tenant) -> String {
@@ -254,12 +276,13 @@ pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool)
             max_in_flight,
             callback_secret,
             roles,
+            callback_secret_file,
         } => {
             let new = NewTenant {
                 name,
                 requests_per_minute,
                 max_in_flight,
-                callback_secret,
+                callback_secret: secret_given(callback_secret, callback_secret_file)?,
                 roles,
             };
             add_tenant(cfg, new, actor).await?
@@ -286,7 +309,9 @@ pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool)
             requests_per_minute,
             max_in_flight,
             callback_secret,
+            callback_secret_file,
         } => {
+            let callback_secret = secret_given(callback_secret, callback_secret_file)?;
             let change = TenantChange {
                 requests_per_minute: requests_per_minute
                     .map(|v| limit("requests-per-minute", &v))

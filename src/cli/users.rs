@@ -179,12 +179,7 @@ fn minute(at: DateTime<Utc>) -> String {
 
 /// `text` on one line, at most `max` characters.
 fn one_line(text: &str, max: usize) -> String {
-    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() <= max {
-        flat
-    } else {
-        format!("{}…", flat.chars().take(max).collect::<String>())
-    }
+    super::one_line(&text.split_whitespace().collect::<Vec<_>>().join(" "), max)
 }
 
 async fn forget(cfg: &Config, user: UserKey, actor: &str, reason: &str, json: bool) -> Result<Outcome, CliError> {

@@ -1,5 +1,6 @@
-//! `callbacks.allow_networks`: the loopback, private, link-local and
-//! unique-local networks a callback may still be delivered to. Written as
+//! `callbacks.allow_networks`: the loopback, private, link-local,
+//! unique-local and other guarded networks (`callbacks::guard`) a callback
+//! may still be delivered to. Written as
 //! a list of CIDR blocks or addresses (`["10.1.0.0/16", "::1"]`), or one
 //! comma-separated string (the form `MAAS_CALLBACKS__ALLOW_NETWORKS` takes).
 

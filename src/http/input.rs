@@ -12,6 +12,8 @@
 //!   `submit_fields` (a 400 naming it otherwise).
 //!   Unknown fields are ignored, as they always were: clients may send
 //!   more than this version reads.
+//! - Every other text field that reaches the database ([`check_field`]) is
+//!   refused with a 400 naming it when it holds a NUL.
 //! - [`parse_id`] and [`crate::http::api::parse_wait`] read a path or query
 //!   value, and a refusal echoes at most [`ECHO_CHARS`] characters of it.
 //! - [`json_errors`] turns every error answer the framework makes by itself
@@ -94,13 +96,32 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
     })
 }
 
-/// Refuses text the database cannot store: a NUL character (U+0000).
+/// Refuses text the database cannot store: a NUL character (U+0000), a
+/// 422 `invalid_text` naming the field (the submit body's answer).
 pub fn check_text(field: &str, s: &str) -> Result<(), ApiError> {
+    nul_free(field, s).map_err(|m| ApiError::unprocessable("invalid_text", m))
+}
+
+/// [`check_text`] as a 400 `invalid_text`: for every other text field
+/// (a summary, a reason, an actor, a query parameter).
+pub fn check_field(field: &str, s: &str) -> Result<(), ApiError> {
+    nul_free(field, s).map_err(|m| ApiError::bad_request("invalid_text", m))
+}
+
+/// A form or query field's text, refused when it holds a NUL (the
+/// framework answers with a 4xx naming the field): for the console's forms
+/// (`#[serde(default, deserialize_with = "…")]`).
+pub fn text_without_nul<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = <String as serde::Deserialize>::deserialize(d)?;
+    nul_free("the text", &s).map_err(serde::de::Error::custom)?;
+    Ok(s)
+}
+
+fn nul_free(field: &str, s: &str) -> Result<(), String> {
     match s.chars().position(|c| c == '\0') {
         None => Ok(()),
-        Some(at) => Err(ApiError::unprocessable(
-            "invalid_text",
-            format!("{field} contains a NUL character (U+0000) at character {at}; text cannot hold it"),
+        Some(at) => Err(format!(
+            "{field} contains a NUL character (U+0000) at character {at}; text cannot hold it"
         )),
     }
 }

@@ -45,7 +45,10 @@ fn reason(body: &[u8]) -> Result<String, ApiError> {
             "field_too_long",
             format!("reason is longer than {MAX_REASON_CHARS} characters"),
         )),
-        Some(Value::String(s)) => Ok(s.trim().to_owned()),
+        Some(Value::String(s)) => {
+            super::input::check_field("reason", s)?;
+            Ok(s.trim().to_owned())
+        }
         Some(_) => Err(ApiError::unprocessable("invalid_field", "reason must be a string")),
     }
 }

@@ -78,7 +78,10 @@ async fn schema_state(app: &AppState) -> Result<migrate::SchemaState, crate::db:
 /// `GET /metrics`: Prometheus text format 0.0.4.
 pub async fn metrics(State(app): State<AppState>) -> Response {
     crate::metrics::observe_engine(&app.stats, app.notifier.is_listening());
-    let body = app.metrics.render();
+    let mut body = app.metrics.render();
+    if !app.cfg.metrics.public_tenants {
+        body = crate::metrics::without_tenants(&body);
+    }
     let mut resp = body.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

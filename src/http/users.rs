@@ -28,6 +28,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
+use super::input::check_field;
 use super::limits::Caller;
 use super::tenancy::{self, Principal};
 use crate::users::{self, Correction, Page, UserError, UserKey, Why};
@@ -83,10 +84,15 @@ fn parse_row_id(raw: &str, what: &str) -> Result<i64, ApiError> {
         .ok_or_else(|| ApiError::bad_request("invalid_id", format!("{raw:?} is not a {what} id (a positive integer)")))
 }
 
+/// The query's parameters; one holding a NUL is a 400 naming it.
 fn params(query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<HashMap<String, String>, ApiError> {
-    query
+    let params = query
         .map(|Query(p)| p)
-        .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))
+        .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    for (k, v) in &params {
+        check_field(k, v)?;
+    }
+    Ok(params)
 }
 
 fn int_param(params: &HashMap<String, String>, name: &str) -> Result<Option<i64>, ApiError> {
@@ -223,9 +229,11 @@ pub async fn replace_summary(
         Some(_) => return Err(ApiError::unprocessable("invalid_field", "summary must be a string")),
         None => return Err(ApiError::unprocessable("missing_field", "summary is required")),
     };
+    check_field("summary", summary)?;
     let mut params = HashMap::new();
     for k in ["reason", "actor"] {
         if let Some(Value::String(v)) = body.get(k) {
+            check_field(k, v)?;
             params.insert(k.to_owned(), v.clone());
         }
     }

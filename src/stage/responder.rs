@@ -1,23 +1,27 @@
 //! The respond stage: the assembled context to the responder model
 //! (temperature, max tokens and timeout from its role settings). The
-//! context already holds the responder's system prompt (the assembler put
-//! it there), so none is sent separately.
+//! context holds the responder's system prompt at its head (the assembler
+//! put it there): it is sent in the provider's system role, and the rest
+//! (the history block and the quoted query) as the user's message, so
+//! nothing the user or their memory wrote shares the system prompt's role.
 
+use super::assembler::split_system;
 use super::{StageError, StageInput, StageOutput, StageSuccess, Usage, from_llm};
 use crate::llm::{ChatRequest, Llm, LlmDisposition, Role};
 
 pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageError> {
-    let mut context = match &input.context {
-        Some(c) => c.clone(),
-        None => {
-            return Err(StageError::fail(
-                "internal",
-                "the request reached the responder without a context",
-            ));
-        }
+    let Some(whole) = &input.context else {
+        return Err(StageError::fail(
+            "internal",
+            "the request reached the responder without a context",
+        ));
     };
+    let (system, rest) = split_system(whole);
+    let system = system.filter(|s| !s.is_empty()).map(str::to_owned);
+    let mut context = rest.to_owned();
     loop {
-        match llm.chat(Role::Responder, ChatRequest::new(None, context.clone())).await {
+        let request = ChatRequest::new(system.clone(), context.clone());
+        match llm.chat(Role::Responder, request).await {
             Ok(resp) => {
                 return Ok(StageSuccess {
                     output: StageOutput::Answer(resp.text),

@@ -305,3 +305,95 @@ async fn callbacks_to_loopback_are_refused_unless_allowed() {
     wait_delivered(&c, 1, GENEROUS, "delivered once loopback is allowed").await;
     assert_eq!(rx.got.lock().unwrap().len(), 1);
 }
+
+/// The special ranges that reach a private network or a test one are
+/// refused like loopback is, even with loopback allowed: the
+/// protocol-assignment and benchmarking IPv4 blocks, site-local, local-use
+/// NAT64, 6to4 and IPv4-compatible IPv6 (`::127.0.0.1` is not opened by
+/// allowing `127.0.0.0/8`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_to_special_ranges_are_refused() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _d = callback_daemon(&db.url);
+    let cases = [
+        ("http://192.0.0.8:9/hook", "protocol-assignment"),
+        ("http://198.18.0.1:9/hook", "benchmarking"),
+        ("http://[fec0::1]:9/hook", "site-local"),
+        ("http://[64:ff9b:1::a00:1]:9/hook", "local-use NAT64"),
+        ("http://[2002:7f00:1::1]:9/hook", "6to4"),
+        ("http://[::127.0.0.1]:9/hook", "IPv4-compatible"),
+    ];
+    for (url, _) in cases {
+        insert_with_callback(&c, url, "special", 1).await;
+    }
+    wait_until(GENEROUS, "every delivery dead", || async {
+        count(&c, "SELECT count(*) FROM callback_outbox WHERE state = 'dead'").await
+            == i64::try_from(cases.len()).unwrap()
+    })
+    .await;
+    for (url, range) in cases {
+        let row = c
+            .query_one(
+                "SELECT attempts, last_error FROM callback_outbox WHERE url = $1",
+                &[&url],
+            )
+            .await
+            .unwrap();
+        let (attempts, e): (i32, String) = by_name!(row, "attempts", "last_error");
+        assert_eq!(attempts, 1, "{url}: {e}");
+        assert!(e.contains(range) && e.contains("refused"), "{url}: {e}");
+    }
+}
+
+/// A tenant's callback secret can come from a file or stdin instead of the
+/// command line (where every local user's `ps` shows it); a line break at
+/// its end is not part of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_callback_secret_is_read_from_a_file_or_stdin() {
+    use std::io::Write;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let path = std::env::temp_dir().join(format!("maas-secret-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&path, "secret-from-a-file-0123\n").unwrap();
+    let file = path.to_str().unwrap();
+    let (code, out, err) =
+        crate::support::cli::maasctl(&db.url, &["tenants", "add", "filed", "--callback-secret-file", file]);
+    assert_eq!(code, 0, "{out}{err}");
+    let stored =
+        || crate::support::db::value::<String>(&c, "SELECT callback_secret FROM tenants WHERE name = 'filed'", &[]);
+    assert_eq!(stored().await, "secret-from-a-file-0123");
+    let mut child = crate::support::cli::command(
+        &db.url,
+        &["tenants", "set", "filed", "--callback-secret-file", "-"],
+        crate::support::cli::NO_ENV,
+    )
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"secret-from-stdin-456789\r\n")
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    assert_eq!(stored().await, "secret-from-stdin-456789");
+    let (code, _, err) = crate::support::cli::maasctl(
+        &db.url,
+        &[
+            "tenants",
+            "set",
+            "filed",
+            "--callback-secret",
+            "x",
+            "--callback-secret-file",
+            file,
+        ],
+    );
+    assert_ne!(code, 0, "both forms at once are refused: {err}");
+    let _ = std::fs::remove_file(&path);
+}

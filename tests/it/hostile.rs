@@ -347,3 +347,99 @@ mod props {
         }
     }
 }
+
+/// A NUL in any text a user or operator route stores (a record's new
+/// summary, a `reason` or `actor` in a body or a query, an operator
+/// action's reason) is a 400 `invalid_text` naming the field, never a 500,
+/// and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_stored_text_is_a_400_naming_the_field() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let record: i64 = c
+        .query_one(
+            "INSERT INTO lsm_storage (user_id, time_bucket_start, time_bucket_end, tags, summary, raw_log_ids)
+             VALUES ($1, now() - interval '2 days', now() - interval '1 day', '{}', 'kept', '{}') RETURNING id",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let put = format!("/api/users/{user}/memory/{record}");
+    let json = Some("application/json");
+    for (field, body) in [
+        ("summary", json!({"summary": "a\u{0}b"})),
+        ("reason", json!({"summary": "new", "reason": "why\u{0}"})),
+        ("actor", json!({"summary": "new", "actor": "\u{0}me"})),
+    ] {
+        let resp = api
+            .authed(api.http.put(api.url(&put)).json(&body))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{field}");
+        let got: Value = resp.json().await.unwrap();
+        assert_eq!(got["code"], "invalid_text", "{field}: {got}");
+        assert!(got["error"].as_str().unwrap().starts_with(field), "{field}: {got}");
+    }
+    for path in [
+        format!("/api/users/{user}/memory/{record}?reason=a%00b"),
+        format!("/api/users/{user}/memory/{record}?actor=%00"),
+        format!("/api/users/{user}?reason=%00"),
+    ] {
+        assert_eq!(
+            answer(&api, Method::DELETE, &path, None, Vec::new()).await,
+            (StatusCode::BAD_REQUEST, "invalid_text".to_owned()),
+            "{path}"
+        );
+    }
+    let cancel = format!("/api/query/{}/cancel", Uuid::new_v4());
+    assert_eq!(
+        answer(&api, Method::POST, &cancel, json, br#"{"reason":"x\u0000"}"#.to_vec()).await,
+        (StatusCode::BAD_REQUEST, "invalid_text".to_owned()),
+    );
+    let summary: String = c
+        .query_one("SELECT summary FROM lsm_storage WHERE id = $1", &[&record])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(summary, "kept");
+}
+
+/// `maasctl` escapes control characters in the user-supplied text it
+/// prints: a query, an answer, an error and an operator action's reason
+/// and actor holding terminal escapes show as `\u{1b}`, never as the
+/// escape itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maasctl_escapes_control_characters_in_what_it_prints() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let evil = "\u{1b}[2J\u{1b}]0;owned\u{7}red\u{202e}txt";
+    let id: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query, status, final_answer, error) \
+             VALUES (gen_random_uuid(), $1, 'FAILED', $1, $1) RETURNING id",
+            &[&evil],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let id = id.to_string();
+    let (code, out, err) = crate::support::cli::maasctl_env(
+        &db.url,
+        &["requests", "retry", &id, "--reason", evil],
+        &[("MAAS_OPERATOR", evil)],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    for args in [vec!["requests", "show", id.as_str()], vec!["requests", "list"]] {
+        let (code, out, err) = crate::support::cli::maasctl(&db.url, &args);
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{7}') && !out.contains('\u{202e}'),
+            "{args:?}: {out:?}"
+        );
+        assert!(out.contains("\\u{1b}[2J"), "{args:?}: {out}");
+    }
+}

@@ -429,3 +429,48 @@ fn the_requests_lines_carry_its_id(lines: &[Value], id: Uuid) {
         );
     }
 }
+
+/// The unauthenticated `/metrics` names no tenant: the per-tenant token
+/// series is left out unless `metrics.public_tenants` is set, and then it
+/// is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_name_no_tenant_unless_public_tenants_is_set() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for public in [false, true] {
+        let opts = Opts::default().env("MAAS_METRICS__PUBLIC_TENANTS", public);
+        let api = Api::start(&db, opts).await;
+        let id = api
+            .submit_accepted(&json!({"user_id": Uuid::new_v4(), "query": "count my tokens"}))
+            .await;
+        wait_status(&c, id, "COMPLETED").await;
+        let scrape = || async {
+            api.http
+                .get(api.url("/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        };
+        if public {
+            wait_until(GENEROUS, "the tenant's tokens are shown", || async {
+                scrape().await.contains("tenant=\"default\"")
+            })
+            .await;
+        } else {
+            wait_until(GENEROUS, "the request's tokens are counted", || async {
+                total(&scrape().await, "maas_llm_tokens_total", &[]) > 0.0
+            })
+            .await;
+            // The per-tenant count is made off the attempt's path: give it time.
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let page = scrape().await;
+            assert!(
+                !page.contains("tenant=") && !page.contains("maas_llm_tenant_tokens_total"),
+                "{page}"
+            );
+        }
+    }
+}

@@ -480,7 +480,8 @@ fn tenant_tokens(text: &str, tenant: &str, kind: &str) -> f64 {
 async fn the_token_metric_counts_per_tenant() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let (api, tokens) = with_tenants(&db, Opts::default(), &["acme", "bravo"]).await;
+    let public = Opts::default().env("MAAS_METRICS__PUBLIC_TENANTS", "true");
+    let (api, tokens) = with_tenants(&db, public, &["acme", "bravo"]).await;
     let [a, b]: [String; 2] = tokens.try_into().unwrap();
     let metrics = || async { api.get("/metrics").await.text().await.unwrap() };
 

@@ -57,7 +57,7 @@ fn user_fail(e: UserError) -> Fail {
 /// `next_before` / `next_turns_before` of the page before).
 #[derive(Debug, Default, Deserialize)]
 pub struct UserQuery {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::http::input::text_without_nul")]
     q: String,
     #[serde(default)]
     before: String,

@@ -126,7 +126,7 @@ pub struct ListQuery {
     user: String,
     #[serde(default)]
     thread: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::http::input::text_without_nul")]
     text: String,
     /// Created at or after (RFC 3339, or `YYYY-MM-DDTHH:MM` from a form, UTC).
     #[serde(default)]
@@ -324,7 +324,7 @@ pub async fn request_body(
 pub struct ActionForm {
     #[serde(default)]
     pub(super) csrf: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::http::input::text_without_nul")]
     pub(super) reason: String,
 }
 

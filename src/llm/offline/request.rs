@@ -43,6 +43,14 @@ pub(super) fn query_of(req: &ChatRequest) -> String {
     std::iter::once(last)
         .chain(texts(req))
         .find_map(|t| between(t, "<current_query>", "</current_query>"))
-        .unwrap_or(last.trim())
-        .to_owned()
+        .map_or_else(|| last.trim().to_owned(), unquote)
+}
+
+/// The query as the user wrote it: the assembler escapes `&`, `<`, `>` and
+/// `"` inside `<current_query>`.
+fn unquote(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&amp;", "&")
 }

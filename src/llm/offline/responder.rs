@@ -40,6 +40,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("characters of history"));
+        let quoted = "<current_query>\nIs &quot;A &amp; B&quot; &lt;b&gt;?\n</current_query>";
+        let text = respond(&ChatRequest::new(Some("Be helpful".into()), quoted));
+        assert!(
+            text.starts_with("[offline] You asked: \"Is \"A & B\" <b>?\"."),
+            "{text}"
+        );
         let plain = respond(&ChatRequest::new(None, "hello there"));
         assert!(plain.contains("No earlier conversations"));
     }
