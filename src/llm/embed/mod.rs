@@ -410,6 +410,56 @@ impl Embedder {
     }
 }
 
+/// A local model's failure to embed (not worth a retry).
+fn local_error(message: String) -> EmbedError {
+    EmbedError::Call {
+        provider: "local",
+        message,
+        retryable: false,
+    }
+}
+
+/// Texts a local model runs together. A call's texts are sorted by length
+/// first and each group is padded to its own longest, so short texts do
+/// not pay for a long one's padding.
+const GROUP: usize = 8;
+
+/// A local model's vectors of `items`, in their order: `forward` runs on
+/// groups of them of similar `len`.
+fn in_groups<T>(
+    items: &[T],
+    len: impl Fn(&T) -> usize,
+    mut forward: impl FnMut(&[&T]) -> candle_core::Result<Vec<Vec<f32>>>,
+) -> Result<Vec<Vec<f32>>, EmbedError> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| len(&items[i]));
+    let mut out = vec![Vec::new(); items.len()];
+    for group in order.chunks(GROUP) {
+        let members: Vec<&T> = group.iter().map(|&i| &items[i]).collect();
+        let vectors = forward(&members).map_err(|e| local_error(format!("running the model: {e}")))?;
+        for (&i, v) in group.iter().zip(vectors) {
+            out[i] = v;
+        }
+    }
+    Ok(out)
+}
+
+/// The mean of a group's token `states` (group, tokens, dims) over its
+/// `mask` (group, tokens; 1 for a token, 0 for padding).
+fn mean_pooled(states: &candle_core::Tensor, mask: &candle_core::Tensor) -> candle_core::Result<Vec<Vec<f32>>> {
+    let m = mask.to_dtype(candle_core::DType::F32)?.unsqueeze(2)?; // (group, tokens, 1)
+    let sum = states.broadcast_mul(&m)?.sum(1)?; // (group, dims)
+    let count = m.sum(1)?.clamp(1e-9, f64::MAX)?; // (group, 1)
+    sum.broadcast_div(&count)?.to_vec2::<f32>()
+}
+
+/// The cosine of two vectors.
+#[cfg(test)]
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>() / (n(a) * n(b))
+}
+
 /// A local model's task that ended without an answer.
 fn stopped(e: tokio::task::JoinError) -> EmbedError {
     EmbedError::Call {
