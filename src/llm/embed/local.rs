@@ -19,15 +19,12 @@ use candle_transformers::models::bert::{BertModel, Config};
 use tokenizers::{Encoding, Tokenizer, TruncationParams};
 
 use super::EmbedError;
+use super::local_error as call;
 
 /// The default model name of the local provider.
 pub const MODEL: &str = "all-MiniLM-L6-v2";
 /// Longest input, in tokens.
 const MAX_TOKENS: usize = 256;
-/// Texts run through the model together. A call's texts are sorted by
-/// length first and each group is padded to its own longest, so short
-/// texts do not pay for a long one's padding.
-const GROUP: usize = 8;
 
 /// A loaded model and its tokenizer.
 pub struct Local {
@@ -36,14 +33,6 @@ pub struct Local {
     /// The `[PAD]` token's id.
     pad: u32,
     device: Device,
-}
-
-fn call(message: String) -> EmbedError {
-    EmbedError::Call {
-        provider: "local",
-        message,
-        retryable: false,
-    }
 }
 
 impl Local {
@@ -83,19 +72,7 @@ impl Local {
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| call(format!("tokenizing: {e}")))?;
-        let mut order: Vec<usize> = (0..enc.len()).collect();
-        order.sort_by_key(|&i| enc[i].get_ids().len());
-        let mut out = vec![Vec::new(); enc.len()];
-        for group in order.chunks(GROUP) {
-            let encodings: Vec<&Encoding> = group.iter().map(|&i| &enc[i]).collect();
-            let vectors = self
-                .forward(&encodings)
-                .map_err(|e| call(format!("running the model: {e}")))?;
-            for (&i, v) in group.iter().zip(vectors) {
-                out[i] = v;
-            }
-        }
-        Ok(out)
+        super::in_groups(&enc, |e| e.get_ids().len(), |group| self.forward(group))
     }
 
     /// The vectors of one group, padded to its longest.
@@ -115,21 +92,14 @@ impl Local {
         let mask = Tensor::stack(&mask, 0)?;
         let types = ids.zeros_like()?;
         let states = self.model.forward(&ids, &types, Some(&mask))?; // (group, tokens, dims)
-        let m = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (group, tokens, 1)
-        let sum = states.broadcast_mul(&m)?.sum(1)?; // (group, dims)
-        let count = m.sum(1)?.clamp(1e-9, f64::MAX)?; // (group, 1)
-        sum.broadcast_div(&count)?.to_vec2::<f32>()
+        super::mean_pooled(&states, &mask)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::cosine as dot;
     use super::*;
-
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>() / (n(a) * n(b))
-    }
 
     /// The real model, from `MAAS_TEST_EMBEDDING_MODEL_DIR` (`bin/test`
     /// fetches it as `bin/eval-memory` does, and then requires it with

@@ -3,9 +3,11 @@
 //!
 //! Optional and off by default (`[llm.embedding] provider = "off"`). The
 //! providers:
-//! - **local**: all-MiniLM-L6-v2 (384 dimensions) run in-process on the CPU
-//!   from a folder holding `config.json`, `tokenizer.json` and
-//!   `model.safetensors` ([`local`]). No network, no key.
+//! - **local**: a model run in-process on the CPU, chosen by the files in
+//!   its folder: multilingual-e5-small (Russian and English, 384
+//!   dimensions) where it holds `e5-small-q4.bin` ([`e5`]), else
+//!   all-MiniLM-L6-v2 (English, 384 dimensions) from `config.json`,
+//!   `tokenizer.json` and `model.safetensors` ([`local`]). No network, no key.
 //! - **offline**: a deterministic hashed embedding of words and their
 //!   letter trigrams ([`offline`]), so tests cover the whole path without a
 //!   model; it finds spelling neighbours, not meaning.
@@ -21,6 +23,7 @@
 //! never a short, ragged or reordered result.
 //! Nothing here logs the texts.
 
+pub mod e5;
 mod http;
 pub mod local;
 pub mod offline;
@@ -42,13 +45,14 @@ pub struct EmbeddingConfig {
     /// `off` (default), `local`, `offline`, `openai` or `gemini`.
     pub provider: Option<String>,
     /// The provider's model name. Defaults: openai `text-embedding-3-small`,
-    /// gemini `text-embedding-004`, local `all-MiniLM-L6-v2`, offline
+    /// gemini `text-embedding-004`, local `multilingual-e5-small` or
+    /// `all-MiniLM-L6-v2` (by the folder's files), offline
     /// `offline-hash-384`. Stored with every embedding: a change of model
     /// re-embeds the user's turns.
     pub model: Option<String>,
-    /// The local provider's model folder (`config.json`, `tokenizer.json`,
-    /// `model.safetensors`; `bin/eval-memory` fetches one). Required for
-    /// `local`.
+    /// The local provider's model folder (`e5-small-q4.bin`, or
+    /// `config.json`, `tokenizer.json` and `model.safetensors`;
+    /// `bin/eval-memory` fetches one). Required for `local`.
     pub model_dir: Option<PathBuf>,
     /// Texts per call. Default 32.
     pub batch: Option<usize>,
@@ -121,7 +125,8 @@ impl EmbeddingConfig {
                             .into(),
                     )
                 })?;
-                (EmbeddingProvider::Local(dir), local::MODEL)
+                let model = if e5::present(&dir) { e5::MODEL } else { local::MODEL };
+                (EmbeddingProvider::Local(dir), model)
             }
             "offline" => (EmbeddingProvider::Offline, offline::MODEL),
             other => {
@@ -236,6 +241,7 @@ pub fn configured(llm: &LlmConfig) -> Result<Option<Embedder>, SetupError> {
 
 enum Backend {
     Local(Arc<local::Local>),
+    E5(Arc<e5::E5>),
     Offline,
     Http {
         http: reqwest::Client,
@@ -266,6 +272,7 @@ impl Embedder {
     /// missing or broken model fails startup, naming the folder).
     pub fn new(settings: &EmbeddingSettings) -> Result<Embedder, EmbedError> {
         let backend = match &settings.provider {
+            EmbeddingProvider::Local(dir) if e5::present(dir) => Backend::E5(Arc::new(e5::E5::load(dir)?)),
             EmbeddingProvider::Local(dir) => Backend::Local(Arc::new(local::Local::load(dir)?)),
             EmbeddingProvider::Offline => Backend::Offline,
             p @ (EmbeddingProvider::OpenAi(_) | EmbeddingProvider::Gemini(_)) => {
@@ -296,7 +303,7 @@ impl Embedder {
     /// The provider's name.
     pub fn provider_name(&self) -> &'static str {
         match &*self.backend {
-            Backend::Local(_) => "local",
+            Backend::Local(_) | Backend::E5(_) => "local",
             Backend::Offline => "offline",
             Backend::Http { provider, .. } => provider.name(),
         }
@@ -315,9 +322,15 @@ impl Embedder {
     /// One unit vector per text, in order (calls of at most
     /// [`Embedder::batch`] texts each, each within the timeout).
     pub async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed_as(texts, e5::Kind::Passage).await
+    }
+
+    /// [`Embedder::embed`] for texts of one kind (a model trained with
+    /// query and passage prefixes gets the right one; others ignore it).
+    async fn embed_as(&self, texts: &[String], kind: e5::Kind) -> Result<Vec<Vec<f32>>, EmbedError> {
         let mut out = Vec::with_capacity(texts.len());
         for chunk in texts.chunks(self.batch.max(1)) {
-            let call = self.embed_chunk(chunk);
+            let call = self.embed_chunk(chunk, kind);
             let vectors = tokio::time::timeout(self.timeout, call)
                 .await
                 .map_err(|_| EmbedError::Call {
@@ -354,7 +367,7 @@ impl Embedder {
     /// (logged with the error): the search then runs on full text alone
     /// rather than failing.
     pub async fn embed_query(&self, query: &str) -> Option<Vec<f32>> {
-        match self.embed(&[query.to_owned()]).await {
+        match self.embed_as(&[query.to_owned()], e5::Kind::Query).await {
             Ok(mut v) => v.pop(),
             Err(e) => {
                 tracing::warn!(error = %e, "embedding the query failed; the memory search runs on full text alone");
@@ -372,7 +385,7 @@ impl Embedder {
         Some((e.embed_query(query).await?, e.model()))
     }
 
-    async fn embed_chunk(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+    async fn embed_chunk(&self, texts: &[String], kind: e5::Kind) -> Result<Vec<Vec<f32>>, EmbedError> {
         match &*self.backend {
             Backend::Offline => Ok(texts.iter().map(|t| offline::embed(t)).collect()),
             Backend::Local(model) => {
@@ -380,11 +393,14 @@ impl Embedder {
                 let texts = texts.to_vec();
                 tokio::task::spawn_blocking(move || model.embed(&texts))
                     .await
-                    .map_err(|e| EmbedError::Call {
-                        provider: "local",
-                        message: format!("the embedding task stopped: {e}"),
-                        retryable: true,
-                    })?
+                    .map_err(stopped)?
+            }
+            Backend::E5(model) => {
+                let model = Arc::clone(model);
+                let texts = texts.to_vec();
+                tokio::task::spawn_blocking(move || model.embed(&texts, kind))
+                    .await
+                    .map_err(stopped)?
             }
             Backend::Http {
                 http,
@@ -400,6 +416,65 @@ impl Embedder {
                 retryable: false,
             }),
         }
+    }
+}
+
+/// A local model's failure to embed (not worth a retry).
+fn local_error(message: String) -> EmbedError {
+    EmbedError::Call {
+        provider: "local",
+        message,
+        retryable: false,
+    }
+}
+
+/// Texts a local model runs together. A call's texts are sorted by length
+/// first and each group is padded to its own longest, so short texts do
+/// not pay for a long one's padding.
+const GROUP: usize = 8;
+
+/// A local model's vectors of `items`, in their order: `forward` runs on
+/// groups of them of similar `len`.
+fn in_groups<T>(
+    items: &[T],
+    len: impl Fn(&T) -> usize,
+    mut forward: impl FnMut(&[&T]) -> candle_core::Result<Vec<Vec<f32>>>,
+) -> Result<Vec<Vec<f32>>, EmbedError> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| len(&items[i]));
+    let mut out = vec![Vec::new(); items.len()];
+    for group in order.chunks(GROUP) {
+        let members: Vec<&T> = group.iter().map(|&i| &items[i]).collect();
+        let vectors = forward(&members).map_err(|e| local_error(format!("running the model: {e}")))?;
+        for (&i, v) in group.iter().zip(vectors) {
+            out[i] = v;
+        }
+    }
+    Ok(out)
+}
+
+/// The mean of a group's token `states` (group, tokens, dims) over its
+/// `mask` (group, tokens; 1 for a token, 0 for padding).
+fn mean_pooled(states: &candle_core::Tensor, mask: &candle_core::Tensor) -> candle_core::Result<Vec<Vec<f32>>> {
+    let m = mask.to_dtype(candle_core::DType::F32)?.unsqueeze(2)?; // (group, tokens, 1)
+    let sum = states.broadcast_mul(&m)?.sum(1)?; // (group, dims)
+    let count = m.sum(1)?.clamp(1e-9, f64::MAX)?; // (group, 1)
+    sum.broadcast_div(&count)?.to_vec2::<f32>()
+}
+
+/// The cosine of two vectors.
+#[cfg(test)]
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>() / (n(a) * n(b))
+}
+
+/// A local model's task that ended without an answer.
+fn stopped(e: tokio::task::JoinError) -> EmbedError {
+    EmbedError::Call {
+        provider: "local",
+        message: format!("the embedding task stopped: {e}"),
+        retryable: true,
     }
 }
 
