@@ -12,7 +12,7 @@
 //!   (rustls, HTTP/1.1 by ALPN); the handshake must end within the header
 //!   read timeout. There is no plain-HTTP listener beside it.
 //! - A connection whose client takes no byte for `http.stream_send_timeout_secs`
-//!   while the server has something to send is closed ([`StallGuard`]):
+//!   while the server has something to send is closed (`StallGuard`):
 //!   every response, SSE stream and WebSocket (the upgrade keeps the guard)
 //!   has a send timeout, so a client that stops reading holds nothing.
 //! - Each request carries its peer's address (axum's `ConnectInfo`), for

@@ -6,7 +6,7 @@
 //!   `SID.WHO.EXPIRY.MAC`. SID is the session's random id (a row of
 //!   `console_sessions`), WHO is `tID` for a database token or `c` for a
 //!   configured one, and MAC is HMAC-SHA256 over SID, WHO, the expiry and
-//!   the token's SHA-256, keyed by the server secret ([`server_key`]:
+//!   the token's SHA-256, keyed by the server secret (`server_key`:
 //!   `http.session_secret`, else derived from the configured `api_tokens`).
 //!   Neither is in the database, so reading `api_tokens`,
 //!   `console_sessions`, a backup or a replica opens no session. The
