@@ -1031,3 +1031,184 @@ async fn prompt_activation_from_maasctl_is_recorded_as_from_the_console() {
         ]
     );
 }
+
+// ---- tenants and operators in the browser -----------------------------------
+
+/// Runs `maasctl ARGS` against `db` and returns what it printed (a token,
+/// for `tokens create`).
+async fn maasctl_ok(db: &TestDb, args: &[&str]) -> String {
+    let (code, out, err) = maasctl_async(&db.url, args, NO_ENV).await;
+    assert_eq!(code, 0, "maasctl {args:?}: {out}{err}");
+    out.trim().to_owned()
+}
+
+/// Two tenants as an operator makes them: `shop` and `acme` with
+/// `maasctl tenants add`, a `submit` token each, and one request each
+/// sent with it. Returns the daemon and (shop's request, acme's request).
+async fn two_tenants_with_a_request_each(db: &TestDb) -> (Api, Uuid, Uuid) {
+    let api = crate::support::tenants::start(db, Opts::default()).await;
+    let mut reqs = Vec::new();
+    for tenant in ["shop", "acme"] {
+        maasctl_ok(db, &["tenants", "add", tenant]).await;
+        let name = format!("{tenant}-app");
+        let app = maasctl_ok(
+            db,
+            &["tokens", "create", &name, "--tenant", tenant, "--scope", "submit"],
+        )
+        .await;
+        let query = format!("{tenant}: where is my order?");
+        reqs.push(crate::support::tenants::submit_ok(&api, &app, Uuid::new_v4(), Uuid::new_v4(), &query).await);
+    }
+    (api, reqs[0], reqs[1])
+}
+
+/// Logs in through the login form with `token` and waits for the live page
+/// the login lands on, at `landing` (`/console` for an operator token, the
+/// requests list for a tenant's).
+async fn log_in_with_the_form(b: &Browser, api: &Api, token: &str, landing: &str) {
+    b.goto(&api.url("/console/login")).await;
+    b.fill("#token", token).await;
+    b.click("#login").await;
+    b.wait_js(
+        &format!("the live page {landing} after login"),
+        &format!("return location.pathname === '{landing}' && document.body.dataset.live === 'on';"),
+    )
+    .await;
+}
+
+/// [`two_tenants_with_a_request_each`], then `b` logged in through the
+/// form with a `read` token of `shop` (not an operator token): a tenant's
+/// session lands on its requests list, not on the overview.
+async fn shop_reader_logged_in(b: &Browser, db: &TestDb) -> (Api, Uuid, Uuid) {
+    let (api, shop_req, acme_req) = two_tenants_with_a_request_each(db).await;
+    let reader = maasctl_ok(
+        db,
+        &["tokens", "create", "shop-reader", "--tenant", "shop", "--scope", "read"],
+    )
+    .await;
+    log_in_with_the_form(b, &api, &reader, "/console/requests").await;
+    (api, shop_req, acme_req)
+}
+
+/// Opens `url` and returns the HTTP status and text of the page it shows.
+async fn status_and_text(b: &Browser, url: &str) -> (u64, String) {
+    b.goto(url).await;
+    b.wait_js("the page is loaded", "return document.readyState === 'complete';")
+        .await;
+    let v = b
+        .js("return [performance.getEntriesByType('navigation')[0].responseStatus, document.body.innerText];")
+        .await;
+    (v[0].as_u64().unwrap_or(0), v[1].as_str().unwrap_or("").to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_in_the_browser_shows_a_tenants_read_token_only_its_tenant() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let (api, shop_req, acme_req) = shop_reader_logged_in(&b, &db).await;
+    let ids: Vec<String> = listed(&b).await.into_iter().map(|(id, _)| id).collect();
+    assert_eq!(ids, vec![shop_req.to_string()], "only shop's request is listed");
+    assert!(!b.text("body").await.contains("acme:"), "nothing of acme's on the page");
+    assert_eq!(
+        b.js("return !!document.querySelector('header a[href=\"/console\"]');")
+            .await,
+        json!(false),
+        "no link to the overview"
+    );
+    b.screenshot("tenant-requests").await;
+
+    // Its own request opens; acme's is the 404 page.
+    b.goto_live(&api.url(&format!("/console/requests/{shop_req}"))).await;
+    assert!(!b.text("#timeline").await.is_empty());
+    let (status, text) = status_and_text(&b, &api.url(&format!("/console/requests/{acme_req}"))).await;
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains(&format!("no request {acme_req}")), "{text}");
+    assert!(!text.contains("acme:"), "{text}");
+    b.screenshot("tenant-other-request").await;
+
+    // The overview is refused with a 403 page that names the way in;
+    // `/console` itself sends the session to its list.
+    let (status, text) = status_and_text(&b, &api.url("/console/overview")).await;
+    assert_eq!(status, 403, "{text}");
+    assert!(
+        text.contains("sees only tenant `shop`") && text.contains("--all-tenants"),
+        "{text}"
+    );
+    b.screenshot("tenant-overview-refused").await;
+    b.goto(&api.url("/console")).await;
+    b.wait_js(
+        "the overview sends a tenant's session to its list",
+        "return location.pathname === '/console/requests' && document.body.dataset.live === 'on';",
+    )
+    .await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_in_the_browser_shows_an_operator_token_every_tenant() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let (api, shop_req, acme_req) = two_tenants_with_a_request_each(&db).await;
+    let oncall = maasctl_ok(
+        &db,
+        &["tokens", "create", "oncall", "--scope", "operate", "--all-tenants"],
+    )
+    .await;
+
+    log_in_with_the_form(&b, &api, &oncall, "/console").await;
+    assert!(
+        b.js("return !!document.querySelector('#backlog');").await == json!(true),
+        "the overview is shown"
+    );
+    b.goto_live(&api.url("/console/requests")).await;
+    let mut ids: Vec<String> = listed(&b).await.into_iter().map(|(id, _)| id).collect();
+    ids.sort();
+    let mut want = vec![shop_req.to_string(), acme_req.to_string()];
+    want.sort();
+    assert_eq!(ids, want, "both tenants' requests are listed");
+    b.screenshot("operator-requests").await;
+    for id in [shop_req, acme_req] {
+        let (status, text) = status_and_text(&b, &api.url(&format!("/console/requests/{id}"))).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_in_the_browser_logout_ends_the_session() {
+    let Some(b) = Browser::start().await else { return };
+    let db = TestDb::new().await;
+    let (api, shop_req, _) = shop_reader_logged_in(&b, &db).await;
+    let session =
+        b.c.get_named_cookie("maas_console")
+            .await
+            .unwrap_or_else(|e| panic!("the session cookie: {e}"));
+    let session = format!("maas_console={}", session.value());
+    assert!(listed(&b).await.iter().any(|(id, _)| *id == shop_req.to_string()));
+
+    b.click("header form[action=\"/console/logout\"] button").await;
+    b.wait_js(
+        "the login page after logout",
+        "return location.pathname === '/console/login';",
+    )
+    .await;
+    b.goto(&api.url("/console/requests")).await;
+    b.wait_js(
+        "the requests list sends back to the login",
+        "return location.pathname === '/console/login' && !!document.querySelector('#token');",
+    )
+    .await;
+    b.screenshot("logged-out").await;
+    // The session ended on the server, not only in the browser: its cookie,
+    // sent again, is no session either.
+    let console = Console {
+        api,
+        http: plain_client(),
+        session: Some(session),
+        token: None,
+    };
+    let r = console.get_as(None, "/console/requests").await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/console/login");
+    b.close().await;
+}
