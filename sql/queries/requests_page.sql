@@ -29,8 +29,10 @@
 -- $8 until
 -- $9 limit
 -- $10 scan
--- $11 tenant: only its requests, with the user ids it uses (no index of
---     its own: its rows are read from the list's indexes and filtered)
+-- $11 tenant
+-- With a tenant ($11), only its requests, with the user ids it uses (no
+-- index of its own: its rows are read from the list's indexes and
+-- filtered).
 WITH scanned AS MATERIALIZED (
     SELECT id, status,
            CASE WHEN $11::uuid IS NULL THEN user_id ELSE coalesce(tenant_user_id, user_id) END AS user_id,
