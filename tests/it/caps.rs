@@ -168,7 +168,7 @@ async fn caps_a_slow_or_idle_connection_is_cut_after_the_header_timeout() {
 
     // Slowloris: headers one byte every 300 ms, never finished.
     let mut slow = tokio::net::TcpStream::connect(api.addr).await.unwrap();
-    let drip = b"GET /healthz HTTP/1.1\r\nHost: maas\r\nX-Slow: ".repeat(4);
+    let drip = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: ".repeat(4);
     let took = closed_within(&mut slow, &drip, Duration::from_secs(20))
         .await
         .expect("a slowloris client is cut");
@@ -179,7 +179,7 @@ async fn caps_a_slow_or_idle_connection_is_cut_after_the_header_timeout() {
 
     // Idle keep-alive: one request answered, then silence.
     let mut idle = tokio::net::TcpStream::connect(api.addr).await.unwrap();
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: maas\r\n\r\n")
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     let mut buf = [0u8; 1024];

@@ -99,6 +99,43 @@ pub struct E5 {
     device: Device,
 }
 
+/// The encoder's tensors of `layers` layers, under the names candle's BERT
+/// reads (the linear weights expanded from 4 bits).
+fn encoder_tensors(
+    tensors: &Directory,
+    layers: usize,
+    hidden: usize,
+    ff: usize,
+    device: &Device,
+) -> Result<HashMap<String, Tensor>, String> {
+    let vector = |name: &str, n: usize| -> Result<Tensor, String> {
+        Tensor::from_vec(tensors.f32(name, n)?, n, device).map_err(|e| e.to_string())
+    };
+    let mut named = HashMap::new();
+    for l in 0..layers {
+        let p = format!("layer.{l}.");
+        let linears = [
+            ("q", "attention.self.query", hidden, hidden),
+            ("k", "attention.self.key", hidden, hidden),
+            ("v", "attention.self.value", hidden, hidden),
+            ("ao", "attention.output.dense", hidden, hidden),
+            ("fi", "intermediate.dense", ff, hidden),
+            ("fo", "output.dense", hidden, ff),
+        ];
+        for (short, long, out, inp) in linears {
+            let w = tensors.dequantized(&format!("l{l}.{short}.w"), out * inp)?;
+            let w = Tensor::from_vec(w, (out, inp), device).map_err(|e| e.to_string())?;
+            named.insert(format!("{p}{long}.weight"), w);
+            named.insert(format!("{p}{long}.bias"), vector(&format!("l{l}.{short}.b"), out)?);
+        }
+        for (short, long) in [("aln", "attention.output.LayerNorm"), ("oln", "output.LayerNorm")] {
+            named.insert(format!("{p}{long}.weight"), vector(&format!("l{l}.{short}.w"), hidden)?);
+            named.insert(format!("{p}{long}.bias"), vector(&format!("l{l}.{short}.b"), hidden)?);
+        }
+    }
+    Ok(named)
+}
+
 impl E5 {
     /// Loads `e5-small-q4.bin` from `dir` (72 MB read; about 140 MB held).
     pub fn load(dir: &Path) -> Result<E5, EmbedError> {
@@ -145,29 +182,7 @@ impl E5 {
             .map_err(|e| e.to_string())?;
         let norm = LayerNorm::new(vector("emb.ln.w", hidden)?, vector("emb.ln.b", hidden)?, f64::from(eps));
 
-        // The encoder's tensors under the names candle's BERT reads.
-        let mut named = HashMap::new();
-        for l in 0..layers {
-            let p = format!("layer.{l}.");
-            let linears = [
-                ("q", "attention.self.query", hidden, hidden),
-                ("k", "attention.self.key", hidden, hidden),
-                ("v", "attention.self.value", hidden, hidden),
-                ("ao", "attention.output.dense", hidden, hidden),
-                ("fi", "intermediate.dense", ff, hidden),
-                ("fo", "output.dense", hidden, ff),
-            ];
-            for (short, long, out, inp) in linears {
-                let w = tensors.dequantized(&format!("l{l}.{short}.w"), out * inp)?;
-                let w = Tensor::from_vec(w, (out, inp), &device).map_err(|e| e.to_string())?;
-                named.insert(format!("{p}{long}.weight"), w);
-                named.insert(format!("{p}{long}.bias"), vector(&format!("l{l}.{short}.b"), out)?);
-            }
-            for (short, long) in [("aln", "attention.output.LayerNorm"), ("oln", "output.LayerNorm")] {
-                named.insert(format!("{p}{long}.weight"), vector(&format!("l{l}.{short}.w"), hidden)?);
-                named.insert(format!("{p}{long}.bias"), vector(&format!("l{l}.{short}.b"), hidden)?);
-            }
-        }
+        let named = encoder_tensors(&tensors, layers, hidden, ff, &device)?;
         let config = Config {
             vocab_size: rows,
             hidden_size: hidden,
