@@ -79,6 +79,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     16 => "0016_context_compression.sql",
     17 => "0017_turn_embeddings.sql",
     18 => "0018_embedding_parts.sql",
+    21 => "0021_analyzer_earlier_turns.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

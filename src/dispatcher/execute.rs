@@ -78,6 +78,7 @@ impl Engine {
             analysis: row.analysis.clone(),
             context: row.context.clone(),
             memory: std::mem::take(&mut row.memory),
+            earlier_turns: row.earlier_turns,
             retrieved: Vec::new(),
             prompts,
         };

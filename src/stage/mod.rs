@@ -54,6 +54,9 @@ pub struct StageInput {
     /// the record the analysis refers to for the assembler. Always the
     /// requesting user's own.
     pub memory: Vec<MemoryRecord>,
+    /// How many turns the user logged besides this request's query (the
+    /// analyzer's input: a newcomer has turns before any LSM record).
+    pub earlier_turns: i64,
     /// The memory retrieved for the assemble stage ([`memory::MemoryPlan`]):
     /// the thread's newest turns, then the long-term items in packing
     /// order. Always the requesting user's own; empty for other stages.
@@ -259,6 +262,7 @@ mod tests {
                     summary: String::new(),
                 })
                 .collect(),
+            earlier_turns: 0,
             retrieved: Vec::new(),
             prompts: Arc::new(Prompts::default()),
         }

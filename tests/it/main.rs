@@ -19,6 +19,7 @@ mod llm;
 mod memory;
 mod metadata;
 mod neighbours;
+mod newcomer;
 mod observability;
 mod operate;
 mod orchestrator;
