@@ -156,3 +156,24 @@ async fn a_providers_analysis_of_a_newcomer_is_followed() {
         "the responder sees it"
     );
 }
+
+/// A newcomer who crosses the novelty threshold is archived within the
+/// poll, not at the schedule's next tick (every 6 hours by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomers_first_archive_run_does_not_wait_for_the_schedule() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let opts = Opts::default()
+        .env("MAAS_ARCHIVIST__MIN_PENDING", "2")
+        .env("MAAS_ARCHIVIST__FIRST_RUN_POLL_SECS", "1");
+    let _d = Maasd::spawn(&db.url, opts);
+    let user = Uuid::new_v4();
+    ask_sql(&c, user, TOLD).await;
+    wait_until(WAIT, "the newcomer's first record", || async {
+        let n: i64 = value(&c, "SELECT count(*) FROM lsm_storage WHERE user_id = $1", &[&user]).await;
+        n > 0
+    })
+    .await;
+    let runs: i64 = value(&c, "SELECT count(*) FROM archive_runs", &[]).await;
+    assert!(runs >= 1);
+}
