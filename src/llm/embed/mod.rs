@@ -136,6 +136,17 @@ impl EmbeddingConfig {
         self.model_dir.clone().or_else(|| default_model_dir(env))
     }
 
+    /// With `provider` unset, the local provider's configuration when its
+    /// model is found ([`default_model_dir`]).
+    fn found_default(&self, env: &dyn Fn(&str) -> Option<String>) -> Option<EmbeddingConfig> {
+        let dir = self.default_dir(env).filter(|d| holds_model(d))?;
+        Some(EmbeddingConfig {
+            provider: Some("local".into()),
+            model_dir: Some(dir),
+            ..self.clone()
+        })
+    }
+
     /// With `provider` unset and no model found, why the memory search is
     /// full text alone, in plain words (maasd logs it once at start,
     /// `maasctl doctor` shows it); `None` otherwise.
@@ -168,17 +179,7 @@ impl EmbeddingConfig {
         let name = match self.provider.as_deref().map(str::trim) {
             Some(name) => name,
             // Unset: the local model where it is found, else full text.
-            None => match self.default_dir(env) {
-                Some(dir) if holds_model(&dir) => {
-                    let cfg = EmbeddingConfig {
-                        provider: Some("local".into()),
-                        model_dir: Some(dir),
-                        ..self.clone()
-                    };
-                    return cfg.resolve(llm, env);
-                }
-                _ => return Ok(None),
-            },
+            None => return self.found_default(env).map_or(Ok(None), |cfg| cfg.resolve(llm, env)),
         };
         let (provider, default_model) = match name.to_ascii_lowercase().as_str() {
             "off" | "" => return Ok(None),
