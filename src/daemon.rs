@@ -46,6 +46,9 @@ pub enum DaemonError {
 /// folder.
 pub fn embedder(cfg: &Config) -> Result<Option<crate::llm::embed::Embedder>, DaemonError> {
     let embedder = crate::llm::embed::configured(&cfg.llm)?;
+    if let Some(note) = cfg.llm.embedding.fallback_note(&|name| std::env::var(name).ok()) {
+        tracing::warn!("{note}");
+    }
     if let Some(e) = &embedder {
         tracing::info!(provider = e.provider_name(), model = e.model(), "embeddings on");
     }

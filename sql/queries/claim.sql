@@ -32,7 +32,11 @@
 -- own (invariant 7): for the analyzer ({ready} = 'NEW') the user's $4 most
 -- recent LSM records; for the assembler ({ready} = 'ANALYZED') the record the
 -- analysis refers to, only if it belongs to the same user (assembler_memory,
--- sql/0007_assembler_memory.sql).
+-- sql/0007_assembler_memory.sql). For the analyzer it also returns
+-- `earlier_turns`: how many turns the user logged besides this request's
+-- query (the archive mark's sequence, one primary-key read; the query was
+-- logged when the request was inserted), so that a newcomer's analysis can
+-- ask for the search over turns before any archive run.
 WITH picked AS (
     SELECT id, greatest(updated_at, run_after) AS due_since
     FROM pipeline_runs
@@ -71,6 +75,10 @@ SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
                      ORDER BY l.time_bucket_start DESC
                      LIMIT $4) m)
            WHEN {ready} = 'ANALYZED' THEN assembler_memory(c.user_id, c.analysis_result)
-       END AS memory
+       END AS memory,
+       CASE
+           WHEN {ready} = 'NEW' THEN (
+               SELECT greatest(m.logged_seq - 1, 0) FROM archive_marks m WHERE m.user_id = c.user_id)
+       END AS earlier_turns
 FROM claimed c
 CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS lazy_commit

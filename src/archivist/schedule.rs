@@ -10,6 +10,11 @@
 //! missed is run once at start; shutdown waits for a run in progress, which
 //! stops between batches.
 //!
+//! A newcomer's first run does not wait for the next tick: every
+//! `first_run_poll_secs` (default a minute) the daemon archives the users never archived who have
+//! crossed the novelty threshold (`archive_newcomers.sql`), one run per
+//! user (the per-user lease keeps two daemons from archiving the same one).
+//!
 //! [`eligibility`] says when the schedule will take one user: the rule of
 //! `archive_candidates.sql` applied to the user's mark, for the console.
 
@@ -89,7 +94,7 @@ pub async fn run_scheduled(archivist: Arc<Archivist>, shutdown: CancellationToke
     scheduler.add(job).await.map_err(sched_err)?;
     scheduler.start().await.map_err(sched_err)?;
     tracing::info!(schedule = %expr, "archivist scheduled (UTC)");
-    shutdown.cancelled().await;
+    archivist.first_runs(&busy, &shutdown).await;
     if let Err(e) = scheduler.shutdown().await {
         tracing::warn!(error = %e, "archivist scheduler did not stop cleanly");
     }
@@ -99,6 +104,47 @@ pub async fn run_scheduled(archivist: Arc<Archivist>, shutdown: CancellationToke
 }
 
 impl Archivist {
+    /// Until `shutdown`: every `first_run_poll_secs` (never when 0), the
+    /// first run of each newcomer due for one, unless a scheduled run is
+    /// going (`busy`).
+    async fn first_runs(&self, busy: &tokio::sync::Mutex<()>, shutdown: &CancellationToken) {
+        let every = self.acfg().first_run_poll_secs;
+        if every == 0 {
+            return shutdown.cancelled().await;
+        }
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(every)) => {}
+                () = shutdown.cancelled() => return,
+            }
+            let Ok(_guard) = busy.try_lock() else { continue };
+            let newcomers = match self.pool.get().await {
+                Ok(client) => repo::archive::select_newcomers(&client, self.acfg().min_pending, self.acfg().page_users)
+                    .await
+                    .map_err(ArchivistError::from),
+                Err(e) => Err(e.into()),
+            };
+            let users = match newcomers {
+                Ok(users) => users,
+                Err(e) => {
+                    tracing::warn!(error = %e, "looking for newcomers to archive failed");
+                    continue;
+                }
+            };
+            for c in users {
+                let opts = RunOptions {
+                    trigger: Trigger::Cron,
+                    user: Some(c.user_id),
+                    dry_run: false,
+                    tick: None,
+                };
+                if let Err(e) = self.run(opts, &Quiet, shutdown).await {
+                    tracing::warn!(user = %c.user_id, error = %e, "a newcomer's first archive run failed");
+                }
+            }
+        }
+    }
+
     /// One scheduled tick: the cluster-wide run lease, the tick claim, the run.
     async fn tick(&self, tick: DateTime<Utc>, shutdown: &CancellationToken) {
         let owner = format!("{} {}", self.worker(), uuid::Uuid::new_v4().simple());

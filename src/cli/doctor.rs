@@ -427,10 +427,10 @@ async fn embedding_checks(cfg: &Config, r: &mut Report) {
     const NAME: &str = "embeddings";
     let settings = match crate::llm::embed::settings(&cfg.llm) {
         Ok(Some(s)) => s,
-        Ok(None) => {
-            r.add(NAME, Level::Ok, "off (the memory search is full text alone)");
-            return;
-        }
+        Ok(None) => match cfg.llm.embedding.fallback_note(&|name| std::env::var(name).ok()) {
+            Some(note) => return r.add(NAME, Level::Warn, note),
+            None => return r.add(NAME, Level::Ok, "off (the memory search is full text alone)"),
+        },
         Err(e) => {
             r.add(NAME, Level::Fail, format!("configuration: {e}"));
             return;
@@ -438,7 +438,7 @@ async fn embedding_checks(cfg: &Config, r: &mut Report) {
     };
     let what = format!("{} (model {})", settings.provider.name(), settings.model);
     if let EmbeddingProvider::Local(dir) = &settings.provider {
-        let missing: Vec<&str> = ["config.json", "tokenizer.json", "model.safetensors"]
+        let missing: Vec<&str> = crate::llm::embed::MODEL_FILES
             .into_iter()
             .filter(|f| !dir.join(f).is_file())
             .collect();

@@ -45,6 +45,10 @@ pub struct ArchivistConfig {
     pub lease_secs: u64,
     /// Candidates read per selection query. Default 256.
     pub page_users: usize,
+    /// How often (seconds) `maasd` looks for users never archived who have
+    /// `min_pending` logs pending, and archives them at once rather than at
+    /// the next `schedule` tick. Default 60; 0 turns it off.
+    pub first_run_poll_secs: u64,
 }
 
 impl Default for ArchivistConfig {
@@ -61,6 +65,7 @@ impl Default for ArchivistConfig {
             concurrency: 4,
             lease_secs: 60,
             page_users: 256,
+            first_run_poll_secs: 60,
         }
     }
 }

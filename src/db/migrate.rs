@@ -81,6 +81,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     18 => "0018_embedding_parts.sql",
     19 => "0019_token_operator.sql",
     20 => "0020_tenant_roles.sql",
+    21 => "0021_analyzer_earlier_turns.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

@@ -16,6 +16,9 @@
 //!   statement, none when the plan needs none; the engine does not read
 //!   the analysis itself. A failed read is a retryable stage error (a
 //!   fused assemble is then left to the assemble stage).
+//! - With an embedder, the query is embedded while the analyzer's model
+//!   call runs; the fused assemble's search uses that embedding (an
+//!   assemble stage claimed on its own embeds the query again).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -78,6 +81,8 @@ impl Engine {
             analysis: row.analysis.clone(),
             context: row.context.clone(),
             memory: std::mem::take(&mut row.memory),
+            earlier_turns: row.earlier_turns,
+            query_embedding: None,
             retrieved: Vec::new(),
             prompts,
         };
@@ -87,6 +92,9 @@ impl Engine {
                 r = async {
                     if stage == StageKind::Assemble {
                         self.retrieve(&mut input).await?;
+                    }
+                    if stage == StageKind::Analyze {
+                        return self.analyze_and_embed(&mut input).await;
                     }
                     self.run_guarded(stage, &input).await
                 } => Some(r),
@@ -182,6 +190,18 @@ impl Engine {
         }
     }
 
+    /// The analyze stage, with the query embedded while the analyzer's model
+    /// call runs (kept in `input` for the fused assemble), so that the
+    /// semantic part of the search adds no embedding time to the request.
+    async fn analyze_and_embed(&self, input: &mut StageInput) -> Result<StageSuccess, StageError> {
+        let (r, embedded) = tokio::join!(
+            self.run_guarded(StageKind::Analyze, input),
+            Embedder::for_search(self.embedder.as_ref(), &input.user_query)
+        );
+        input.query_embedding = embedded.map(|(e, model)| (e, model.to_owned()));
+        r
+    }
+
     /// Reads the memory the assemble stage packs, as the stage layer plans
     /// it from the input ([`memory::plan_for`]): one statement, none when
     /// the plan needs none (no long-term search and no thread). A failure
@@ -194,8 +214,17 @@ impl Engine {
         let m = &self.cfg.memory;
         // The query alone is embedded, and only for a long-term search.
         let embedder = self.embedder.as_ref().filter(|_| !plan.query.trim().is_empty());
-        let semantic = Embedder::for_search(embedder, &input.user_query)
-            .await
+        // Embedded while the analyzer ran, or now.
+        let early = input.query_embedding.take().filter(|_| embedder.is_some());
+        let found = match early {
+            Some(found) => Some(found),
+            None => Embedder::for_search(embedder, &input.user_query)
+                .await
+                .map(|(e, model)| (e, model.to_owned())),
+        };
+        let (embedding, model) = found.unzip();
+        let semantic = embedding
+            .zip(model.as_deref())
             .map(|(embedding, model)| repo::memory::Semantic {
                 embedding,
                 model,

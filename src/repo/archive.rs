@@ -21,6 +21,7 @@ use crate::db::Error;
 
 super::statements! {
     CANDIDATES = "archive_candidates",
+    NEWCOMERS = "archive_newcomers",
     CLAIM = "archive_claim",
     EXTEND = "archive_extend",
     RELEASE = "archive_release",
@@ -56,6 +57,17 @@ super::row_struct! {
         pub user_id: Uuid,
         pub pending: i64,
     }
+}
+
+/// Up to `limit` users never archived with at least `min_pending` logs
+/// pending, oldest pending first (`archive_newcomers.sql`).
+pub async fn select_newcomers(
+    client: &impl GenericClient,
+    min_pending: u64,
+    limit: usize,
+) -> Result<Vec<Candidate>, Error> {
+    let n = i64::try_from(min_pending).unwrap_or(i64::MAX);
+    super::query_as(client, NEWCOMERS, &[&n, &as_limit(limit)]).await
 }
 
 /// Up to `limit` users due for archiving, oldest pending first.

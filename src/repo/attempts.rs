@@ -67,6 +67,9 @@ pub struct Claimed {
     pub due_for: Duration,
     /// The user's memory this stage reads (see `claim.sql`).
     pub memory: Vec<MemoryRecord>,
+    /// The user's logged turns besides this request's query, for the
+    /// analyzer (`claim.sql`); 0 for the other stages.
+    pub earlier_turns: i64,
 }
 
 impl Claimed {
@@ -88,6 +91,7 @@ impl Claimed {
             claimed_at: r.try_get("claimed_at")?,
             due_for: Duration::ZERO,
             memory: memory.and_then(|m| serde_json::from_value(m).ok()).unwrap_or_default(),
+            earlier_turns: 0,
         })
     }
 }
@@ -98,6 +102,7 @@ impl FromRow for Claimed {
         let due_ms: f64 = r.try_get("due_for_ms")?;
         Ok(Claimed {
             due_for: Duration::try_from_secs_f64(due_ms.max(0.0) / 1000.0).unwrap_or_default(),
+            earlier_turns: r.try_get::<_, Option<i64>>("earlier_turns")?.unwrap_or(0),
             ..Claimed::from_columns(r)?
         })
     }

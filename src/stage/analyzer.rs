@@ -1,5 +1,8 @@
 //! The analyze stage: the active `Analyzer` prompt, the user's own recent
-//! memory, the analyzer model; strict parsing into an [`Analysis`].
+//! memory and how many earlier turns the user has (`earlier_turns`: a
+//! newcomer has turns before any LSM record, and the analysis may ask for
+//! the search over them), the analyzer model; strict parsing into an
+//! [`Analysis`].
 
 use serde_json::{Value, json};
 
@@ -30,6 +33,7 @@ pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageErr
                 "tags": m.tags,
                 "summary": m.summary,
             })).collect::<Vec<_>>(),
+            "earlier_turns": input.earlier_turns,
         });
         let req = ChatRequest::new(Some(prompt.clone()), body.to_string()).json();
         match llm.chat(Role::Analyzer, req).await {

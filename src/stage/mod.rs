@@ -54,6 +54,13 @@ pub struct StageInput {
     /// the record the analysis refers to for the assembler. Always the
     /// requesting user's own.
     pub memory: Vec<MemoryRecord>,
+    /// How many turns the user logged besides this request's query (the
+    /// analyzer's input: a newcomer has turns before any LSM record).
+    pub earlier_turns: i64,
+    /// The query's embedding and its model, computed while the analyzer
+    /// ran (the dispatcher overlaps the two); the fused assemble's search
+    /// uses it instead of embedding the query again.
+    pub query_embedding: Option<(Vec<f32>, String)>,
     /// The memory retrieved for the assemble stage ([`memory::MemoryPlan`]):
     /// the thread's newest turns, then the long-term items in packing
     /// order. Always the requesting user's own; empty for other stages.
@@ -259,6 +266,8 @@ mod tests {
                     summary: String::new(),
                 })
                 .collect(),
+            earlier_turns: 0,
+            query_embedding: None,
             retrieved: Vec::new(),
             prompts: Arc::new(Prompts::default()),
         }

@@ -20,6 +20,7 @@ mod llm;
 mod memory;
 mod metadata;
 mod neighbours;
+mod newcomer;
 mod observability;
 mod operate;
 mod orchestrator;

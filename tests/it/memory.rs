@@ -259,7 +259,8 @@ async fn a_sister_in_lisboa(c: &Client, user: Uuid) -> i64 {
 }
 
 /// `maasctl doctor` with the offline embedder names the backlog while no
-/// embedder has run (13 turns of one user); with embeddings off it says
+/// embedder has run (13 turns of one user); by default without a model it
+/// warns that the search is full text alone; with embeddings off it says
 /// so; a local model whose folder lacks its files fails.
 async fn assert_doctor_names_the_backlog(url: &str) {
     let (code, out, err) = maasctl_async(url, &["doctor"], OFFLINE_EMBEDDINGS).await;
@@ -268,7 +269,17 @@ async fn assert_doctor_names_the_backlog(url: &str) {
         out.contains("warn  embeddings") && out.contains("offline (model offline-hash-384): 13 turn(s) of 1 user(s)"),
         "{out}"
     );
+    // The default without a model: full text, said in plain words.
     let (code, out, _) = maasctl_async::<&str>(url, &["doctor"], &[]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("warn  embeddings")
+            && out.contains("semantic memory search is off")
+            && out.contains("full text alone"),
+        "{out}"
+    );
+    let off = [("MAAS_LLM__EMBEDDING__PROVIDER", "off".to_owned())];
+    let (code, out, _) = maasctl_async(url, &["doctor"], &off).await;
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("ok    embeddings") && out.contains("off (the memory search is full text alone)"),

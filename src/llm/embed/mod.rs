@@ -1,8 +1,13 @@
 //! Embeddings of memory text: the vectors the semantic part of the memory
 //! search compares (`memory_search_semantic.sql`, the embedder service).
 //!
-//! Optional and off by default (`[llm.embedding] provider = "off"`). The
-//! providers:
+//! On by default: with `provider` unset, the local model
+//! ([`DEFAULT_LOCAL_MODEL`]) is used from `model_dir` or the default model
+//! folder ([`default_model_dir`]: `$XDG_CACHE_HOME/maas/models/…`, else
+//! `~/.cache/maas/models/…`, where `bin/run` fetches it); when the folder
+//! does not hold the model, the search is full text alone and
+//! [`EmbeddingConfig::fallback_note`] says why. `provider = "off"` turns
+//! the semantic part off. The providers:
 //! - **local**: a model run in-process on the CPU, chosen by the files in
 //!   its folder: multilingual-e5-small (Russian and English, 384
 //!   dimensions) where it holds `e5-small-q4.bin` ([`e5`]), else
@@ -42,7 +47,8 @@ use super::config::{ConfigError, Endpoint, LlmConfig};
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EmbeddingConfig {
-    /// `off` (default), `local`, `offline`, `openai` or `gemini`.
+    /// `off`, `local`, `offline`, `openai` or `gemini`. Unset: `local` when
+    /// its model is found ([`default_model_dir`]), else off.
     pub provider: Option<String>,
     /// The provider's model name. Defaults: openai `text-embedding-3-small`,
     /// gemini `text-embedding-004`, local `multilingual-e5-small` or
@@ -51,8 +57,8 @@ pub struct EmbeddingConfig {
     /// re-embeds the user's turns.
     pub model: Option<String>,
     /// The local provider's model folder (`e5-small-q4.bin`, or
-    /// `config.json`, `tokenizer.json` and `model.safetensors`;
-    /// `bin/eval-memory` fetches one). Required for `local`.
+    /// `config.json`, `tokenizer.json` and `model.safetensors`; `bin/run`
+    /// and `bin/eval-memory` fetch one). Default: [`default_model_dir`].
     pub model_dir: Option<PathBuf>,
     /// Texts per call. Default 32.
     pub batch: Option<usize>,
@@ -101,7 +107,68 @@ pub struct EmbeddingSettings {
 /// Default texts per call.
 pub const DEFAULT_BATCH: usize = 32;
 
+/// The local model used by default: the one model choice the default
+/// configuration makes.
+pub const DEFAULT_LOCAL_MODEL: &str = local::MODEL;
+
+/// The files of a local model's folder.
+pub const MODEL_FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
+
+/// The folder the local model is looked for in when `model_dir` is unset:
+/// `$XDG_CACHE_HOME/maas/models/<model>`, else
+/// `$HOME/.cache/maas/models/<model>`; `None` without either variable.
+pub fn default_model_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let cache = env("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            env("HOME")
+                .filter(|d| !d.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(cache.join("maas").join("models").join(DEFAULT_LOCAL_MODEL))
+}
+
+/// Whether `dir` holds a local model's three files.
+fn holds_model(dir: &std::path::Path) -> bool {
+    MODEL_FILES.iter().all(|f| dir.join(f).is_file())
+}
+
 impl EmbeddingConfig {
+    /// The local model folder the default (provider unset) uses.
+    fn default_dir(&self, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+        self.model_dir.clone().or_else(|| default_model_dir(env))
+    }
+
+    /// With `provider` unset, the local provider's configuration when its
+    /// model is found ([`default_model_dir`]).
+    fn found_default(&self, env: &dyn Fn(&str) -> Option<String>) -> Option<EmbeddingConfig> {
+        let dir = self.default_dir(env).filter(|d| holds_model(d))?;
+        Some(EmbeddingConfig {
+            provider: Some("local".into()),
+            model_dir: Some(dir),
+            ..self.clone()
+        })
+    }
+
+    /// With `provider` unset and no model found, why the memory search is
+    /// full text alone, in plain words (maasd logs it once at start,
+    /// `maasctl doctor` shows it); `None` otherwise.
+    pub fn fallback_note(&self, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+        if self.provider.is_some() {
+            return None;
+        }
+        let place = match self.default_dir(env) {
+            Some(dir) if holds_model(&dir) => return None,
+            Some(dir) => format!("no {DEFAULT_LOCAL_MODEL} model in {}", dir.display()),
+            None => "no model folder (set llm.embedding.model_dir)".to_owned(),
+        };
+        Some(format!(
+            "semantic memory search is off: {place} (bin/run fetches it); the memory search is full text alone. \
+             Set [llm.embedding] provider = \"off\" to silence this."
+        ))
+    }
+
     /// The settings, or `None` when embeddings are off. `llm` gives the
     /// HTTP providers' endpoints; `env` looks a variable up.
     pub fn resolve(
@@ -113,7 +180,11 @@ impl EmbeddingConfig {
             key: format!("llm.embedding.{field}"),
             reason,
         };
-        let name = self.provider.as_deref().map(str::trim).unwrap_or("off");
+        let name = match self.provider.as_deref().map(str::trim) {
+            Some(name) => name,
+            // Unset: the local model where it is found, else full text.
+            None => return self.found_default(env).map_or(Ok(None), |cfg| cfg.resolve(llm, env)),
+        };
         let (provider, default_model) = match name.to_ascii_lowercase().as_str() {
             "off" | "" => return Ok(None),
             "local" => {
@@ -509,7 +580,35 @@ mod tests {
     }
 
     #[test]
-    fn off_by_default() {
+    fn unset_is_the_local_model_where_found_else_full_text_with_a_note() {
+        let dir = std::env::temp_dir().join(format!("maas-model-{}", uuid::Uuid::new_v4().simple()));
+        let home = dir.to_string_lossy().into_owned();
+        let at_home = move |name: &str| (name == "HOME").then(|| home.clone());
+        let unset = EmbeddingConfig::default();
+        assert_eq!(unset.resolve(&LlmConfig::default(), &at_home), Ok(None));
+        let note = unset.fallback_note(&at_home).unwrap_or_default();
+        assert!(
+            note.contains("full text") && note.contains(".cache/maas/models/all-MiniLM-L6-v2"),
+            "{note}"
+        );
+        assert_eq!(cfg("off").fallback_note(&at_home), None, "off says nothing");
+
+        let models = dir.join(".cache/maas/models").join(DEFAULT_LOCAL_MODEL);
+        std::fs::create_dir_all(&models).unwrap_or_default();
+        for f in MODEL_FILES {
+            std::fs::write(models.join(f), "").unwrap_or_default();
+        }
+        let got = unset.resolve(&LlmConfig::default(), &at_home);
+        assert!(
+            matches!(&got, Ok(Some(s)) if s.provider == EmbeddingProvider::Local(models.clone()) && s.model == DEFAULT_LOCAL_MODEL),
+            "{got:?}"
+        );
+        assert_eq!(unset.fallback_note(&at_home), None);
+        std::fs::remove_dir_all(&dir).unwrap_or_default();
+    }
+
+    #[test]
+    fn off_without_a_model() {
         let got = EmbeddingConfig::default().resolve(&LlmConfig::default(), &env);
         assert_eq!(got, Ok(None));
     }

@@ -2,11 +2,14 @@
 //! deterministic, labelled `"offline": true`.
 //!
 //! Guarantees (see also the module doc of [`offline`](super)):
-//! - `needs_context` is true exactly when the request holds LSM records
-//!   (JSON objects with an `id` and a `summary`, anywhere in the system
-//!   prompt or the messages: a whole message that is JSON, or a line of
-//!   one); `context_found` is the record sharing the most keywords (ties:
-//!   the first listed).
+//! - `needs_context` is true when the request holds LSM records (JSON
+//!   objects with an `id` and a `summary`, anywhere in the system prompt or
+//!   the messages: a whole message that is JSON, or a line of one), and
+//!   also when the request says the user has earlier turns
+//!   (`earlier_turns` > 0 in the JSON object of the last user message) and
+//!   the query could use them ([`could_use_memory`]); otherwise false.
+//!   `context_found` is the record sharing the most keywords (ties: the
+//!   first listed).
 //! - `time_scope` and a `period`/`recent` `context_type` come from
 //!   [`timescope::find`], so every scope written is one
 //!   [`Analysis::time_range`](crate::stage::Analysis::time_range) reads.
@@ -14,6 +17,7 @@
 use serde_json::{Value, json};
 
 use super::request::{parse_json_object, query_of, texts};
+use super::words::could_use_memory;
 use super::words::distinct_words;
 use crate::llm::ChatRequest;
 use crate::timescope;
@@ -77,6 +81,15 @@ fn records_of(req: &ChatRequest) -> Vec<Record> {
     records
 }
 
+/// How many earlier turns the request says the user has: `earlier_turns`
+/// in the JSON object of the last user message, 0 when absent.
+fn earlier_turns(req: &ChatRequest) -> i64 {
+    req.last_user_message()
+        .and_then(parse_json_object)
+        .and_then(|v| v.get("earlier_turns").and_then(Value::as_i64))
+        .unwrap_or(0)
+}
+
 /// The analyzer's answer.
 pub(crate) fn analyze(req: &ChatRequest) -> Value {
     let query = query_of(req);
@@ -107,12 +120,16 @@ pub(crate) fn analyze(req: &ChatRequest) -> Value {
             )
         }
     };
+    // Turns, not records, are what a newcomer has: search them when the
+    // query could use them.
+    let from_turns = records.is_empty() && earlier_turns(req) > 0 && (time.is_some() || could_use_memory(&query));
     let (context_type, time_scope) = match time {
         Some((kind, scope)) => (kind.as_str(), scope),
+        None if from_turns => ("topic", "none".to_owned()),
         None => (context_type, "none".to_owned()),
     };
     json!({
-        "needs_context": !records.is_empty(),
+        "needs_context": !records.is_empty() || from_turns,
         "context_type": context_type,
         "time_scope": time_scope,
         "search_keywords": keywords,
@@ -136,6 +153,29 @@ mod tests {
         assert_eq!(v["search_keywords"], json!(["capital", "france"]));
         assert_eq!(v["context_found"]["lsm_record_id"], Value::Null);
         assert_eq!(analyze(&req), v, "deterministic");
+    }
+
+    #[test]
+    fn earlier_turns_and_a_query_that_could_use_them_need_context() {
+        let ask = |query: &str, turns: i64| {
+            let body = json!({"user_query": query, "lsm_records": [], "earlier_turns": turns});
+            analyze(&ChatRequest::new(None, body.to_string()))
+        };
+        for query in [
+            "Where is my sister moving?",
+            "Куда переезжает моя сестра?",
+            "Do you remember what I told you about the garden?",
+            "What did we decide last week?",
+            "How is Olga doing?",
+        ] {
+            assert_eq!(ask(query, 3)["needs_context"], true, "{query}");
+            assert_eq!(ask(query, 0)["needs_context"], false, "{query}: no earlier turns");
+        }
+        let v = ask("Where is my sister moving?", 3);
+        assert_eq!(v["context_type"], "topic");
+        assert_eq!(v["search_keywords"], json!(["sister", "moving"]));
+        assert_eq!(ask("What is the capital of france?", 3)["needs_context"], false);
+        assert_eq!(ask("Сколько будет два плюс два?", 3)["needs_context"], false);
     }
 
     #[test]

@@ -19,9 +19,10 @@
 //!   whole last user message. LSM records are JSON objects with an `id` and a
 //!   `summary` (optionally `tags`, `time_bucket_start`, `time_bucket_end`)
 //!   found anywhere in the system prompt or the messages — a whole message
-//!   that is JSON, or a line of one. `needs_context` is true exactly when
-//!   there are records; keywords are the query's distinct words of four or
-//!   more letters (stop words dropped, at most 8); the record sharing the
+//!   that is JSON, or a line of one. `needs_context` is true when there
+//!   are records, or when the request's `earlier_turns` is above 0 and the
+//!   query could use them (a personal reference, the past, a name);
+//!   keywords are the query's distinct words of four or more letters (stop words dropped, at most 8); the record sharing the
 //!   most keywords is `context_found` (ties: the first listed).
 //!   `time_scope` is a date the query names, in ISO form (`in May 2023` →
 //!   `2023-05`, `May 8, 2023` → `2023-05-08`, `in 2022` → `2022`,

@@ -4,6 +4,82 @@
 
 use std::collections::HashMap;
 
+/// Words by which a query refers to the user's own life or to what was
+/// said before, English and Russian (whole words, lower case).
+const MEMORY_WORDS: &[&str] = &[
+    "my",
+    "mine",
+    "our",
+    "ours",
+    "me",
+    "we",
+    "us",
+    "remember",
+    "remind",
+    "told",
+    "said",
+    "mentioned",
+    "again",
+    "before",
+    "earlier",
+    "last",
+    "ago",
+    "previous",
+    "мой",
+    "моя",
+    "моё",
+    "мое",
+    "мои",
+    "моего",
+    "моей",
+    "моему",
+    "моим",
+    "моих",
+    "мою",
+    "наш",
+    "наша",
+    "наше",
+    "наши",
+    "нашего",
+    "нашей",
+    "нашу",
+    "нам",
+    "мне",
+    "меня",
+    "мы",
+    "помнишь",
+    "помню",
+    "напомни",
+    "говорил",
+    "говорила",
+    "рассказывал",
+    "рассказывала",
+    "раньше",
+    "прошлый",
+    "прошлой",
+    "прошлом",
+];
+
+/// Whether a query could use what the user said earlier: it refers to the
+/// user's own life or to the past ([`MEMORY_WORDS`]), or names someone or
+/// something (a capitalised word that does not open a sentence).
+pub(super) fn could_use_memory(query: &str) -> bool {
+    let mut opens_sentence = true;
+    for raw in query.split_whitespace() {
+        let word: String = raw.chars().filter(|c| c.is_alphanumeric()).collect();
+        let lower = word.to_lowercase();
+        if MEMORY_WORDS.contains(&lower.as_str()) {
+            return true;
+        }
+        let capital = word.chars().next().is_some_and(char::is_uppercase) && word.chars().count() > 1;
+        if capital && !opens_sentence {
+            return true;
+        }
+        opens_sentence = raw.ends_with(['.', '!', '?', ':']);
+    }
+    false
+}
+
 /// Words too common to be a keyword, English and Russian.
 const STOP_WORDS: &[&str] = &[
     "about",
