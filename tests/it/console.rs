@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::support::api::Api;
 use crate::support::browser::Browser;
 use crate::support::cli::{NO_ENV, maasctl_async};
-use crate::support::console::{Console, browser_logged_in, csrf_of, plain_client};
+use crate::support::console::{Console, browser_logged_in, csrf_at, csrf_of, plain_client};
 use crate::support::daemon::Opts;
 use crate::support::db::{TestDb, by_name, value};
 use crate::support::fake_llm::{Api as FakeApi, FakeLlm, Reply};
@@ -692,15 +692,7 @@ async fn console_archive_now_and_prompt_activation_need_csrf_and_are_refused_rea
         }
     }
     // The right token but no reason: refused too.
-    let page = http
-        .get(api.url(&format!("/console/users/{user}")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = csrf_of(&page);
+    let csrf = csrf_at(&http, api.url(&format!("/console/users/{user}")), None).await;
     assert!(!csrf.is_empty(), "the page carries the token");
     let r = http
         .post(api.url(&archive))
@@ -910,15 +902,7 @@ async fn archive_now_from_maasctl_is_recorded_as_from_the_console() {
     // No schedule: only the two actions archive.
     let api = Api::start(&db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await;
     let http = plain_client();
-    let page = http
-        .get(api.url(&format!("/console/users/{by_console}")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = csrf_of(&page);
+    let csrf = csrf_at(&http, api.url(&format!("/console/users/{by_console}")), None).await;
     let r = http
         .post(api.url(&format!("/console/users/{by_console}/archive")))
         .header("origin", api.url(""))
@@ -980,15 +964,7 @@ async fn prompt_activation_from_maasctl_is_recorded_as_from_the_console() {
     .unwrap();
     let api = Api::start(&db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await;
     let http = plain_client();
-    let page = http
-        .get(api.url("/console/prompts?role=Assembler"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = csrf_of(&page);
+    let csrf = csrf_at(&http, api.url("/console/prompts?role=Assembler"), None).await;
     let r = http
         .post(api.url(&format!("/console/prompts/assembler/{}/activate", first + 1)))
         .header("origin", api.url(""))

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::support::api::Api;
-use crate::support::console::{csrf_of, login, plain_client};
+use crate::support::console::{csrf_at, login, plain_client};
 use crate::support::daemon::Opts;
 use crate::support::db::TestDb;
 use crate::support::tenants::{start, submit_ok};
@@ -139,16 +139,8 @@ async fn caller(api: &Api, c: &tokio_postgres::Client, tenant: &str, scope: &'st
     let l = login(api, &token).await;
     let session = match l.cookie {
         Some(cookie) => {
-            let page = plain_client()
-                .get(api.url("/console/requests"))
-                .header("cookie", &cookie)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            Some((cookie, csrf_of(&page)))
+            let csrf = csrf_at(&plain_client(), api.url("/console/requests"), Some(&cookie)).await;
+            Some((cookie, csrf))
         }
         None => None,
     };

@@ -39,6 +39,16 @@ pub fn csrf_of(page: &str) -> String {
         .to_owned()
 }
 
+/// The CSRF token of the console page at `url`, fetched by `http` (with
+/// the session `cookie`, when given).
+pub async fn csrf_at(http: &reqwest::Client, url: String, cookie: Option<&str>) -> String {
+    let mut get = http.get(url);
+    if let Some(cookie) = cookie {
+        get = get.header("cookie", cookie);
+    }
+    csrf_of(&get.send().await.unwrap().text().await.unwrap())
+}
+
 /// What `POST /console/login` answered.
 pub struct Login {
     pub status: StatusCode,
