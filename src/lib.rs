@@ -146,7 +146,7 @@
 //!   `sql/`, its count in `sql/queries/tenants_limit_counts.sql` and
 //!   `repo/tenants.rs`, its check in `http/tenancy.rs` (`check_limits`),
 //!   its setting in `cli/tenants.rs` (`maasctl tenants`).
-//! - An operator action → `control/`, then its command in `cli/`, its
+//! - An operator action → `control.rs`, then its command in `cli/`, its
 //!   route in `http/` and its button in `http/console/`.
 //! - A new module → a line in the map above, in the lowest layer above
 //!   everything it uses.
