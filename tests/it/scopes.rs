@@ -199,14 +199,21 @@ async fn allowed(api: &Api, who: &Caller, p: &Probe) -> (bool, StatusCode) {
     (!refused && !to_login, s)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_route_with_every_scope_does_what_the_scope_table_says() {
-    let db = TestDb::new().await;
+/// A daemon whose requests stay in flight (a slow offline provider), and a
+/// second tenant `acme`; the database client it was made with.
+async fn daemon_and_acme(db: &TestDb) -> (tokio_postgres::Client, Api) {
     let c = db.client().await;
-    let api = start(&db, Opts::default().env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000)).await;
+    let api = start(db, Opts::default().env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000)).await;
     c.execute("INSERT INTO tenants (name) VALUES ('acme')", &[])
         .await
         .unwrap();
+    (c, api)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_with_every_scope_does_what_the_scope_table_says() {
+    let db = TestDb::new().await;
+    let (c, api) = daemon_and_acme(&db).await;
     let table = scope_table();
     let probes = probes();
     for (row, _) in &table {
@@ -266,11 +273,7 @@ async fn every_route_with_every_scope_does_what_the_scope_table_says() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_console_sees_only_its_tenant_and_an_operator_sees_all() {
     let db = TestDb::new().await;
-    let c = db.client().await;
-    let api = start(&db, Opts::default().env("MAAS_LLM__OFFLINE__LATENCY_MS", 60_000)).await;
-    c.execute("INSERT INTO tenants (name) VALUES ('acme')", &[])
-        .await
-        .unwrap();
+    let (c, api) = daemon_and_acme(&db).await;
     let shop = caller(&api, &c, "default", "read", false).await;
     let acme = caller(&api, &c, "acme", "read", false).await;
     let oper = caller(&api, &c, "default", "read", true).await;
