@@ -85,6 +85,7 @@ impl Engine {
             query_embedding: None,
             retrieved: Vec::new(),
             prompts,
+            deltas: None,
         };
         let started = Instant::now();
         let result = async {

@@ -3,22 +3,33 @@
 //! Headers `x-api-key` and `anthropic-version: 2023-06-01`; the system
 //! prompt is the top-level `system` field; `max_tokens` is mandatory. The
 //! API has no JSON mode, so JSON mode appends an instruction to the system
-//! prompt (the caller validates the output either way).
+//! prompt (the caller validates the output either way). Streamed:
+//! `stream: true`; the events are `message_start` (model, input tokens),
+//! `content_block_delta` (`text_delta`s), `message_delta` (stop reason,
+//! output tokens), `message_stop` (the end), `ping`, and `error` (the same
+//! error object an HTTP error carries).
 
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::ChatRequest;
 use super::client::Completion;
 use super::config::{Endpoint, RoleSettings};
-use super::wire::{Outgoing, chat_body, role_content_messages};
+use super::stream::{Answer, Fault, Step, error_status};
+use super::wire::{Outgoing, Shape, chat_body, role_content_messages};
+
+pub(crate) const SHAPE: Shape = Shape {
+    request,
+    parse,
+    read_event,
+};
 
 /// The API version this client speaks.
 pub(crate) const API_VERSION: &str = "2023-06-01";
 
 const JSON_INSTRUCTION: &str = "Respond with a single JSON object and nothing else: no prose, no code fences.";
 
-pub(crate) fn request(endpoint: &Endpoint, settings: &RoleSettings, req: &ChatRequest) -> Outgoing {
+fn request(endpoint: &Endpoint, settings: &RoleSettings, req: &ChatRequest, stream: bool) -> Outgoing {
     let system = match (&req.system, req.json_mode) {
         (Some(system), true) => Some(format!("{system}\n\n{JSON_INSTRUCTION}")),
         (Some(system), false) => Some(system.clone()),
@@ -28,6 +39,9 @@ pub(crate) fn request(endpoint: &Endpoint, settings: &RoleSettings, req: &ChatRe
     let mut body = chat_body(settings, role_content_messages(req).collect());
     if let Some(system) = system {
         body["system"] = json!(system);
+    }
+    if stream {
+        body["stream"] = json!(true);
     }
     Outgoing {
         url: format!("{}/v1/messages", endpoint.base_url),
@@ -80,4 +94,81 @@ pub(crate) fn parse(body: &[u8]) -> Result<Completion, String> {
         prompt_tokens: response.usage.as_ref().and_then(|u| u.input_tokens),
         completion_tokens: response.usage.as_ref().and_then(|u| u.output_tokens),
     })
+}
+
+/// One event of a Messages stream, by its `type`.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Event {
+    MessageStart {
+        message: StartMessage,
+    },
+    ContentBlockDelta {
+        delta: BlockDelta,
+    },
+    MessageDelta {
+        delta: MessageDelta,
+        usage: Option<Usage>,
+    },
+    MessageStop,
+    Error {
+        error: Value,
+    },
+    /// `ping`, `content_block_start`, `content_block_stop` and any event
+    /// type added later.
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct StartMessage {
+    model: Option<String>,
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct BlockDelta {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct MessageDelta {
+    stop_reason: Option<String>,
+}
+
+/// One event of a streamed Messages answer.
+pub(crate) fn read_event(answer: &mut Answer, _event: &str, data: &str) -> Result<Step, Fault> {
+    let event: Event = serde_json::from_str(data).map_err(|e| Fault::Invalid(format!("not a Messages event: {e}")))?;
+    match event {
+        Event::MessageStart { message } => {
+            answer.note_model(message.model);
+            let usage = message.usage.as_ref();
+            answer.prompt_tokens = usage.and_then(|u| u.input_tokens);
+            answer.completion_tokens = usage.and_then(|u| u.output_tokens);
+        }
+        // Thinking and tool-input deltas are not part of the answer.
+        Event::ContentBlockDelta { delta } if delta.kind == "text_delta" => {
+            return Ok(Step::Text(delta.text.unwrap_or_default()));
+        }
+        Event::MessageDelta { delta, usage } => {
+            answer.finish_reason = delta.stop_reason.or(answer.finish_reason.take());
+            let usage = usage.as_ref();
+            answer.prompt_tokens = usage.and_then(|u| u.input_tokens).or(answer.prompt_tokens);
+            answer.completion_tokens = usage.and_then(|u| u.output_tokens).or(answer.completion_tokens);
+        }
+        Event::MessageStop => {
+            answer.complete = true;
+            return Ok(Step::End);
+        }
+        Event::Error { error } => {
+            return Err(Fault::Error {
+                status: error_status(&error),
+                body: data.to_owned(),
+            });
+        }
+        Event::ContentBlockDelta { .. } | Event::Other => {}
+    }
+    Ok(Step::Text(String::new()))
 }

@@ -3,7 +3,9 @@
 //! Built once at startup from [`LlmConfig`]. A call goes: admission
 //! ([`limit`](super::limit)) → the provider's request shape → one HTTP
 //! exchange under the role timeout → classification ([`LlmError`]). A 429
-//! also starts the endpoint's shared cool-down. Nothing is retried here, and no redirect
+//! also starts the endpoint's shared cool-down. A streamed call
+//! ([`Llm::chat_stream`]) takes the same path, reading the answer through
+//! [`stream`](super::stream) instead of as one body. Nothing is retried here, and no redirect
 //! is followed (the API key goes only to the configured base URL).
 
 use std::collections::HashMap;
@@ -17,12 +19,15 @@ use super::config::{Endpoint, LlmConfig, ResolvedLlm, RoleSettings};
 use super::error::{classify_status, scrub};
 use super::limit::{Cooling, OUTAGE_PATIENCE, RoleLimits};
 use super::offline::Offline;
-use super::{ChatRequest, ChatResponse, ConfigError, LlmError, ProviderKind, Role, anthropic, gemini, openai};
+use super::wire::Shape;
+use super::{
+    ChatRequest, ChatResponse, ConfigError, DeltaSink, LlmError, ProviderKind, Role, anthropic, gemini, openai, stream,
+};
 use crate::secret::Secret;
 
 /// Bodies larger than this are not read to the end: no chat completion is
 /// this big, and a misbehaving endpoint must not exhaust memory.
-const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 /// What a provider returned, before it becomes a [`ChatResponse`].
 pub(crate) struct Completion {
@@ -32,11 +37,23 @@ pub(crate) struct Completion {
     pub(crate) completion_tokens: Option<u32>,
 }
 
+/// A failed call as the provider left it: the error, and whether the
+/// endpoint had answered (a stream cut mid-answer is a `Connect` error of
+/// an endpoint that is there).
+pub(crate) struct Failed {
+    pub(crate) error: LlmError,
+    pub(crate) answered: bool,
+}
+
+impl From<LlmError> for Failed {
+    fn from(error: LlmError) -> Failed {
+        Failed { error, answered: false }
+    }
+}
+
 /// Which API a role speaks, with its endpoint.
 enum Backend {
-    OpenAi(Endpoint),
-    Anthropic(Endpoint),
-    Gemini(Endpoint),
+    Http(Endpoint, &'static Shape),
     Offline,
 }
 
@@ -93,7 +110,11 @@ impl Llm {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| ConfigError::HttpClient(e.to_string()))?;
-        let offline = Offline::new(resolved.offline_latency, resolved.offline_fail_marker.clone());
+        let offline = Offline::new(
+            resolved.offline_latency,
+            resolved.offline_stream_pace,
+            resolved.offline_fail_marker.clone(),
+        );
         // One cool-down per provider: the configuration gives each provider
         // one endpoint and one key, i.e. one account's rate limits.
         let mut cooling: HashMap<ProviderKind, Arc<Cooling>> = HashMap::new();
@@ -105,9 +126,9 @@ impl Llm {
                 });
             }
             let backend = match (settings.provider, settings.endpoint.clone()) {
-                (ProviderKind::OpenAi, Some(endpoint)) => Backend::OpenAi(endpoint),
-                (ProviderKind::Anthropic, Some(endpoint)) => Backend::Anthropic(endpoint),
-                (ProviderKind::Gemini, Some(endpoint)) => Backend::Gemini(endpoint),
+                (ProviderKind::OpenAi, Some(endpoint)) => Backend::Http(endpoint, &openai::SHAPE),
+                (ProviderKind::Anthropic, Some(endpoint)) => Backend::Http(endpoint, &anthropic::SHAPE),
+                (ProviderKind::Gemini, Some(endpoint)) => Backend::Http(endpoint, &gemini::SHAPE),
                 (ProviderKind::Offline, _) => Backend::Offline,
                 (provider, None) => {
                     return Err(ConfigError::Invalid {
@@ -156,12 +177,26 @@ impl Llm {
     /// (see [`limit`](super::limit)), one for the HTTP exchange. Never
     /// retries: the error's [`LlmError::disposition`] says what to do.
     pub async fn chat(&self, role: Role, req: ChatRequest) -> Result<ChatResponse, LlmError> {
-        let result = self.call(role, req).await;
+        let result = self.call(role, req, None).await;
         super::metrics::record_call(self.roles[role.index()].settings.provider, role, result.as_ref());
         result
     }
 
-    async fn call(&self, role: Role, req: ChatRequest) -> Result<ChatResponse, LlmError> {
+    /// [`Llm::chat`], asking the provider to stream: each piece of the
+    /// answer goes to `sink` as [`Delta::Text`](super::Delta::Text) while the
+    /// model writes (never a `Restart`: a call does not start over), and the
+    /// whole answer with its usage is returned at the end.
+    ///
+    /// Same limits, timeouts, metrics and error classes as `chat`; the role
+    /// timeout bounds the whole stream. A failed call may have sent part of
+    /// an answer: the caller voids it.
+    pub async fn chat_stream(&self, role: Role, req: ChatRequest, sink: &DeltaSink) -> Result<ChatResponse, LlmError> {
+        let result = self.call(role, req, Some(sink)).await;
+        super::metrics::record_call(self.roles[role.index()].settings.provider, role, result.as_ref());
+        result
+    }
+
+    async fn call(&self, role: Role, req: ChatRequest, sink: Option<&DeltaSink>) -> Result<ChatResponse, LlmError> {
         let client = &self.roles[role.index()];
         let settings = &client.settings;
         let provider = settings.provider.as_str();
@@ -180,21 +215,19 @@ impl Llm {
             })?;
 
         let sent = Instant::now();
-        let http = &self.http;
         let result = match &client.backend {
-            Backend::OpenAi(ep) => {
-                let builder = openai::request(ep, settings, &req).build(http);
-                exchange(settings, ep, builder, openai::parse).await
+            Backend::Http(ep, shape) => {
+                let builder = (shape.request)(ep, settings, &req, sink.is_some()).build(&self.http);
+                match sink {
+                    None => exchange(settings, ep, builder, shape.parse).await.map_err(Failed::from),
+                    Some(sink) => stream::exchange(settings, ep, builder, shape.read_event, sink).await,
+                }
             }
-            Backend::Anthropic(ep) => {
-                let builder = anthropic::request(ep, settings, &req).build(http);
-                exchange(settings, ep, builder, anthropic::parse).await
-            }
-            Backend::Gemini(ep) => {
-                let builder = gemini::request(ep, settings, &req).build(http);
-                exchange(settings, ep, builder, gemini::parse).await
-            }
-            Backend::Offline => self.offline.chat(role, settings, &req).await,
+            Backend::Offline => self
+                .offline
+                .chat(role, settings, &req, sink)
+                .await
+                .map_err(Failed::from),
         };
         let latency = sent.elapsed();
 
@@ -228,11 +261,12 @@ impl Llm {
 /// What a failed call leaves: the endpoint's reachability and rate-limit
 /// pause noted, the error as the caller sees it (a failed connection may
 /// become the outage's, see [`outage`]), logged.
-fn failed(client: &RoleClient, role: Role, sent: Instant, latency: Duration, error: LlmError) -> LlmError {
+fn failed(client: &RoleClient, role: Role, sent: Instant, latency: Duration, failure: Failed) -> LlmError {
     let settings = &client.settings;
     let provider = settings.provider.as_str();
+    let Failed { error, answered } = failure;
     let error = match error {
-        LlmError::Connect { provider, message } => outage(&client.cooling, sent, provider, message),
+        LlmError::Connect { provider, message } if !answered => outage(&client.cooling, sent, provider, message),
         // Not sent, or no answer: says nothing of the endpoint.
         LlmError::Timeout { .. } | LlmError::Throttled { .. } | LlmError::Outage { .. } => error,
         // Any HTTP answer: the endpoint is there.
@@ -301,16 +335,7 @@ async fn exchange(
     let mut response = builder.timeout(settings.timeout).send().await.map_err(transport)?;
     let status = response.status();
     let headers = response.headers().clone();
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(transport)? {
-        if body.len() + chunk.len() > MAX_BODY_BYTES {
-            return Err(LlmError::InvalidResponse {
-                provider: provider.as_str(),
-                message: format!("HTTP {status}: body larger than {MAX_BODY_BYTES} bytes"),
-            });
-        }
-        body.extend_from_slice(&chunk);
-    }
+    let body = read_body(&mut response, provider, transport).await?;
 
     if !status.is_success() {
         return Err(classify_status(
@@ -328,9 +353,33 @@ async fn exchange(
     })
 }
 
+/// The rest of a response's body, at most [`MAX_BODY_BYTES`].
+pub(crate) async fn read_body(
+    response: &mut reqwest::Response,
+    provider: ProviderKind,
+    transport: impl Fn(reqwest::Error) -> LlmError,
+) -> Result<Vec<u8>, LlmError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(&transport)? {
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(LlmError::InvalidResponse {
+                provider: provider.as_str(),
+                message: format!("HTTP {}: body larger than {MAX_BODY_BYTES} bytes", response.status()),
+            });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 /// A reqwest error: the timeout, or a transport failure with its cause
 /// chain (the URL is left out; the provider name says where).
-fn transport_error(provider: ProviderKind, timeout: Duration, error: reqwest::Error, key: Option<&Secret>) -> LlmError {
+pub(crate) fn transport_error(
+    provider: ProviderKind,
+    timeout: Duration,
+    error: reqwest::Error,
+    key: Option<&Secret>,
+) -> LlmError {
     if error.is_timeout() {
         return LlmError::Timeout {
             provider: provider.as_str(),

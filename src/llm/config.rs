@@ -131,7 +131,14 @@ pub struct OfflineConfig {
     /// contains this marker, the call fails with the retryable error
     /// "offline provider: injected failure". Default: none (never fails).
     pub fail_when_query_contains: Option<String>,
+    /// A streamed offline answer's pause between two words, in
+    /// milliseconds, so that a stream can be watched. Default:
+    /// [`DEFAULT_STREAM_PACE_MS`]; 0 sends the words at once.
+    pub stream_pace_ms: Option<u64>,
 }
+
+/// The offline provider's default pause between two streamed words.
+pub const DEFAULT_STREAM_PACE_MS: u64 = 20;
 
 /// Fully resolved settings of one role.
 #[derive(Debug, Clone, PartialEq)]
@@ -174,6 +181,8 @@ pub struct ResolvedLlm {
     pub offline_latency: Duration,
     /// Offline fault-injection marker.
     pub offline_fail_marker: Option<String>,
+    /// Offline pause between two streamed words.
+    pub offline_stream_pace: Duration,
 }
 
 impl ResolvedLlm {
@@ -309,6 +318,7 @@ impl LlmConfig {
             roles,
             offline_latency: Duration::from_millis(self.offline.latency_ms),
             offline_fail_marker: self.offline.fail_when_query_contains.clone().filter(|m| !m.is_empty()),
+            offline_stream_pace: Duration::from_millis(self.offline.stream_pace_ms.unwrap_or(DEFAULT_STREAM_PACE_MS)),
         })
     }
 

@@ -1,7 +1,8 @@
 //! LLM providers: one client per role, classified errors, shared limits.
 //!
 //! Every stage that needs a model goes through [`Llm::chat`] with its
-//! [`Role`]. The role decides the provider, model, temperature, token limit,
+//! [`Role`] (or [`Llm::chat_stream`], which also hands the answer's pieces
+//! to a [`DeltaSink`] while the model writes). The role decides the provider, model, temperature, token limit,
 //! timeout, concurrency and requests per minute ([`LlmConfig`]); the stage
 //! only supplies the prompt ([`ChatRequest`]).
 //!
@@ -18,6 +19,17 @@
 //! Each HTTP provider shapes a call (URL, headers, body); one sender in
 //! `wire` posts it, so the headers and the JSON body are set up in one place.
 //!
+//! Streaming: every provider streams when asked ([`Llm::chat_stream`]). The
+//! HTTP ones read their server-sent events (OpenAI-compatible `stream: true`
+//! with usage in the last chunk and `data: [DONE]`; Anthropic
+//! `message_start` … `message_stop`; Gemini `streamGenerateContent?alt=sse`
+//! with `usageMetadata` in the last chunk) through `stream`, each provider
+//! module reading its own events; the offline provider sends its answer
+//! word by word at `[llm.offline] stream_pace_ms`. A stream that stops
+//! before its end event is a retryable `connect` error, like a cut
+//! connection; an error event mid-stream is classified like the same error
+//! sent as an HTTP status.
+//!
 //! Invariants:
 //! - **The client never retries.** A failure comes back as an [`LlmError`]
 //!   whose [`LlmError::disposition`] tells the caller what to do; the caller
@@ -26,7 +38,8 @@
 //!   concurrency slot, the role's requests-per-minute budget, a provider's
 //!   shared cool-down after a 429), each bounded by the role timeout.
 //! - **`chat` is bounded**: at most one role timeout waiting for admission
-//!   plus one role timeout for the HTTP exchange.
+//!   plus one role timeout for the HTTP exchange (for a stream, the whole
+//!   stream).
 //! - **Keys never leak**: they live in [`Secret`](crate::secret::Secret), whose `Debug` and
 //!   `Display` redact; provider error text is scrubbed of the key before it
 //!   becomes part of an error.
@@ -50,6 +63,7 @@ pub mod limit;
 pub mod metrics;
 pub mod offline;
 mod openai;
+mod stream;
 pub mod text;
 pub mod tokens;
 mod wire;
@@ -204,6 +218,19 @@ impl Message {
         }
     }
 }
+
+/// A piece of a streamed answer, in order, from the model call in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delta {
+    /// The answer's next text.
+    Text(String),
+    /// The model call started over (a retry inside the same stage run): what
+    /// was sent before is void; the next `Text` starts the answer again.
+    Restart,
+}
+
+/// Where a streamed answer's pieces go (the dispatcher reads the other end).
+pub type DeltaSink = tokio::sync::mpsc::UnboundedSender<Delta>;
 
 /// What a stage asks of a model. Model, temperature and limits come from the
 /// role's configuration, not from here.

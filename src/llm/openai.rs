@@ -3,7 +3,10 @@
 //! The shape OpenAI, vLLM, Ollama, llama.cpp's server and OpenRouter all
 //! accept: `Authorization: Bearer <key>`, the system prompt as the first
 //! message, `max_tokens` (the field every compatible server knows), and
-//! `response_format: {"type": "json_object"}` in JSON mode.
+//! `response_format: {"type": "json_object"}` in JSON mode. Streamed:
+//! `stream: true` with `stream_options: {include_usage: true}`; each event a
+//! `chat.completion.chunk` (text in `choices[0].delta.content`), usage in
+//! the last chunk (no choices), then `data: [DONE]`.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -11,9 +14,16 @@ use serde_json::{Value, json};
 use super::ChatRequest;
 use super::client::Completion;
 use super::config::{Endpoint, RoleSettings};
-use super::wire::{Outgoing, chat_body, role_content_messages};
+use super::stream::{Answer, Fault, Step, error_status};
+use super::wire::{Outgoing, Shape, chat_body, role_content_messages};
 
-pub(crate) fn request(endpoint: &Endpoint, settings: &RoleSettings, req: &ChatRequest) -> Outgoing {
+pub(crate) const SHAPE: Shape = Shape {
+    request,
+    parse,
+    read_event,
+};
+
+fn request(endpoint: &Endpoint, settings: &RoleSettings, req: &ChatRequest, stream: bool) -> Outgoing {
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if let Some(system) = &req.system {
         messages.push(json!({"role": "system", "content": system}));
@@ -22,6 +32,10 @@ pub(crate) fn request(endpoint: &Endpoint, settings: &RoleSettings, req: &ChatRe
     let mut body = chat_body(settings, messages);
     if req.json_mode {
         body["response_format"] = json!({"type": "json_object"});
+    }
+    if stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
     }
     Outgoing {
         url: format!("{}/chat/completions", endpoint.base_url),
@@ -87,4 +101,58 @@ pub(crate) fn parse(body: &[u8]) -> Result<Completion, String> {
         prompt_tokens: usage.as_ref().and_then(|u| u.prompt_tokens),
         completion_tokens: usage.as_ref().and_then(|u| u.completion_tokens),
     })
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    model: Option<String>,
+    #[serde(default)]
+    choices: Vec<ChunkChoice>,
+    usage: Option<Usage>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    delta: Option<ChunkDelta>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct ChunkDelta {
+    content: Option<String>,
+    refusal: Option<String>,
+}
+
+/// One event of a streamed chat completion.
+pub(crate) fn read_event(answer: &mut Answer, _event: &str, data: &str) -> Result<Step, Fault> {
+    if data.trim() == "[DONE]" {
+        answer.complete = true;
+        return Ok(Step::End);
+    }
+    let chunk: Chunk =
+        serde_json::from_str(data).map_err(|e| Fault::Invalid(format!("not a completion chunk: {e}")))?;
+    if let Some(error) = chunk.error {
+        return Err(Fault::Error {
+            status: error_status(&error),
+            body: data.to_owned(),
+        });
+    }
+    answer.note_model(chunk.model);
+    if let Some(usage) = chunk.usage {
+        answer.prompt_tokens = usage.prompt_tokens.or(answer.prompt_tokens);
+        answer.completion_tokens = usage.completion_tokens.or(answer.completion_tokens);
+    }
+    let Some(choice) = chunk.choices.into_iter().next() else {
+        return Ok(Step::Text(String::new()));
+    };
+    if choice.finish_reason.is_some() {
+        answer.finish_reason = choice.finish_reason;
+    }
+    let delta = choice.delta.unwrap_or_default();
+    if let Some(refusal) = delta.refusal {
+        answer.refusal.push_str(&refusal);
+    }
+    Ok(Step::Text(delta.content.unwrap_or_default()))
 }

@@ -1,6 +1,7 @@
 //! What the HTTP providers ([`super::openai`], [`super::anthropic`],
-//! [`super::gemini`]) share: a call as a provider shapes it ([`Outgoing`]),
-//! sent by one function, and the message and body shapes two of them use.
+//! [`super::gemini`]) share: what each one provides ([`Shape`]), a call as a
+//! provider shapes it ([`Outgoing`]), sent by one function, and the message
+//! and body shapes two of them use.
 //!
 //! Guarantee: every header a provider adds (its key among them) is marked
 //! sensitive, so no debug print of a request shows it.
@@ -9,7 +10,21 @@ use reqwest::header::HeaderValue;
 use serde_json::{Value, json};
 
 use super::ChatRequest;
-use super::config::RoleSettings;
+use super::client::Completion;
+use super::config::{Endpoint, RoleSettings};
+use super::stream::ReadEvent;
+
+/// What an HTTP provider module provides: how it shapes a call (asking for
+/// a stream or not), how it reads a whole answer, how it reads one event of
+/// a streamed one.
+pub(crate) struct Shape {
+    /// The call; the flag asks for a streamed answer.
+    pub request: fn(&Endpoint, &RoleSettings, &ChatRequest, bool) -> Outgoing,
+    /// A whole (2xx) body.
+    pub parse: fn(&[u8]) -> Result<Completion, String>,
+    /// One server-sent event of a streamed answer.
+    pub read_event: ReadEvent,
+}
 
 /// One chat call as a provider shapes it.
 pub(crate) struct Outgoing {

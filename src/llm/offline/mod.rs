@@ -44,9 +44,12 @@
 //!   the query.
 //!
 //! Knobs (`[llm.offline]`): `latency_ms` delays each answer (a latency at or
-//! above the role timeout becomes a timeout error) and
+//! above the role timeout becomes a timeout error),
 //! `fail_when_query_contains` makes calls whose last user message contains
-//! the marker fail with the retryable [`LlmError::Injected`].
+//! the marker fail with the retryable [`LlmError::Injected`], and
+//! `stream_pace_ms` is the pause between two words of a streamed answer
+//! (the first word goes at once; latency and stream together stay within
+//! the role timeout, else the call is a timeout error).
 //!
 //! Layout: this file holds the provider and its dispatch by role;
 //! `analyzer`, `archivist` and `responder` one role each; `request` reads
@@ -59,7 +62,7 @@ use serde_json::json;
 
 use super::client::Completion;
 use super::config::RoleSettings;
-use super::{ChatRequest, LlmError, ProviderKind, Role};
+use super::{ChatRequest, Delta, DeltaSink, LlmError, ProviderKind, Role};
 
 mod analyzer;
 mod archivist;
@@ -75,20 +78,56 @@ pub(crate) use responder::respond;
 #[derive(Debug, Clone)]
 pub(crate) struct Offline {
     latency: Duration,
+    pace: Duration,
     fail_marker: Option<String>,
 }
 
 impl Offline {
-    pub(crate) fn new(latency: Duration, fail_marker: Option<String>) -> Offline {
-        Offline { latency, fail_marker }
+    pub(crate) fn new(latency: Duration, pace: Duration, fail_marker: Option<String>) -> Offline {
+        Offline {
+            latency,
+            pace,
+            fail_marker,
+        }
     }
 
+    /// The role's answer; with a sink, also sent to it word by word.
     pub(crate) async fn chat(
         &self,
         role: Role,
         settings: &RoleSettings,
         req: &ChatRequest,
+        sink: Option<&DeltaSink>,
     ) -> Result<Completion, LlmError> {
+        let done = self.answer(role, settings, req).await?;
+        if let Some(sink) = sink {
+            let left = settings.timeout.saturating_sub(self.latency);
+            if tokio::time::timeout(left, self.stream(&done.text, sink)).await.is_err() {
+                return Err(LlmError::Timeout {
+                    provider: ProviderKind::Offline.as_str(),
+                    message: format!(
+                        "streaming at {} ms a word outlasts the role timeout",
+                        self.pace.as_millis()
+                    ),
+                });
+            }
+        }
+        Ok(done)
+    }
+
+    /// Sends `text` to `sink` a word (with the space after it) at a time,
+    /// the pace apart.
+    async fn stream(&self, text: &str, sink: &DeltaSink) {
+        for (i, word) in text.split_inclusive(char::is_whitespace).enumerate() {
+            if i > 0 && !self.pace.is_zero() {
+                tokio::time::sleep(self.pace).await;
+            }
+            // A caller that stopped listening still gets the whole answer.
+            let _ = sink.send(Delta::Text(word.to_owned()));
+        }
+    }
+
+    async fn answer(&self, role: Role, settings: &RoleSettings, req: &ChatRequest) -> Result<Completion, LlmError> {
         if !self.latency.is_zero() {
             if self.latency >= settings.timeout {
                 tokio::time::sleep(settings.timeout).await;
