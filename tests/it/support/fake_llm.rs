@@ -20,6 +20,15 @@
 //! with a fixed text, optionally after a fixed latency ([`FakeConfig`],
 //! [`FakeLlm::set_default`]).
 //!
+//! Streams: a request that asks for one (OpenAI and Anthropic `"stream":
+//! true`, Gemini `:streamGenerateContent`) is answered in the route's
+//! server-sent events: a completion word by word, a [`Reply::Stream`] piece
+//! by piece (optionally paced), usage at the end, then the end event
+//! (`[DONE]`, `message_stop`, the chunk with `finishReason`). A stream can
+//! carry a [`StreamFault`]: a stall (a pause mid-answer), a cut connection,
+//! the provider's error event mid-answer, or no end event. Error replies are
+//! sent as they are, with their status.
+//!
 //! Every request is recorded before it is answered ([`Recorded`]: path,
 //! lower-cased headers, parsed JSON body, arrival instant), so tests can
 //! assert model, temperature, token limit and auth headers, and measure when
@@ -33,8 +42,8 @@
 //! unreachable for a while (the listener is closed, idle connections are shut,
 //! new ones are refused; the same port is bound again afterwards).
 //!
-//! The module depends only on axum, tokio and serde_json, so a benchmark or
-//! chaos binary can include it with `#[path = …] mod fake_llm;`.
+//! The module depends only on axum, tokio, futures-util and serde_json, so a
+//! benchmark or chaos binary can include it with `#[path = …] mod fake_llm;`.
 
 #![allow(dead_code, reason = "shared harness: not every user calls every helper")]
 #![allow(clippy::expect_used, reason = "test harness: failing loudly is the point")]
@@ -103,6 +112,20 @@ pub enum Reply {
         /// The body, sent as is.
         body: String,
     },
+    /// A streamed answer (to a request that asks for one; otherwise the
+    /// pieces joined as one completion), with a fault if any.
+    Stream {
+        /// The answer's pieces, in order; each is one event.
+        pieces: Vec<String>,
+        /// Reported input tokens.
+        prompt_tokens: u32,
+        /// Reported output tokens.
+        completion_tokens: u32,
+        /// The pause before each piece after the first.
+        pace: Duration,
+        /// What goes wrong, if anything.
+        fault: Option<StreamFault>,
+    },
     /// Another reply, sent after a delay (e.g. longer than the client timeout).
     Delayed {
         /// How long to hold the request.
@@ -122,7 +145,8 @@ impl Reply {
         }
     }
 
-    /// The same completion with other usage figures (no effect on other replies).
+    /// The same completion (or stream) with other usage figures (no effect
+    /// on other replies).
     #[must_use]
     pub fn with_usage(self, prompt: u32, completion: u32) -> Reply {
         match self {
@@ -130,6 +154,69 @@ impl Reply {
                 text,
                 prompt_tokens: prompt,
                 completion_tokens: completion,
+            },
+            Reply::Stream {
+                pieces, pace, fault, ..
+            } => Reply::Stream {
+                pieces,
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+                pace,
+                fault,
+            },
+            other => other,
+        }
+    }
+
+    /// A streamed answer in these pieces, usage 10 in / 5 out, no pace, no fault.
+    pub fn stream(pieces: &[&str]) -> Reply {
+        Reply::Stream {
+            pieces: pieces.iter().map(|p| (*p).to_owned()).collect(),
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            pace: Duration::ZERO,
+            fault: None,
+        }
+    }
+
+    /// The same stream with `pace` before each piece after the first (no
+    /// effect on other replies).
+    #[must_use]
+    pub fn paced(self, pace: Duration) -> Reply {
+        match self {
+            Reply::Stream {
+                pieces,
+                prompt_tokens,
+                completion_tokens,
+                fault,
+                ..
+            } => Reply::Stream {
+                pieces,
+                prompt_tokens,
+                completion_tokens,
+                pace,
+                fault,
+            },
+            other => other,
+        }
+    }
+
+    /// The same stream with a fault (no effect on other replies).
+    #[must_use]
+    pub fn with_fault(self, fault: StreamFault) -> Reply {
+        match self {
+            Reply::Stream {
+                pieces,
+                prompt_tokens,
+                completion_tokens,
+                pace,
+                ..
+            } => Reply::Stream {
+                pieces,
+                prompt_tokens,
+                completion_tokens,
+                pace,
+                fault: Some(fault),
             },
             other => other,
         }
@@ -178,23 +265,7 @@ impl Reply {
     /// `{"error":{code,message,status,details}}`. `kind` is the OpenAI
     /// type/code, the Anthropic error type or the Gemini status.
     pub fn error(api: Api, status: u16, kind: &str, message: &str, details: Value) -> Reply {
-        let body = match api {
-            Api::OpenAi => {
-                json!({"error": {"message": message, "type": kind, "param": null, "code": kind}})
-            }
-            Api::Anthropic => {
-                let mut error = json!({"type": kind, "message": message});
-                if !details.is_null() {
-                    error["details"] = details;
-                }
-                json!({"type": "error", "error": error, "request_id": "req_fake"})
-            }
-            Api::Gemini => json!({"error": {
-                "code": status, "message": message, "status": kind,
-                "details": if details.is_null() { json!([]) } else { details }
-            }}),
-        };
-        Reply::status(status, body.to_string())
+        Reply::status(status, error_body(api, status, kind, message, details).to_string())
     }
 
     /// 500 with a generic body.
@@ -351,6 +422,78 @@ impl Reply {
             Api::Gemini => "UNAUTHENTICATED",
         };
         Reply::error(api, 401, kind, "invalid x-api-key", Value::Null)
+    }
+}
+
+/// What goes wrong in a streamed answer; `after` counts the pieces sent
+/// before it.
+#[derive(Debug, Clone)]
+pub enum StreamFault {
+    /// A pause after `after` pieces; the answer then goes on to its end.
+    Stall {
+        /// Pieces sent before the pause.
+        after: usize,
+        /// How long nothing is sent.
+        pause: Duration,
+    },
+    /// The connection is closed after `after` pieces (the body never ends).
+    Cut {
+        /// Pieces sent before the cut.
+        after: usize,
+    },
+    /// The provider's error event after `after` pieces, in the route's
+    /// shape ([`Reply::error`]'s body: `kind` is the OpenAI type, the
+    /// Anthropic error type or the Gemini status; `status` is Gemini's code).
+    Error {
+        /// Pieces sent before the error.
+        after: usize,
+        /// The HTTP status the error stands for.
+        status: u16,
+        /// The provider's error type.
+        kind: String,
+        /// The provider's message.
+        message: String,
+    },
+    /// Every piece and the usage, then the body ends without the end event
+    /// (`[DONE]`, `message_stop`; for Gemini the chunk with `finishReason`).
+    NoEnd,
+}
+
+impl StreamFault {
+    /// Anthropic's `overloaded_error` (529) mid-answer, after `after` pieces;
+    /// in the other shapes an error of the kind that stands for a 5xx.
+    pub fn overloaded(api: Api, after: usize) -> StreamFault {
+        let (status, kind) = match api {
+            Api::OpenAi => (500, "server_error"),
+            Api::Anthropic => (529, "overloaded_error"),
+            Api::Gemini => (503, "UNAVAILABLE"),
+        };
+        StreamFault::Error {
+            after,
+            status,
+            kind: kind.to_owned(),
+            message: "Overloaded".to_owned(),
+        }
+    }
+}
+
+/// A provider-shaped error object (see [`Reply::error`]).
+fn error_body(api: Api, status: u16, kind: &str, message: &str, details: Value) -> Value {
+    match api {
+        Api::OpenAi => {
+            json!({"error": {"message": message, "type": kind, "param": null, "code": kind}})
+        }
+        Api::Anthropic => {
+            let mut error = json!({"type": kind, "message": message});
+            if !details.is_null() {
+                error["details"] = details;
+            }
+            json!({"type": "error", "error": error, "request_id": "req_fake"})
+        }
+        Api::Gemini => json!({"error": {
+            "code": status, "message": message, "status": kind,
+            "details": if details.is_null() { json!([]) } else { details }
+        }}),
     }
 }
 
@@ -766,6 +909,10 @@ async fn handle(
 ) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let text = body.to_string();
+    let streamed = match api {
+        Api::Gemini => uri.path().contains(":streamGenerateContent"),
+        Api::OpenAi | Api::Anthropic => body.get("stream").and_then(Value::as_bool) == Some(true),
+    };
     let model = path_model
         .or_else(|| body.get("model").and_then(Value::as_str).map(str::to_owned))
         .unwrap_or_else(|| "unknown-model".to_owned());
@@ -790,6 +937,43 @@ async fn handle(
             Reply::Delayed { delay, reply: next } => {
                 tokio::time::sleep(delay).await;
                 reply = *next;
+            }
+            Reply::Completion {
+                text,
+                prompt_tokens,
+                completion_tokens,
+            } if streamed => {
+                let pieces = text.split_inclusive(char::is_whitespace).map(str::to_owned).collect();
+                reply = Reply::Stream {
+                    pieces,
+                    prompt_tokens,
+                    completion_tokens,
+                    pace: Duration::ZERO,
+                    fault: None,
+                };
+            }
+            Reply::Stream {
+                pieces,
+                prompt_tokens,
+                completion_tokens,
+                ..
+            } if !streamed => {
+                reply = Reply::Completion {
+                    text: pieces.concat(),
+                    prompt_tokens,
+                    completion_tokens,
+                };
+            }
+            Reply::Stream {
+                pieces,
+                prompt_tokens,
+                completion_tokens,
+                pace,
+                fault,
+            } => {
+                lock(&shared.tally).completions += 1;
+                let usage = (prompt_tokens, completion_tokens);
+                return stream_response(sse_frames(api, &model, &pieces, usage, pace, fault.as_ref()));
             }
             Reply::Completion {
                 text,
@@ -878,4 +1062,186 @@ fn respond(status: u16, headers: &[(String, String)], body: String) -> Response 
     builder
         .body(Body::from(body))
         .expect("fake LLM: a scripted reply has an invalid status or header")
+}
+
+/// One step of a streamed body.
+enum Frame {
+    /// Bytes to send.
+    Send(String),
+    /// A pause.
+    Wait(Duration),
+    /// The connection is dropped (the body ends in an error).
+    Cut,
+}
+
+/// The body of a stream: its frames in order, as `text/event-stream`.
+fn stream_response(frames: Vec<Frame>) -> Response {
+    let body = futures_util::stream::unfold(frames.into_iter(), |mut frames| async move {
+        loop {
+            match frames.next()? {
+                Frame::Send(text) => return Some((Ok(Bytes::from(text)), frames)),
+                Frame::Wait(pause) => tokio::time::sleep(pause).await,
+                Frame::Cut => {
+                    return Some((
+                        Err(std::io::Error::other("fake LLM: connection cut mid-stream")),
+                        frames,
+                    ));
+                }
+            }
+        }
+    });
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(Body::from_stream(body))
+        .expect("fake LLM: stream response")
+}
+
+/// The events of a streamed answer in `api`'s format, with the fault's
+/// frames in their place.
+fn sse_frames(
+    api: Api,
+    model: &str,
+    pieces: &[String],
+    (prompt, completion): (u32, u32),
+    pace: Duration,
+    fault: Option<&StreamFault>,
+) -> Vec<Frame> {
+    let event = |name: Option<&str>, data: &Value| match (api, name) {
+        // Gemini separates events with CRLF pairs.
+        (Api::Gemini, _) => format!("data: {data}\r\n\r\n"),
+        (_, Some(name)) => format!("event: {name}\ndata: {data}\n\n"),
+        (_, None) => format!("data: {data}\n\n"),
+    };
+    let mut frames = Vec::new();
+    let (head, piece, tail, end) = stream_shape(api, model, prompt, completion);
+    frames.extend(head.iter().map(|(name, data)| Frame::Send(event(*name, data))));
+    for i in 0..=pieces.len() {
+        match fault {
+            Some(StreamFault::Stall { after, pause }) if *after == i => frames.push(Frame::Wait(*pause)),
+            Some(StreamFault::Cut { after }) if *after == i => {
+                // Let what was sent leave before the connection drops.
+                frames.push(Frame::Wait(Duration::from_millis(50)));
+                frames.push(Frame::Cut);
+                return frames;
+            }
+            Some(StreamFault::Error {
+                after,
+                status,
+                kind,
+                message,
+            }) if *after == i => {
+                let body = error_body(api, *status, kind, message, Value::Null);
+                let name = (api == Api::Anthropic).then_some("error");
+                frames.push(Frame::Send(event(name, &body)));
+                return frames;
+            }
+            _ => {}
+        }
+        let Some(text) = pieces.get(i) else { break };
+        if i > 0 && !pace.is_zero() {
+            frames.push(Frame::Wait(pace));
+        }
+        let (name, data) = piece(text);
+        frames.push(Frame::Send(event(name, &data)));
+    }
+    frames.extend(tail.iter().map(|(name, data)| Frame::Send(event(*name, data))));
+    if !matches!(fault, Some(StreamFault::NoEnd)) {
+        frames.push(Frame::Send(end.map_or_else(
+            || "data: [DONE]\n\n".to_owned(),
+            |(name, data)| event(name, &data),
+        )));
+    }
+    frames
+}
+
+type Event = (Option<&'static str>, Value);
+
+/// A format's events: those before the answer, one piece's, those after it
+/// (finish, usage) and the end event (`None`: OpenAI's `data: [DONE]`).
+fn stream_shape(
+    api: Api,
+    model: &str,
+    prompt: u32,
+    completion: u32,
+) -> (Vec<Event>, Box<dyn Fn(&str) -> Event + '_>, Vec<Event>, Option<Event>) {
+    match api {
+        Api::OpenAi => {
+            let chunk = move |choices: Value| json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": choices});
+            let head = vec![(
+                None,
+                chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}])),
+            )];
+            let piece = Box::new(move |text: &str| {
+                (
+                    None,
+                    chunk(json!([{"index": 0, "delta": {"content": text}, "finish_reason": null}])),
+                )
+            });
+            let mut usage = chunk(json!([]));
+            usage["usage"] =
+                json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+            let tail = vec![
+                (None, chunk(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]))),
+                (None, usage),
+            ];
+            (head, piece, tail, None)
+        }
+        Api::Anthropic => {
+            let head = vec![
+                (
+                    Some("message_start"),
+                    json!({"type": "message_start", "message": {
+                    "id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [],
+                    "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": prompt, "output_tokens": 1}}}),
+                ),
+                (
+                    Some("content_block_start"),
+                    json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                ),
+                (Some("ping"), json!({"type": "ping"})),
+            ];
+            let piece = Box::new(|text: &str| {
+                (
+                    Some("content_block_delta"),
+                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+                )
+            });
+            let tail = vec![
+                (
+                    Some("content_block_stop"),
+                    json!({"type": "content_block_stop", "index": 0}),
+                ),
+                (
+                    Some("message_delta"),
+                    json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": completion}}),
+                ),
+            ];
+            (
+                head,
+                piece,
+                tail,
+                Some((Some("message_stop"), json!({"type": "message_stop"}))),
+            )
+        }
+        Api::Gemini => {
+            let piece = Box::new(move |text: &str| {
+                (
+                    None,
+                    json!({
+                        "candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}],
+                        "usageMetadata": {"promptTokenCount": prompt, "totalTokenCount": prompt},
+                        "modelVersion": model
+                    }),
+                )
+            });
+            let end = json!({
+                "candidates": [{"content": {"role": "model", "parts": [{"text": ""}]}, "finishReason": "STOP", "index": 0}],
+                "usageMetadata": {"promptTokenCount": prompt, "candidatesTokenCount": completion, "totalTokenCount": prompt + completion},
+                "modelVersion": model
+            });
+            (Vec::new(), piece, Vec::new(), Some((None, end)))
+        }
+    }
 }
