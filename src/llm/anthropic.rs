@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::ChatRequest;
 use super::client::Completion;
 use super::config::{Endpoint, RoleSettings};
-use super::stream::{Answer, Fault, Step, error_status};
+use super::stream::{Answer, Fault, Step, decode};
 use super::wire::{Outgoing, Shape, chat_body, role_content_messages};
 
 pub(crate) const SHAPE: Shape = Shape {
@@ -140,13 +140,12 @@ struct MessageDelta {
 
 /// One event of a streamed Messages answer.
 pub(crate) fn read_event(answer: &mut Answer, _event: &str, data: &str) -> Result<Step, Fault> {
-    let event: Event = serde_json::from_str(data).map_err(|e| Fault::Invalid(format!("not a Messages event: {e}")))?;
+    let event: Event = decode(data, "Messages event")?;
     match event {
         Event::MessageStart { message } => {
             answer.note_model(message.model);
             let usage = message.usage.as_ref();
-            answer.prompt_tokens = usage.and_then(|u| u.input_tokens);
-            answer.completion_tokens = usage.and_then(|u| u.output_tokens);
+            answer.note_usage(usage.and_then(|u| u.input_tokens), usage.and_then(|u| u.output_tokens));
         }
         // Thinking and tool-input deltas are not part of the answer.
         Event::ContentBlockDelta { delta } if delta.kind == "text_delta" => {
@@ -155,19 +154,13 @@ pub(crate) fn read_event(answer: &mut Answer, _event: &str, data: &str) -> Resul
         Event::MessageDelta { delta, usage } => {
             answer.finish_reason = delta.stop_reason.or(answer.finish_reason.take());
             let usage = usage.as_ref();
-            answer.prompt_tokens = usage.and_then(|u| u.input_tokens).or(answer.prompt_tokens);
-            answer.completion_tokens = usage.and_then(|u| u.output_tokens).or(answer.completion_tokens);
+            answer.note_usage(usage.and_then(|u| u.input_tokens), usage.and_then(|u| u.output_tokens));
         }
         Event::MessageStop => {
             answer.complete = true;
             return Ok(Step::End);
         }
-        Event::Error { error } => {
-            return Err(Fault::Error {
-                status: error_status(&error),
-                body: data.to_owned(),
-            });
-        }
+        Event::Error { error } => return Err(Fault::error_event(&error, data)),
         Event::ContentBlockDelta { .. } | Event::Other => {}
     }
     Ok(Step::Text(String::new()))

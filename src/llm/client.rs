@@ -328,39 +328,65 @@ async fn exchange(
     builder: reqwest::RequestBuilder,
     parse: Parse,
 ) -> Result<Completion, LlmError> {
-    let provider = settings.provider;
-    let key = Some(&endpoint.api_key);
-    let transport = |e: reqwest::Error| transport_error(provider, settings.timeout, e, key);
-
-    let mut response = builder.timeout(settings.timeout).send().await.map_err(transport)?;
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body = read_body(&mut response, provider, transport).await?;
-
-    if !status.is_success() {
-        return Err(classify_status(
-            provider,
-            status.as_u16(),
-            &headers,
-            &body,
-            SystemTime::now(),
-            key,
-        ));
+    let mut response = send(settings, endpoint, builder).await?;
+    if !response.status().is_success() {
+        return Err(http_error(response, settings, endpoint).await);
     }
+    let body = read_body(&mut response, settings, endpoint).await?;
     parse(&body).map_err(|message| LlmError::InvalidResponse {
-        provider: provider.as_str(),
-        message: scrub(&message, key),
+        provider: settings.provider.as_str(),
+        message: scrub(&message, Some(&endpoint.api_key)),
     })
 }
 
+/// Sends a call under the role timeout; the response, whatever its status.
+pub(crate) async fn send(
+    settings: &RoleSettings,
+    endpoint: &Endpoint,
+    builder: reqwest::RequestBuilder,
+) -> Result<reqwest::Response, LlmError> {
+    builder
+        .timeout(settings.timeout)
+        .send()
+        .await
+        .map_err(|e| transport_error(settings.provider, settings.timeout, e, Some(&endpoint.api_key)))
+}
+
+/// A non-success answer, read and classified.
+pub(crate) async fn http_error(
+    mut response: reqwest::Response,
+    settings: &RoleSettings,
+    endpoint: &Endpoint,
+) -> LlmError {
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    match read_body(&mut response, settings, endpoint).await {
+        Ok(body) => classify_status(
+            settings.provider,
+            status,
+            &headers,
+            &body,
+            SystemTime::now(),
+            Some(&endpoint.api_key),
+        ),
+        Err(error) => error,
+    }
+}
+
 /// The rest of a response's body, at most [`MAX_BODY_BYTES`].
-pub(crate) async fn read_body(
+async fn read_body(
     response: &mut reqwest::Response,
-    provider: ProviderKind,
-    transport: impl Fn(reqwest::Error) -> LlmError,
+    settings: &RoleSettings,
+    endpoint: &Endpoint,
 ) -> Result<Vec<u8>, LlmError> {
+    let provider = settings.provider;
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(&transport)? {
+    loop {
+        let chunk = match response.chunk().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => return Ok(body),
+            Err(e) => return Err(transport_error(provider, settings.timeout, e, Some(&endpoint.api_key))),
+        };
         if body.len() + chunk.len() > MAX_BODY_BYTES {
             return Err(LlmError::InvalidResponse {
                 provider: provider.as_str(),
@@ -369,7 +395,6 @@ pub(crate) async fn read_body(
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(body)
 }
 
 /// A reqwest error: the timeout, or a transport failure with its cause

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::client::Completion;
 use super::config::{Endpoint, RoleSettings};
-use super::stream::{Answer, Fault, Step, error_status};
+use super::stream::{Answer, Fault, Step, decode};
 use super::wire::{Outgoing, Shape};
 use super::{ChatRequest, MessageRole};
 
@@ -148,18 +148,13 @@ fn empty_hint(reason: &str) -> &'static str {
 
 /// One event of a streamed `generateContent` answer.
 pub(crate) fn read_event(answer: &mut Answer, _event: &str, data: &str) -> Result<Step, Fault> {
-    let chunk: Response =
-        serde_json::from_str(data).map_err(|e| Fault::Invalid(format!("not a generateContent chunk: {e}")))?;
+    let chunk: Response = decode(data, "generateContent chunk")?;
     if let Some(error) = chunk.error {
-        return Err(Fault::Error {
-            status: error_status(&error),
-            body: data.to_owned(),
-        });
+        return Err(Fault::error_event(&error, data));
     }
     answer.note_model(chunk.model_version);
     if let Some(usage) = chunk.usage_metadata {
-        answer.prompt_tokens = usage.prompt_token_count.or(answer.prompt_tokens);
-        answer.completion_tokens = usage.candidates_token_count.or(answer.completion_tokens);
+        answer.note_usage(usage.prompt_token_count, usage.candidates_token_count);
     }
     let Some(candidate) = chunk.candidates.into_iter().next() else {
         return match chunk.prompt_feedback {

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::ChatRequest;
 use super::client::Completion;
 use super::config::{Endpoint, RoleSettings};
-use super::stream::{Answer, Fault, Step, error_status};
+use super::stream::{Answer, Fault, Step, decode};
 use super::wire::{Outgoing, Shape, chat_body, role_content_messages};
 
 pub(crate) const SHAPE: Shape = Shape {
@@ -131,18 +131,13 @@ pub(crate) fn read_event(answer: &mut Answer, _event: &str, data: &str) -> Resul
         answer.complete = true;
         return Ok(Step::End);
     }
-    let chunk: Chunk =
-        serde_json::from_str(data).map_err(|e| Fault::Invalid(format!("not a completion chunk: {e}")))?;
+    let chunk: Chunk = decode(data, "completion chunk")?;
     if let Some(error) = chunk.error {
-        return Err(Fault::Error {
-            status: error_status(&error),
-            body: data.to_owned(),
-        });
+        return Err(Fault::error_event(&error, data));
     }
     answer.note_model(chunk.model);
     if let Some(usage) = chunk.usage {
-        answer.prompt_tokens = usage.prompt_tokens.or(answer.prompt_tokens);
-        answer.completion_tokens = usage.completion_tokens.or(answer.completion_tokens);
+        answer.note_usage(usage.prompt_tokens, usage.completion_tokens);
     }
     let Some(choice) = chunk.choices.into_iter().next() else {
         return Ok(Step::Text(String::new()));

@@ -26,9 +26,10 @@ use bytes::Bytes;
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
 use reqwest::header::HeaderMap;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::client::{Completion, Failed, MAX_BODY_BYTES, read_body, transport_error};
+use super::client::{Completion, Failed, MAX_BODY_BYTES, http_error, send, transport_error};
 use super::config::{Endpoint, RoleSettings};
 use super::error::{classify_status, scrub};
 use super::{Delta, DeltaSink, LlmError};
@@ -56,6 +57,12 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
+    /// Notes usage figures; one the event leaves out keeps its value.
+    pub(crate) fn note_usage(&mut self, prompt: Option<u32>, completion: Option<u32>) {
+        self.prompt_tokens = prompt.or(self.prompt_tokens);
+        self.completion_tokens = completion.or(self.completion_tokens);
+    }
+
     /// Keeps the first non-empty model name the stream gives.
     pub(crate) fn note_model(&mut self, model: Option<String>) {
         if self.model.is_none() {
@@ -86,6 +93,21 @@ pub(crate) enum Fault {
     },
     /// An event that is not what the provider sends.
     Invalid(String),
+}
+
+impl Fault {
+    /// The provider's error object `error`, sent as the event `data`.
+    pub(crate) fn error_event(error: &Value, data: &str) -> Fault {
+        Fault::Error {
+            status: error_status(error),
+            body: data.to_owned(),
+        }
+    }
+}
+
+/// An event's data as the provider's type `T`; `what` names it in the error.
+pub(crate) fn decode<T: DeserializeOwned>(data: &str, what: &str) -> Result<T, Fault> {
+    serde_json::from_str(data).map_err(|e| Fault::Invalid(format!("not a {what}: {e}")))
 }
 
 /// Why the body stopped before its end.
@@ -141,13 +163,9 @@ pub(crate) async fn exchange(
     let key = Some(&endpoint.api_key);
     let transport = |e: reqwest::Error| transport_error(provider, settings.timeout, e, key);
 
-    let mut response = builder.timeout(settings.timeout).send().await.map_err(transport)?;
-    let status = response.status();
-    if !status.is_success() {
-        let headers = response.headers().clone();
-        let body = read_body(&mut response, provider, transport).await?;
-        let error = classify_status(provider, status.as_u16(), &headers, &body, SystemTime::now(), key);
-        return Err(error.into());
+    let response = send(settings, endpoint, builder).await?;
+    if !response.status().is_success() {
+        return Err(http_error(response, settings, endpoint).await.into());
     }
     // From here on the endpoint has answered.
     let broken = |error: LlmError| Failed { error, answered: true };

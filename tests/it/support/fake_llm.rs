@@ -1115,7 +1115,7 @@ fn sse_frames(
         (_, None) => format!("data: {data}\n\n"),
     };
     let mut frames = Vec::new();
-    let (head, piece, tail, end) = stream_shape(api, model, prompt, completion);
+    let StreamShape { head, piece, tail, end } = stream_shape(api, model, prompt, completion);
     frames.extend(head.iter().map(|(name, data)| Frame::Send(event(*name, data))));
     for i in 0..=pieces.len() {
         match fault {
@@ -1158,14 +1158,19 @@ fn sse_frames(
 
 type Event = (Option<&'static str>, Value);
 
-/// A format's events: those before the answer, one piece's, those after it
-/// (finish, usage) and the end event (`None`: OpenAI's `data: [DONE]`).
-fn stream_shape(
-    api: Api,
-    model: &str,
-    prompt: u32,
-    completion: u32,
-) -> (Vec<Event>, Box<dyn Fn(&str) -> Event + '_>, Vec<Event>, Option<Event>) {
+/// A format's events.
+struct StreamShape<'a> {
+    /// Before the answer.
+    head: Vec<Event>,
+    /// One piece's.
+    piece: Box<dyn Fn(&str) -> Event + 'a>,
+    /// After the answer: finish, usage.
+    tail: Vec<Event>,
+    /// The end event (`None`: OpenAI's `data: [DONE]`).
+    end: Option<Event>,
+}
+
+fn stream_shape(api: Api, model: &str, prompt: u32, completion: u32) -> StreamShape<'_> {
     match api {
         Api::OpenAi => {
             let chunk = move |choices: Value| json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": choices});
@@ -1186,7 +1191,12 @@ fn stream_shape(
                 (None, chunk(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]))),
                 (None, usage),
             ];
-            (head, piece, tail, None)
+            StreamShape {
+                head,
+                piece,
+                tail,
+                end: None,
+            }
         }
         Api::Anthropic => {
             let head = vec![
@@ -1218,12 +1228,8 @@ fn stream_shape(
                     json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": completion}}),
                 ),
             ];
-            (
-                head,
-                piece,
-                tail,
-                Some((Some("message_stop"), json!({"type": "message_stop"}))),
-            )
+            let end = Some((Some("message_stop"), json!({"type": "message_stop"})));
+            StreamShape { head, piece, tail, end }
         }
         Api::Gemini => {
             let piece = Box::new(move |text: &str| {
@@ -1241,7 +1247,12 @@ fn stream_shape(
                 "usageMetadata": {"promptTokenCount": prompt, "candidatesTokenCount": completion, "totalTokenCount": prompt + completion},
                 "modelVersion": model
             });
-            (Vec::new(), piece, Vec::new(), Some((None, end)))
+            StreamShape {
+                head: Vec::new(),
+                piece,
+                tail: Vec::new(),
+                end: Some((None, end)),
+            }
         }
     }
 }
