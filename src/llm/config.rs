@@ -564,12 +564,14 @@ mod tests {
         let cfg: LlmConfig = serde_json::from_value(serde_json::json!({
             "responder": {"provider": "openai", "max_tokens": 500},
             "openai": {"api_key": "sk-from-file"},
-            "offline": {"latency_ms": 5},
+            "offline": {"latency_ms": 5, "stream_pace_ms": 0},
             "something_else": true
         }))
         .unwrap();
         assert_eq!(cfg.responder.max_tokens, Some(500));
         assert_eq!(cfg.offline.latency_ms, 5);
+        let resolved = cfg.resolve("offline", &no_env).unwrap();
+        assert_eq!(resolved.offline_stream_pace, Duration::ZERO);
         assert!(!format!("{cfg:?}").contains("sk-from-file"));
 
         let typo = serde_json::from_value::<LlmConfig>(serde_json::json!({
