@@ -2,6 +2,7 @@
 //! facade (no handle to pass; the daemon's recorder renders them).
 //!
 //! Guarantees: [`record_call`] runs once per [`Llm::chat`](super::Llm::chat)
+//! or [`Llm::chat_stream`](super::Llm::chat_stream) (a stream is one call)
 //! and never fails; series names and labels are those the daemon has always
 //! exported — `maas_llm_calls_total{provider,role,outcome}` (outcome `ok` or
 //! the error class), `maas_llm_tokens_total{provider,role,kind}` (kind
@@ -29,7 +30,7 @@ pub fn register_provider(provider: &str) {
     }
 }
 
-/// Records one `Llm::chat` with the provider and role that served it.
+/// Records one `Llm::chat` (or `chat_stream`) with the provider and role that served it.
 pub fn record_call(provider: ProviderKind, role: Role, result: Result<&ChatResponse, &LlmError>) {
     let p = provider.as_str();
     let r = role.as_str();
