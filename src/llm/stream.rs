@@ -275,6 +275,107 @@ mod tests {
 
     use super::*;
 
+    /// The pieces `events` (type, data) add, and how the answer ends.
+    fn read(read_event: ReadEvent, events: &[(&str, &str)]) -> (Vec<String>, Result<Completion, String>) {
+        let mut answer = Answer::default();
+        let mut text = String::new();
+        let mut pieces = Vec::new();
+        for (event, data) in events {
+            match read_event(&mut answer, event, data) {
+                Ok(Step::Text(piece)) if piece.is_empty() => {}
+                Ok(Step::Text(piece)) => {
+                    text.push_str(&piece);
+                    pieces.push(piece);
+                }
+                Ok(Step::End) => break,
+                Err(Fault::Error { status, .. }) => return (pieces, Err(format!("HTTP {status}"))),
+                Err(Fault::Invalid(message)) => return (pieces, Err(message)),
+            }
+        }
+        let done = finish(answer, text).map_err(|u| match u {
+            Unfinished::Cut(m) | Unfinished::Empty(m) => m,
+        });
+        (pieces, done)
+    }
+
+    #[test]
+    fn anthropic_thinking_is_not_part_of_the_answer() {
+        let (pieces, done) = read(
+            super::super::anthropic::read_event,
+            &[
+                (
+                    "message_start",
+                    r#"{"type":"message_start","message":{"model":"claude-x","usage":{"input_tokens":9,"output_tokens":1}}}"#,
+                ),
+                (
+                    "content_block_delta",
+                    r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hmm"}}"#,
+                ),
+                (
+                    "content_block_delta",
+                    r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hi"}}"#,
+                ),
+                (
+                    "message_delta",
+                    r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":4}}"#,
+                ),
+                ("message_stop", r#"{"type":"message_stop"}"#),
+            ],
+        );
+        assert_eq!(pieces, ["Hi"]);
+        let done = done.unwrap();
+        assert_eq!(
+            (done.model.as_deref(), done.prompt_tokens, done.completion_tokens),
+            (Some("claude-x"), Some(9), Some(4))
+        );
+    }
+
+    #[test]
+    fn an_openai_refusal_is_an_invalid_answer_naming_it() {
+        let (pieces, done) = read(
+            super::super::openai::read_event,
+            &[
+                (
+                    "message",
+                    r#"{"model":"gpt-x","choices":[{"index":0,"delta":{"refusal":"I can't"}}]}"#,
+                ),
+                (
+                    "message",
+                    r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+                ),
+                ("message", "[DONE]"),
+            ],
+        );
+        assert!(pieces.is_empty());
+        assert!(done.err().is_some_and(|m| m.contains("refused: I can't")));
+    }
+
+    #[test]
+    fn gemini_thoughts_are_left_out_and_a_blocked_prompt_is_invalid() {
+        let (pieces, done) = read(
+            super::super::gemini::read_event,
+            &[
+                (
+                    "message",
+                    r#"{"candidates":[{"content":{"parts":[{"text":"plan","thought":true},{"text":"Yes"}]}}]}"#,
+                ),
+                (
+                    "message",
+                    r#"{"candidates":[{"content":{"parts":[{"text":"."}]},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":3,"candidatesTokenCount":2},"modelVersion":"gemini-x"}"#,
+                ),
+            ],
+        );
+        assert_eq!(pieces, ["Yes", "."]);
+        assert_eq!(done.unwrap().completion_tokens, Some(2));
+        let (_, blocked) = read(
+            super::super::gemini::read_event,
+            &[("message", r#"{"promptFeedback":{"blockReason":"SAFETY"}}"#)],
+        );
+        assert!(blocked.err().is_some_and(|m| m.contains("SAFETY")));
+        let (_, garbage) = read(super::super::gemini::read_event, &[("message", "not json")]);
+        assert!(garbage.err().is_some_and(|m| m.contains("generateContent chunk")));
+    }
+
     #[test]
     fn error_events_stand_for_the_status_of_their_kind() {
         assert_eq!(
