@@ -251,6 +251,19 @@ impl ChatRequest {
     }
 }
 
+/// A piece of a streamed answer, in order, from the model call in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delta {
+    /// The answer's next text.
+    Text(String),
+    /// The model call started over (a retry inside the same stage run): what
+    /// was sent before is void; the next `Text` starts the answer again.
+    Restart,
+}
+
+/// Where a streamed answer's pieces go (the dispatcher reads the other end).
+pub type DeltaSink = tokio::sync::mpsc::UnboundedSender<Delta>;
+
 /// A completion.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatResponse {

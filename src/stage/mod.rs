@@ -67,6 +67,9 @@ pub struct StageInput {
     pub retrieved: Vec<MemoryItem>,
     /// The active prompts.
     pub prompts: Arc<Prompts>,
+    /// Where the respond stage sends its answer's pieces while the model
+    /// writes (`None`: the request did not ask to stream; nothing is sent).
+    pub deltas: Option<crate::llm::DeltaSink>,
 }
 
 impl StageInput {
@@ -270,6 +273,7 @@ mod tests {
             query_embedding: None,
             retrieved: Vec::new(),
             prompts: Arc::new(Prompts::default()),
+            deltas: None,
         }
     }
 
