@@ -35,6 +35,7 @@ mod schema;
 mod scopes;
 mod sql_tenancy;
 mod stages;
+mod streaming;
 mod support;
 mod systemd;
 mod tenants;
