@@ -458,27 +458,33 @@ pub async fn run_hub(
         if batch.is_empty() {
             continue;
         }
-        let ids = hub.plan(&batch, &users);
-        let mut rows = HashMap::new();
-        if !ids.is_empty() {
-            match read_states(&pool, &ids).await {
-                Ok(found) => rows.extend(found.into_iter().map(|r| (r.id, r))),
-                Err(e) => {
-                    // Subscribers re-read once the database answers again.
-                    tracing::warn!(error = %e, "live: could not read request states; subscribers will re-read");
-                    hub.resync_all("lookup failed");
-                    crate::metrics::live_resync("lookup_failed");
-                    continue;
-                }
-            }
-        }
-        hub.deliver(&batch, &rows, &mut users);
+        deliver_batch(&hub, &pool, &batch, &mut users).await;
     }
     // Dropping the sinks ends every subscriber's queue.
     if let Ok(mut subs) = hub.subs.lock() {
         subs.by_request.clear();
         subs.by_user.clear();
     }
+}
+
+/// Reads the rows a batch of notifications needs ([`Hub::plan`]) and
+/// delivers it; when the rows cannot be read, every subscriber re-reads
+/// once the database answers again.
+async fn deliver_batch(hub: &Hub, pool: &Pool, batch: &[Event], users: &mut HashMap<Uuid, Uuid>) {
+    let ids = hub.plan(batch, users);
+    let mut rows = HashMap::new();
+    if !ids.is_empty() {
+        match read_states(pool, &ids).await {
+            Ok(found) => rows.extend(found.into_iter().map(|r| (r.id, r))),
+            Err(e) => {
+                tracing::warn!(error = %e, "live: could not read request states; subscribers will re-read");
+                hub.resync_all("lookup failed");
+                crate::metrics::live_resync("lookup_failed");
+                return;
+            }
+        }
+    }
+    hub.deliver(batch, &rows, users);
 }
 
 async fn read_states(pool: &Pool, ids: &[Uuid]) -> Result<Vec<RequestStatus>, crate::db::Error> {

@@ -326,17 +326,27 @@ async fn streaming_request_underway(c: &tokio_postgres::Client) -> Uuid {
     id
 }
 
+/// A responder daemon writing a streamed answer, and a client's SSE stream
+/// of it on a daemon started meanwhile (it joins mid-answer and is shown
+/// the pieces written before it joined too); leases of `lease_secs`.
+async fn answer_underway_on_another_daemon(
+    db: &TestDb,
+    c: &tokio_postgres::Client,
+    lease_secs: u64,
+) -> (Maasd, Uuid, Api, Sse) {
+    let mut responder = Maasd::spawn(&db.url, streaming_daemon(lease_secs));
+    responder.http_addr(GENEROUS).await;
+    let id = streaming_request_underway(c).await;
+    let api = Api::start(db, streaming_daemon(lease_secs)).await;
+    let sse = Sse::open(&api, &format!("/api/query/{id}/events"), None).await;
+    (responder, id, api, sse)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_an_answer_written_on_one_daemon_streams_to_a_client_of_another() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let mut responder = Maasd::spawn(&db.url, streaming_daemon(30));
-    responder.http_addr(GENEROUS).await;
-    let id = streaming_request_underway(&c).await;
-    // The client's daemon starts while the answer is written: it joins
-    // mid-answer and is shown the pieces before it joined too.
-    let api = Api::start(&db, streaming_daemon(30)).await;
-    let mut sse = Sse::open(&api, &format!("/api/query/{id}/events"), None).await;
+    let (responder, id, _api, mut sse) = answer_underway_on_another_daemon(&db, &c, 30).await;
     let mut seen = Seen::default();
     seen.read_to_end(&mut sse).await;
     let terminal = seen.terminal.clone().expect("a terminal state");
@@ -364,11 +374,7 @@ async fn streaming_an_answer_written_on_one_daemon_streams_to_a_client_of_anothe
 async fn streaming_a_responder_killed_mid_answer_shows_a_restart_and_one_answer() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let mut responder = Maasd::spawn(&db.url, streaming_daemon(3));
-    responder.http_addr(GENEROUS).await;
-    let id = streaming_request_underway(&c).await;
-    let api = Api::start(&db, streaming_daemon(3)).await;
-    let mut sse = Sse::open(&api, &format!("/api/query/{id}/events"), None).await;
+    let (mut responder, id, _api, mut sse) = answer_underway_on_another_daemon(&db, &c, 3).await;
     let mut seen = Seen::default();
     while seen.ids.is_empty() {
         let e = sse.next().await.expect("the stream goes on");
@@ -410,12 +416,7 @@ async fn streaming_submit_with_stream_true_answers_in_openai_chunks() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
-    assert!(
-        resp.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream")
-    );
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let location = resp.headers()["location"].to_str().unwrap().to_owned();
     let mut sse = Sse {
         resp,
@@ -472,4 +473,46 @@ async fn streaming_submit_with_stream_true_answers_in_openai_chunks() {
         .await,
         0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_the_console_shows_a_running_answer_as_it_grows() {
+    let Some(b) = crate::support::browser::Browser::start().await else {
+        return;
+    };
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(&db, streaming_daemon(30)).await;
+    let id = streaming_request_underway(&c).await;
+    b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
+    b.mark().await;
+    b.wait_js(
+        "the page shows the answer being written",
+        "return document.querySelector('#answer-live').textContent.length > 0;",
+    )
+    .await;
+    let early = b.js("return document.querySelector('#answer-live').textContent;").await;
+    let early = early.as_str().unwrap().to_owned();
+    b.wait_js(
+        "the answer grows without a reload",
+        &format!(
+            "return document.querySelector('#answer-live').textContent.length > {} || !!document.querySelector('#answer');",
+            early.len()
+        ),
+    )
+    .await;
+    b.screenshot("request-streaming").await;
+    b.wait_js(
+        "the page shows the stored answer once finished",
+        "return !!document.querySelector('#answer') && document.querySelector('#live-answer').hidden;",
+    )
+    .await;
+    assert!(b.same_page().await, "no reload");
+    let stored: String = value(&c, "SELECT final_answer FROM pipeline_runs WHERE id = $1", &[&id]).await;
+    assert!(
+        stored.starts_with(&early),
+        "what the page showed is a prefix of the answer"
+    );
+    assert_eq!(b.text("#answer").await.trim(), stored.trim());
+    b.close().await;
 }

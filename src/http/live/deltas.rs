@@ -368,6 +368,14 @@ mod tests {
         }
     }
 
+    fn row(attempt: i32, seq: i32, text: &str) -> DeltaRow {
+        DeltaRow {
+            attempt,
+            seq,
+            text: Some(text.into()),
+        }
+    }
+
     fn texts(frames: &[Frame]) -> Vec<String> {
         frames
             .iter()
@@ -396,18 +404,7 @@ mod tests {
         let mut pointer = note(id, 1, 2, None);
         pointer.restart = false;
         assert_eq!(c.take(&pointer), Err(Cursor { attempt: 1, seq: 1 }), "no text inline");
-        let rows = vec![
-            DeltaRow {
-                attempt: 1,
-                seq: 2,
-                text: Some("lo".into()),
-            },
-            DeltaRow {
-                attempt: 1,
-                seq: 3,
-                text: Some("x".into()),
-            },
-        ];
+        let rows = vec![row(1, 2, "lo"), row(1, 3, "x")];
         assert_eq!(texts(&c.apply(id, rows)), vec!["1.2:lo", "1.3:x"]);
         assert_eq!(c.get(id), Cursor { attempt: 1, seq: 3 });
     }
@@ -428,18 +425,7 @@ mod tests {
         );
         // A read across attempts shows only the newest one.
         let mut fresh = Cursors::default();
-        let rows = vec![
-            DeltaRow {
-                attempt: 1,
-                seq: 1,
-                text: Some("old".into()),
-            },
-            DeltaRow {
-                attempt: 2,
-                seq: 1,
-                text: Some("new".into()),
-            },
-        ];
+        let rows = vec![row(1, 1, "old"), row(2, 1, "new")];
         assert_eq!(texts(&fresh.apply(id, rows)), vec!["2.1:new"]);
     }
 
