@@ -34,9 +34,9 @@
 //! Streamed answers (`deltas.rs`): a subscriber that asked for them
 //! ([`Hub::subscribe_streaming`]) also gets the pieces of the answers of
 //! the requests it follows, from the listener's second broadcast
-//! ([`Notifier::subscribe_deltas`]); a subscriber by user gets those of
-//! requests whose user the hub has cached (it looks users up for their
-//! status notifications, which come before the first piece). The
+//! ([`Notifier::subscribe_deltas`]); for a subscriber by user the hub
+//! looks the request's user up as for a status notification (once, cached
+//! until the request ends). The
 //! [`Follower`] puts them in order per request ([`deltas::Cursors`]), reads
 //! what it missed from `answer_deltas`, shows an explicit restart when a
 //! new attempt writes, and shows nothing of a request after its terminal
@@ -286,6 +286,11 @@ impl Hub {
         }
     }
 
+    /// Whether anyone follows a user.
+    fn follows_users(&self) -> bool {
+        self.subs.lock().is_ok_and(|s| !s.by_user.is_empty())
+    }
+
     /// Subscribers by request and by user.
     pub fn counts(&self) -> (usize, usize) {
         self.subs
@@ -411,7 +416,7 @@ pub async fn run_hub(
                 // A piece missed here is read from the table by the
                 // follower that sees the gap; the terminal state has all.
                 match d {
-                    Ok(note) => hub.deliver_delta(note, &users),
+                    Ok(note) => deliver_note(&hub, &pool, note, &mut users).await,
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => break,
                 }
@@ -465,6 +470,19 @@ pub async fn run_hub(
         subs.by_request.clear();
         subs.by_user.clear();
     }
+}
+
+/// Delivers a piece of a streamed answer; when someone follows a user and
+/// the request's user is not cached (a subscriber that joined mid-answer),
+/// it is looked up first (once: it stays cached until the request ends).
+async fn deliver_note(hub: &Hub, pool: &Pool, note: DeltaNote, users: &mut HashMap<Uuid, Uuid>) {
+    if !users.contains_key(&note.id) && hub.follows_users() {
+        match read_states(pool, &[note.id]).await {
+            Ok(rows) => users.extend(rows.into_iter().map(|r| (r.id, r.user_id))),
+            Err(e) => tracing::debug!(error = %e, "live: could not look up the user of a streamed answer"),
+        }
+    }
+    hub.deliver_delta(note, users);
 }
 
 /// Reads the rows a batch of notifications needs ([`Hub::plan`]) and

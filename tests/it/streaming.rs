@@ -145,12 +145,12 @@ impl Seen {
 
 /// A held request (not due for an hour) that asks to stream, inserted with
 /// plain SQL as another application would.
-async fn insert_streaming_held(c: &tokio_postgres::Client) -> Uuid {
+async fn insert_streaming_held(c: &tokio_postgres::Client, user: Uuid) -> Uuid {
     value(
         c,
         "INSERT INTO pipeline_runs (user_id, user_query, run_after, stream)
-         VALUES (gen_random_uuid(), 'stream me', now() + interval '1 hour', true) RETURNING id",
-        &[],
+         VALUES ($1, 'stream me', now() + interval '1 hour', true) RETURNING id",
+        &[&user],
     )
     .await
 }
@@ -178,12 +178,16 @@ async fn streaming_pieces_reach_another_daemons_client_in_order_and_resume_after
     let db = TestDb::new().await;
     let c = db.client().await;
     let api = Api::start(&db, Opts::default()).await;
-    let id = insert_streaming_held(&c).await;
+    let user = Uuid::new_v4();
+    let id = insert_streaming_held(&c, user).await;
     let path = format!("/api/query/{id}/events");
 
-    // Pieces written by "another daemon" reach this daemon's client, in order.
+    // Pieces written by "another daemon" reach this daemon's clients, in
+    // order: on the request's SSE stream and on its user's WebSocket.
     let mut sse = Sse::open(&api, &path, None).await;
     assert_eq!(sse.next().await.unwrap().json()["stage"], "NEW");
+    let mut by_user = ws_open(&api, &format!("user_id={user}")).await;
+    assert_eq!(ws_next(&mut by_user).await["stage"], "NEW");
     let one = publisher(&db, id, 1);
     let mut seen = Seen::default();
     for piece in ["Hello", ",", " wor", "ld"] {
@@ -195,6 +199,13 @@ async fn streaming_pieces_reach_another_daemons_client_in_order_and_resume_after
         Some("1.1"),
         "the first piece goes at once"
     );
+    let mut users_text = String::new();
+    while users_text != "Hello, world" {
+        let frame = ws_next(&mut by_user).await;
+        assert_eq!(frame["event"], "delta", "{frame}");
+        assert_eq!(frame["request_id"], id.to_string());
+        users_text.push_str(frame["text"].as_str().unwrap());
+    }
     let last_id = seen.ids.last().unwrap().clone();
 
     // A piece longer than a notification is read from the table.
@@ -515,4 +526,55 @@ async fn streaming_the_console_shows_a_running_answer_as_it_grows() {
     );
     assert_eq!(b.text("#answer").await.trim(), stored.trim());
     b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_follows_only_the_tenants_own_requests() {
+    use crate::support::tenants;
+    let db = TestDb::new().await;
+    let (api, toks) = tenants::with_tenants(&db, Opts::default(), &["north", "south"]).await;
+    let (north, south) = (&toks[0], &toks[1]);
+    let (status, body, _) = tenants::submit(
+        &api,
+        north,
+        json!({ "user_id": Uuid::new_v4(), "query": "mine", "stream": true }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let id = body["request_id"].as_str().unwrap();
+    let events = format!("/api/query/{id}/events");
+    let resumed = |tok: &str| {
+        api.http
+            .get(api.url(&events))
+            .bearer_auth(tok)
+            .header("Last-Event-ID", "1.0")
+    };
+    let theirs = resumed(south).send().await.unwrap();
+    assert_eq!(
+        theirs.status(),
+        StatusCode::NOT_FOUND,
+        "another tenant's request reads as absent"
+    );
+    let mine = resumed(north).send().await.unwrap();
+    assert_eq!(mine.status(), StatusCode::OK);
+    let bad = api
+        .http
+        .get(api.url(&events))
+        .bearer_auth(north)
+        .header("Last-Event-ID", "soon")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    let streamed = api
+        .http
+        .post(api.url("/api/query"))
+        .bearer_auth(south)
+        .header("Accept", "text/event-stream")
+        .json(&json!({ "user_id": Uuid::new_v4(), "query": "theirs", "stream": true }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), StatusCode::OK);
+    assert_eq!(streamed.headers()["content-type"], "text/event-stream");
 }
