@@ -15,7 +15,7 @@
 //!   no number is ever skipped. Clients never depend on a piece: the
 //!   terminal state carries the whole answer.
 //! - When the stage ends (its sink dropped) the last batch goes out; the
-//!   rows of this request up to this attempt are deleted [`KEEP`] later,
+//!   rows of this request up to this attempt are deleted 10 s (`KEEP`) later,
 //!   time for a client that reconnects meanwhile to read them.
 
 use std::time::Duration;
