@@ -33,6 +33,12 @@
 //!   successful analyze and writing both results in one statement.
 //! - **decision** — what the attempt policy makes of an outcome: advance,
 //!   retry after a delay, defer, fail, release ([`dispatcher::policy`]).
+//! - **delta** — a piece of a streamed answer (prose says "piece"): the
+//!   text that follows the one before it in one attempt of the respond
+//!   stage, numbered `seq` from 1 per attempt, or a restart; a row of
+//!   `answer_deltas` and an SSE `delta` event, only for a request that
+//!   asked to stream (`pipeline_runs.stream`; [`dispatcher::publish`],
+//!   `http::live::deltas`).
 //! - **turn** — one message of a conversation, the user's or the
 //!   assistant's: a row of `raw_logs` (short-term memory; the archivist's
 //!   input).
@@ -108,7 +114,7 @@
 //! 6. [`listener`] (the LISTEN session and its [`listener::Notifier`]),
 //!    [`users`] (a user's data: see, correct, forget).
 //! 7. Engine and services: [`dispatcher`] (claim → run → decide → write;
-//!    the sweep), [`archivist`] (turns → records, on a schedule and on
+//!    the sweep; a streamed answer's deltas to `answer_deltas`), [`archivist`] (turns → records, on a schedule and on
 //!    demand, exactly once), [`embedder`] (turns → embeddings, when on),
 //!    [`callbacks`] (signed deliveries from a durable outbox), [`retention`]
 //!    (old requests deleted in batches).

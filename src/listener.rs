@@ -13,6 +13,10 @@
 //!   broadcast there (after the handler saw it), and the notifier answers
 //!   for the session's health (listening, silence, connects), so HTTP and
 //!   the watchdog need no handle on the engine.
+//! - The same session listens on [`DELTAS_CHANNEL`] too: the pieces of
+//!   streamed answers ([`DeltaNote`]), broadcast on their own
+//!   ([`Notifier::subscribe_deltas`]) to the live hub; the engine never
+//!   sees them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +37,33 @@ use crate::model::Status;
 
 /// The channel the triggers notify (`triggers/0001_notify_pipeline_change.sql`).
 pub const CHANNEL: &str = "pipeline_events";
+
+/// The channel the publisher of a streamed answer notifies
+/// (`sql/queries/delta_publish.sql`).
+pub const DELTAS_CHANNEL: &str = "answer_deltas";
+
+/// A notification from `answer_deltas`: piece `seq` of attempt `attempt` of
+/// request `id`'s answer, a restart, or text that follows the piece before.
+/// `text` is `None` for a restart and for a piece too long to be sent
+/// inline (read it from the table: `repo::deltas::after`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct DeltaNote {
+    pub id: Uuid,
+    pub attempt: i32,
+    pub seq: i32,
+    #[serde(default)]
+    pub restart: bool,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// Parses an `answer_deltas` payload (see [`DeltaNote`]).
+pub fn parse_delta(payload: &str) -> Result<DeltaNote, PayloadError> {
+    if payload.len() > 8000 {
+        return Err(PayloadError::TooLong(payload.len()));
+    }
+    serde_json::from_str(payload).map_err(|e| PayloadError::Malformed(e.to_string()))
+}
 
 /// A notification from `pipeline_events`: which row, its new status, and
 /// the operation (`INSERT`, `UPDATE`, or `SWEEP` from `maasctl sweep`).
@@ -100,12 +131,15 @@ pub trait ListenerHandler: Send + Sync + 'static {
 /// Capacity of the event broadcast: a subscriber that falls this far behind
 /// is told it lagged.
 const EVENTS: usize = 4096;
+/// Capacity of the broadcast of streamed answers' pieces.
+const DELTAS: usize = 16384;
 
 /// The LISTEN session's output and health, shared by every part of the
 /// process that follows notifications (the live push, callbacks, readiness,
 /// the watchdog). Updated only by [`run`].
 pub struct Notifier {
     events: broadcast::Sender<Event>,
+    deltas: broadcast::Sender<DeltaNote>,
     listening: AtomicBool,
     /// The listener loop's last sign of life, in ms since `born`.
     born: Instant,
@@ -117,8 +151,10 @@ impl Notifier {
     /// A notifier counting into `stats` (notifications, junk, connects).
     pub fn new(stats: Arc<Stats>) -> Arc<Notifier> {
         let (events, _) = broadcast::channel(EVENTS);
+        let (deltas, _) = broadcast::channel(DELTAS);
         Arc::new(Notifier {
             events,
+            deltas,
             listening: AtomicBool::new(false),
             born: Instant::now(),
             alive_ms: AtomicU64::new(0),
@@ -129,6 +165,11 @@ impl Notifier {
     /// Every valid notification from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
+    }
+
+    /// Every piece of a streamed answer notified from now on.
+    pub fn subscribe_deltas(&self) -> broadcast::Receiver<DeltaNote> {
+        self.deltas.subscribe()
     }
 
     /// True while the LISTEN session is up.
@@ -254,7 +295,11 @@ async fn session(
     let Some(mut conn) = connect(cfg, shutdown).await? else {
         return Ok(());
     };
-    match tokio::time::timeout(health_timeout(cfg), crate::repo::stats::listen(&conn.client, CHANNEL)).await {
+    let listen = async {
+        crate::repo::stats::listen(&conn.client, CHANNEL).await?;
+        crate::repo::stats::listen(&conn.client, DELTAS_CHANNEL).await
+    };
+    match tokio::time::timeout(health_timeout(cfg), listen).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(SessionEnd::before_listen(format!("LISTEN: {e}"))),
         Err(_) => return Err(SessionEnd::before_listen("LISTEN timed out".into())),
@@ -349,6 +394,16 @@ async fn forward(
             _ = shutdown.cancelled() => return Ok(()),
             msg = conn.messages.recv() => match msg {
                 Some(Ok(AsyncMessage::Notification(n))) => {
+                    if n.channel() == DELTAS_CHANNEL {
+                        match parse_delta(n.payload()) {
+                            Ok(note) => {
+                                // Nobody following is not an error.
+                                let _ = notifier.deltas.send(note);
+                            }
+                            Err(e) => notifier.junk(n.payload(), &e),
+                        }
+                        continue;
+                    }
                     if n.channel() != CHANNEL {
                         continue;
                     }
@@ -402,6 +457,26 @@ mod tests {
                 status: Status::Analyzed,
                 operation: "UPDATE".into()
             })
+        );
+    }
+
+    #[test]
+    fn parses_the_delta_payload_with_or_without_its_text() {
+        let id = Uuid::new_v4();
+        let inline = parse_delta(&format!(
+            r#"{{"id":"{id}","attempt":2,"seq":3,"restart":false,"text":"Hel"}}"#
+        ));
+        assert_eq!(
+            inline.map(|n| (n.attempt, n.seq, n.text)),
+            Ok((2, 3, Some("Hel".into())))
+        );
+        let pointer = parse_delta(&format!(r#"{{"id":"{id}","attempt":1,"seq":9,"restart":false}}"#));
+        assert_eq!(pointer.map(|n| n.text), Ok(None));
+        assert!(parse_delta("{}").is_err());
+        let publish = crate::repo::statement("delta_publish").unwrap_or_default();
+        assert!(
+            publish.contains(&format!("pg_notify('{DELTAS_CHANNEL}'")),
+            "the publisher rings this channel"
         );
     }
 

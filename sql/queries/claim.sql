@@ -61,11 +61,11 @@ claimed AS (
     FROM picked
     WHERE r.id = picked.id
     RETURNING r.id, r.user_id, r.thread_id, r.user_query, r.attempt, r.lease_token,
-              r.analysis_result, r.final_context_payload, r.debug, r.tenant_id, now() AS claimed_at,
+              r.analysis_result, r.final_context_payload, r.debug, r.tenant_id, r.stream, now() AS claimed_at,
               (extract(epoch FROM (now() - picked.due_since)) * 1000)::float8 AS due_for_ms
 )
 SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
-       c.analysis_result, c.final_context_payload, c.debug, c.tenant_id, c.claimed_at, c.due_for_ms,
+       c.analysis_result, c.final_context_payload, c.debug, c.tenant_id, c.stream, c.claimed_at, c.due_for_ms,
        CASE
            WHEN {ready} = 'NEW' THEN (
                SELECT jsonb_agg(to_jsonb(m) ORDER BY m.time_bucket_start DESC)

@@ -104,7 +104,7 @@ done AS (
     FROM input i
     WHERE r.id = i.id AND r.lease_token = i.token AND r.status = i.in_flight AND r.lease_owner = $19
     RETURNING r.id, r.user_id, r.thread_id, r.status, r.user_query, r.attempt, r.lease_token,
-              r.analysis_result, r.final_context_payload, r.debug, r.created_at, r.tenant_id,
+              r.analysis_result, r.final_context_payload, r.debug, r.created_at, r.tenant_id, r.stream,
               r.lease_owner IS NOT NULL AS chained, (i.fused AND NOT r.debug) AS fused,
               i.new_status, i.stage, i.attempt AS step_attempt, i.started_at, i.outcome, i.error_class,
               i.error_message, i.model, i.prompt_tokens, i.completion_tokens, i.latency_ms, i.answer,
@@ -151,7 +151,7 @@ SELECT d.id, d.created_at, d.chained,
        d.user_id, d.thread_id, d.user_query, d.attempt, d.lease_token,
        CASE WHEN d.chained THEN d.analysis_result END AS analysis_result,
        CASE WHEN d.chained THEN d.final_context_payload END AS final_context_payload,
-       d.debug, d.tenant_id, now() AS claimed_at,
+       d.debug, d.tenant_id, d.stream, now() AS claimed_at,
        -- The assembler's memory (sql/0007_assembler_memory.sql).
        CASE WHEN d.chained AND d.status = 'ASSEMBLING'
             THEN assembler_memory(d.user_id, d.analysis_result)

@@ -10,6 +10,7 @@
 -- $8  debug
 -- $9  tenant_id
 -- $10 metadata
+-- $11 stream
 --
 -- Inserts a request under an idempotency key ($4, scoped to user $1, with
 -- fingerprint $5), in one statement: the key row and the request exist
@@ -27,8 +28,8 @@ WITH key AS (
         WHERE k.created_at < now() - make_interval(secs => $6)
     RETURNING request_id
 )
-INSERT INTO pipeline_runs (id, user_id, thread_id, user_query, callback_url, debug, tenant_id, tenant_user_id, metadata)
+INSERT INTO pipeline_runs (id, user_id, thread_id, user_query, callback_url, debug, tenant_id, tenant_user_id, metadata, stream)
 SELECT request_id, maas_tenant_user($9, $1), $2, $3, $7, $8, $9,
-       CASE WHEN maas_tenant_user($9, $1) <> $1 THEN $1 END, $10
+       CASE WHEN maas_tenant_user($9, $1) <> $1 THEN $1 END, $10, $11
 FROM key
 RETURNING id

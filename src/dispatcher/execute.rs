@@ -19,6 +19,8 @@
 //! - With an embedder, the query is embedded while the analyzer's model
 //!   call runs; the fused assemble's search uses that embedding (an
 //!   assemble stage claimed on its own embeds the query again).
+//! - A respond stage of a request that asked to stream gets a sink for its
+//!   answer's pieces ([`Engine::delta_sink`], `publish.rs`); no other does.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -85,7 +87,7 @@ impl Engine {
             query_embedding: None,
             retrieved: Vec::new(),
             prompts,
-            deltas: None,
+            deltas: self.delta_sink(stage, &row),
         };
         let started = Instant::now();
         let result = async {

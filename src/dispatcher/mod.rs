@@ -20,7 +20,8 @@
 //! `execute.rs` (one attempt under timeout and panic guard, its record),
 //! `policy.rs` (the attempt policy), `complete.rs` (group commit and
 //! chaining), `lease.rs` (the in-flight map and the heartbeat), `sweep.rs`
-//! (the catch-up sweep, a [`crate::service::Service`]).
+//! (the catch-up sweep, a [`crate::service::Service`]), `publish.rs` (a
+//! streamed answer's pieces to `answer_deltas`).
 
 mod claim;
 mod complete;
@@ -29,6 +30,7 @@ mod execute;
 mod lease;
 mod liveness;
 pub mod policy;
+pub mod publish;
 pub mod sweep;
 mod tenant_tokens;
 

@@ -21,7 +21,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::input::parse_id;
 use super::limits::Caller;
-use super::live::{Follower, RequestState, Stream, Target};
+use super::live::{Cursor, Follower, Frame, RequestState, Stream, Target};
 use super::tenancy::{self, Need, Principal};
 use crate::metrics::StreamGauge;
 use crate::repo::GenericClient;
@@ -36,6 +36,8 @@ pub const MAX_KEY_LEN: usize = 255;
 const REQUEST_QUEUE: usize = 16;
 /// Queue of a stream that follows a user.
 const USER_QUEUE: usize = 256;
+/// Queue of a stream that follows one request's answer piece by piece.
+const STREAM_QUEUE: usize = 128;
 
 /// An over-long body is read and dropped up to this many bytes, for at most
 /// [`DRAIN_TIME`], before the 413 goes out (see [`read_body`]).
@@ -74,9 +76,12 @@ async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, ApiError
     Ok(Bytes::from(buf))
 }
 
-/// `POST /api/query`.
+/// `POST /api/query`: 202 with the request's id; with `"stream": true`
+/// and `Accept: text/event-stream`, the answer itself as OpenAI's
+/// `chat.completion.chunk` events ([`Stream::chat_chunks`]).
 pub async fn submit(
     State(app): State<AppState>,
+    caller: Option<Extension<Caller>>,
     Extension(who): Extension<Principal>,
     headers: HeaderMap,
     body: axum::body::Body,
@@ -93,6 +98,14 @@ pub async fn submit(
         debug: sub.debug,
         tenant_id: who.tenant,
         metadata: sub.metadata.as_ref(),
+        stream: sub.stream,
+    };
+    // A stream takes its place before the request exists (over a cap, the
+    // request is not made).
+    let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
+    let place = match sub.stream && accepts_event_stream(&headers) {
+        true => Some(app.streams.enter(caller)?),
+        false => None,
     };
     let mut client = app.pool.get().await?;
     let (id, replayed) = if who.limited {
@@ -108,11 +121,19 @@ pub async fn submit(
     if !replayed {
         tracing::debug!(request.id = %id, tenant = %who.tenant_name, "http: request submitted");
     }
-    let mut resp = (
-        StatusCode::ACCEPTED,
-        Json(serde_json::json!({ "request_id": id, "status": "processing" })),
-    )
-        .into_response();
+    drop(client);
+    let mut resp = match place {
+        Some(place) => {
+            let sub = app.hub.subscribe_streaming(Target::Request(id), STREAM_QUEUE);
+            let mut follower = Follower::new(app.pool.clone(), sub)
+                .for_tenant(who.tenant)
+                .with_deltas(None);
+            let mut first: Vec<Frame> = follower.current().await?.into_iter().map(Frame::State).collect();
+            first.extend(follower.catch_up().await);
+            Stream::new(&app, caller, follower, first, "sse", place).chat_chunks(id)
+        }
+        None => accepted(id),
+    };
     if let Ok(v) = HeaderValue::from_str(&format!("/api/query/{id}/status")) {
         resp.headers_mut().insert(header::LOCATION, v);
     }
@@ -121,6 +142,50 @@ pub async fn submit(
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(resp)
+}
+
+/// The 202 of a submitted request.
+fn accepted(id: Uuid) -> Response {
+    (
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "request_id": id, "status": "processing" })),
+    )
+        .into_response()
+}
+
+/// Whether the client takes `text/event-stream` (`Accept`).
+fn accepts_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|m| {
+            m.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("text/event-stream")
+        })
+}
+
+/// The position after which a reconnecting client wants the pieces of the
+/// answer (`Last-Event-ID`, or `?after=`); a value that is not one is
+/// refused.
+fn resume_from(raw: Option<&str>, name: &str) -> Result<Option<Cursor>, ApiError> {
+    raw.filter(|r| !r.trim().is_empty())
+        .map(|r| {
+            Cursor::parse(r).ok_or_else(|| {
+                ApiError::bad_request(
+                    "invalid_cursor",
+                    format!(
+                        "{name}={}: expected ATTEMPT.SEQ, the id of the last piece received",
+                        super::input::shown(r)
+                    ),
+                )
+            })
+        })
+        .transpose()
 }
 
 /// Inserts `req` (under the idempotency key, when given): its id, and
@@ -220,6 +285,10 @@ fn fingerprint(req: &NewRequest<'_>) -> String {
     if let Some(m) = req.metadata {
         h.update([0u8]);
         h.update(m.to_string().as_bytes());
+    }
+    // Likewise only when asked for.
+    if req.stream {
+        h.update(b"\0stream");
     }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -336,8 +405,11 @@ async fn state_after_wait(
             next = follower.next() => match next {
                 None => break,
                 Some(Err(e)) => return Err(e.into()),
-                Some(Ok(states)) => {
-                    if let Some(last) = states.into_iter().last() {
+                Some(Ok(frames)) => {
+                    if let Some(last) = frames.into_iter().rev().find_map(|f| match f {
+                        Frame::State(s) => Some(s),
+                        _ => None,
+                    }) {
                         state = last;
                     }
                     if state.is_terminal() {
@@ -351,28 +423,47 @@ async fn state_after_wait(
 }
 
 /// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per
-/// change, the current state first; ends after the terminal state, or
-/// with a `revoked` event once the token is revoked.
+/// change, the current state first, and `delta`/`restart` events while a
+/// streamed answer is written (`Last-Event-ID` resumes after a piece);
+/// ends after the terminal state, or with a `revoked` event once the token
+/// is revoked.
 pub async fn events(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id, "request")?;
+    let last_id = headers.get("last-event-id").and_then(|v| v.to_str().ok());
+    let after = resume_from(last_id, "Last-Event-ID")?;
     let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
     let place = app.streams.enter(caller)?;
-    let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
-    let mut follower = Follower::new(app.pool.clone(), sub).for_tenant(who.tenant);
-    let first = follower.current().await?;
+    let sub = app.hub.subscribe_streaming(Target::Request(id), STREAM_QUEUE);
+    let mut follower = Follower::new(app.pool.clone(), sub)
+        .for_tenant(who.tenant)
+        .with_deltas(after);
+    let first = first_frames(&mut follower, after.is_some()).await?;
     if first.is_empty() {
         return Err(ApiError::not_found(format!("no request {id}")));
     }
     Ok(Stream::new(&app, caller, follower, first, "sse", place).sse())
 }
 
-/// `GET /api/ws?request_id=ID` or `?user_id=ID`: a WebSocket of JSON text
-/// messages, the current state(s) first, then every change. A request's
+/// The current state(s), then, for a client that resumes, the pieces it
+/// missed.
+async fn first_frames(follower: &mut Follower, resumes: bool) -> Result<Vec<Frame>, ApiError> {
+    let mut first: Vec<Frame> = follower.current().await?.into_iter().map(Frame::State).collect();
+    if resumes && !first.is_empty() {
+        first.extend(follower.catch_up().await);
+    }
+    Ok(first)
+}
+
+/// `GET /api/ws?request_id=ID[&after=ATTEMPT.SEQ]` or `?user_id=ID`: a
+/// WebSocket of JSON text messages, the current state(s) first, then every
+/// change and the pieces of streamed answers (`after` resumes a request's
+/// after a piece). A request's
 /// socket closes (1000) after its terminal state; a user's stays open. Both
 /// close (1001) when the daemon stops, and (1008) once the token is revoked.
 pub async fn ws(
@@ -398,15 +489,21 @@ pub async fn ws(
             ));
         }
     };
+    let after = match target {
+        Target::Request(_) => resume_from(params.get("after").map(String::as_str), "after")?,
+        Target::User(_) => None,
+    };
     let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
     let place = app.streams.enter(caller)?;
     let queue = match target {
-        Target::Request(_) => REQUEST_QUEUE,
+        Target::Request(_) => STREAM_QUEUE,
         Target::User(_) => USER_QUEUE,
     };
-    let sub = app.hub.subscribe(target, queue);
-    let mut follower = Follower::new(app.pool.clone(), sub).for_tenant(who.tenant);
-    let first = follower.current().await?;
+    let sub = app.hub.subscribe_streaming(target, queue);
+    let mut follower = Follower::new(app.pool.clone(), sub)
+        .for_tenant(who.tenant)
+        .with_deltas(after);
+    let first = first_frames(&mut follower, after.is_some()).await?;
     if let Target::Request(id) = target
         && first.is_empty()
     {
@@ -455,6 +552,7 @@ mod tests {
             debug: false,
             tenant_id: Uuid::nil(),
             metadata: None,
+            stream: false,
         };
         let b = NewRequest {
             thread_id: Some(t),
@@ -488,6 +586,13 @@ mod tests {
             fingerprint(&a),
             fingerprint(&NewRequest {
                 metadata: Some(&m),
+                ..a.clone()
+            })
+        );
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&NewRequest {
+                stream: true,
                 ..a.clone()
             })
         );

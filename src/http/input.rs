@@ -51,6 +51,8 @@ pub struct Submission {
     pub debug: bool,
     /// The client's own JSON object, stored with the request.
     pub metadata: Option<Value>,
+    /// Send the answer's pieces while the model writes.
+    pub stream: bool,
 }
 
 /// Reads a submit body (see the module's guarantees).
@@ -86,6 +88,7 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
     }
     let debug = super::submit_fields::debug(&fields)?;
     let metadata = super::submit_fields::metadata(&fields)?;
+    let stream = super::submit_fields::stream(&fields)?;
     Ok(Submission {
         user_id,
         thread_id,
@@ -93,6 +96,7 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
         callback_url,
         debug,
         metadata,
+        stream,
     })
 }
 

@@ -31,6 +31,17 @@
 //! write has the send timeout of the connection (`serve`), a WebSocket
 //! message also its own.
 //!
+//! Streamed answers (`deltas.rs`): a subscriber that asked for them
+//! ([`Hub::subscribe_streaming`]) also gets the pieces of the answers of
+//! the requests it follows, from the listener's second broadcast
+//! ([`Notifier::subscribe_deltas`]); for a subscriber by user the hub
+//! looks the request's user up as for a status notification (once, cached
+//! until the request ends). The
+//! [`Follower`] puts them in order per request ([`deltas::Cursors`]), reads
+//! what it missed from `answer_deltas`, shows an explicit restart when a
+//! new attempt writes, and shows nothing of a request after its terminal
+//! state.
+//!
 //! Size: the hub (one LISTEN feed fanned out to SSE and WebSocket
 //! followers, with the request → user cache) is one state machine, and the
 //! streams it feeds end here too; about 85 lines are its tests.
@@ -56,10 +67,13 @@ use super::AppState;
 use super::limits::{Caller, Pass};
 use super::tenancy::TOKEN_TTL;
 use crate::db::Pool;
-use crate::listener::{Event, Notifier};
+use crate::listener::{DeltaNote, Event, Notifier};
 use crate::metrics::StreamGauge;
 use crate::model::Status;
 use crate::repo::requests::{RequestStatus, request_state_of_tenant, request_states, user_states};
+
+pub mod deltas;
+pub use deltas::{Cursor, Frame};
 
 /// Most requests a subscriber by user is shown on (re)subscribing.
 const USER_STATES_LIMIT: i64 = 100;
@@ -150,12 +164,16 @@ pub enum Push {
     Change(Arc<Change>),
     /// Notifications may have been missed: re-read from the database.
     Resync,
+    /// A piece of a streamed answer (only to subscribers that asked).
+    Delta(Arc<DeltaNote>),
 }
 
 struct Sink {
     id: u64,
     tx: mpsc::Sender<Push>,
     lagged: Arc<AtomicBool>,
+    /// Takes the pieces of streamed answers.
+    deltas: bool,
 }
 
 impl Sink {
@@ -221,6 +239,15 @@ impl Hub {
     /// Registers a subscriber with a queue of `capacity` pushes. Register
     /// before reading the current state, so no change slips in between.
     pub fn subscribe(self: &Arc<Self>, target: Target, capacity: usize) -> Subscription {
+        self.register(target, capacity, false)
+    }
+
+    /// [`Hub::subscribe`], with the pieces of streamed answers too.
+    pub fn subscribe_streaming(self: &Arc<Self>, target: Target, capacity: usize) -> Subscription {
+        self.register(target, capacity, true)
+    }
+
+    fn register(self: &Arc<Self>, target: Target, capacity: usize, deltas: bool) -> Subscription {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let lagged = Arc::new(AtomicBool::new(false));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -228,6 +255,7 @@ impl Hub {
             id,
             tx,
             lagged: lagged.clone(),
+            deltas,
         };
         if let Ok(mut subs) = self.subs.lock() {
             match target {
@@ -256,6 +284,11 @@ impl Hub {
                 map.remove(&key);
             }
         }
+    }
+
+    /// Whether anyone follows a user.
+    fn follows_users(&self) -> bool {
+        self.subs.lock().is_ok_and(|s| !s.by_user.is_empty())
     }
 
     /// Subscribers by request and by user.
@@ -341,6 +374,23 @@ impl Hub {
             users.clear();
         }
     }
+
+    /// Offers a piece of a streamed answer to the subscribers that take
+    /// them: those of its request, and those of its user when cached.
+    fn deliver_delta(&self, note: DeltaNote, users: &HashMap<Uuid, Uuid>) {
+        let Ok(subs) = self.subs.lock() else { return };
+        let req_sinks = subs.by_request.get(&note.id);
+        let user_sinks = users.get(&note.id).and_then(|u| subs.by_user.get(u));
+        if req_sinks.is_none() && user_sinks.is_none() {
+            return;
+        }
+        let note = Arc::new(note);
+        for sink in req_sinks.into_iter().flatten().chain(user_sinks.into_iter().flatten()) {
+            if sink.deltas {
+                sink.offer(Push::Delta(note.clone()));
+            }
+        }
+    }
 }
 
 /// Runs the hub until `shutdown`: takes notifications from `events` (the
@@ -354,6 +404,7 @@ pub async fn run_hub(
     shutdown: CancellationToken,
 ) {
     let mut users: HashMap<Uuid, Uuid> = HashMap::new();
+    let mut deltas = notifier.subscribe_deltas();
     let mut connects = notifier.connects();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -361,6 +412,16 @@ pub async fn run_hub(
         let first = tokio::select! {
             _ = shutdown.cancelled() => break,
             r = events.recv() => r,
+            d = deltas.recv() => {
+                // A piece missed here is read from the table by the
+                // follower that sees the gap; the terminal state has all.
+                match d {
+                    Ok(note) => deliver_note(&hub, &pool, note, &mut users).await,
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => break,
+                }
+                continue;
+            }
             _ = tick.tick() => {
                 // A (re)connected listener: notifications sent before it
                 // listened are gone, so everyone re-reads (after the first
@@ -402,27 +463,46 @@ pub async fn run_hub(
         if batch.is_empty() {
             continue;
         }
-        let ids = hub.plan(&batch, &users);
-        let mut rows = HashMap::new();
-        if !ids.is_empty() {
-            match read_states(&pool, &ids).await {
-                Ok(found) => rows.extend(found.into_iter().map(|r| (r.id, r))),
-                Err(e) => {
-                    // Subscribers re-read once the database answers again.
-                    tracing::warn!(error = %e, "live: could not read request states; subscribers will re-read");
-                    hub.resync_all("lookup failed");
-                    crate::metrics::live_resync("lookup_failed");
-                    continue;
-                }
-            }
-        }
-        hub.deliver(&batch, &rows, &mut users);
+        deliver_batch(&hub, &pool, &batch, &mut users).await;
     }
     // Dropping the sinks ends every subscriber's queue.
     if let Ok(mut subs) = hub.subs.lock() {
         subs.by_request.clear();
         subs.by_user.clear();
     }
+}
+
+/// Delivers a piece of a streamed answer; when someone follows a user and
+/// the request's user is not cached (a subscriber that joined mid-answer),
+/// it is looked up first (once: it stays cached until the request ends).
+async fn deliver_note(hub: &Hub, pool: &Pool, note: DeltaNote, users: &mut HashMap<Uuid, Uuid>) {
+    if !users.contains_key(&note.id) && hub.follows_users() {
+        match read_states(pool, &[note.id]).await {
+            Ok(rows) => users.extend(rows.into_iter().map(|r| (r.id, r.user_id))),
+            Err(e) => tracing::debug!(error = %e, "live: could not look up the user of a streamed answer"),
+        }
+    }
+    hub.deliver_delta(note, users);
+}
+
+/// Reads the rows a batch of notifications needs ([`Hub::plan`]) and
+/// delivers it; when the rows cannot be read, every subscriber re-reads
+/// once the database answers again.
+async fn deliver_batch(hub: &Hub, pool: &Pool, batch: &[Event], users: &mut HashMap<Uuid, Uuid>) {
+    let ids = hub.plan(batch, users);
+    let mut rows = HashMap::new();
+    if !ids.is_empty() {
+        match read_states(pool, &ids).await {
+            Ok(found) => rows.extend(found.into_iter().map(|r| (r.id, r))),
+            Err(e) => {
+                tracing::warn!(error = %e, "live: could not read request states; subscribers will re-read");
+                hub.resync_all("lookup failed");
+                crate::metrics::live_resync("lookup_failed");
+                return;
+            }
+        }
+    }
+    hub.deliver(batch, &rows, users);
 }
 
 async fn read_states(pool: &Pool, ids: &[Uuid]) -> Result<Vec<RequestStatus>, crate::db::Error> {
@@ -444,6 +524,9 @@ pub struct Follower {
     /// Reads a request only if it is this tenant's (a user target is a
     /// stored user id, the tenant's by construction).
     tenant: Option<Uuid>,
+    /// What was shown of each streamed answer (`None`: pieces are not
+    /// followed).
+    cursors: Option<deltas::Cursors>,
 }
 
 impl Follower {
@@ -455,7 +538,21 @@ impl Follower {
             since: Utc::now(),
             resync: false,
             tenant: None,
+            cursors: None,
         }
+    }
+
+    /// Shows the pieces of streamed answers too (the subscription must
+    /// take them: [`Hub::subscribe_streaming`]); for a request, `after` is
+    /// the last piece the client has (a reconnect), whose successors
+    /// [`Follower::catch_up`] reads.
+    pub fn with_deltas(mut self, after: Option<Cursor>) -> Follower {
+        let mut cursors = deltas::Cursors::default();
+        if let (Target::Request(id), Some(after)) = (self.sub.target(), after) {
+            cursors.set(id, after);
+        }
+        self.cursors = Some(cursors);
+        self
     }
 
     /// Shows a request only to tenant `tenant`: another tenant's reads as
@@ -514,27 +611,80 @@ impl Follower {
         Some(RequestState::of(c))
     }
 
-    /// Waits for the next changes (never an empty list); `None` when the
-    /// hub stopped. Cancel-safe: a re-read interrupted is done next time.
-    pub async fn next(&mut self) -> Option<Result<Vec<RequestState>, crate::db::Error>> {
+    /// Waits for the next changes and pieces (never an empty list); `None`
+    /// when the hub stopped. Cancel-safe: a re-read interrupted is done
+    /// next time (a piece lost so is read with the next one).
+    pub async fn next(&mut self) -> Option<Result<Vec<Frame>, crate::db::Error>> {
         loop {
             if self.resync || self.sub.take_lagged() {
                 self.resync = true;
                 crate::metrics::live_resync("subscriber");
                 match self.current().await {
-                    Ok(v) if v.is_empty() => {}
-                    other => return Some(other),
+                    Ok(v) => {
+                        let mut frames: Vec<Frame> = v.into_iter().map(Frame::State).collect();
+                        frames.extend(self.catch_up().await);
+                        if !frames.is_empty() {
+                            return Some(Ok(frames));
+                        }
+                    }
+                    Err(e) => return Some(Err(e)),
                 }
             }
             match self.sub.recv().await? {
                 Push::Change(c) => {
                     if let Some(state) = self.fresh(&c) {
-                        return Some(Ok(vec![state]));
+                        return Some(Ok(vec![Frame::State(state)]));
                     }
                 }
                 Push::Resync => self.resync = true,
+                Push::Delta(note) => {
+                    let frames = self.delta(&note).await;
+                    if !frames.is_empty() {
+                        return Some(Ok(frames));
+                    }
+                }
             }
         }
+    }
+
+    /// Whether `id` was shown in its terminal state.
+    fn finished(&self, id: Uuid) -> bool {
+        self.last.get(&id).is_some_and(|s| s.is_terminal())
+    }
+
+    /// What a piece shows: nothing once its request was shown finished or
+    /// when pieces are not followed; what was missed before it is read.
+    async fn delta(&mut self, note: &DeltaNote) -> Vec<Frame> {
+        if self.finished(note.id) {
+            return Vec::new();
+        }
+        let Some(cursors) = self.cursors.as_mut() else {
+            return Vec::new();
+        };
+        match cursors.take(note) {
+            Ok(frames) => frames,
+            Err(after) => {
+                let rows = deltas::read(&self.pool, note.id, after).await;
+                cursors.apply(note.id, rows)
+            }
+        }
+    }
+
+    /// The pieces of the followed request's answer after the last one
+    /// shown, read from the table (after a reconnect or a re-read); none
+    /// for a user, or once the request was shown finished.
+    pub async fn catch_up(&mut self) -> Vec<Frame> {
+        let Target::Request(id) = self.sub.target() else {
+            return Vec::new();
+        };
+        if self.finished(id) {
+            return Vec::new();
+        }
+        let Some(cursors) = self.cursors.as_mut() else {
+            return Vec::new();
+        };
+        let rows = deltas::read(&self.pool, id, cursors.get(id)).await;
+        cursors.apply(id, rows)
     }
 }
 
@@ -636,7 +786,7 @@ pub fn revoked_event() -> SseEvent {
 pub struct Stream {
     app: AppState,
     follower: Follower,
-    queued: VecDeque<RequestState>,
+    queued: VecDeque<Frame>,
     end: Option<End>,
     access: Access,
     _gauge: StreamGauge,
@@ -652,7 +802,7 @@ impl Stream {
         app: &AppState,
         caller: Caller,
         follower: Follower,
-        first: Vec<RequestState>,
+        first: Vec<Frame>,
         kind: &'static str,
         place: Pass,
     ) -> Stream {
@@ -667,8 +817,8 @@ impl Stream {
         }
     }
 
-    /// The next state to send; `None` ends the stream (`end` says why).
-    async fn next(&mut self) -> Option<RequestState> {
+    /// The next frame to send; `None` ends the stream (`end` says why).
+    async fn next(&mut self) -> Option<Frame> {
         loop {
             if let Some(s) = self.queued.pop_front() {
                 if matches!(self.follower.target(), Target::Request(_)) && s.is_terminal() {
@@ -685,8 +835,8 @@ impl Stream {
                 _ = self.access.revoked() => End::Revoked,
                 next = self.follower.next() => match next {
                     None => End::Lost,
-                    Some(Ok(states)) => {
-                        self.queued.extend(states);
+                    Some(Ok(frames)) => {
+                        self.queued.extend(frames);
                         continue;
                     }
                     Some(Err(e)) => {
@@ -700,19 +850,15 @@ impl Stream {
         }
     }
 
-    /// Server-Sent Events, one `data:` JSON per state; a last `revoked`
-    /// event when the token was revoked.
+    /// Server-Sent Events, one `data:` JSON per state, `delta` and
+    /// `restart` events for the pieces of a streamed answer
+    /// ([`Frame::sse`]); a last `revoked` event when the token was revoked.
     pub fn sse(self) -> Response {
         let keepalive = self.app.cfg.http.stream_keepalive();
         let events = futures_util::stream::unfold(Some(self), |st| async move {
             let mut st = st?;
             match st.next().await {
-                Some(state) => {
-                    let event = SseEvent::default()
-                        .json_data(&state)
-                        .unwrap_or_else(|_| SseEvent::default().comment("unserializable state"));
-                    Some((Ok::<_, Infallible>(event), Some(st)))
-                }
+                Some(frame) => Some((Ok::<_, Infallible>(frame.sse()), Some(st))),
                 None if st.end == Some(End::Revoked) => Some((Ok(revoked_event()), None)),
                 None => None,
             }
@@ -731,9 +877,9 @@ impl Stream {
         let close = loop {
             let msg = tokio::select! {
                 next = self.next() => match next {
-                    Some(state) => match serde_json::to_string(&state) {
-                        Ok(text) => Message::Text(text.into()),
-                        Err(_) => continue,
+                    Some(frame) => match frame.json() {
+                        Some(text) => Message::Text(text.into()),
+                        None => continue,
                     },
                     None => break Some(match self.end {
                         Some(End::Finished) => (close_code::NORMAL, "request finished"),

@@ -87,7 +87,7 @@ pub fn document() -> Value {
                 if path == "/api/query" && method == "post" {
                     responses.insert(
                         "429".into(),
-                        error_response("Over the tenant's requests_per_minute or max_in_flight (the code names which); see Retry-After"),
+                        error_response("Over the tenant's requests_per_minute or max_in_flight (the code names which), or a streamed submit over this token's stream cap (http.max_streams_per_token); see Retry-After"),
                     );
                 }
             }
@@ -140,6 +140,10 @@ fn submit_paths() -> Value {
                     "name": "Idempotency-Key", "in": "header", "required": false,
                     "description": "Retrying with the same key (per user, for http.idempotency_ttl_secs) returns the first request instead of creating another; reusing it for a different request is 422.",
                     "schema": { "type": "string", "minLength": 1, "maxLength": 255 }
+                }, {
+                    "name": "Accept", "in": "header", "required": false,
+                    "description": "text/event-stream with \"stream\": true: answer 200 with the answer itself as OpenAI chat.completion.chunk events.",
+                    "schema": { "type": "string" }
                 }],
                 "requestBody": {
                     "required": true,
@@ -147,12 +151,16 @@ fn submit_paths() -> Value {
                 },
                 "responses": {
                     "202": json_response("Accepted; follow it at the Location header. A replay carries `Idempotent-Replayed: true`.", json!({ "$ref": "#/components/schemas/Accepted" })),
+                    "200": {
+                        "description": "With \"stream\": true and Accept: text/event-stream: `data:` lines of OpenAI chat.completion.chunk JSON (the role first, a chunk per piece, the rest of the stored answer with finish_reason stop), then `data: [DONE]`; a restart is a chunk with `maas_restart: {attempt}`; a failed request ends with `data: {\"error\": {...}}`. The Location header names the status.",
+                        "content": { "text/event-stream": { "schema": { "type": "string" } } }
+                    },
                     "400": error_response("Malformed JSON, a malformed id or Idempotency-Key"),
                     "401": error_response("Missing or wrong bearer token"),
                     "413": error_response("Body larger than http.max_body_bytes"),
                     "415": error_response("Content-Type is not application/json"),
                     "422": error_response("A missing, empty or too long field; a query holding a NUL character (invalid_text); an Idempotency-Key reused for a different request"),
-                    "503": error_response("Database unavailable or busy (another transaction holds the user's rows), or request timed out; see Retry-After")
+                    "503": error_response("Database unavailable or busy (another transaction holds the user's rows), or request timed out, or a streamed submit over the daemon's stream cap; see Retry-After")
                 }
             }
         },
@@ -368,15 +376,23 @@ fn stream_paths() -> Value {
         "/api/query/{id}/events": {
             "get": {
                 "summary": "Follow a request with Server-Sent Events",
-                "description": "One `data:` line of RequestState JSON per change, the current state first; the stream ends after the terminal state or when the daemon stops.",
+                "description": "One `data:` line of RequestState JSON per change, the current state first; the stream ends after the terminal state (which carries the whole answer) or when the daemon stops. For a request submitted with \"stream\": true, also `event: delta` (Delta JSON, `id: ATTEMPT.SEQ`) per piece of the answer while the model writes, and `event: restart` (Restart JSON) when what was sent is void (a new attempt, or the model call began again).",
                 "security": secured(),
-                "parameters": [id_param()],
+                "parameters": [id_param(), {
+                    "name": "Last-Event-ID", "in": "header", "required": false,
+                    "description": "The id (ATTEMPT.SEQ) of the last delta received: a reconnect gets the pieces after it first.",
+                    "schema": { "type": "string", "examples": ["1.17"] }
+                }],
                 "responses": {
                     "200": {
                         "description": "An event stream",
-                        "content": { "text/event-stream": { "schema": { "$ref": "#/components/schemas/RequestState" } } }
+                        "content": { "text/event-stream": { "schema": { "oneOf": [
+                            { "$ref": "#/components/schemas/RequestState" },
+                            { "$ref": "#/components/schemas/Delta" },
+                            { "$ref": "#/components/schemas/Restart" }
+                        ] } } }
                     },
-                    "400": error_response("Malformed id"),
+                    "400": error_response("Malformed id or Last-Event-ID"),
                     "401": error_response("Missing or wrong bearer token"),
                     "404": error_response("No such request"),
                     "429": error_response("A stream over this token's cap (http.max_streams_per_token); see Retry-After"),
@@ -387,11 +403,12 @@ fn stream_paths() -> Value {
         "/api/ws": {
             "get": {
                 "summary": "Follow a request or all of a user's requests over WebSocket",
-                "description": "Text messages of RequestState JSON: the current state first (for a user: each unfinished request), then every change. A request's socket closes with 1000 after its terminal state; every socket closes with 1001 when the daemon stops.",
+                "description": "Text messages of RequestState JSON: the current state first (for a user: each unfinished request), then every change; for a request submitted with \"stream\": true also Delta and Restart JSON with `event` (`delta`, `restart`) and `id` (ATTEMPT.SEQ). A request's socket closes with 1000 after its terminal state; every socket closes with 1001 when the daemon stops.",
                 "security": secured(),
                 "parameters": [
                     { "name": "request_id", "in": "query", "required": false, "schema": { "type": "string", "format": "uuid" } },
-                    { "name": "user_id", "in": "query", "required": false, "schema": { "type": "string", "format": "uuid" } }
+                    { "name": "user_id", "in": "query", "required": false, "schema": { "type": "string", "format": "uuid" } },
+                    { "name": "after", "in": "query", "required": false, "description": "With request_id: the id (ATTEMPT.SEQ) of the last delta received; the pieces after it come first.", "schema": { "type": "string" } }
                 ],
                 "responses": {
                     "101": { "description": "Switching to WebSocket" },
@@ -463,7 +480,30 @@ fn components() -> Value {
                     "metadata": {
                         "type": ["object", "null"],
                         "description": "The client's own JSON object, stored with the request and shown by GET /api/query/{id}/status; at most 4096 bytes as compact JSON and 8 levels deep, no NUL character (400 invalid_metadata otherwise)"
+                    },
+                    "stream": {
+                        "type": ["boolean", "null"],
+                        "description": "Send the answer's pieces on the request's streams while the model writes (delta and restart events); with Accept: text/event-stream the submit answers with the OpenAI chunk stream"
                     }
+                }
+            },
+            "Delta": {
+                "type": "object",
+                "required": ["request_id", "attempt", "seq", "text"],
+                "properties": {
+                    "request_id": { "type": "string", "format": "uuid" },
+                    "attempt": { "type": "integer", "minimum": 1 },
+                    "seq": { "type": "integer", "minimum": 1, "description": "The piece's number within its attempt, from 1" },
+                    "text": { "type": "string", "description": "The text that follows the previous piece's (since the last restart)" }
+                }
+            },
+            "Restart": {
+                "type": "object",
+                "required": ["request_id", "attempt"],
+                "properties": {
+                    "request_id": { "type": "string", "format": "uuid" },
+                    "attempt": { "type": "integer", "minimum": 1, "description": "The attempt that writes the answer anew" },
+                    "seq": { "type": "integer", "minimum": 1, "description": "Set for a restart inside an attempt (its own piece)" }
                 }
             },
             "Accepted": {
@@ -595,7 +635,7 @@ mod tests {
         };
         assert_eq!(
             codes("/api/query", "post"),
-            ["202", "400", "401", "403", "413", "415", "422", "429", "503"]
+            ["200", "202", "400", "401", "403", "413", "415", "422", "429", "503"]
         );
         assert_eq!(
             codes("/api/query/{id}/status", "get"),
@@ -622,7 +662,18 @@ mod tests {
             .flatten()
             .map(|(k, _)| k)
             .collect();
-        assert_eq!(schemas, ["Accepted", "Error", "Ready", "RequestState", "Submit"]);
+        assert_eq!(
+            schemas,
+            [
+                "Accepted",
+                "Delta",
+                "Error",
+                "Ready",
+                "RequestState",
+                "Restart",
+                "Submit"
+            ]
+        );
         assert_eq!(
             doc["components"]["schemas"]["RequestState"]["properties"]["stage"]["enum"]
                 .as_array()

@@ -6,6 +6,8 @@
 //! [`MAX_METADATA_BYTES`] bytes as compact JSON and [`MAX_METADATA_DEPTH`]
 //! levels deep, no NUL character in any key or string: stored and shown,
 //! never read by the engine). A refusal of `metadata` is a 400 naming it.
+//! `stream` (a boolean): send the answer's pieces while the model writes
+//! them (`http::live::deltas`); false pays nothing.
 //!
 //! Where a callback may go is decided at delivery, on the address
 //! connected to (`callbacks::guard`), not here.
@@ -48,10 +50,23 @@ pub(super) fn callback_url(fields: &Map<String, Value>) -> Result<Option<&str>, 
 }
 
 pub(super) fn debug(fields: &Map<String, Value>) -> Result<bool, ApiError> {
-    match fields.get("debug") {
+    flag(fields, "debug")
+}
+
+pub(super) fn stream(fields: &Map<String, Value>) -> Result<bool, ApiError> {
+    flag(fields, "stream")
+}
+
+/// A boolean field: absent or null is false; anything but a boolean is a
+/// 422 naming it.
+fn flag(fields: &Map<String, Value>, name: &str) -> Result<bool, ApiError> {
+    match fields.get(name) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::unprocessable("invalid_field", "debug must be true or false")),
+        Some(_) => Err(ApiError::unprocessable(
+            "invalid_field",
+            format!("{name} must be true or false"),
+        )),
     }
 }
 

@@ -62,6 +62,8 @@ pub struct Claimed {
     pub debug: bool,
     /// Whose request it is (`tenants`; the nil id for the default tenant).
     pub tenant_id: Uuid,
+    /// The request asked for its answer's pieces while the model writes.
+    pub stream: bool,
     pub claimed_at: DateTime<Utc>,
     /// How long the row had been due before this claim.
     pub due_for: Duration,
@@ -88,6 +90,7 @@ impl Claimed {
             context: r.try_get("final_context_payload")?,
             debug: r.try_get("debug")?,
             tenant_id: r.try_get("tenant_id")?,
+            stream: r.try_get("stream")?,
             claimed_at: r.try_get("claimed_at")?,
             due_for: Duration::ZERO,
             memory: memory.and_then(|m| serde_json::from_value(m).ok()).unwrap_or_default(),

@@ -31,6 +31,7 @@ super::statement_params! {
         debug: bool,
         tenant_id: Uuid,
         metadata: Option<&'a Value>,
+        stream: bool,
     }
 }
 
@@ -54,6 +55,7 @@ pub async fn submit(
         debug: req.debug,
         tenant_id: req.tenant_id,
         metadata: req.metadata,
+        stream: req.stream,
     };
     super::query_opt_value(client, SUBMIT, &params.params(), "id").await
 }

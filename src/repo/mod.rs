@@ -39,7 +39,8 @@
 //! console's charts), [`gauges`] (table sizes and the last archive run, for
 //! the metrics), [`users`] (one user's data: view, corrections, export
 //! pages, erase batches, `forgotten_users`), [`tenants`] (`tenants`,
-//! `api_tokens`: tokens, limits, stored user ids).
+//! `api_tokens`: tokens, limits, stored user ids), [`deltas`]
+//! (`answer_deltas`: the pieces of streamed answers).
 
 use std::time::Duration;
 
@@ -58,6 +59,7 @@ pub mod audit;
 pub mod callbacks;
 mod column;
 pub mod control;
+pub mod deltas;
 pub mod embeddings;
 pub mod gauges;
 pub mod idempotency;
@@ -357,6 +359,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         archive::STATEMENTS,
         memory::STATEMENTS,
         embeddings::STATEMENTS,
+        deltas::STATEMENTS,
         stats::STATEMENTS,
         gauges::STATEMENTS,
         users::STATEMENTS,

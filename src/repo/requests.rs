@@ -69,6 +69,8 @@ pub struct NewRequest<'a> {
     pub tenant_id: Uuid,
     /// The client's own JSON object (`metadata`), stored as is.
     pub metadata: Option<&'a Value>,
+    /// Send the answer's pieces while the model writes (`stream`).
+    pub stream: bool,
 }
 
 /// Inserts a request; returns its id. (With an idempotency key:
@@ -85,6 +87,7 @@ pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -
             &req.debug,
             &req.tenant_id,
             &req.metadata,
+            &req.stream,
         ],
         "id",
     )

@@ -36,6 +36,7 @@ mod scopes;
 mod sql_tenancy;
 mod stages;
 mod stream_providers;
+mod streaming;
 mod support;
 mod systemd;
 mod tenants;

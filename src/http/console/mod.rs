@@ -12,6 +12,9 @@
 //!   lagging stream is told to refresh; nothing is polled. It counts under
 //!   `http.max_streams` and `http.max_streams_per_token`, has the
 //!   connection's send timeout, and ends once its token is revoked.
+//!   A running request's page also follows its answer as the model writes
+//!   it (`/console/requests/{id}/answer`, the API's SSE frames of
+//!   [`live::Stream`], capped and ended the same way).
 //! - Reads go through [`crate::repo`], actions through [`crate::control`],
 //!   so an action is recorded in `operator_actions` exactly as `maasctl`
 //!   records it.
@@ -120,6 +123,7 @@ pub fn router() -> Router<AppState> {
         .route("/console/requests/rows", get(pages::request_rows))
         .route("/console/requests/{id}", get(pages::request))
         .route("/console/requests/{id}/body", get(pages::request_body))
+        .route("/console/requests/{id}/answer", get(answer))
         .route("/console/requests/{id}/{action}", post(pages::act))
         .route("/console/users/{id}", get(memory::user))
         .route("/console/users/{id}/archive", post(memory::archive))
@@ -188,6 +192,40 @@ async fn events(State(app): State<AppState>, Extension(s): Extension<auth::Sessi
         .keep_alive(KeepAlive::new().interval(app.cfg.http.stream_keepalive()))
         .into_response())
 }
+
+/// `GET /console/requests/{id}/answer`: the request's state and the pieces
+/// of its answer as the model writes them (those written before first), as
+/// the API's `/api/query/{id}/events` sends them; ends after the terminal
+/// state. A session limited to a tenant sees only its tenant's requests.
+async fn answer(
+    State(app): State<AppState>,
+    Extension(s): Extension<auth::Session>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, Fail> {
+    let id = pages::id_of(&id, "request")?;
+    let place = app
+        .streams
+        .enter(s.caller)
+        .map_err(|e| Fail(e.status, format!("console: {}", e.message)))?;
+    let sub = app.hub.subscribe_streaming(live::Target::Request(id), ANSWER_QUEUE);
+    let mut follower = live::Follower::new(app.pool.clone(), sub).with_deltas(None);
+    if let Some(tenant) = s.tenant() {
+        follower = follower.for_tenant(tenant);
+    }
+    let states = follower
+        .current()
+        .await
+        .map_err(|e| fail(StatusCode::SERVICE_UNAVAILABLE, &format!("console: {e}")))?;
+    if states.is_empty() {
+        return Err(fail(StatusCode::NOT_FOUND, &format!("console: no request {id}")));
+    }
+    let mut first: Vec<live::Frame> = states.into_iter().map(live::Frame::State).collect();
+    first.extend(follower.catch_up().await);
+    Ok(live::Stream::new(&app, s.caller, follower, first, "sse", place).sse())
+}
+
+/// Queue of a request page's answer stream.
+const ANSWER_QUEUE: usize = 128;
 
 /// The requests of the next notifications, coalesced over [`COALESCE`],
 /// and whether some were lost; `None` when the broadcast closed.

@@ -291,7 +291,7 @@ async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja
     };
     Ok(context! {
         r => v(&r), user => user.to_string(), steps => v(&steps), actions => v(&actions), callbacks => v(&cbs), analysis,
-        sources => v(&sources), can,
+        sources => v(&sources), can, running => !status.is_terminal(),
         session => session_ctx(app, s),
     })
 }
