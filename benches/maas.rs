@@ -29,6 +29,8 @@
 
 #[path = "support/console.rs"]
 mod console;
+#[path = "support/memory_scale.rs"]
+mod memory_scale;
 #[allow(
     dead_code,
     reason = "shared with the chaos bench and the tests, which use more of it"
@@ -998,6 +1000,12 @@ fn main() {
         }
         if want("console") {
             console::console(&mut b, console_rows).await;
+        }
+        if only
+            .as_deref()
+            .is_some_and(|o| o.split(',').any(|x| x == "memory-scale"))
+        {
+            memory_scale::memory_scale(&mut b).await;
         }
         let values: HashMap<String, f64> = b
             .results
