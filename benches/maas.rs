@@ -1001,12 +1001,7 @@ fn main() {
         if want("console") {
             console::console(&mut b, console_rows).await;
         }
-        if only
-            .as_deref()
-            .is_some_and(|o| o.split(',').any(|x| x == "memory-scale"))
-        {
-            memory_scale::memory_scale(&mut b).await;
-        }
+        memory_scale::when_asked(&mut b, only.as_deref()).await;
         let values: HashMap<String, f64> = b
             .results
             .iter()
