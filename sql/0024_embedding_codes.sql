@@ -3,8 +3,9 @@
 --
 -- The exact search (sql/0018_embedding_parts.sql) reads each of the user's
 -- embeddings, 3.1 kB for 384 dimensions, and computes its distance to the
--- query's: about 2.5 µs a turn, so a user of 100,000 turns costs a quarter
--- of a second per request. Above a size (`maas.memory_exact_turns`, 20,000
+-- query's: about 7 µs a turn (5 ms for 680 turns), so a user of 100,000
+-- turns costs most of a second per request (2.5 s measured on a loaded
+-- machine, BENCHMARKS.md). Above a size (`maas.memory_exact_turns`, 20,000
 -- turns by default; docs/memory.md, "At size") the search first ranks the
 -- user's turns by the Hamming distance of their codes to the query's, read
 -- from the index below without touching the embeddings, and computes the
