@@ -29,6 +29,8 @@
 
 #[path = "support/console.rs"]
 mod console;
+#[path = "support/memory_scale.rs"]
+mod memory_scale;
 #[allow(
     dead_code,
     reason = "shared with the chaos bench and the tests, which use more of it"
@@ -999,6 +1001,7 @@ fn main() {
         if want("console") {
             console::console(&mut b, console_rows).await;
         }
+        memory_scale::when_asked(&mut b, only.as_deref()).await;
         let values: HashMap<String, f64> = b
             .results
             .iter()

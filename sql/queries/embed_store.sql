@@ -1,5 +1,5 @@
 -- Stores the embeddings of user $1's turns $3 (as their parts:
--- sql/0018_embedding_parts.sql) (all of dimension $5, one
+-- sql/0018_embedding_parts.sql, and their codes: sql/0024_embedding_codes.sql) (all of dimension $5, one
 -- after another in $4) made by model $2, and moves the user's mark to $6,
 -- in one statement. A turn deleted meanwhile is skipped; a turn embedded
 -- before (another model, or another daemon) is overwritten. The mark never
@@ -13,12 +13,13 @@
 WITH v AS (
     SELECT x.id, x.n::int AS n FROM unnest($3::bigint[]) WITH ORDINALITY AS x(id, n)
 ), stored AS (
-    INSERT INTO turn_embeddings AS e (turn_id, user_id, model, dims, parts)
-    SELECT v.id, $1::uuid, $2::text, $5::int,
-           embedding_parts(($4::real[])[(v.n - 1) * $5::int + 1 : v.n * $5::int])
+    INSERT INTO turn_embeddings AS e (turn_id, user_id, model, dims, parts, code)
+    SELECT v.id, $1::uuid, $2::text, $5::int, embedding_parts(x.e), embedding_code(x.e)
     FROM v
+    CROSS JOIN LATERAL (SELECT ($4::real[])[(v.n - 1) * $5::int + 1 : v.n * $5::int] AS e) x
     JOIN raw_logs r ON r.id = v.id AND r.user_id = $1::uuid
-    ON CONFLICT (turn_id) DO UPDATE SET model = EXCLUDED.model, dims = EXCLUDED.dims, parts = EXCLUDED.parts
+    ON CONFLICT (turn_id) DO UPDATE
+        SET model = EXCLUDED.model, dims = EXCLUDED.dims, parts = EXCLUDED.parts, code = EXCLUDED.code
     RETURNING e.turn_id
 ), mark AS (
     UPDATE archive_marks m

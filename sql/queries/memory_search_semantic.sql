@@ -7,29 +7,62 @@
 --
 -- The cosine of the query's embedding with each of the user's turn
 -- embeddings (turn_embeddings_user_idx, never another user's rows); the
--- 100 nearest turns join the full-text candidates. A candidate's score is (1 − $11) · its BM25 score over the best BM25
+-- 100 nearest turns join the full-text candidates. A user of more turns
+-- than `maas.memory_exact_turns` (a setting; 20,000 when unset) is
+-- searched in two passes instead (sql/0024_embedding_codes.sql): the 1,000
+-- turns whose codes are nearest the query's by Hamming distance, read from
+-- turn_embeddings_code_idx alone, then the exact cosine of those; the
+-- scaling below is then over those 1,000 (docs/memory.md, "At size"). A candidate's score is (1 − $11) · its BM25 score over the best BM25
 -- score of the candidates + $11 · its cosine scaled to 0..1 over the
 -- user's turns (min to max): linear fusion, which beat reciprocal rank
 -- fusion by 5 points of recall on LoCoMo (BENCHMARKS.md, session 8).
 ), query_parts AS (
-    SELECT embedding_parts($9::real[]) AS parts
+    SELECT embedding_parts($9::real[]) AS parts, embedding_code($9::real[]) AS code
+), size AS (
+    -- One decision per search, from the user's count of logged turns.
+    SELECT n.turns > coalesce(nullif(current_setting('maas.memory_exact_turns', true), '')::float8, 20000) AS large
+    FROM n
 ), dense AS MATERIALIZED (
     -- Both of unit length: the cosine is 1 − |a − b|² / 2, the squared
     -- distance summed over the parts (sql/0018_embedding_parts.sql).
+    -- Exact: every embedding of the user (a one-time filter keeps the
+    -- other branch from running).
     SELECT e.turn_id AS id,
            1 - (SELECT sum(cube_distance(x.a, x.b) ^ 2) FROM unnest(e.parts, q.parts) AS x(a, b)) / 2 AS cosine
     FROM turn_embeddings e
     CROSS JOIN query_parts q
-    WHERE $3::int > 0 AND e.user_id = $1::uuid AND e.model = $10::text
+    WHERE $3::int > 0 AND NOT (SELECT s.large FROM size s) AND e.user_id = $1::uuid AND e.model = $10::text
       -- (a model that changed its dimensions under the same name is skipped)
       AND e.dims = cardinality($9::real[])
+    UNION ALL
+    -- Large: the nearest codes first, then the exact cosine of those.
+    SELECT e.turn_id,
+           1 - (SELECT sum(cube_distance(x.a, x.b) ^ 2) FROM unnest(e.parts, q.parts) AS x(a, b)) / 2
+    FROM (SELECT c.turn_id
+          FROM turn_embeddings c
+          WHERE $3::int > 0 AND (SELECT s.large FROM size s) AND c.user_id = $1::uuid AND c.model = $10::text
+            AND c.dims = cardinality($9::real[])
+          -- (the query's code as a parameter, not a join: a join costs a
+          -- step per turn)
+          ORDER BY bit_count(c.code # (SELECT q.code FROM query_parts q))
+          LIMIT 1000) c
+    -- (a lookup by key each: a join could read the user's every row)
+    CROSS JOIN LATERAL (
+        SELECT e.turn_id, e.parts FROM turn_embeddings e
+        WHERE e.turn_id = c.turn_id AND e.user_id = $1::uuid
+        LIMIT 1) e
+    CROSS JOIN query_parts q
 ), span AS (
     SELECT min(d.cosine) AS lo, greatest(max(d.cosine) - min(d.cosine), 1e-9) AS width FROM dense d
 ), near AS (
     SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search
     FROM (SELECT d.id FROM dense d ORDER BY d.cosine DESC LIMIT 100) d
-    JOIN raw_logs r ON r.id = d.id AND r.user_id = $1::uuid
-    WHERE r.request_id IS DISTINCT FROM $8::uuid
+    -- (a lookup by key each: with a generic plan, a join was seen to read
+    -- all of a large user's turns)
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search FROM raw_logs r
+        WHERE r.id = d.id AND r.user_id = $1::uuid AND r.request_id IS DISTINCT FROM $8::uuid
+        LIMIT 1) r
 ), candidates AS (
     SELECT DISTINCT ON (u.id) u.*
     FROM (SELECT * FROM rare UNION ALL SELECT * FROM common UNION ALL SELECT * FROM near) u

@@ -18,6 +18,7 @@ mod https;
 mod layers;
 mod llm;
 mod memory;
+mod memory_scale;
 mod metadata;
 mod neighbours;
 mod newcomer;
