@@ -339,18 +339,18 @@ impl Server {
         let progress = ctx.meta.get_progress_token();
         let deadline = tokio::time::Instant::now() + wait;
         let mut step = 0.0;
-        while !state.is_terminal() {
+        loop {
             if let Some(token) = &progress {
                 step += 1.0;
                 let stage = serde_json::to_value(state.stage).unwrap_or_default();
-                let note = ProgressNotificationParam::new(token.clone(), step).with_message(format!(
-                    "{}: {}",
-                    state.status,
-                    stage.as_str().unwrap_or("")
-                ));
+                let note = ProgressNotificationParam::new(token.clone(), step)
+                    .with_message(format!("{}: {}", state.status, stage.as_str().unwrap_or("")));
                 if let Err(e) = ctx.peer.notify_progress(note).await {
                     tracing::debug!(error = %e, "mcp: a progress notification was not sent");
                 }
+            }
+            if state.is_terminal() {
+                break;
             }
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => break,
