@@ -21,9 +21,16 @@
 //! |------------------------------------------------|--------------|--------|------|---------|-------|
 //! | `POST /api/query`                              | submit       | yes    | –    | yes     | yes   |
 //! | `GET /api/query/{id}/status`, `/events`, `GET /api/ws?request_id=` | read request | yes | yes | yes | yes |
-//! | `GET /api/ws?user_id=`, `GET /api/users/{id}/memory`, `/export`, `GET /api/query/{id}/status?include=context` | read user | – | yes | yes | yes |
+//! | `GET /api/ws?user_id=`, `GET /api/users/{id}/memory`, `/memory/search`, `/export`, `GET /api/query/{id}/status?include=context` | read user | – | yes | yes | yes |
 //! | `POST /api/query/{id}/cancel`, `/retry`, `/continue`; `PUT`/`DELETE /api/users/{id}/memory/{record}`, `DELETE /api/users/{id}/turns/{turn}` | operate | – | – | yes | yes |
 //! | `DELETE /api/users/{id}` (forget)              | admin        | –      | –    | –       | yes   |
+//!
+//! `/mcp` needs any valid token; each MCP tool asks for the need of its
+//! HTTP twin (`crate::mcp`).
+//!
+//! User binding: a token made with `--user U` ([`Principal::user`]) acts
+//! for that one user of its tenant; every door checks a user id it is
+//! given with [`Principal::acts_for`] (403 `user_not_allowed`).
 //!
 //! A refusal is 403 `scope_required` naming the scope needed. The
 //! console's rows of the table are in `docs/deploying.md`, which
