@@ -343,8 +343,11 @@ impl Server {
             if let Some(token) = &progress {
                 step += 1.0;
                 let stage = serde_json::to_value(state.stage).unwrap_or_default();
-                let note = ProgressNotificationParam::new(token.clone(), step)
-                    .with_message(format!("{}: {}", state.status, stage.as_str().unwrap_or("")));
+                let note = ProgressNotificationParam::new(token.clone(), step).with_message(format!(
+                    "{}: {}",
+                    state.status,
+                    stage.as_str().unwrap_or("")
+                ));
                 if let Err(e) = ctx.peer.notify_progress(note).await {
                     tracing::debug!(error = %e, "mcp: a progress notification was not sent");
                 }

@@ -59,19 +59,11 @@ fn over_http(api: &Api, token: &str, steps: Value) -> Value {
 /// `user` when given (as `maasctl tokens create … --user` does).
 async fn token(db: &TestDb, tenant: &str, scope: &str, user: Option<Uuid>) -> String {
     let c = db.client().await;
-    c.execute(
-        "INSERT INTO tenants (name) VALUES ($1) ON CONFLICT (name) DO NOTHING",
-        &[&tenant],
-    )
-    .await
-    .unwrap();
-    let tok = format!("maas_{}", Uuid::new_v4().simple());
+    let tok = crate::support::tenants::token(&c, tenant, &format!("mcp-{}", Uuid::new_v4().simple()), scope).await;
     let hash: Vec<u8> = Sha256::digest(tok.as_bytes()).to_vec();
-    let name = format!("mcp-{}", Uuid::new_v4().simple());
     c.execute(
-        "INSERT INTO api_tokens (name, tenant_id, scope, token_sha256, user_id)
-         SELECT $1, id, $3, $4, $5 FROM tenants WHERE name = $2",
-        &[&name, &tenant, &scope, &hash, &user],
+        "UPDATE api_tokens SET user_id = $1 WHERE token_sha256 = $2",
+        &[&user, &hash],
     )
     .await
     .unwrap();
@@ -130,11 +122,18 @@ async fn a_client_lists_the_tools_and_remembers_recalls_and_asks_for_its_user() 
     assert!(hit["content"].as_str().unwrap().contains("Lisbon"), "{}", s[2]);
     assert_eq!(hit["source"]["kind"], "turn");
     assert_eq!(hit["source"]["id"], s[1]["structured"]["turn_id"]);
-    assert!(hit["date"].as_str().is_some() && hit["score"].as_f64().is_some(), "{hit}");
+    assert!(
+        hit["date"].as_str().is_some() && hit["score"].as_f64().is_some(),
+        "{hit}"
+    );
     assert_eq!(s[3]["structured"]["status"], "completed", "{}", s[3]);
     assert!(s[3]["structured"]["answer"].as_str().is_some_and(|a| !a.is_empty()));
     assert!(s[3]["structured"]["context_sources"].is_array(), "{}", s[3]);
-    assert!(!s[3]["progress"].as_array().unwrap().is_empty(), "no progress: {}", s[3]);
+    assert!(
+        !s[3]["progress"].as_array().unwrap().is_empty(),
+        "no progress: {}",
+        s[3]
+    );
     assert_eq!(s[4]["resources"].as_array().unwrap().len(), 2, "{}", s[4]);
     let threads: Value = serde_json::from_str(s[5]["contents"][0]["text"].as_str().unwrap()).unwrap();
     assert!(
@@ -169,7 +168,10 @@ async fn scopes_tenants_and_bound_users_are_refused_on_every_door() {
             &api,
             &acme,
             json!([
-                call("remember", json!({ "user_id": ana, "content": "Ana's cat is called Miso." })),
+                call(
+                    "remember",
+                    json!({ "user_id": ana, "content": "Ana's cat is called Miso." })
+                ),
                 call("remember", json!({ "content": "no user" })),
             ]),
         ),
@@ -192,14 +194,24 @@ async fn scopes_tenants_and_bound_users_are_refused_on_every_door() {
     )
     .await;
     let s = &r["steps"];
-    assert!(s[0]["structured"]["items"][0]["content"].as_str().unwrap().contains("Miso"), "{r}");
+    assert!(
+        s[0]["structured"]["items"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Miso"),
+        "{r}"
+    );
     for i in 1..4 {
         assert_eq!(refused(&s[i]), Some("scope_required"), "{r}");
     }
     // Another tenant's user of the same id holds nothing.
     let r = client(
         &py,
-        over_http(&api, &other, json!([call("recall", json!({ "user_id": ana, "query": "cat" }))])),
+        over_http(
+            &api,
+            &other,
+            json!([call("recall", json!({ "user_id": ana, "query": "cat" }))]),
+        ),
     )
     .await;
     assert_eq!(refused(&r["steps"][0]), Some("unknown_user"), "{r}");
@@ -209,11 +221,19 @@ async fn scopes_tenants_and_bound_users_are_refused_on_every_door() {
     // The bound reader on the HTTP API: its user only; the search route is
     // the same search as recall.
     let (s, body) = get(&api, &reader, &format!("/api/users/{bob}/memory")).await;
-    assert_eq!((s, body["code"].as_str()), (StatusCode::FORBIDDEN, Some("user_not_allowed")));
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("user_not_allowed"))
+    );
     let (s, body) = get(&api, &reader, &format!("/api/users/{ana}/memory/search?q=cat&limit=3")).await;
     assert_eq!(s, StatusCode::OK, "{body}");
     assert!(body["hits"][0]["content"].as_str().unwrap().contains("Miso"), "{body}");
-    let (s, body) = get(&api, &reader, &format!("/api/users/{ana}/memory/search?q=cat&when=yesterday")).await;
+    let (s, body) = get(
+        &api,
+        &reader,
+        &format!("/api/users/{ana}/memory/search?q=cat&when=yesterday"),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{body}");
     assert!(body["time_range"].is_array(), "{body}");
     // An admin forgets ana; her memory is gone.
@@ -268,7 +288,13 @@ async fn maasctl_mcp_serves_one_user_over_stdio() {
     let r = client(&py, plan).await;
     let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
     assert_eq!(refused(&s[0]), None, "{r}");
-    assert!(s[1]["structured"]["items"][0]["content"].as_str().unwrap().contains("Tuesday"), "{r}");
+    assert!(
+        s[1]["structured"]["items"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Tuesday"),
+        "{r}"
+    );
     assert_eq!(refused(&s[2]), Some("user_not_allowed"), "{r}");
     assert_eq!(s[3]["structured"]["status"], "completed", "{r}");
 }
