@@ -29,6 +29,8 @@
 
 #[path = "support/console.rs"]
 mod console;
+#[path = "support/mcp.rs"]
+mod mcp;
 #[path = "support/memory_scale.rs"]
 mod memory_scale;
 #[allow(
@@ -1002,6 +1004,9 @@ fn main() {
             console::console(&mut b, console_rows).await;
         }
         memory_scale::when_asked(&mut b, only.as_deref()).await;
+        if want("mcp") {
+            mcp::mcp(&mut b).await;
+        }
         let values: HashMap<String, f64> = b
             .results
             .iter()

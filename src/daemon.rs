@@ -149,6 +149,7 @@ pub async fn run(
             embedder: embedder.clone(),
             archivist: archivist.clone(),
         },
+        crate::mcp::http::router,
         shutdown.clone(),
     )?;
     let mut services: Vec<Arc<dyn Service>> = vec![

@@ -124,8 +124,13 @@
 //!    the engine because "archive now" runs the archivist.
 //! 9. Front ends: [`http`] (submit, status, long-poll, SSE, WebSocket,
 //!    health, metrics, OpenAPI; the operator console, `http::console`),
-//!    [`cli`] (`maasctl`), [`systemd`] (readiness, watchdog).
-//! 10. [`daemon`] — wires it all into `maasd`: one list of services.
+//!    [`systemd`] (readiness, watchdog).
+//! 10. [`mcp`] — the Model Context Protocol server (tools and resources
+//!     for agents), a front end over `http`'s state and doors: the same
+//!     tokens, scopes, caps and shared functions; mounted at `/mcp` by the
+//!     daemon, served over stdio by `maasctl mcp`.
+//! 11. [`cli`] (`maasctl`), above `mcp` for `maasctl mcp`.
+//! 12. [`daemon`] — wires it all into `maasd`: one list of services.
 //!
 //! Beyond the order: `repo` never uses `llm` (the data layer takes
 //! vectors, never a model); `stage` never uses `repo` and `stage` never
@@ -171,6 +176,7 @@ pub mod error;
 pub mod http;
 pub mod listener;
 pub mod llm;
+pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod repo;

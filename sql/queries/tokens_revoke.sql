@@ -5,7 +5,7 @@ WITH gone AS (
     SET revoked_at = now()
     FROM tenants n
     WHERE n.name = $2 AND t.tenant_id = n.id AND t.name = $1 AND t.revoked_at IS NULL
-    RETURNING t.id, t.name, n.name AS tenant, t.scope, t.operator, t.created_at, t.last_used_at, t.revoked_at
+    RETURNING t.id, t.name, n.name AS tenant, t.scope, t.operator, t.user_id, t.created_at, t.last_used_at, t.revoked_at
 ),
 audit AS (
     INSERT INTO operator_actions (action, actor, reason, detail)
@@ -13,4 +13,4 @@ audit AS (
            jsonb_build_object('token_id', id, 'name', name, 'tenant', tenant, 'scope', scope)
     FROM gone
 )
-SELECT id, name, tenant, scope, operator, created_at, last_used_at, revoked_at FROM gone
+SELECT id, name, tenant, scope, operator, user_id, created_at, last_used_at, revoked_at FROM gone

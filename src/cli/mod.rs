@@ -13,6 +13,7 @@ mod archivist;
 mod control;
 mod devdb;
 mod doctor;
+mod mcp;
 mod prompts;
 mod requests;
 mod stats;
@@ -109,6 +110,16 @@ pub enum Command {
     Tokens {
         #[command(subcommand)]
         command: tenants::TokensCommand,
+    },
+    /// The MCP server over stdio for one user, for a local desktop client
+    /// (a local trust: the CLI's database rights; see docs/mcp.md).
+    Mcp {
+        /// The user the agent acts for (the tenant's own user id).
+        #[arg(long)]
+        user: uuid::Uuid,
+        /// The user's tenant.
+        #[arg(long, default_value = "default")]
+        tenant: String,
     },
     /// A private PostgreSQL cluster for development, tests and benchmarks.
     #[command(name = "dev-db")]
@@ -207,6 +218,10 @@ pub async fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Tokens { command } => {
             let cfg = Config::load(cli.config.as_deref())?;
             tenants::tokens(&cfg, command, &actor(cli.operator), cli.json).await
+        }
+        Command::Mcp { user, tenant } => {
+            let cfg = Config::load(cli.config.as_deref())?;
+            mcp::run(&cfg, user, &tenant).await
         }
     }
 }

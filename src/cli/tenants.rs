@@ -98,6 +98,11 @@ pub enum TokensCommand {
         /// tenant's. (`--operator` names the acting operator.)
         #[arg(long)]
         all_tenants: bool,
+        /// Bind the token to this user of its tenant (the tenant's own
+        /// user id): it acts for that user only, on every door (HTTP, MCP);
+        /// any other user id is refused.
+        #[arg(long)]
+        user: Option<uuid::Uuid>,
     },
     /// Tokens (never the token itself).
     List {
@@ -355,7 +360,11 @@ fn print_token(info: &TokenInfo, token: &str, json: bool) {
             info.name,
             info.tenant,
             info.scope,
-            if info.operator { ", operator" } else { "" },
+            match (info.operator, info.user_id) {
+                (true, _) => ", operator".to_owned(),
+                (false, Some(u)) => format!(", user {u}"),
+                (false, None) => String::new(),
+            },
             info.id
         );
     }
@@ -369,12 +378,14 @@ pub async fn tokens(cfg: &Config, cmd: TokensCommand, actor: &str, json: bool) -
             tenant,
             scope,
             all_tenants,
+            user,
         } => {
             let t = NewToken {
                 name: &name,
                 tenant: &tenant,
                 scope: &scope,
                 operator: all_tenants,
+                user,
             };
             create_token(&client, t, actor, json).await
         }
@@ -490,6 +501,7 @@ async fn rotate_token(
         tenant,
         scope: &old.scope,
         operator: old.operator,
+        user: old.user_id,
     };
     let made = tenants::create_token(&tx, again, &hash, actor).await?;
     tx.commit().await.map_err(crate::db::Error::from)?;

@@ -114,7 +114,18 @@ async fn show_search(
     json: bool,
 ) -> Result<Outcome, CliError> {
     let embedder = crate::llm::embed::configured(&cfg.llm).map_err(|e| CliError::Usage(format!("embeddings: {e}")))?;
-    let found = match users::search(client, cfg, user, q, embedder.as_ref()).await {
+    let found = match users::search(
+        client,
+        cfg,
+        user,
+        users::Search {
+            query: q,
+            ..Default::default()
+        },
+        embedder.as_ref(),
+    )
+    .await
+    {
         Ok(v) => v,
         Err(e) => return finding(e),
     };

@@ -83,6 +83,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     20 => "0020_tenant_roles.sql",
     21 => "0021_analyzer_earlier_turns.sql",
     22 => "0022_answer_streaming.sql",
+    23 => "0023_token_user.sql",
     24 => "0024_embedding_codes.sql",
 ];
 

@@ -107,21 +107,11 @@ pub async fn submit(
         true => Some(app.streams.enter(caller)?),
         false => None,
     };
-    let mut client = app.pool.get().await?;
-    let (id, replayed) = if who.limited {
-        // Counted and inserted under the tenant's row lock (tenancy).
-        let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-        tenancy::check_limits(&tx, &who).await?;
-        let done = insert(&app, &tx, &req, key).await?;
-        tx.commit().await.map_err(crate::db::Error::from)?;
-        done
-    } else {
-        insert(&app, &client, &req, key).await?
-    };
+    who.acts_for(sub.user_id, "user_id")?;
+    let (id, replayed) = enqueue(&app, &who, &req, key).await?;
     if !replayed {
         tracing::debug!(request.id = %id, tenant = %who.tenant_name, "http: request submitted");
     }
-    drop(client);
     let mut resp = match place {
         Some(place) => {
             let sub = app.hub.subscribe_streaming(Target::Request(id), STREAM_QUEUE);
@@ -186,6 +176,28 @@ fn resume_from(raw: Option<&str>, name: &str) -> Result<Option<Cursor>, ApiError
             })
         })
         .transpose()
+}
+
+/// Submits `req` for caller `who`: checks the tenant's limits and inserts
+/// (under the idempotency key, when given) in one transaction; its id, and
+/// whether it was an earlier request's replay. The one submission of
+/// `POST /api/query` and of the MCP tool `ask`.
+pub async fn enqueue(
+    app: &AppState,
+    who: &Principal,
+    req: &NewRequest<'_>,
+    key: Option<&str>,
+) -> Result<(Uuid, bool), ApiError> {
+    let mut client = app.pool.get().await?;
+    if !who.limited {
+        return insert(app, &client, req, key).await;
+    }
+    // Counted and inserted under the tenant's row lock (tenancy).
+    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
+    tenancy::check_limits(&tx, who).await?;
+    let done = insert(app, &tx, req, key).await?;
+    tx.commit().await.map_err(crate::db::Error::from)?;
+    Ok(done)
 }
 
 /// Inserts `req` (under the idempotency key, when given): its id, and
@@ -479,6 +491,7 @@ pub async fn ws(
         (None, Some(u)) => {
             who.require(Need::ReadUser)?;
             let user = parse_id(u, "user")?;
+            who.acts_for(user, "user_id")?;
             let client = app.pool.get().await?;
             Target::User(tenancy::stored_user(&client, &who, user).await?)
         }

@@ -29,6 +29,9 @@
 //!   anything but a loopback address. Tokens of the database
 //!   (`maasctl tokens`) carry a tenant and a scope ([`tenancy`]); a caller
 //!   sees only its tenant's requests, streams and users.
+//! - `/mcp` is the Model Context Protocol server (`crate::mcp`), mounted by
+//!   the daemon ([`Mount`]) behind the same tokens, guards and caps, and
+//!   outside the OpenAPI document.
 //! - `/console` is the operator console ([`console`]): HTML pages behind
 //!   the same tokens (a login form and a session cookie), outside the
 //!   OpenAPI document.
@@ -183,6 +186,7 @@ pub fn routes() -> Routes {
         .get("/api/query/{id}/status", api::status)
         .post("/api/query/{id}/continue", operate::act::<operate::Continue>)
         .get("/api/users/{id}/memory", users::memory)
+        .get("/api/users/{id}/memory/search", users::memory_search)
         .put("/api/users/{id}/memory/{record}", users::replace_summary)
         .delete("/api/users/{id}/memory/{record}", users::delete_record)
         .delete("/api/users/{id}/turns/{turn}", users::delete_turn)
@@ -204,10 +208,17 @@ pub fn routes() -> Routes {
         .merge(api)
 }
 
-/// The application with its middleware and state.
-pub fn app(state: AppState) -> Router {
+/// Routes of a door built above this module (the MCP server,
+/// `crate::mcp::http`), given the state: they are served behind the same
+/// authentication and middleware as the `/api` routes.
+pub type Mount = fn(&AppState) -> Router<AppState>;
+
+/// The application with its middleware and state, and the routes of `mount`.
+pub fn app(state: AppState, mount: Mount) -> Router {
+    let door = mount(&state).route_layer(middleware::from_fn(auth));
     routes()
         .router
+        .merge(door)
         .merge(console::router())
         .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no_route", "no such route") })
         .layer(middleware::from_fn(input::json_errors))
@@ -395,17 +406,17 @@ pub struct MemoryServices {
     pub archivist: Arc<crate::archivist::Archivist>,
 }
 
-/// Starts serving on `bound`: the live hub and the server. Call before the
-/// engine runs, so the hub sees every notification.
-pub fn start(
-    bound: Bound,
+/// The server's state and its helper tasks (the live hub), without a
+/// listener: what [`start`] serves, and what `maasctl mcp` serves over
+/// stdio. Installs the metrics recorder.
+pub fn state(
     cfg: Arc<Config>,
     pool: Pool,
     notifier: Arc<Notifier>,
     stats: Arc<Stats>,
     memory: MemoryServices,
     shutdown: CancellationToken,
-) -> Result<Server, HttpError> {
+) -> Result<(AppState, TaskTracker), HttpError> {
     let handle = crate::metrics::install()?;
     crate::metrics::register_llm_provider(&cfg.llm_provider);
     crate::metrics::register_http();
@@ -452,7 +463,26 @@ pub fn start(
         embedder: memory.embedder,
         archivist: memory.archivist,
     }));
-    let router = app(state);
+    Ok((state, helpers))
+}
+
+/// Starts serving on `bound`: the live hub and the server, with the routes
+/// of `mount` (the MCP server). Call before the engine runs, so the hub
+/// sees every notification.
+#[allow(clippy::too_many_arguments)]
+pub fn start(
+    bound: Bound,
+    cfg: Arc<Config>,
+    pool: Pool,
+    notifier: Arc<Notifier>,
+    stats: Arc<Stats>,
+    memory: MemoryServices,
+    mount: Mount,
+    shutdown: CancellationToken,
+) -> Result<Server, HttpError> {
+    let (state, helpers) = state(cfg.clone(), pool, notifier, stats, memory, shutdown.clone())?;
+    let handle = state.metrics.clone();
+    let router = app(state, mount);
     let opts = serve::Options {
         header_read_timeout: cfg.http.header_read_timeout(),
         send_timeout: cfg.http.stream_send_timeout(),

@@ -102,6 +102,7 @@ fn base_document() -> Value {
         submit_paths(),
         action_paths(),
         memory_paths(),
+        search_paths(),
         user_paths(),
         stream_paths(),
         probe_paths(),
@@ -257,6 +258,42 @@ fn action_paths() -> Value {
                     "401": error_response("Missing or wrong bearer token"),
                     "404": error_response("No such request"),
                     "409": error_response("The run is not resting between stages")
+                }
+            }
+        }
+    })
+}
+
+/// The search of a user's memory (the MCP tool `recall` runs the same).
+fn search_paths() -> Value {
+    json!({
+        "/api/users/{id}/memory/search": {
+            "get": {
+                "summary": "Search a user's memory with the pipeline's plan and ranking (the MCP tool recall runs the same search)",
+                "security": secured(),
+                "parameters": [
+                    user_param(),
+                    { "name": "q", "in": "query", "required": true, "description": "Search text, 1 to 2000 characters.", "schema": { "type": "string" } },
+                    { "name": "when", "in": "query", "required": false, "description": "A time phrase (last week, in May 2023, 2023-05-08, вчера): items inside that period come first.", "schema": { "type": "string" } },
+                    { "name": "limit", "in": "query", "required": false, "description": "At most this many hits, 1 to 500 (default all the retrieval finds).", "schema": { "type": "integer" } }
+                ],
+                "responses": {
+                    "200": object_response(
+                        "The hits, in the order the assembler packs them, with their scores and sources",
+                        json!({
+                            "user_id": { "type": "string", "format": "uuid" },
+                            "memory_version": { "type": "integer" },
+                            "query": { "type": "string" },
+                            "time_range": { "type": "array", "items": { "type": "string", "format": "date-time" } },
+                            "hits": { "type": "array" }
+                        })
+                    ),
+                    "400": error_response("Malformed id or query parameter, or no q"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "403": error_response("The token lacks scope read (scope_required) or is bound to another user (user_not_allowed)"),
+                    "404": error_response("Nothing is held about the user (unknown_user), or it was forgotten (user_forgotten)"),
+                    "409": error_response("The user is being forgotten (erase_running)"),
+                    "429": error_response("Too many searches of this token at once (too_many_searches)")
                 }
             }
         }
@@ -615,6 +652,7 @@ mod tests {
                 "GET /api/query/{id}/status",
                 "GET /api/users/{id}/export",
                 "GET /api/users/{id}/memory",
+                "GET /api/users/{id}/memory/search",
                 "GET /api/ws",
                 "GET /healthz",
                 "GET /metrics",

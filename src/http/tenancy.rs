@@ -21,9 +21,16 @@
 //! |------------------------------------------------|--------------|--------|------|---------|-------|
 //! | `POST /api/query`                              | submit       | yes    | –    | yes     | yes   |
 //! | `GET /api/query/{id}/status`, `/events`, `GET /api/ws?request_id=` | read request | yes | yes | yes | yes |
-//! | `GET /api/ws?user_id=`, `GET /api/users/{id}/memory`, `/export`, `GET /api/query/{id}/status?include=context` | read user | – | yes | yes | yes |
+//! | `GET /api/ws?user_id=`, `GET /api/users/{id}/memory`, `/memory/search`, `/export`, `GET /api/query/{id}/status?include=context` | read user | – | yes | yes | yes |
 //! | `POST /api/query/{id}/cancel`, `/retry`, `/continue`; `PUT`/`DELETE /api/users/{id}/memory/{record}`, `DELETE /api/users/{id}/turns/{turn}` | operate | – | – | yes | yes |
 //! | `DELETE /api/users/{id}` (forget)              | admin        | –      | –    | –       | yes   |
+//!
+//! `/mcp` needs any valid token; each MCP tool asks for the need of its
+//! HTTP twin (`crate::mcp`).
+//!
+//! User binding: a token made with `--user U` ([`Principal::user`]) acts
+//! for that one user of its tenant; every door checks a user id it is
+//! given with [`Principal::acts_for`] (403 `user_not_allowed`).
 //!
 //! A refusal is 403 `scope_required` naming the scope needed. The
 //! console's rows of the table are in `docs/deploying.md`, which
@@ -140,7 +147,11 @@ impl Need {
     pub fn of_route(method: &Method, path: &str) -> Need {
         match (method.as_str(), path) {
             ("POST", "/api/query") => Need::Submit,
-            ("GET", "/api/users/{id}/memory" | "/api/users/{id}/export") => Need::ReadUser,
+            ("GET", "/api/users/{id}/memory" | "/api/users/{id}/memory/search" | "/api/users/{id}/export") => {
+                Need::ReadUser
+            }
+            // Any scope reaches the MCP server; each tool asks for its own.
+            (_, "/mcp") => Need::ReadRequest,
             ("GET", _) => Need::ReadRequest,
             ("DELETE", "/api/users/{id}") => Need::Admin,
             _ => Need::Operate,
@@ -165,6 +176,9 @@ pub struct Principal {
     /// loopback mode, or a database token made with `--operator`); the
     /// JSON API ignores it.
     pub operator: bool,
+    /// The one user this caller acts for (the tenant's own id; a token
+    /// made with `--user`): any other user id is refused on every door.
+    pub user: Option<Uuid>,
 }
 
 impl Principal {
@@ -178,6 +192,7 @@ impl Principal {
             limited: false,
             token_id: None,
             operator: true,
+            user: None,
         }
     }
 
@@ -190,11 +205,25 @@ impl Principal {
             limited: r.requests_per_minute.is_some() || r.max_in_flight.is_some(),
             token_id: Some(r.id),
             operator: r.operator,
+            user: r.user_id,
         })
     }
 
     pub fn is_default(&self) -> bool {
         self.tenant == tenants::DEFAULT
+    }
+
+    /// 403 `user_not_allowed` naming `field` when this caller is bound to
+    /// a user other than `user` (the tenant's own id).
+    pub fn acts_for(&self, user: Uuid, field: &str) -> Result<(), ApiError> {
+        match self.user {
+            Some(bound) if bound != user => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "user_not_allowed",
+                format!("{field}: token `{}` acts for user {bound} only, not {user}", self.token),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// 403 naming the scope needed unless this caller's scope allows `need`.

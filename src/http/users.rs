@@ -4,6 +4,9 @@
 //! caller's tenant's: it is mapped to the stored user id in SQL, and
 //! answers show the tenant's id.
 //!
+//! A token bound to a user (`maasctl tokens create … --user U`) reaches
+//! only that user: any other id in the path is 403 `user_not_allowed`.
+//!
 //! Answers: 404 `unknown_user` when nothing is held about the user (the
 //! body keeps `memory_version: 0` for clients that only read the version),
 //! 404 `user_forgotten` after an erase, 409 `erase_running` while one
@@ -53,7 +56,11 @@ impl From<UserError> for ApiError {
 
 /// A 404 for a user with nothing held still carries the user and version 0.
 fn user_error(user: Uuid, e: UserError) -> Response {
-    let e = ApiError::from(e);
+    refusal(user, ApiError::from(e))
+}
+
+/// [`user_error`] of an error already mapped.
+fn refusal(user: Uuid, e: ApiError) -> Response {
     if e.status == StatusCode::NOT_FOUND && e.code != "not_found" {
         let body = json!({ "error": e.message, "code": e.code, "user_id": user, "memory_version": 0 });
         return (e.status, Json(body)).into_response();
@@ -67,6 +74,13 @@ async fn user_key(app: &AppState, who: &Principal, raw: &str) -> Result<UserKey,
     let shown = raw
         .parse::<Uuid>()
         .map_err(|_| ApiError::bad_request("invalid_id", format!("{raw:?} is not a user id (a UUID)")))?;
+    who.acts_for(shown, "the user id in the path")?;
+    user_of(app, who, shown).await
+}
+
+/// The caller's user `shown` as a [`UserKey`] (stored id mapped in SQL for
+/// a tenant); the caller's user binding is the caller's to check first.
+pub async fn user_of(app: &AppState, who: &Principal, shown: Uuid) -> Result<UserKey, ApiError> {
     if who.is_default() && shown.get_version_num() != 8 {
         return Ok(UserKey::new(shown));
     }
@@ -145,23 +159,15 @@ async fn user_call(
 pub async fn memory(caller: Option<Extension<Caller>>, parts: UserParts) -> Result<Response, ApiError> {
     let (app, user, params) = user_call(parts).await?;
     if let Some(q) = params.get("q") {
-        if q.trim().is_empty() {
-            return Err(ApiError::bad_request("invalid_query", "q must not be empty"));
-        }
-        if q.chars().count() > MAX_SEARCH_CHARS {
-            return Err(ApiError::bad_request(
-                "invalid_query",
-                format!("q is longer than {MAX_SEARCH_CHARS} characters"),
-            ));
-        }
-        let _place = app.searches.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
-        let client = app.pool.get().await?;
-        return Ok(
-            match users::search(&client, &app.cfg, user, q, app.embedder.as_ref()).await {
-                Ok(v) => Json(v).into_response(),
-                Err(e) => user_error(user.shown, e),
-            },
-        );
+        let place = searching(&app, caller)?;
+        let s = users::Search {
+            query: q,
+            ..Default::default()
+        };
+        return Ok(match search(&app, user, s, place).await {
+            Ok(v) => Json(v).into_response(),
+            Err(e) => refusal(user.shown, e),
+        });
     }
     let limit = match int_param(&params, "limit")? {
         None => DEFAULT_LIMIT,
@@ -180,6 +186,67 @@ pub async fn memory(caller: Option<Extension<Caller>>, parts: UserParts) -> Resu
         Ok(v) => Json(v).into_response(),
         Err(e) => user_error(user.shown, e),
     })
+}
+
+/// `GET /api/users/{id}/memory/search?q=TEXT[&when=PHRASE][&limit=N]`: the
+/// hits of the pipeline's retrieval for TEXT, dated, with their sources and
+/// scores; items inside the period `when` names (`last week`, `in May
+/// 2023`) first; at most `limit` (1 to [`MAX_LIMIT`]). The MCP tool
+/// `recall` runs the same [`search`].
+pub async fn memory_search(caller: Option<Extension<Caller>>, parts: UserParts) -> Result<Response, ApiError> {
+    let (app, user, params) = user_call(parts).await?;
+    let q = params
+        .get("q")
+        .ok_or_else(|| ApiError::bad_request("invalid_query", "q is required"))?;
+    let limit = match int_param(&params, "limit")? {
+        None => None,
+        Some(n) => Some(
+            usize::try_from(n)
+                .ok()
+                .filter(|n| (1..=MAX_LIMIT).contains(n))
+                .ok_or_else(|| {
+                    ApiError::bad_request("invalid_query", format!("limit={n}: expected 1 to {MAX_LIMIT}"))
+                })?,
+        ),
+    };
+    let place = searching(&app, caller)?;
+    let s = users::Search {
+        query: q,
+        when: params.get("when").map(String::as_str),
+        limit,
+    };
+    Ok(match search(&app, user, s, place).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => refusal(user.shown, e),
+    })
+}
+
+/// A place among the caller's running searches (`http.max_searches_per_token`).
+pub fn searching(app: &AppState, caller: Option<Extension<Caller>>) -> Result<super::limits::Pass, ApiError> {
+    app.searches.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))
+}
+
+/// Searches `user`'s memory as the pipeline does ([`users::search`]),
+/// holding `place` meanwhile: the one search of the HTTP route and of the
+/// MCP tool `recall`. `q` must be 1 to [`MAX_SEARCH_CHARS`] characters.
+pub async fn search(
+    app: &AppState,
+    user: UserKey,
+    s: users::Search<'_>,
+    place: super::limits::Pass,
+) -> Result<users::SearchView, ApiError> {
+    let _place = place;
+    if s.query.trim().is_empty() {
+        return Err(ApiError::bad_request("invalid_query", "q must not be empty"));
+    }
+    if s.query.chars().count() > MAX_SEARCH_CHARS {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("q is longer than {MAX_SEARCH_CHARS} characters"),
+        ));
+    }
+    let client = app.pool.get().await?;
+    Ok(users::search(&client, &app.cfg, user, s, app.embedder.as_ref()).await?)
 }
 
 /// The user and the row of a `DELETE` of a record or turn, and its query.

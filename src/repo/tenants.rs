@@ -82,6 +82,9 @@ super::row_struct! {
         pub max_in_flight: Option<i32>,
         /// The console shows this token every tenant.
         pub operator: bool,
+        /// The one user (the tenant's own id) the token acts for; `None`:
+        /// any of its tenant's users.
+        pub user_id: Option<Uuid>,
     }
 }
 
@@ -267,20 +270,24 @@ super::row_struct! {
         pub tenant: String,
         pub scope: String,
         pub operator: bool,
+        /// The user the token is bound to (`--user`).
+        pub user_id: Option<Uuid>,
         pub created_at: DateTime<Utc>,
         pub last_used_at: Option<DateTime<Utc>>,
         pub revoked_at: Option<DateTime<Utc>>,
     }
 }
 
-/// A token to create: its name, tenant (by name), scope and whether it is
-/// an operator's (the console shows it every tenant).
+/// A token to create: its name, tenant (by name), scope, whether it is
+/// an operator's (the console shows it every tenant) and the user it is
+/// bound to (`None`: any of the tenant's users).
 #[derive(Debug, Clone, Copy)]
 pub struct NewToken<'a> {
     pub name: &'a str,
     pub tenant: &'a str,
     pub scope: &'a str,
     pub operator: bool,
+    pub user: Option<Uuid>,
 }
 
 /// Stores a new token's hash, recorded as `actor`'s action; `None` when
@@ -294,7 +301,15 @@ pub async fn create_token(
     super::query_opt_as(
         client,
         TOKEN_CREATE,
-        &[&t.name, &t.tenant, &t.scope, &hash.as_slice(), &actor, &t.operator],
+        &[
+            &t.name,
+            &t.tenant,
+            &t.scope,
+            &hash.as_slice(),
+            &actor,
+            &t.operator,
+            &t.user,
+        ],
     )
     .await
 }

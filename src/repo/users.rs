@@ -43,6 +43,8 @@ super::statements! {
     EXPORT_STEPS = "users_export_steps",
     EXPORT_TURNS = "users_export_turns",
     EXPORT_RECORDS = "users_export_records",
+    REMEMBER = "users_remember",
+    THREADS = "users_threads",
 }
 
 /// Whose data a statement reads or changes: the stored user id (a
@@ -395,4 +397,42 @@ pub async fn export_records(
     limit: usize,
 ) -> Result<Vec<ExportRecord>, Error> {
     user_page(client, EXPORT_RECORDS, user, &after, limit).await
+}
+
+super::row_struct! {
+    /// A turn stored by [`remember`].
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Remembered {
+        pub id: i64,
+        pub thread_id: Uuid,
+        pub created_at: DateTime<Utc>,
+    }
+}
+
+/// Stores `content` as what `user` said in `thread` (a `user_query` turn);
+/// `None` when the guard dropped it (the user was forgotten).
+pub async fn remember(
+    client: &impl GenericClient,
+    user: UserKey,
+    thread: Uuid,
+    content: &str,
+) -> Result<Option<Remembered>, Error> {
+    super::query_opt_as(client, REMEMBER, &[&user.user_id, &thread, &content]).await
+}
+
+super::row_struct! {
+    /// One of a user's recent threads.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct ThreadView {
+        pub thread_id: Uuid,
+        pub turns: i64,
+        pub started_at: DateTime<Utc>,
+        pub last_at: DateTime<Utc>,
+        pub last_turn: String,
+    }
+}
+
+/// `user`'s most recent threads, newest first, at most `limit`.
+pub async fn threads(client: &impl GenericClient, user: UserKey, limit: usize) -> Result<Vec<ThreadView>, Error> {
+    super::query_as(client, THREADS, &[&user.user_id, &super::as_limit(limit)]).await
 }

@@ -182,46 +182,107 @@ pub struct SearchView {
     pub user_id: Uuid,
     pub memory_version: i64,
     pub query: String,
+    /// The period the time phrase named (`when`), whose items come first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_range: Option<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>,
     pub hits: Vec<MemoryItem>,
 }
 
+/// What to search a user's memory for: the text, an optional time phrase
+/// (`last week`, `in May 2023`, `вчера`: the forms of
+/// [`crate::timescope::range()`]) and at most how many items.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Search<'a> {
+    pub query: &'a str,
+    pub when: Option<&'a str>,
+    pub limit: Option<usize>,
+}
+
 /// Runs the retrieval the pipeline runs for a request of `user` whose
-/// search text is `query` (long-term memory only: no thread, no request),
-/// with its semantic part when `embedder` is given; a query that cannot be
-/// embedded is searched on full text alone, as in the pipeline.
+/// search text is `s.query` (long-term memory only: no thread, no request):
+/// the same plan ([`crate::stage::memory::plan`], with `s.when` as the
+/// analysis' time scope, so items inside that period come first) and the
+/// same ranking, with its semantic part when `embedder` is given; a query
+/// that cannot be embedded is searched on full text alone, as in the
+/// pipeline. At most `s.limit` items, in the order the assembler packs them.
 pub async fn search(
     client: &deadpool_postgres::Client,
     cfg: &Config,
     user: UserKey,
-    query: &str,
+    s: Search<'_>,
     embedder: Option<&crate::llm::embed::Embedder>,
 ) -> Result<SearchView, UserError> {
     let st = live_state(client, user).await?;
-    let semantic = crate::llm::embed::Embedder::for_search(embedder, query)
+    let analysis = crate::stage::Analysis::from_json(&serde_json::json!({
+        "needs_context": true,
+        "context_type": "topic",
+        "time_scope": s.when.unwrap_or("none"),
+    }))
+    .map_err(|e| UserError::Db(db::Error::Unexpected(format!("the search's plan: {e}"))))?;
+    let plan = crate::stage::memory::plan(Some(&analysis), s.query, None, chrono::Utc::now());
+    let semantic = crate::llm::embed::Embedder::for_search(embedder, &plan.query)
         .await
         .map(|(embedding, model)| repo::memory::Semantic {
             embedding,
             model,
             weight: cfg.memory.semantic_weight,
         });
-    let s = repo::memory::MemorySearch {
+    let search = repo::memory::MemorySearch {
         user_id: user.user_id,
         request_id: Uuid::nil(),
         thread_id: None,
         thread_turns: 0,
-        query,
+        query: &plan.query,
         hits: cfg.memory.hits,
         window: cfg.memory.window,
         records: cfg.memory.records,
         semantic,
     };
-    let hits = repo::memory::search(client, &s).await?;
+    let mut hits = plan.arrange(repo::memory::search(client, &search).await?);
+    if let Some(limit) = s.limit {
+        hits.truncate(limit);
+    }
     Ok(SearchView {
         user_id: user.shown,
         memory_version: st.memory_version.unwrap_or(0),
-        query: query.to_owned(),
+        query: s.query.to_owned(),
+        time_range: plan.time_range,
         hits,
     })
+}
+
+/// Stores `content` as a turn the user said (`user_query`) in `thread`, or
+/// in a new thread: a row of `raw_logs` like the turns of the SQL
+/// interface, which the archivist and the embedder take up like any other.
+/// Refused for a user that was forgotten or is being forgotten.
+pub async fn remember(
+    client: &impl GenericClient,
+    user: UserKey,
+    thread: Option<Uuid>,
+    content: &str,
+) -> Result<repo::users::Remembered, UserError> {
+    let st = repo::users::state(client, user).await?;
+    if standing(&st, user).or_else(|e| match e {
+        UserError::Unknown(_) => Ok(Standing::Held),
+        e => Err(e),
+    })? == Standing::Erasing
+    {
+        return Err(UserError::Erasing(user.shown));
+    }
+    let thread = thread.unwrap_or_else(Uuid::new_v4);
+    repo::users::remember(client, user, thread, content)
+        .await?
+        .ok_or(UserError::Erasing(user.shown))
+}
+
+/// The user's most recent threads (newest first), at most `limit`.
+pub async fn threads(
+    client: &impl GenericClient,
+    user: UserKey,
+    limit: usize,
+) -> Result<Vec<repo::users::ThreadView>, UserError> {
+    live_state(client, user).await?;
+    Ok(repo::users::threads(client, user, limit).await?)
 }
 
 /// One correction of a user's memory.

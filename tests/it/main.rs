@@ -17,6 +17,7 @@ mod http;
 mod https;
 mod layers;
 mod llm;
+mod mcp;
 mod memory;
 mod memory_scale;
 mod metadata;

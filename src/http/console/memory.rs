@@ -116,9 +116,18 @@ async fn user_data(app: &AppState, s: &Session, id: &str, uq: &UserQuery) -> Res
     } else {
         // The plan the assemble stage makes for a query without analysis.
         let plan = crate::stage::memory::plan(None, q, None, Utc::now());
-        let found = users::search(&c, &app.cfg, user, &plan.query, app.embedder.as_ref())
-            .await
-            .map_err(user_fail)?;
+        let found = users::search(
+            &c,
+            &app.cfg,
+            user,
+            users::Search {
+                query: &plan.query,
+                ..Default::default()
+            },
+            app.embedder.as_ref(),
+        )
+        .await
+        .map_err(user_fail)?;
         Some(plan.arrange(found.hits))
     };
     Ok(context! {

@@ -1,0 +1,428 @@
+//! The MCP tools: their arguments (whose JSON Schema the client sees), and
+//! each tool over the one function its HTTP twin calls.
+
+use std::time::Duration;
+
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ProgressNotificationParam};
+use rmcp::schemars::JsonSchema;
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, tool, tool_router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::{Refusal, Server, answer};
+use crate::http::input::{MAX_QUERY_CHARS, check_field};
+use crate::http::live::{Follower, RequestState, Target};
+use crate::http::tenancy::Need;
+use crate::model::MemoryItem;
+use crate::repo::requests::NewRequest;
+use crate::users::{self, Correction, Why};
+
+/// How long `ask` waits for the answer unless told, and at most.
+const ASK_WAIT: Duration = Duration::from_secs(120);
+const ASK_MAX_WAIT: Duration = Duration::from_secs(600);
+/// Most items `recall` returns.
+const RECALL_MAX: usize = 100;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct RememberArgs {
+    /// What the user said or a fact about them, in their words, e.g. "My
+    /// sister Ana moves to Lisbon in May."
+    pub content: String,
+    /// The user (a UUID). Leave out when the token is bound to a user.
+    pub user_id: Option<String>,
+    /// The conversation thread (a UUID) to add the turn to; a new thread
+    /// when left out (it is returned, pass it next time to keep turns
+    /// together).
+    pub thread_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct RecallArgs {
+    /// What to look for, in plain words ("where does my sister live",
+    /// "favourite food").
+    pub query: String,
+    /// An optional period the memory is about: "last week", "yesterday",
+    /// "in May 2023", "2023-05-08", "3 days ago", "recently"; items from it
+    /// come first.
+    pub when: Option<String>,
+    /// At most this many items (1 to 100; default all the pipeline finds).
+    pub limit: Option<u32>,
+    /// The user (a UUID). Leave out when the token is bound to a user.
+    pub user_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct AskArgs {
+    /// The user's question, as they asked it.
+    pub query: String,
+    /// The user (a UUID). Leave out when the token is bound to a user.
+    pub user_id: Option<String>,
+    /// The conversation thread (a UUID) the question belongs to.
+    pub thread_id: Option<String>,
+    /// How long to wait for the answer, in seconds (default 120, at most
+    /// 600); past it the result says `processing` with the request id.
+    pub timeout_secs: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct ForgetArgs {
+    /// The user (a UUID) whose memory is erased. Leave out when the token
+    /// is bound to a user.
+    pub user_id: Option<String>,
+    /// Why, recorded with the tombstone.
+    pub reason: Option<String>,
+}
+
+/// What `correct` does.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(rename_all = "snake_case")]
+pub enum CorrectAction {
+    /// Replace a record's summary with `summary`.
+    ReplaceSummary,
+    /// Delete a record (a summary of turns).
+    DeleteRecord,
+    /// Delete a turn (one message).
+    DeleteTurn,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct CorrectArgs {
+    /// `replace_summary` or `delete_record` (a record's id), or
+    /// `delete_turn` (a turn's id): the `kind` and `id` of a `recall` item.
+    pub action: CorrectAction,
+    /// The record's or turn's id.
+    pub id: i64,
+    /// The new summary, for `replace_summary`.
+    pub summary: Option<String>,
+    /// The user (a UUID). Leave out when the token is bound to a user.
+    pub user_id: Option<String>,
+    /// Why, recorded with the correction.
+    pub reason: Option<String>,
+}
+
+/// A UUID argument named `field`, if given.
+fn uuid_arg(field: &str, raw: Option<&str>) -> Result<Option<Uuid>, Refusal> {
+    raw.map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(|r| {
+            r.parse::<Uuid>()
+                .map_err(|_| Refusal::new("invalid_argument", format!("{field}: {r:?} is not a UUID")))
+        })
+        .transpose()
+}
+
+/// A text argument named `field`: not blank, no NUL, at most `max` characters.
+fn text_arg(field: &str, s: &str, max: usize) -> Result<(), Refusal> {
+    if s.trim().is_empty() {
+        return Err(Refusal::new("invalid_argument", format!("{field} must not be empty")));
+    }
+    if s.chars().count() > max {
+        return Err(Refusal::new(
+            "invalid_argument",
+            format!("{field} is longer than {max} characters"),
+        ));
+    }
+    Ok(check_field(field, s)?)
+}
+
+/// One `recall` item: what it says, when, whose words, its source and score.
+fn item(i: &MemoryItem) -> Value {
+    let said_by = match i.message_type.as_deref() {
+        Some("user_query") => "user",
+        Some(_) => "assistant",
+        None => "summary",
+    };
+    json!({
+        "content": i.content,
+        "date": i.created_at,
+        "period_end": i.period_end,
+        "said_by": said_by,
+        "source": { "kind": i.kind, "id": i.id, "thread_id": i.thread_id },
+        "why": i.why,
+        "score": i.score,
+    })
+}
+
+/// The actor of an MCP action: `mcp:TOKEN`.
+fn actor(who: &crate::http::tenancy::Principal) -> String {
+    format!("mcp:{}", who.token)
+}
+
+#[tool_router]
+impl Server {
+    #[tool(
+        description = "Store something the user said, or a fact about them, in their long-term memory. \
+It becomes a turn of a conversation thread (a new one unless thread_id is given); maas archives and \
+indexes it like any other turn, so `recall` and `ask` find it later. Needs scope submit."
+    )]
+    async fn remember(
+        &self,
+        Parameters(a): Parameters<RememberArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(answer(self.do_remember(a, &ctx).await))
+    }
+
+    #[tool(
+        description = "Search the user's long-term memory with the same plan and ranking maas's own \
+pipeline uses (full text, and meaning when embeddings are on). Returns dated items, newest evidence \
+with its source (a turn or a record and its id, for `correct`), who said it, and its score. Give \
+`when` for a period (\"last week\", \"in May 2023\"). Needs scope read."
+    )]
+    async fn recall(
+        &self,
+        Parameters(a): Parameters<RecallArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(answer(self.do_recall(a, &ctx).await))
+    }
+
+    #[tool(
+        description = "Ask maas's full pipeline a question for the user: it analyses the question, \
+assembles context from the user's memory and answers with its configured model. Sends progress \
+notifications while it runs; returns the answer and the memory it used (context_sources). The \
+question and answer become turns of the user's memory. Needs scope submit."
+    )]
+    async fn ask(
+        &self,
+        Parameters(a): Parameters<AskArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(answer(self.do_ask(a, &ctx).await))
+    }
+
+    #[tool(
+        description = "Erase everything maas holds about the user (requests, turns, records), for good, \
+leaving a tombstone: later requests for the user are refused. The erase runs in the background. \
+Needs scope admin."
+    )]
+    async fn forget(
+        &self,
+        Parameters(a): Parameters<ForgetArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(answer(self.do_forget(a, &ctx).await))
+    }
+
+    #[tool(
+        description = "Correct one item of the user's memory, named by the `source` of a `recall` item: \
+replace a record's summary (action replace_summary with summary), delete a record (delete_record) \
+or delete a turn (delete_turn). Needs scope operate."
+    )]
+    async fn correct(
+        &self,
+        Parameters(a): Parameters<CorrectArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(answer(self.do_correct(a, &ctx).await))
+    }
+}
+
+impl Server {
+    /// The tools, for the handler.
+    pub(super) fn tools() -> rmcp::handler::server::router::tool::ToolRouter<Server> {
+        Server::tool_router()
+    }
+
+    async fn do_remember(&self, a: RememberArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
+        let (who, _) = self.caller_for(ctx, Need::Submit)?;
+        text_arg("content", &a.content, MAX_QUERY_CHARS)?;
+        let thread = uuid_arg("thread_id", a.thread_id.as_deref())?;
+        let user = self.user(&who, a.user_id.as_deref()).await?;
+        let client = self.app.pool.get().await.map_err(crate::http::error::ApiError::from)?;
+        let turn = users::remember(&client, user, thread, &a.content).await?;
+        Ok(json!({
+            "user_id": user,
+            "turn_id": turn.id,
+            "thread_id": turn.thread_id,
+            "created_at": turn.created_at,
+        }))
+    }
+
+    async fn do_recall(&self, a: RecallArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
+        let (who, key) = self.caller_for(ctx, Need::ReadUser)?;
+        let limit = match a.limit {
+            None => None,
+            Some(n @ 1..) if (n as usize) <= RECALL_MAX => Some(n as usize),
+            Some(n) => {
+                return Err(Refusal::new(
+                    "invalid_argument",
+                    format!("limit: {n} is not 1 to {RECALL_MAX}"),
+                ));
+            }
+        };
+        if let Some(w) = &a.when {
+            check_field("when", w)?;
+        }
+        let user = self.user(&who, a.user_id.as_deref()).await?;
+        let place = self.app.searches.enter(key)?;
+        let s = users::Search {
+            query: &a.query,
+            when: a.when.as_deref(),
+            limit,
+        };
+        let found = crate::http::users::search(&self.app, user, s, place).await?;
+        Ok(json!({
+            "user_id": found.user_id,
+            "query": found.query,
+            "time_range": found.time_range,
+            "memory_version": found.memory_version,
+            "items": found.hits.iter().map(item).collect::<Vec<_>>(),
+        }))
+    }
+
+    async fn do_ask(&self, a: AskArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
+        let (who, key) = self.caller_for(ctx, Need::Submit)?;
+        text_arg("query", &a.query, MAX_QUERY_CHARS)?;
+        let thread = uuid_arg("thread_id", a.thread_id.as_deref())?;
+        let user = self.user(&who, a.user_id.as_deref()).await?;
+        let wait = a
+            .timeout_secs
+            .map_or(ASK_WAIT, |s| Duration::from_secs(u64::from(s)))
+            .min(ASK_MAX_WAIT);
+        let req = NewRequest {
+            user_id: user.shown,
+            thread_id: thread,
+            query: &a.query,
+            callback_url: None,
+            debug: false,
+            tenant_id: who.tenant,
+            metadata: None,
+            stream: false,
+        };
+        let (id, _) = crate::http::api::enqueue(&self.app, &who, &req, None).await?;
+        let _place = self.app.long_polls.enter(key)?;
+        let state = self.follow(id, who.tenant, wait, ctx).await?;
+        let client = self.app.pool.get().await.map_err(crate::http::error::ApiError::from)?;
+        let sources = match state.is_terminal() {
+            true => crate::repo::requests::context_of(&client, id, who.tenant)
+                .await
+                .map_err(crate::http::error::ApiError::from)?
+                .and_then(|r| r.context_sources),
+            false => None,
+        };
+        Ok(json!({
+            "request_id": id,
+            "user_id": user,
+            "status": state.status,
+            "answer": state.answer,
+            "error": state.error,
+            "context_sources": sources,
+        }))
+    }
+
+    /// Follows request `id` until its terminal state or `wait`, sending a
+    /// progress notification at each change when the client asked for them.
+    async fn follow(
+        &self,
+        id: Uuid,
+        tenant: Uuid,
+        wait: Duration,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<RequestState, Refusal> {
+        let sub = self.app.hub.subscribe(Target::Request(id), 16);
+        let mut follower = Follower::new(self.app.pool.clone(), sub).for_tenant(tenant);
+        let mut state = follower
+            .current()
+            .await
+            .map_err(crate::http::error::ApiError::from)?
+            .pop()
+            .ok_or_else(|| Refusal::new("not_found", format!("no request {id}")))?;
+        let progress = ctx.meta.get_progress_token();
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut step = 0.0;
+        loop {
+            if let Some(token) = &progress {
+                step += 1.0;
+                let stage = serde_json::to_value(state.stage).unwrap_or_default();
+                let note = ProgressNotificationParam::new(token.clone(), step).with_message(format!(
+                    "{}: {}",
+                    state.status,
+                    stage.as_str().unwrap_or("")
+                ));
+                if let Err(e) = ctx.peer.notify_progress(note).await {
+                    tracing::debug!(error = %e, "mcp: a progress notification was not sent");
+                }
+            }
+            if state.is_terminal() {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = self.app.shutdown.cancelled() => break,
+                _ = ctx.ct.cancelled() => break,
+                next = follower.next() => match next {
+                    None => break,
+                    Some(Err(e)) => return Err(crate::http::error::ApiError::from(e).into()),
+                    Some(Ok(states)) => {
+                        let newest = states.into_iter().rev().find_map(|f| match f {
+                            crate::http::live::Frame::State(s) => Some(s),
+                            _ => None,
+                        });
+                        if let Some(last) = newest {
+                            state = last;
+                        }
+                    }
+                },
+            }
+        }
+        Ok(state)
+    }
+
+    async fn do_forget(&self, a: ForgetArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
+        let (who, _) = self.caller_for(ctx, Need::Admin)?;
+        let user = self.user(&who, a.user_id.as_deref()).await?;
+        if let Some(r) = &a.reason {
+            check_field("reason", r)?;
+        }
+        let by = actor(&who);
+        let why = Why {
+            actor: &by,
+            reason: a.reason.as_deref(),
+        };
+        users::forget_in_background(&self.app.pool, user, why).await?;
+        Ok(json!({ "user_id": user, "status": "erasing" }))
+    }
+
+    async fn do_correct(&self, a: CorrectArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
+        let (who, _) = self.caller_for(ctx, Need::Operate)?;
+        let user = self.user(&who, a.user_id.as_deref()).await?;
+        if a.id <= 0 {
+            return Err(Refusal::new("invalid_argument", "id must be a positive integer"));
+        }
+        let c = match (a.action, a.summary.as_deref()) {
+            (CorrectAction::ReplaceSummary, Some(summary)) => {
+                text_arg("summary", summary, MAX_QUERY_CHARS)?;
+                Correction::ReplaceSummary { record: a.id, summary }
+            }
+            (CorrectAction::ReplaceSummary, None) => {
+                return Err(Refusal::new(
+                    "missing_argument",
+                    "summary is required for replace_summary",
+                ));
+            }
+            (CorrectAction::DeleteRecord, _) => Correction::DeleteRecord(a.id),
+            (CorrectAction::DeleteTurn, _) => Correction::DeleteTurn(a.id),
+        };
+        if let Some(r) = &a.reason {
+            check_field("reason", r)?;
+        }
+        let by = actor(&who);
+        let why = Why {
+            actor: &by,
+            reason: a.reason.as_deref(),
+        };
+        let client = self.app.pool.get().await.map_err(crate::http::error::ApiError::from)?;
+        let done = users::correct(&client, user, c, why).await?;
+        Ok(json!({ "user_id": user, "id": done.id, "memory_version": done.memory_version }))
+    }
+}

@@ -1,0 +1,116 @@
+"""Drives maas's MCP server with the official Python SDK (`mcp` on PyPI) and
+prints what it saw as one JSON document, for tests/it/mcp.rs to assert on.
+
+Usage: client.py PLAN_JSON, where the plan is
+  {"url": "http://127.0.0.1:PORT/mcp", "token": "...", "mode": "auto"}
+  or {"stdio": {"command": "...", "args": [...], "env": {...}}}
+  and "steps": a list of
+    {"op": "list_tools"} | {"op": "list_resources"} | {"op": "read", "uri": "..."}
+    | {"op": "call", "tool": "...", "args": {...}}
+  A string "$N.a.b" in a step's args is the value at a.b of step N's output.
+
+Output: {"protocol_version", "server", "instructions", "steps": [...]} or
+{"connect_error": "..."}; a step that raised is {"exception": "..."}.
+"""
+
+import asyncio
+import json
+import sys
+
+import httpx2
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+
+def resolve(value, outputs):
+    if isinstance(value, str) and value.startswith("$"):
+        head, *path = value[1:].split(".")
+        v = outputs[int(head)]
+        for key in path:
+            v = v[key]
+        return v
+    if isinstance(value, dict):
+        return {k: resolve(v, outputs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(v, outputs) for v in value]
+    return value
+
+
+def dump(model):
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+async def step(client, s, outputs):
+    op = s["op"]
+    if op == "list_tools":
+        tools = (await client.list_tools()).tools
+        return {"tools": [dump(t) for t in tools]}
+    if op == "list_resources":
+        found = (await client.list_resources()).resources
+        return {"resources": [dump(r) for r in found]}
+    if op == "read":
+        read = await client.read_resource(resolve(s["uri"], outputs))
+        return {"contents": [dump(c) for c in read.contents]}
+    if op == "call":
+        progress = []
+
+        async def on_progress(value, total, message):
+            progress.append({"progress": value, "message": message})
+
+        result = await client.call_tool(
+            s["tool"], resolve(s.get("args", {}), outputs), progress_callback=on_progress
+        )
+        texts = [c.text for c in result.content if getattr(c, "type", "") == "text"]
+        body = None
+        if texts:
+            try:
+                body = json.loads(texts[0])
+            except ValueError:
+                body = texts[0]
+        return {
+            "is_error": bool(result.is_error),
+            "structured": result.structured_content,
+            "body": body,
+            "progress": progress,
+        }
+    raise ValueError(f"unknown op {op}")
+
+
+def connect(plan):
+    mode = plan.get("mode", "auto")
+    if "stdio" in plan:
+        p = plan["stdio"]
+        params = StdioServerParameters(command=p["command"], args=p.get("args", []), env=p.get("env"))
+        return Client(params, mode=mode, read_timeout_seconds=120)
+    headers = {"Authorization": f"Bearer {plan['token']}"} if plan.get("token") else {}
+    headers.update(plan.get("headers", {}))
+    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120.0))
+    return Client(streamable_http_client(plan["url"], http_client=http), mode=mode, read_timeout_seconds=120)
+
+
+async def main():
+    plan = json.loads(sys.argv[1])
+    outputs = []
+    try:
+        client = connect(plan)
+        async with client:
+            info = client.server_info
+            report = {
+                "protocol_version": client.protocol_version,
+                "server": dump(info) if info else None,
+                "instructions": client.instructions,
+            }
+            for s in plan.get("steps", []):
+                try:
+                    outputs.append(await step(client, s, outputs))
+                except Exception as e:  # noqa: BLE001 - the test asserts on it
+                    outputs.append({"exception": f"{type(e).__name__}: {e}"})
+            report["steps"] = outputs
+    except BaseException as e:  # noqa: BLE001 - connection refused, 401, 403
+        report = {"connect_error": f"{type(e).__name__}: {e}", "steps": outputs}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
