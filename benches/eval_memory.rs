@@ -91,7 +91,7 @@ fn parse_args() -> Args {
     let mut args = Args {
         json: false,
         concurrency: 8,
-        wait_secs: 480,
+        wait_secs: 1800,
         files: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
