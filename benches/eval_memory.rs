@@ -37,6 +37,15 @@
 //!   with GPT-4o's tokenizer (o200k_base), which English fits about a third
 //!   tighter.
 //!
+//! - The Russian paraphrase test (`tests/data/embeddings/paraphrase_ru.json`:
+//!   Russian and mixed turns, and questions that share no word with their
+//!   turn) runs beside: its turns are one more user's, embedded by the same
+//!   maasd; each question is embedded by the embedder the same
+//!   configuration makes and ranked by the memory search's own statement
+//!   (full text and embeddings fused, `memory.semantic_weight`); it scores
+//!   when its turn is among the first five hits. An English-only model
+//!   finds few; full text alone finds none by design.
+//!
 //! Each question and its answer are logged as turns of the user, like any
 //! request's; questions submitted later may find them in memory.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
@@ -82,7 +91,7 @@ fn parse_args() -> Args {
     let mut args = Args {
         json: false,
         concurrency: 8,
-        wait_secs: 480,
+        wait_secs: 1800,
         files: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -240,6 +249,95 @@ async fn insert_turns(db: &Client, c: &Conversation) {
     )
     .await
     .unwrap();
+}
+
+// ------------------------------------------- the Russian paraphrase test
+
+/// Hits a paraphrase question's turn must be among.
+const RUSSIAN_TOP: usize = 5;
+
+#[derive(serde::Deserialize)]
+struct Paraphrases {
+    turns: Vec<ParaphraseTurn>,
+    questions: Vec<ParaphraseQuestion>,
+}
+
+#[derive(serde::Deserialize)]
+struct ParaphraseTurn {
+    id: String,
+    text: String,
+}
+
+#[derive(serde::Deserialize)]
+struct ParaphraseQuestion {
+    question: String,
+    evidence: String,
+}
+
+/// The paraphrase test's turns as one conversation (one thread, a minute
+/// apart), and its data.
+fn russian_test() -> (Conversation, Paraphrases) {
+    let p: Paraphrases =
+        serde_json::from_str(include_str!("../tests/data/embeddings/paraphrase_ru.json")).expect("paraphrase_ru.json");
+    let (user, thread) = (Uuid::new_v4(), Uuid::new_v4());
+    let start = Utc::now() - TimeDelta::days(30);
+    let turns = p
+        .turns
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Turn {
+            thread,
+            kind: "user_query",
+            content: t.text.clone(),
+            at: start + TimeDelta::minutes(i64::try_from(i).unwrap()),
+        })
+        .collect();
+    (Conversation { user, turns }, p)
+}
+
+/// How many of the paraphrase questions find their turn among the first
+/// [`RUSSIAN_TOP`] hits of the memory search, embedded and weighted as
+/// maasd does with the configuration of this environment, and the
+/// embedding model (`off` without one).
+async fn russian_recall(url: &str, user: Uuid, p: &Paraphrases) -> (usize, String) {
+    let cfg: maas::config::Config =
+        figment::Figment::from(figment::providers::Serialized::defaults(maas::config::Config::default()))
+            .merge(figment::providers::Env::prefixed("MAAS_").split("__"))
+            .merge(figment::providers::Serialized::default("database_url", url))
+            .extract()
+            .expect("the configuration of this environment");
+    let embedder = maas::llm::embed::configured(&cfg.llm).expect("the embedder of this environment");
+    let pool = maas::db::pool::connect_pool(&cfg, "eval-memory").expect("a pool");
+    let client = pool.get().await.expect("a connection");
+    let mut found = 0;
+    for q in &p.questions {
+        let Some(turn) = p.turns.iter().find(|t| t.id == q.evidence) else {
+            continue;
+        };
+        let embedded = maas::llm::embed::Embedder::for_search(embedder.as_ref(), &q.question).await;
+        let semantic = embedded.map(|(embedding, model)| maas::repo::memory::Semantic {
+            embedding,
+            model,
+            weight: cfg.memory.semantic_weight,
+        });
+        let search = maas::repo::memory::MemorySearch {
+            user_id: user,
+            request_id: Uuid::new_v4(),
+            thread_id: None,
+            thread_turns: 0,
+            query: &q.question,
+            hits: RUSSIAN_TOP,
+            window: 0,
+            records: 0,
+            semantic,
+        };
+        let items = maas::repo::memory::search(&client, &search)
+            .await
+            .expect("the memory search");
+        found += usize::from(items.iter().any(|i| i.content == turn.text));
+    }
+    let model = embedder.as_ref().map_or("off", maas::llm::embed::Embedder::model);
+    (found, model.to_owned())
 }
 
 // ------------------------------------------------------------- the runs
@@ -410,6 +508,8 @@ async fn run(args: Args) -> bool {
     for c in &conversations {
         insert_turns(&db, c).await;
     }
+    let (russian, paraphrases) = russian_test();
+    insert_turns(&db, &russian).await;
     let turns: usize = conversations.iter().map(|c| c.turns.len()).sum();
     let load_ms = t_load.elapsed().as_millis();
 
@@ -496,6 +596,8 @@ async fn run(args: Args) -> bool {
         outcomes.push(t.await.unwrap());
     }
     let ask_ms = t_ask.elapsed().as_millis();
+    let (russian_found, embedding_model) = russian_recall(&url, russian.user, &paraphrases).await;
+    let russian_n = paraphrases.questions.len();
 
     // Score.
     let ids: Vec<Uuid> = outcomes.iter().filter_map(|o| o.id).collect();
@@ -555,6 +657,7 @@ async fn run(args: Args) -> bool {
         "files": args.files.len(),
         "provider": provider,
         "embedding": embedding.as_deref().unwrap_or("off"),
+        "embedding_model": embedding_model,
         "users": conversations.len(),
         "turns": turns,
         "records": records,
@@ -562,6 +665,8 @@ async fn run(args: Args) -> bool {
         "questions_dropped": dropped,
         "recall_all": ratio(all, n as usize),
         "recall_any": ratio(any, n as usize),
+        "russian_questions": russian_n,
+        "russian_recall_top5": ratio(russian_found, russian_n),
         "per_category": per_cat.iter().map(|(k, (a, y, t))| (k.to_string(), json!({
             "questions": t, "recall_all": ratio(*a, *t), "recall_any": ratio(*y, *t)
         }))).collect::<serde_json::Map<_, _>>(),
@@ -591,7 +696,7 @@ async fn run(args: Args) -> bool {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "eval-memory: {} users, {turns} turns, {records} records, {} questions ({} left out: no evidence, or evidence naming no turn), provider {provider}, embeddings {}",
+            "eval-memory: {} users, {turns} turns, {records} records, {} questions ({} left out: no evidence, or evidence naming no turn), provider {provider}, embeddings {} ({embedding_model})",
             conversations.len(),
             questions.len(),
             dropped,
@@ -599,9 +704,10 @@ async fn run(args: Args) -> bool {
         );
         let _ = writeln!(
             s,
-            "recall (all evidence) {:.3}   recall (any evidence) {:.3}",
+            "recall (all evidence) {:.3}   recall (any evidence) {:.3}   Russian paraphrases (top {RUSSIAN_TOP}) {:.3} ({russian_found}/{russian_n})",
             ratio(all, questions.len()),
-            ratio(any, questions.len())
+            ratio(any, questions.len()),
+            ratio(russian_found, russian_n)
         );
         for (k, (a, y, t)) in &per_cat {
             let name = match k {

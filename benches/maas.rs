@@ -27,6 +27,8 @@
     reason = "statistics over small counts"
 )]
 
+#[path = "support/assembler.rs"]
+mod assembler;
 #[path = "support/console.rs"]
 mod console;
 #[path = "support/mcp.rs"]
@@ -999,6 +1001,9 @@ fn main() {
         }
         if want("archivist") {
             archivist(&mut b).await;
+        }
+        if want("assembler") {
+            assembler::assembler(&mut b).await;
         }
         if want("console") {
             console::console(&mut b, console_rows).await;

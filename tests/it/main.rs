@@ -30,6 +30,7 @@ mod poison;
 mod pooler;
 mod prompts;
 mod props;
+mod query_embedding;
 mod requests;
 mod retention;
 mod roles;

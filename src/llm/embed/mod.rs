@@ -2,10 +2,11 @@
 //! search compares (`memory_search_semantic.sql`, the embedder service).
 //!
 //! On by default: with `provider` unset, the local model
-//! ([`DEFAULT_LOCAL_MODEL`]) is used from `model_dir` or the default model
-//! folder ([`default_model_dir`]: `$XDG_CACHE_HOME/maas/models/…`, else
+//! ([`DEFAULT_LOCAL_MODEL`], multilingual-e5-small: Russian and English,
+//! chosen by measurement in BENCHMARKS.md) is used from `model_dir` or the
+//! default model folder ([`default_model_dir`]: `$XDG_CACHE_HOME/maas/models/…`, else
 //! `~/.cache/maas/models/…`, where `bin/run` fetches it); when the folder
-//! does not hold the model, the search is full text alone and
+//! does not hold a model, the search is full text alone and
 //! [`EmbeddingConfig::fallback_note`] says why. `provider = "off"` turns
 //! the semantic part off. The providers:
 //! - **local**: a model run in-process on the CPU, chosen by the files in
@@ -58,11 +59,14 @@ pub struct EmbeddingConfig {
     pub model: Option<String>,
     /// The local provider's model folder (`e5-small-q4.bin`, or
     /// `config.json`, `tokenizer.json` and `model.safetensors`; `bin/run`
-    /// and `bin/eval-memory` fetch one). Default: [`default_model_dir`].
+    /// and `bin/eval-memory` fetch the first). Default: [`default_model_dir`].
     pub model_dir: Option<PathBuf>,
     /// Texts per call. Default 32.
     pub batch: Option<usize>,
-    /// Timeout of one call, in seconds. Default 30.
+    /// Timeout of one call, in seconds. Default 30 for a provider over
+    /// HTTP; 600 for the local model, whose call is CPU work on this
+    /// machine that a timeout cannot stop (on a busy machine a short one
+    /// only throws the work away and starts it again).
     pub timeout_secs: Option<u64>,
 }
 
@@ -107,11 +111,22 @@ pub struct EmbeddingSettings {
 /// Default texts per call.
 pub const DEFAULT_BATCH: usize = 32;
 
-/// The local model used by default: the one model choice the default
-/// configuration makes.
-pub const DEFAULT_LOCAL_MODEL: &str = local::MODEL;
+/// Default timeout of a local model's call, in seconds: 32 turns with their
+/// neighbours take multilingual-e5-small about 5 s of one core, and far
+/// longer on a machine other work keeps busy.
+const LOCAL_TIMEOUT_SECS: u64 = 600;
 
-/// The files of a local model's folder.
+/// Longest wait for a search query's embedding, whatever the timeout of a
+/// call: a request waits for it.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The local model used by default: the one model choice the default
+/// configuration makes (the English all-MiniLM-L6-v2 is one setting away:
+/// `model_dir` naming its folder).
+pub const DEFAULT_LOCAL_MODEL: &str = e5::MODEL;
+
+/// The files of the English local model's folder (the multilingual one's
+/// is [`e5::WEIGHTS`]).
 pub const MODEL_FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
 
 /// The folder the local model is looked for in when `model_dir` is unset:
@@ -129,9 +144,20 @@ pub fn default_model_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf
     Some(cache.join("maas").join("models").join(DEFAULT_LOCAL_MODEL))
 }
 
-/// Whether `dir` holds a local model's three files.
+/// Whether `dir` holds a local model: the multilingual one's weights, or
+/// the English one's three files.
 fn holds_model(dir: &std::path::Path) -> bool {
-    MODEL_FILES.iter().all(|f| dir.join(f).is_file())
+    missing_model_files(dir).is_empty()
+}
+
+/// The files a local model's folder `dir` lacks: none when it holds the
+/// multilingual model's weights ([`e5::WEIGHTS`]), else those of the
+/// English model's three ([`MODEL_FILES`]) it lacks.
+pub fn missing_model_files(dir: &std::path::Path) -> Vec<&'static str> {
+    if e5::present(dir) {
+        return Vec::new();
+    }
+    MODEL_FILES.into_iter().filter(|f| !dir.join(f).is_file()).collect()
 }
 
 impl EmbeddingConfig {
@@ -191,8 +217,8 @@ impl EmbeddingConfig {
                 let dir = self.model_dir.clone().ok_or_else(|| {
                     invalid(
                         "model_dir",
-                        "the local provider needs the folder of its model (config.json, tokenizer.json, \
-                         model.safetensors)"
+                        "the local provider needs the folder of its model (e5-small-q4.bin, or config.json, \
+                         tokenizer.json and model.safetensors)"
                             .into(),
                     )
                 })?;
@@ -226,7 +252,11 @@ impl EmbeddingConfig {
         if !(1..=2048).contains(&batch) {
             return Err(invalid("batch", format!("must be between 1 and 2048 (got {batch})")));
         }
-        let timeout_secs = self.timeout_secs.unwrap_or(30);
+        let default_timeout = match provider {
+            EmbeddingProvider::Local(_) => LOCAL_TIMEOUT_SECS,
+            _ => 30,
+        };
+        let timeout_secs = self.timeout_secs.unwrap_or(default_timeout);
         if !(1..=3600).contains(&timeout_secs) {
             return Err(invalid(
                 "timeout_secs",
@@ -438,7 +468,18 @@ impl Embedder {
     /// (logged with the error): the search then runs on full text alone
     /// rather than failing.
     pub async fn embed_query(&self, query: &str) -> Option<Vec<f32>> {
-        match self.embed_as(&[query.to_owned()], e5::Kind::Query).await {
+        // A request waits for it: never longer than an HTTP provider's call.
+        let within = self.timeout.min(QUERY_TIMEOUT);
+        let embedded = tokio::time::timeout(within, self.embed_as(&[query.to_owned()], e5::Kind::Query))
+            .await
+            .unwrap_or_else(|_| {
+                Err(EmbedError::Call {
+                    provider: self.provider_name(),
+                    message: format!("no answer within {} s", within.as_secs()),
+                    retryable: true,
+                })
+            });
+        match embedded {
             Ok(mut v) => v.pop(),
             Err(e) => {
                 tracing::warn!(error = %e, "embedding the query failed; the memory search runs on full text alone");
@@ -588,22 +629,37 @@ mod tests {
         assert_eq!(unset.resolve(&LlmConfig::default(), &at_home), Ok(None));
         let note = unset.fallback_note(&at_home).unwrap_or_default();
         assert!(
-            note.contains("full text") && note.contains(".cache/maas/models/all-MiniLM-L6-v2"),
+            note.contains("full text") && note.contains(".cache/maas/models/multilingual-e5-small"),
             "{note}"
         );
         assert_eq!(cfg("off").fallback_note(&at_home), None, "off says nothing");
 
         let models = dir.join(".cache/maas/models").join(DEFAULT_LOCAL_MODEL);
         std::fs::create_dir_all(&models).unwrap_or_default();
-        for f in MODEL_FILES {
-            std::fs::write(models.join(f), "").unwrap_or_default();
-        }
+        std::fs::write(models.join(e5::WEIGHTS), "").unwrap_or_default();
         let got = unset.resolve(&LlmConfig::default(), &at_home);
         assert!(
             matches!(&got, Ok(Some(s)) if s.provider == EmbeddingProvider::Local(models.clone()) && s.model == DEFAULT_LOCAL_MODEL),
             "{got:?}"
         );
         assert_eq!(unset.fallback_note(&at_home), None);
+
+        // The English model, one setting away: its folder as `model_dir`.
+        let english = dir.join("all-MiniLM-L6-v2");
+        std::fs::create_dir_all(&english).unwrap_or_default();
+        assert_eq!(missing_model_files(&english), MODEL_FILES);
+        for f in MODEL_FILES {
+            std::fs::write(english.join(f), "").unwrap_or_default();
+        }
+        let chosen = EmbeddingConfig {
+            model_dir: Some(english.clone()),
+            ..EmbeddingConfig::default()
+        };
+        let got = chosen.resolve(&LlmConfig::default(), &at_home);
+        assert!(
+            matches!(&got, Ok(Some(s)) if s.provider == EmbeddingProvider::Local(english.clone()) && s.model == local::MODEL),
+            "{got:?}"
+        );
         std::fs::remove_dir_all(&dir).unwrap_or_default();
     }
 
