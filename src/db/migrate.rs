@@ -82,6 +82,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     19 => "0019_token_operator.sql",
     20 => "0020_tenant_roles.sql",
     21 => "0021_analyzer_earlier_turns.sql",
+    25 => "0025_fewer_index_writes.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

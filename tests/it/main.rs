@@ -40,3 +40,4 @@ mod systemd;
 mod tenants;
 mod tls;
 mod users;
+mod writes;
