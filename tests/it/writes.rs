@@ -143,9 +143,9 @@ async fn the_sweep_the_lease_counts_the_console_and_the_archivist_read_an_index(
     for (what, name, values, index) in cases {
         assert_reads(what, &plan(&c, statement(name).unwrap(), &values).await, index);
     }
-    // The console's list by one status: in flight from the in-flight index
-    // (in the list's order), a dispatchable one from the claim's (a
-    // terminal one: console_list.rs).
+    // The console's list by one status: in flight from the in-flight
+    // index, a dispatchable one from the status index (which leaves out the
+    // in-flight statuses; a terminal one: console_list.rs).
     let page = |status: &str| {
         let s = format!("'{{{status}}}'");
         [
@@ -162,7 +162,7 @@ async fn the_sweep_the_lease_counts_the_console_and_the_archivist_read_an_index(
             "NULL".into(),
         ]
     };
-    for (status, index) in [("RESPONDING", in_flight), ("NEW", "pipeline_runs_dispatch_idx")] {
+    for (status, index) in [("RESPONDING", in_flight), ("NEW", "pipeline_runs_status_created_idx")] {
         let values = page(status);
         let values: Vec<&str> = values.iter().map(String::as_str).collect();
         let p = plan(&c, statement("requests_page").unwrap(), &values).await;
