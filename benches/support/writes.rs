@@ -16,9 +16,9 @@
 //! - `index_entries_per_request`: entries inserted into every index, read
 //!   from the WAL itself (`pg_walinspect`): a B-tree's leaf inserts
 //!   (`INSERT_LEAF`, `INSERT_POST` and leaf splits, which carry the new
-//!   entry), a GIN index's fast-update inserts (one per row: its pending
-//!   list takes a row's entries in one record), a BRIN index's summary
-//!   updates. A physical replication slot keeps the WAL of the run until it
+//!   entry), a GIN index's fast-update inserts (one record per row: its
+//!   pending list takes a row's entries at once) and the records that move
+//!   the pending list into the tree, a BRIN index's summary updates. A physical replication slot keeps the WAL of the run until it
 //!   has been read.
 //! - per table, `rows.<table>` (its row versions: inserts, updates, HOT
 //!   updates and deletes in the note) and `index_entries.<table>` (the

@@ -6,7 +6,7 @@
 use maas::repo::statement;
 use uuid::Uuid;
 
-use crate::support::db::{TestDb, column};
+use crate::support::db::{TestDb, plan_with as plan};
 
 /// Updates of `table` this session has not yet reported, and how many were
 /// HOT (PostgreSQL 15 counts earlier transactions' there too: compare two).
@@ -73,17 +73,6 @@ async fn a_heartbeat_and_a_users_next_log_write_no_index_entry() {
         "the mark's bump is a HOT update"
     );
     tx.commit().await.unwrap();
-}
-
-/// The plan of `sql` with `$n` replaced by `values[n - 1]`.
-async fn plan(c: &tokio_postgres::Client, sql: &str, values: &[&str]) -> String {
-    let mut sql = sql.to_owned();
-    for (i, v) in values.iter().enumerate().rev() {
-        sql = sql.replace(&format!("${}", i + 1), v);
-    }
-    column::<String>(c, &format!("EXPLAIN (COSTS OFF) {sql}"), &[])
-        .await
-        .join("\n")
 }
 
 fn assert_reads(what: &str, plan: &str, index: &str) {
