@@ -40,6 +40,8 @@ mod memory_scale;
     reason = "shared with the chaos bench and the tests, which use more of it"
 )]
 mod support;
+#[path = "support/writes.rs"]
+mod writes;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -316,10 +318,10 @@ async fn throughput(b: &mut Bench, http: bool, concurrency: Option<usize>) -> f6
     }
     let mut d = start_daemon(&url, opts).await;
     let c = connect(&url).await;
-    let writes_before = writes(&c).await;
+    let writes_before = writes::rows_written(&c).await;
     insert_requests(&c, n, "benchmark query number ").await;
     let elapsed = wait_all_completed(&c, &d, n, "throughput").await;
-    let writes_after = writes(&c).await;
+    let writes_after = writes::rows_written(&c).await;
     d.kill();
     let per_request = (writes_after - writes_before) as f64 / n as f64;
     let stage_execs = 3.0 * n as f64 / elapsed;
@@ -353,17 +355,6 @@ async fn throughput(b: &mut Bench, http: bool, concurrency: Option<usize>) -> f6
         );
     }
     stage_execs
-}
-
-async fn writes(c: &Client) -> i64 {
-    c.query_one(
-        "SELECT coalesce(sum(n_tup_ins + n_tup_upd), 0)::int8 FROM pg_stat_user_tables
-         WHERE relname IN ('pipeline_runs', 'pipeline_steps', 'raw_logs')",
-        &[],
-    )
-    .await
-    .unwrap()
-    .get(0)
 }
 
 /// One request at a time: insert commit → claim, insert commit → COMPLETED,
@@ -979,6 +970,9 @@ fn main() {
             }
             throughput(&mut b, false, None).await;
             throughput(&mut b, true, Some(THROUGHPUT_CONCURRENCY)).await;
+        }
+        if want("writes") {
+            writes::writes(&mut b).await;
         }
         if want("latency") {
             // With --tls: without TLS first (lines ending `_no_tls`), then with.

@@ -8,7 +8,7 @@
 -- something pending: never raw_logs, never the history.
 SELECT user_id, logged_seq - archived_seq AS pending
 FROM archive_marks
-WHERE archived_seq < logged_seq
+WHERE pending_since IS NOT NULL AND archived_seq < logged_seq
   AND last_active_at >= now() - make_interval(secs => $3)
   AND (logged_seq - archived_seq >= $1 OR pending_since <= now() - make_interval(secs => $2))
   AND (last_archived_at IS NULL OR last_archived_at <= now() - make_interval(secs => $4))

@@ -4,7 +4,8 @@
 WITH expired AS (
     SELECT id, status, attempt, lease_owner, updated_at
     FROM pipeline_runs
-    WHERE lease_expires_at < now()
+    -- In flight exactly while leased (pipeline_runs_in_flight_idx).
+    WHERE status IN ('ANALYZING', 'ASSEMBLING', 'RESPONDING') AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED

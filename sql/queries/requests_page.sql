@@ -3,8 +3,10 @@
 -- before, never at an OFFSET. NULL filters mean any.
 --
 -- Indexes (sql/0013_console_lists.sql): no filter or a time range reads
--- pipeline_runs_created_idx; a status pipeline_runs_status_created_idx; a
--- user pipeline_runs_user_idx; a thread pipeline_runs_thread_created_idx.
+-- pipeline_runs_created_idx; a status pipeline_runs_status_created_idx,
+-- or pipeline_runs_in_flight_idx for an in-flight one
+-- (sql/0025_fewer_index_writes.sql); a user pipeline_runs_user_idx; a
+-- thread pipeline_runs_thread_created_idx.
 -- Each returns rows in the list's order, so a page reads about $9 entries.
 -- One status is compared with `=`, not `= ANY`: only an equality makes
 -- the status index's order the list's order (PostgreSQL 15).

@@ -1,6 +1,6 @@
 -- Unfinished runs by status: how many, how many are due now, how many rest
 -- in debug mode, and how long the oldest due one has waited (seconds).
--- Two halves whose predicates match the partial dispatch and lease indexes,
+-- Two halves whose predicates match the partial dispatch and in-flight indexes,
 -- so a table full of finished runs is not scanned.
 SELECT status,
        count(*)::int8 AS total,
@@ -14,5 +14,5 @@ GROUP BY status
 UNION ALL
 SELECT status, count(*)::int8, 0::int8, 0::int8, NULL::float8
 FROM pipeline_runs
-WHERE lease_expires_at IS NOT NULL
+WHERE status IN ('ANALYZING', 'ASSEMBLING', 'RESPONDING')
 GROUP BY status

@@ -3,6 +3,6 @@
 SELECT lease_owner AS owner, count(*)::int8 AS held, count(*) FILTER (WHERE lease_expires_at < now())::int8 AS expired,
        min(lease_expires_at) AS earliest_expiry
 FROM pipeline_runs
-WHERE lease_expires_at IS NOT NULL
+WHERE status IN ('ANALYZING', 'ASSEMBLING', 'RESPONDING')
 GROUP BY lease_owner
 ORDER BY 2 DESC, 1

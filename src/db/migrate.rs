@@ -85,6 +85,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     22 => "0022_answer_streaming.sql",
     23 => "0023_token_user.sql",
     24 => "0024_embedding_codes.sql",
+    25 => "0025_fewer_index_writes.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

@@ -7,7 +7,7 @@ use chrono::{DateTime, Duration, Utc};
 use maas::repo::requests::{self, PAGE_TEXT_SCAN, Page, PageFilter};
 use uuid::Uuid;
 
-use crate::support::db::{TestDb, column, value};
+use crate::support::db::{TestDb, plan_with, value};
 
 /// `n` finished requests, one a second, the newest `now - 1 s`; request
 /// `g` (1 = oldest) of user `users[g % users.len()]`, in thread `thread`
@@ -201,13 +201,8 @@ async fn a_text_search_reads_a_bounded_window_per_page_and_says_how_far() {
 /// The plan of `requests_page` with these literal values for $1 to $10
 /// (every tenant's requests: $11 NULL).
 async fn plan(c: &tokio_postgres::Client, values: [&str; 10]) -> String {
-    let mut sql = maas::repo::statement("requests_page").unwrap().replace("$11", "NULL");
-    for (i, v) in values.iter().enumerate().rev() {
-        sql = sql.replace(&format!("${}", i + 1), v);
-    }
-    column::<String>(c, &format!("EXPLAIN (COSTS OFF) {sql}"), &[])
-        .await
-        .join("\n")
+    let sql = maas::repo::statement("requests_page").unwrap().replace("$11", "NULL");
+    plan_with(c, &sql, &values).await
 }
 
 /// Asserts that `plan` (of the filter `what`) reads `index`, never the

@@ -45,3 +45,4 @@ mod systemd;
 mod tenants;
 mod tls;
 mod users;
+mod writes;

@@ -35,6 +35,18 @@ pub async fn column<T: for<'a> FromSql<'a>>(c: &Client, sql: &str, params: &[&(d
     rows(c, sql, params, |r| r.get(0)).await
 }
 
+/// The plan (`EXPLAIN (COSTS OFF)`) of `sql` with `$n` replaced by
+/// `values[n - 1]`: literals, as the server sees parameters in a custom plan.
+pub async fn plan_with(c: &Client, sql: &str, values: &[&str]) -> String {
+    let mut sql = sql.to_owned();
+    for (i, v) in values.iter().enumerate().rev() {
+        sql = sql.replace(&format!("${}", i + 1), v);
+    }
+    column::<String>(c, &format!("EXPLAIN (COSTS OFF) {sql}"), &[])
+        .await
+        .join("\n")
+}
+
 /// Creates login role `role` unless it exists (roles are shared by every
 /// database of the cluster, so tests may race to create one).
 pub async fn ensure_login_role(c: &Client, role: &str) {

@@ -1,0 +1,160 @@
+//! What the hot path writes (sql/0025_fewer_index_writes.sql): a heartbeat
+//! and a user's next log are HOT updates (no index entry), and every
+//! statement that read an index the migration replaced still reads an
+//! index, never the whole table.
+
+use maas::repo::statement;
+use uuid::Uuid;
+
+use crate::support::db::{TestDb, plan_with as plan};
+
+/// Updates of `table` this session has not yet reported, and how many were
+/// HOT (PostgreSQL 15 counts earlier transactions' there too: compare two).
+async fn updates(c: &tokio_postgres::Transaction<'_>, table: &str) -> (i64, i64) {
+    let r = c
+        .query_one(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = $1",
+            &[&table],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+#[tokio::test]
+async fn a_heartbeat_and_a_users_next_log_write_no_index_entry() {
+    let db = TestDb::new().await;
+    let mut c = db.client().await;
+    let user = Uuid::new_v4();
+    let id: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, 'a question') RETURNING id",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    c.execute(
+        "UPDATE pipeline_runs SET status = 'ANALYZING', lease_owner = 'w', lease_token = 7,
+                lease_expires_at = now() + interval '30 seconds' WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+
+    let tx = c.transaction().await.unwrap();
+    let (upd, hot) = updates(&tx, "pipeline_runs").await;
+    let renewed = tx
+        .query(statement("heartbeat").unwrap(), &[&vec![id], &vec![7_i64], &60_f64])
+        .await
+        .unwrap();
+    assert_eq!(renewed.len(), 1);
+    assert_eq!(
+        updates(&tx, "pipeline_runs").await,
+        (upd + 1, hot + 1),
+        "the heartbeat is a HOT update"
+    );
+    tx.commit().await.unwrap();
+
+    // The query's log (inserted with the request) made the user's mark;
+    // the answer's log bumps it.
+    let tx = c.transaction().await.unwrap();
+    let (upd, hot) = updates(&tx, "archive_marks").await;
+    tx.execute(
+        "INSERT INTO raw_logs (user_id, request_id, message_type, content)
+         VALUES ($1, $2, 'assistant_response', 'an answer')",
+        &[&user, &id],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        updates(&tx, "archive_marks").await,
+        (upd + 1, hot + 1),
+        "the mark's bump is a HOT update"
+    );
+    tx.commit().await.unwrap();
+}
+
+fn assert_reads(what: &str, plan: &str, index: &str) {
+    assert!(plan.contains(index), "{what}: expected {index}:\n{plan}");
+    assert!(!plan.contains("Seq Scan"), "{what}: a sequential scan:\n{plan}");
+}
+
+#[tokio::test]
+async fn the_sweep_the_lease_counts_the_console_and_the_archivist_read_an_index() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    // 30,000 finished requests of 3,000 users (triggers off: no logs), 40
+    // due, 60 in flight; 3,000 marks, 20 with something pending.
+    c.batch_execute(
+        "SET session_replication_role = replica;
+         INSERT INTO pipeline_runs (user_id, user_query, status, lease_owner, lease_expires_at, created_at)
+         SELECT md5('u' || g % 3000)::uuid, 'question ' || g,
+                CASE WHEN g > 29900 AND g % 5 < 2 THEN 'NEW'
+                     WHEN g > 29900 THEN (ARRAY['ANALYZING', 'ASSEMBLING', 'RESPONDING'])[1 + g % 3]
+                     ELSE 'COMPLETED' END,
+                CASE WHEN g > 29900 AND g % 5 >= 2 THEN 'w' END,
+                CASE WHEN g > 29900 AND g % 5 >= 2 THEN now() + interval '30 seconds' END,
+                now() - make_interval(secs => 30000 - g)
+         FROM generate_series(1, 30000) g;
+         INSERT INTO archive_marks (user_id, logged_seq, archived_seq, pending_since, last_active_at)
+         SELECT md5('u' || g)::uuid, 10, CASE WHEN g < 20 THEN 5 ELSE 10 END,
+                CASE WHEN g < 20 THEN now() - interval '1 hour' END, now()
+         FROM generate_series(0, 2999) g
+         ON CONFLICT DO NOTHING;
+         RESET session_replication_role;",
+    )
+    .await
+    .unwrap();
+    for table in ["pipeline_runs", "archive_marks"] {
+        c.batch_execute(&format!("VACUUM ANALYZE {table}")).await.unwrap();
+    }
+    let in_flight = "pipeline_runs_in_flight_idx";
+    let cases: Vec<(&str, &str, Vec<&str>, &str)> = vec![
+        ("sweep", "reclaim_expired", vec!["5", "100"], in_flight),
+        ("expired leases", "count_expired_leases", vec![], in_flight),
+        ("leases", "stats_leases", vec![], in_flight),
+        ("backlog", "count_backlog", vec![], in_flight),
+        ("backlog stats", "stats_backlog", vec![], in_flight),
+        (
+            "archive candidates",
+            "archive_candidates",
+            vec!["5", "60", "86400", "0", "10"],
+            "archive_marks_pending_idx",
+        ),
+        (
+            "archive newcomers",
+            "archive_newcomers",
+            vec!["1", "10"],
+            "archive_marks_pending_idx",
+        ),
+    ];
+    for (what, name, values, index) in cases {
+        assert_reads(what, &plan(&c, statement(name).unwrap(), &values).await, index);
+    }
+    // The console's list by one status: in flight from the in-flight
+    // index, a dispatchable one from the status index (which leaves out the
+    // in-flight statuses; a terminal one: console_list.rs).
+    let page = |status: &str| {
+        let s = format!("'{{{status}}}'");
+        [
+            s,
+            "NULL".into(),
+            "NULL".into(),
+            "NULL".into(),
+            "NULL".into(),
+            "NULL".into(),
+            "NULL".into(),
+            "NULL".into(),
+            "50".into(),
+            "2000".into(),
+            "NULL".into(),
+        ]
+    };
+    for (status, index) in [("RESPONDING", in_flight), ("NEW", "pipeline_runs_status_created_idx")] {
+        let values = page(status);
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        let p = plan(&c, statement("requests_page").unwrap(), &values).await;
+        assert_reads(status, &p, index);
+    }
+}
