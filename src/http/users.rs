@@ -37,7 +37,7 @@ use super::tenancy::{self, Principal};
 use crate::users::{self, Correction, Page, UserError, UserKey, Why};
 
 /// Most records (and pending turns) per page, and the default.
-const MAX_LIMIT: usize = 500;
+pub const MAX_LIMIT: usize = 500;
 const DEFAULT_LIMIT: usize = 50;
 /// Longest memory search (`?q=`), in characters.
 pub const MAX_SEARCH_CHARS: usize = 2000;
