@@ -29,6 +29,8 @@
 
 #[path = "support/console.rs"]
 mod console;
+#[path = "support/streaming.rs"]
+mod streaming;
 #[allow(
     dead_code,
     reason = "shared with the chaos bench and the tests, which use more of it"
@@ -998,6 +1000,9 @@ fn main() {
         }
         if want("console") {
             console::console(&mut b, console_rows).await;
+        }
+        if want("streaming") {
+            streaming::streaming(&mut b).await;
         }
         let values: HashMap<String, f64> = b
             .results
