@@ -59,7 +59,13 @@ async fn follow(http: reqwest::Client, base: String, id: Uuid) -> Followed {
             let (mut name, mut data) = ("message", String::new());
             for line in raw.lines() {
                 if let Some(v) = line.strip_prefix("event:") {
-                    name = if v.trim() == "delta" { "delta" } else if v.trim() == "restart" { "restart" } else { "other" };
+                    name = if v.trim() == "delta" {
+                        "delta"
+                    } else if v.trim() == "restart" {
+                        "restart"
+                    } else {
+                        "other"
+                    };
                 } else if let Some(v) = line.strip_prefix("data:") {
                     data.push_str(v.strip_prefix(' ').unwrap_or(v));
                 }
@@ -190,9 +196,9 @@ pub async fn streaming(b: &mut Bench) {
     let mut runs = Vec::new();
     for wave in (0..n).step_by(10) {
         let ids = insert(&c, wave, wave + 10).await;
-        let follows = ids.iter().map(|&id| {
-            join_all(daemons.iter().map(|(_, base)| follow(http.clone(), base.clone(), id)))
-        });
+        let follows = ids
+            .iter()
+            .map(|&id| join_all(daemons.iter().map(|(_, base)| follow(http.clone(), base.clone(), id))));
         for (k, seen) in join_all(follows).await.into_iter().enumerate() {
             runs.push((wave + k, ids[k], seen));
         }
@@ -202,7 +208,10 @@ pub async fn streaming(b: &mut Bench) {
     b.record(
         "stream_added_p50_ms",
         round(p50, 1),
-        &format!("{} streams: provider's first token → first delta at a client on the other maasd (must ≤ 50)", added.len()),
+        &format!(
+            "{} streams: provider's first token → first delta at a client on the other maasd (must ≤ 50)",
+            added.len()
+        ),
     );
     b.record(
         "stream_added_p99_ms",
@@ -232,7 +241,11 @@ pub async fn streaming(b: &mut Bench) {
     let mut load_added = Vec::new();
     let tokens = first_tokens(&fake);
     for (i, id, s) in &runs {
-        assert_eq!(s[0].answer.as_deref(), Some(s[0].text.as_str()), "{id}: text ≠ final answer");
+        assert_eq!(
+            s[0].answer.as_deref(),
+            Some(s[0].text.as_str()),
+            "{id}: text ≠ final answer"
+        );
         if let (Some(first), Some(token)) = (s[0].first_delta, tokens.get(i)) {
             load_added.push(first.saturating_duration_since(*token).as_secs_f64() * 1000.0);
         }
