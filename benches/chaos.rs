@@ -13,13 +13,18 @@
 //! - Provider: the default reply is a valid analysis (the same fake answers
 //!   the analyzer and the responder); 3 % of calls get a 429 with
 //!   `Retry-After: 1`, 3 % a 500, 2 % a hold beyond the client timeout and
-//!   2 % a body that is not JSON.
+//!   2 % a body that is not JSON; of the calls that ask to stream, 3 % are
+//!   cut halfway and 3 % end halfway with the provider's error event. The
+//!   reply is pretty-printed, so a streamed answer comes in many pieces.
 //! - Load: `R` requests per second (default 20), half as plain
 //!   `INSERT INTO pipeline_runs` statements (what psql sends) on the loader's
 //!   own connections, half as `POST /api/query` to a random daemon with an
 //!   `Idempotency-Key`, retried on another daemon when no answer came back.
 //!   A request counts as submitted once its INSERT's commit or its 202 was
-//!   acknowledged; every query text is unique.
+//!   acknowledged; every query text is unique. A third of the HTTP
+//!   submissions ask to stream (`"stream": true`) and follow their SSE
+//!   events (`GET /api/query/{id}/events`) from a random daemon, resuming
+//!   on another with `Last-Event-ID` when the connection breaks.
 //! - Faults, each at least once, in random order at random moments, then
 //!   more at random until the time is up: SIGKILL of a daemon and a restart;
 //!   SIGSTOP for longer than the lease, then SIGCONT; `pg_terminate_backend`
@@ -38,7 +43,10 @@
 //!   `harmed`: every request not touched by a fault (its life overlaps no
 //!   fault window other than poison's, it is not a poisoned request nor the
 //!   held user's during the hold, and no provider fault made a step of it
-//!   retry) completed with no `lease_expired` or `failed` step.
+//!   retry) completed with no `lease_expired` or `failed` step; and every
+//!   streaming client held only prefixes of the request's answer, each since
+//!   the last `restart` it was told about, never a piece of another attempt,
+//!   and saw the terminal event with the stored answer.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a chaos harness fails loudly")]
 #![allow(
     clippy::cast_possible_truncation,
@@ -153,6 +161,8 @@ struct Shared {
     http_given_up: AtomicU64,
     seq: AtomicU64,
     users: Vec<Uuid>,
+    /// The clients following streamed requests.
+    followers: Mutex<Vec<tokio::task::JoinHandle<Followed>>>,
 }
 
 impl Shared {
@@ -166,6 +176,12 @@ impl Shared {
 
     fn next(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A daemon that is up, at random.
+    fn random_up(&self) -> Option<SocketAddr> {
+        let up: Vec<SocketAddr> = self.http.lock().unwrap().iter().flatten().copied().collect();
+        (!up.is_empty()).then(|| up[rand::rng().random_range(0..up.len())])
     }
 }
 
@@ -374,19 +390,14 @@ async fn http_loader(shared: Arc<Shared>, per_sec: f64, mut stop: tokio::sync::w
 async fn submit(http: reqwest::Client, shared: Arc<Shared>) {
     let n = shared.next();
     let key = format!("chaos-{n}");
-    let body = json!({"user_id": shared.user(), "query": format!("chaos http query {n}")});
+    let stream = n % 3 == 0;
+    let body = json!({"user_id": shared.user(), "query": format!("chaos http query {n}"), "stream": stream});
     for attempt in 0..5 {
         if attempt > 0 {
             shared.http_retries.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        let addr = {
-            let up: Vec<SocketAddr> = shared.http.lock().unwrap().iter().flatten().copied().collect();
-            if up.is_empty() {
-                continue;
-            }
-            up[rand::rng().random_range(0..up.len())]
-        };
+        let Some(addr) = shared.random_up() else { continue };
         let resp = http
             .post(format!("http://{addr}/api/query"))
             .header("idempotency-key", &key)
@@ -401,10 +412,169 @@ async fn submit(http: reqwest::Client, shared: Arc<Shared>) {
         if let Some(id) = v["request_id"].as_str().and_then(|s| s.parse().ok()) {
             shared.ack(id);
             shared.http_acked.fetch_add(1, Ordering::Relaxed);
+            if stream {
+                let follower = tokio::spawn(follow(Arc::clone(&shared), id));
+                shared.followers.lock().unwrap().push(follower);
+            }
             return;
         }
     }
     shared.http_given_up.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What a client following a streamed request saw.
+#[derive(Default)]
+struct Followed {
+    id: Uuid,
+    /// The text held when each stretch ended (a `restart`, or the end).
+    stretches: Vec<String>,
+    /// Pieces of another attempt than the one the client was told about.
+    foreign: u64,
+    /// Whether the terminal event came, and its answer.
+    terminal: bool,
+    answer: Option<String>,
+    reconnects: u64,
+}
+
+/// Follows request `id`'s SSE events from a random daemon until its
+/// terminal event, resuming on another daemon (`Last-Event-ID`) when the
+/// connection breaks or goes quiet for 10 s.
+async fn follow(shared: Arc<Shared>, id: Uuid) -> Followed {
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let mut f = Followed {
+        id,
+        ..Followed::default()
+    };
+    let (mut text, mut attempt, mut last_id) = (String::new(), None::<i64>, None::<String>);
+    while !f.terminal {
+        let Some(addr) = shared.random_up() else {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            continue;
+        };
+        let mut rb = http.get(format!("http://{addr}/api/query/{id}/events"));
+        if let Some(last) = &last_id {
+            rb = rb.header("last-event-id", last);
+        }
+        let resp = tokio::time::timeout(Duration::from_secs(5), rb.send()).await;
+        let Ok(Ok(mut resp)) = resp else {
+            f.reconnects += 1;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            continue;
+        };
+        let mut buf = String::new();
+        while let Ok(Ok(Some(chunk))) = tokio::time::timeout(Duration::from_secs(10), resp.chunk()).await {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find("\n\n") {
+                let raw: String = buf.drain(..end + 2).collect();
+                let (mut name, mut event_id, mut data) = (String::new(), None, String::new());
+                for line in raw.lines() {
+                    let (field, value) = line.split_once(':').unwrap_or((line, ""));
+                    let value = value.strip_prefix(' ').unwrap_or(value);
+                    match field {
+                        "event" => name = value.to_owned(),
+                        "id" => event_id = Some(value.to_owned()),
+                        "data" => data.push_str(value),
+                        _ => {}
+                    }
+                }
+                let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                match name.as_str() {
+                    "delta" => {
+                        let of = v["attempt"].as_i64();
+                        if attempt.is_some() && of != attempt {
+                            f.foreign += 1;
+                        }
+                        attempt = attempt.or(of);
+                        text.push_str(v["text"].as_str().unwrap_or_default());
+                        last_id = event_id.or(last_id);
+                    }
+                    "restart" => {
+                        f.stretches.push(std::mem::take(&mut text));
+                        attempt = v["attempt"].as_i64();
+                    }
+                    _ if v["status"].is_string() && v["status"] != "processing" => {
+                        f.terminal = true;
+                        f.answer = v["answer"].as_str().map(str::to_owned);
+                    }
+                    _ => {}
+                }
+            }
+            if f.terminal {
+                break;
+            }
+        }
+        if !f.terminal {
+            f.reconnects += 1;
+        }
+    }
+    f.stretches.push(text);
+    f
+}
+
+/// What the streaming clients saw against what was stored.
+#[derive(Default)]
+struct StreamVerdict {
+    followed: i64,
+    /// Followers that never saw the terminal event.
+    unfinished: i64,
+    /// Text held that is not a prefix of the answer.
+    not_prefix: i64,
+    /// Pieces of an attempt the client was not told about.
+    foreign: i64,
+    /// A terminal event whose answer is not the stored one.
+    wrong_answer: i64,
+    restarts: i64,
+    reconnects: i64,
+}
+
+impl StreamVerdict {
+    fn violations(&self) -> i64 {
+        self.unfinished + self.not_prefix + self.foreign + self.wrong_answer
+    }
+}
+
+/// Waits (at most `within`) for every follower, then judges what each saw
+/// against the stored answer (`reply`, the provider's text, for a request
+/// without one: every attempt gets the same text).
+async fn judge_streams(c: &Client, shared: &Shared, reply: &str, within: Duration) -> (StreamVerdict, Vec<String>) {
+    let deadline = tokio::time::Instant::now() + within;
+    let handles: Vec<_> = std::mem::take(&mut *shared.followers.lock().unwrap());
+    let mut v = StreamVerdict::default();
+    let mut details = Vec::new();
+    for h in handles {
+        v.followed += 1;
+        let abort = h.abort_handle();
+        let Ok(Ok(f)) = tokio::time::timeout_at(deadline, h).await else {
+            abort.abort();
+            v.unfinished += 1;
+            continue;
+        };
+        let stored: Option<String> = c
+            .query_one("SELECT final_answer FROM pipeline_runs WHERE id = $1", &[&f.id])
+            .await
+            .ok()
+            .and_then(|r| r.get(0));
+        let expected = stored.as_deref().unwrap_or(reply);
+        v.restarts += f.stretches.len() as i64 - 1;
+        v.reconnects += f.reconnects as i64;
+        v.foreign += f.foreign as i64;
+        if let Some(bad) = f.stretches.iter().find(|t| !expected.starts_with(t.as_str())) {
+            v.not_prefix += 1;
+            if details.len() < 5 {
+                details.push(format!("{}: held {bad:?}, answer {expected:?}", f.id));
+            }
+        }
+        if f.answer.is_some() && f.answer != stored {
+            v.wrong_answer += 1;
+        }
+        if !f.terminal {
+            v.unfinished += 1;
+        }
+    }
+    (v, details)
 }
 
 // ----------------------------------------------------------------- faults
@@ -889,6 +1059,11 @@ async fn run(args: Args) -> bool {
     let url = support::fresh_database(&cluster, "chaos").await;
 
     let fake = analysis_provider(None).await;
+    // Pretty-printed, so that a streamed answer comes in many pieces.
+    let reply =
+        serde_json::to_string_pretty(&serde_json::from_str::<Value>(&maas::llm::offline::analysis_example()).unwrap())
+            .unwrap();
+    fake.set_default(reply.clone(), None);
     // The poison fault's replies (the same text answers the analyzer and the
     // responder): a NUL in a keyword and in the answer; an analysis and an
     // answer of 1.2 million characters.
@@ -904,6 +1079,8 @@ async fn run(args: Args) -> bool {
         server_error: 0.03,
         timeout: 0.02,
         invalid_json: 0.02,
+        stream_cut: 0.03,
+        stream_error: 0.03,
         timeout_delay: Duration::from_secs(LLM_TIMEOUT_SECS + 2),
     };
     fake.set_faults(rates.clone());
@@ -918,6 +1095,7 @@ async fn run(args: Args) -> bool {
         http_given_up: AtomicU64::new(0),
         seq: AtomicU64::new(0),
         users: (0..USERS).map(|_| Uuid::new_v4()).collect(),
+        followers: Mutex::new(Vec::new()),
     });
     let mut daemons = Daemons {
         url: url.clone(),
@@ -995,6 +1173,7 @@ async fn run(args: Args) -> bool {
     }
     injector.daemons.check_alive(&shared).await;
     let acked = shared.acked.lock().unwrap().clone();
+    let (streams, stream_details) = judge_streams(&checker, &shared, &reply, Duration::from_secs(30)).await;
     let mut v = check(&checker, &acked, &injector.log).await;
     let (untouched, harmed_n, examples) = harmed(&checker, &injector.log, &injector.poisoned, &injector.held).await;
     v.untouched = untouched;
@@ -1013,6 +1192,13 @@ async fn run(args: Args) -> bool {
             "{} analyze/respond steps succeeded but the provider sent only {} completions",
             v.llm_steps_succeeded, tally.completions
         ));
+    }
+    if streams.violations() > 0 {
+        problems.push(format!(
+            "streaming clients: {} never saw the end, {} held text that is not a prefix of the answer, {} pieces of an attempt not announced, {} terminal answers not the stored one",
+            streams.unfinished, streams.not_prefix, streams.foreign, streams.wrong_answer
+        ));
+        problems.extend(stream_details);
     }
     if v.failed_without_reason > 0 {
         problems.push(format!("{} FAILED runs without a reason", v.failed_without_reason));
@@ -1071,6 +1257,14 @@ async fn run(args: Args) -> bool {
     );
     row("poisoned requests", injector.poisoned.len().to_string());
     row(
+        "streamed: followed / violations",
+        format!("{} / {}", streams.followed, streams.violations()),
+    );
+    row(
+        "  restarts / reconnects seen",
+        format!("{} / {}", streams.restarts, streams.reconnects),
+    );
+    row(
         "e2e ms p50 / p99 (all)",
         format!(
             "{} / {}",
@@ -1095,10 +1289,16 @@ async fn run(args: Args) -> bool {
         ),
     );
     row(
-        "provider: ok/429/500/timeout/junk",
+        "provider: ok/429/500/timeout/junk/cut/err",
         format!(
-            "{}/{}/{}/{}/{}",
-            tally.completions, tally.rate_limited, tally.server_error, tally.timeout, tally.invalid_json
+            "{}/{}/{}/{}/{}/{}/{}",
+            tally.completions,
+            tally.rate_limited,
+            tally.server_error,
+            tally.timeout,
+            tally.invalid_json,
+            tally.stream_cut,
+            tally.stream_error
         ),
     );
     row(
@@ -1151,7 +1351,11 @@ async fn run(args: Args) -> bool {
                 "server_error": tally.server_error,
                 "timeout": tally.timeout,
                 "invalid_json": tally.invalid_json,
+                "stream_cut": tally.stream_cut,
+                "stream_error": tally.stream_error,
             },
+            "streamed": streams.followed,
+            "stream_violations": streams.violations(),
             "p50_e2e_ms": ms_percentile(&v.e2e_ms, 0.5),
             "p99_e2e_ms": ms_percentile(&v.e2e_ms, 0.99),
             "p99_e2e_ms_during_faults": p99_faults,

@@ -35,6 +35,8 @@ mod console;
 mod mcp;
 #[path = "support/memory_scale.rs"]
 mod memory_scale;
+#[path = "support/streaming.rs"]
+mod streaming;
 #[allow(
     dead_code,
     reason = "shared with the chaos bench and the tests, which use more of it"
@@ -1005,6 +1007,9 @@ fn main() {
         memory_scale::when_asked(&mut b, only.as_deref()).await;
         if want("mcp") {
             mcp::mcp(&mut b).await;
+        }
+        if want("streaming") {
+            streaming::streaming(&mut b).await;
         }
         let values: HashMap<String, f64> = b
             .results

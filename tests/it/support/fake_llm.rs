@@ -562,6 +562,11 @@ pub struct FaultRates {
     pub timeout: f64,
     /// A 200 whose body is not JSON.
     pub invalid_json: f64,
+    /// A streamed answer whose connection is cut halfway (streamed calls only).
+    pub stream_cut: f64,
+    /// A streamed answer with the provider's error event halfway (streamed
+    /// calls only).
+    pub stream_error: f64,
     /// The hold of a `timeout` fault.
     pub timeout_delay: Duration,
 }
@@ -579,6 +584,10 @@ pub struct Tally {
     pub timeout: u64,
     /// Random bodies that are not JSON.
     pub invalid_json: u64,
+    /// Random streams cut halfway.
+    pub stream_cut: u64,
+    /// Random streams with an error event halfway.
+    pub stream_error: u64,
 }
 
 struct Shared {
@@ -930,7 +939,7 @@ async fn handle(
             Some(delay) => reply.after(delay),
             None => reply,
         };
-        random_fault(&shared, api, reply)
+        random_fault(&shared, api, reply, streamed)
     });
     loop {
         match reply {
@@ -971,7 +980,10 @@ async fn handle(
                 pace,
                 fault,
             } => {
-                lock(&shared.tally).completions += 1;
+                // A stream cut or ended by an error is no completion.
+                if !matches!(fault, Some(StreamFault::Cut { .. } | StreamFault::Error { .. })) {
+                    lock(&shared.tally).completions += 1;
+                }
                 let usage = (prompt_tokens, completion_tokens);
                 return stream_response(sse_frames(api, &model, &pieces, usage, pace, fault.as_ref()));
             }
@@ -993,8 +1005,9 @@ async fn handle(
     }
 }
 
-/// The default reply, or with the configured probabilities a fault instead.
-fn random_fault(shared: &Shared, api: Api, default: Reply) -> Reply {
+/// The default reply, or with the configured probabilities a fault instead
+/// (the stream faults only when the call asked to stream).
+fn random_fault(shared: &Shared, api: Api, default: Reply, streamed: bool) -> Reply {
     let faults = lock(&shared.faults).clone();
     let mut roll = uniform(&shared.seed);
     let mut hit = |rate: f64| {
@@ -1014,8 +1027,41 @@ fn random_fault(shared: &Shared, api: Api, default: Reply) -> Reply {
     } else if hit(faults.invalid_json) {
         tally.invalid_json += 1;
         Reply::invalid_json()
+    } else if hit(if streamed { faults.stream_cut } else { 0.0 }) {
+        tally.stream_cut += 1;
+        halfway(default, |after| StreamFault::Cut { after })
+    } else if hit(if streamed { faults.stream_error } else { 0.0 }) {
+        tally.stream_error += 1;
+        halfway(default, |after| StreamFault::overloaded(api, after))
     } else {
         default
+    }
+}
+
+/// `reply`'s completion as a stream of its words with `fault` after half
+/// of them (at least one); a delay before it is kept.
+fn halfway(reply: Reply, fault: impl FnOnce(usize) -> StreamFault) -> Reply {
+    match reply {
+        Reply::Delayed { delay, reply } => Reply::Delayed {
+            delay,
+            reply: Box::new(halfway(*reply, fault)),
+        },
+        Reply::Completion {
+            text,
+            prompt_tokens,
+            completion_tokens,
+        } => {
+            let pieces: Vec<String> = text.split_inclusive(char::is_whitespace).map(str::to_owned).collect();
+            let after = (pieces.len() / 2).max(1);
+            Reply::Stream {
+                pieces,
+                prompt_tokens,
+                completion_tokens,
+                pace: Duration::ZERO,
+                fault: Some(fault(after)),
+            }
+        }
+        other => other,
     }
 }
 
