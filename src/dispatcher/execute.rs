@@ -89,8 +89,12 @@ impl Engine {
             query_embedding: row.analysis.as_ref().and_then(analysis::kept_query_embedding),
             retrieved: Vec::new(),
             prompts,
-            deltas: self.delta_sink(stage, &row),
+            deltas: None,
         };
+        let streamed = self.delta_sink(stage, &row).map(|(sink, written)| {
+            input.deltas = Some(sink);
+            written
+        });
         let started = Instant::now();
         let result = async {
             tokio::select! {
@@ -109,6 +113,12 @@ impl Engine {
         .instrument(span.clone())
         .await;
         let latency = started.elapsed();
+        // A streamed answer's last pieces go out before the attempt's result
+        // is written, so its clients get them before the terminal state.
+        input.deltas = None;
+        if let Some(written) = streamed {
+            let _ = tokio::time::timeout(super::publish::FLUSH_WAIT, written).await;
+        }
         let result = match result {
             None if self.hard_stop.is_cancelled() => Attempt::Released,
             None => {

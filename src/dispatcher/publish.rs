@@ -14,13 +14,16 @@
 //! - A batch that cannot be written is kept and tried again with the next:
 //!   no number is ever skipped. Clients never depend on a piece: the
 //!   terminal state carries the whole answer.
-//! - When the stage ends (its sink dropped) the last batch goes out; the
-//!   rows of this request up to this attempt are deleted 10 s (`KEEP`) later,
-//!   time for a client that reconnects meanwhile to read them.
+//! - When the stage ends (its sink dropped) the last batch goes out, and
+//!   the engine waits for it (at most [`FLUSH_WAIT`]) before it writes the
+//!   attempt's result: a client gets the answer's last pieces before the
+//!   terminal state. The rows of this request up to this attempt are
+//!   deleted 10 s (`KEEP`) later, time for a client that reconnects
+//!   meanwhile to read them.
 
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -32,6 +35,9 @@ use crate::repo::{self, Claimed};
 
 /// Shortest time between two batches of one stream.
 pub const BATCH_EVERY: Duration = Duration::from_millis(30);
+/// Longest wait for a stream's last batch before the attempt's result is
+/// written (a batch that cannot be written does not hold the request up).
+pub const FLUSH_WAIT: Duration = Duration::from_secs(2);
 /// How long a finished attempt's pieces stay readable.
 const KEEP: Duration = Duration::from_secs(10);
 /// Pieces older than this are deleted by any cleanup (a daemon that died
@@ -40,14 +46,18 @@ const ORPHAN_AGE: Duration = Duration::from_secs(3600);
 
 impl Engine {
     /// The sink of a respond stage of a request that asked to stream (and
-    /// its publisher, started here); `None` for every other attempt.
-    pub(super) fn delta_sink(&self, stage: StageKind, row: &Claimed) -> Option<DeltaSink> {
+    /// its publisher, started here), with the signal that the publisher
+    /// wrote the last piece after the sink was dropped; `None` for every
+    /// other attempt.
+    pub(super) fn delta_sink(&self, stage: StageKind, row: &Claimed) -> Option<(DeltaSink, oneshot::Receiver<()>)> {
         if stage != StageKind::Respond || !row.stream {
             return None;
         }
         let (sink, pieces) = mpsc::unbounded_channel();
-        tokio::spawn(publish(self.pool.clone(), row.id, row.attempt, pieces, BATCH_EVERY));
-        Some(sink)
+        let (flushed, written) = oneshot::channel();
+        let pool = self.pool.clone();
+        tokio::spawn(publish(pool, row.id, row.attempt, pieces, BATCH_EVERY, Some(flushed)));
+        Some((sink, written))
     }
 }
 
@@ -82,8 +92,16 @@ impl Batch {
 }
 
 /// Writes the pieces of attempt `attempt` of request `id` as they come,
-/// batched every `every`, until the stage drops its sink; then cleans up.
-pub async fn publish(pool: Pool, id: Uuid, attempt: i32, mut pieces: mpsc::UnboundedReceiver<Delta>, every: Duration) {
+/// batched every `every`, until the stage drops its sink; then says so on
+/// `flushed` and cleans up.
+pub async fn publish(
+    pool: Pool,
+    id: Uuid,
+    attempt: i32,
+    mut pieces: mpsc::UnboundedReceiver<Delta>,
+    every: Duration,
+    flushed: Option<oneshot::Sender<()>>,
+) {
     let mut batch = Batch::default();
     let mut next_seq = 1;
     let mut last_write: Option<Instant> = None;
@@ -120,6 +138,9 @@ pub async fn publish(pool: Pool, id: Uuid, attempt: i32, mut pieces: mpsc::Unbou
                 tracing::warn!(request.id = %id, error = %e, "stream: could not write a batch; keeping it for the next")
             }
         }
+    }
+    if let Some(flushed) = flushed {
+        let _ = flushed.send(()); // the engine may have stopped waiting
     }
     if next_seq == 1 && batch.is_empty() {
         return; // nothing was written

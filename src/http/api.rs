@@ -354,7 +354,7 @@ pub async fn status(
         who.require(Need::ReadUser)?;
     }
     let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
-    let state = state_after_wait(&app, caller, who.tenant, id, &params).await?;
+    let state = state_after_wait(&app, caller, &who, id, &params).await?;
     let mut body = serde_json::to_value(&state)
         .map_err(|e| ApiError::from(crate::db::Error::Unexpected(format!("status of {id}: {e}"))))?;
     let client = app.pool.get().await?;
@@ -379,7 +379,7 @@ pub async fn status(
 async fn state_after_wait(
     app: &AppState,
     caller: Caller,
-    tenant: Uuid,
+    who: &Principal,
     id: Uuid,
     params: &HashMap<String, String>,
 ) -> Result<RequestState, ApiError> {
@@ -396,7 +396,9 @@ async fn state_after_wait(
     };
     // Subscribe before reading, so a change in between is not missed.
     let sub = app.hub.subscribe(Target::Request(id), REQUEST_QUEUE);
-    let mut follower = Follower::new(app.pool.clone(), sub).for_tenant(tenant);
+    let mut follower = Follower::new(app.pool.clone(), sub)
+        .for_tenant(who.tenant)
+        .for_user(bound_user(app, who).await?);
     let mut state = follower
         .current()
         .await?
@@ -454,12 +456,23 @@ pub async fn events(
     let sub = app.hub.subscribe_streaming(Target::Request(id), STREAM_QUEUE);
     let mut follower = Follower::new(app.pool.clone(), sub)
         .for_tenant(who.tenant)
+        .for_user(bound_user(&app, &who).await?)
         .with_deltas(after);
     let first = first_frames(&mut follower, after.is_some()).await?;
     if first.is_empty() {
         return Err(ApiError::not_found(format!("no request {id}")));
     }
     Ok(Stream::new(&app, caller, follower, first, "sse", place).sse())
+}
+
+/// The stored id of the user `who`'s token is bound to, if it is
+/// ([`tenancy::bound_user`]).
+async fn bound_user(app: &AppState, who: &Principal) -> Result<Option<Uuid>, ApiError> {
+    if who.user.is_none() {
+        return Ok(None);
+    }
+    let client = app.pool.get().await?;
+    tenancy::bound_user(&client, who).await
 }
 
 /// The current state(s), then, for a client that resumes, the pieces it
@@ -515,6 +528,7 @@ pub async fn ws(
     let sub = app.hub.subscribe_streaming(target, queue);
     let mut follower = Follower::new(app.pool.clone(), sub)
         .for_tenant(who.tenant)
+        .for_user(bound_user(&app, &who).await?)
         .with_deltas(after);
     let first = first_frames(&mut follower, after.is_some()).await?;
     if let Target::Request(id) = target

@@ -524,6 +524,9 @@ pub struct Follower {
     /// Reads a request only if it is this tenant's (a user target is a
     /// stored user id, the tenant's by construction).
     tenant: Option<Uuid>,
+    /// Reads a request only if it is this (stored) user's: a token bound
+    /// to one user (`maasctl tokens create … --user`).
+    user: Option<Uuid>,
     /// What was shown of each streamed answer (`None`: pieces are not
     /// followed).
     cursors: Option<deltas::Cursors>,
@@ -538,6 +541,7 @@ impl Follower {
             since: Utc::now(),
             resync: false,
             tenant: None,
+            user: None,
             cursors: None,
         }
     }
@@ -559,6 +563,13 @@ impl Follower {
     /// absent.
     pub fn for_tenant(mut self, tenant: Uuid) -> Follower {
         self.tenant = Some(tenant);
+        self
+    }
+
+    /// Shows a request only when it is stored user `user`'s (when given):
+    /// another user's reads as absent.
+    pub fn for_user(mut self, user: Option<Uuid>) -> Follower {
+        self.user = user;
         self
     }
 
@@ -591,8 +602,10 @@ impl Follower {
         };
         self.since = now;
         self.resync = false;
+        let user = self.user;
         Ok(rows
             .into_iter()
+            .filter(|r| user.is_none_or(|u| r.user_id == u))
             .map(Change::from)
             .filter_map(|c| self.fresh(&c))
             .collect())

@@ -91,10 +91,13 @@ pub async fn act<A: Action>(
     let id = parse_id(&id, "request")?;
     let reason = if A::REASON { Some(reason(&body)?) } else { None };
     let client = app.pool.get().await.map_err(db_error)?;
-    if !crate::repo::requests::is_of_tenant(&client, id, who.tenant)
-        .await
-        .map_err(db_error)?
-    {
+    let of_caller = match super::tenancy::bound_user(&client, &who).await? {
+        None => crate::repo::requests::is_of_tenant(&client, id, who.tenant).await,
+        Some(user) => crate::repo::requests::request_state_of_tenant(&client, id, who.tenant)
+            .await
+            .map(|rows| rows.iter().any(|r| r.user_id == user)),
+    };
+    if !of_caller.map_err(db_error)? {
         return Err(not_found(id));
     }
     let outcome = A::run(&client, id, reason.as_deref()).await.map_err(db_error)?;

@@ -347,6 +347,17 @@ pub async fn stored_user(client: &impl GenericClient, p: &Principal, user: Uuid)
     Ok(tenants::stored_user(client, p.tenant, user).await?)
 }
 
+/// The stored id of the one user the caller's token is bound to
+/// (`maasctl tokens create … --user`); `None` for a token of every user.
+/// A bound caller sees only that user's requests on every route that names
+/// a request by id (another user's reads as absent, as another tenant's).
+pub async fn bound_user(client: &impl GenericClient, p: &Principal) -> Result<Option<Uuid>, ApiError> {
+    match p.user {
+        Some(user) => Ok(Some(stored_user(client, p, user).await?)),
+        None => Ok(None),
+    }
+}
+
 /// Checks a limited tenant's limits inside the submitting transaction (its
 /// `tenants` row stays locked until that commits): 429 with `Retry-After`
 /// over one.

@@ -298,3 +298,42 @@ async fn maasctl_mcp_serves_one_user_over_stdio() {
     assert_eq!(refused(&s[2]), Some("user_not_allowed"), "{r}");
     assert_eq!(s[3]["structured"]["status"], "completed", "{r}");
 }
+
+/// A token bound to one user reaches only that user's requests on the
+/// routes that name a request by id: another user's of the same tenant
+/// reads as absent (404), as another tenant's does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bound_token_sees_only_its_users_requests_by_id() {
+    let db = TestDb::new().await;
+    let api = start(&db, Opts::default()).await;
+    let (ana, bob) = (Uuid::new_v4(), Uuid::new_v4());
+    let acme = token(&db, "acme", "admin", None).await;
+    let reader = token(&db, "acme", "read", Some(ana)).await;
+    let operator = token(&db, "acme", "operate", Some(ana)).await;
+    let thread = Uuid::new_v4();
+    let of_ana = crate::support::tenants::submit_ok(&api, &acme, ana, thread, "mine").await;
+    let of_bob = crate::support::tenants::submit_ok(&api, &acme, bob, Uuid::new_v4(), "his").await;
+    let (s, body) = get(&api, &reader, &format!("/api/query/{of_ana}/status")).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    for path in [
+        format!("/api/query/{of_bob}/status"),
+        format!("/api/query/{of_bob}/events"),
+    ] {
+        let (s, body) = get(&api, &reader, &path).await;
+        assert_eq!(
+            (s, body["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_found")),
+            "{path}: {body}"
+        );
+    }
+    let (s, body) = get(&api, &acme, &format!("/api/query/{of_bob}/status")).await;
+    assert_eq!(s, StatusCode::OK, "the unbound token sees every user's: {body}");
+    let (s, body, _) = crate::support::tenants::send(
+        &operator,
+        api.http
+            .post(api.url(&format!("/api/query/{of_bob}/cancel")))
+            .json(&json!({ "reason": "not hers" })),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+}

@@ -165,6 +165,7 @@ fn publisher(db: &TestDb, id: Uuid, attempt: i32) -> mpsc::UnboundedSender<Delta
         attempt,
         rx,
         maas::dispatcher::publish::BATCH_EVERY,
+        None,
     ));
     tx
 }
