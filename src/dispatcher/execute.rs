@@ -39,6 +39,26 @@ use crate::model::{Outcome, Prompts, StageKind};
 use crate::repo::{self, Claimed, Finished};
 use crate::stage::{StageError, StageInput, StageOutput, StageSuccess, analysis, memory};
 
+/// What a stage attempt of `row` is given (no sink for pieces: see
+/// [`Engine::delta_sink`]).
+fn input_of(row: &mut Claimed, prompts: Arc<Prompts>) -> StageInput {
+    StageInput {
+        request_id: row.id,
+        user_id: row.user_id,
+        thread_id: row.thread_id,
+        user_query: row.user_query.clone(),
+        attempt: u32::try_from(row.attempt).unwrap_or(1),
+        analysis: row.analysis.clone(),
+        context: row.context.clone(),
+        memory: std::mem::take(&mut row.memory),
+        earlier_turns: row.earlier_turns,
+        query_embedding: row.analysis.as_ref().and_then(analysis::kept_query_embedding),
+        retrieved: Vec::new(),
+        prompts,
+        deltas: None,
+    }
+}
+
 enum Attempt {
     Succeeded(StageSuccess),
     Failed(StageError),
@@ -76,21 +96,7 @@ impl Engine {
         // Every line of the attempt (the LLM layer's included) carries the
         // request id: one request's path is one `request_id` in the logs.
         let span = tracing::info_span!("stage", request.id = %row.id, %stage, attempt = row.attempt);
-        let mut input = StageInput {
-            request_id: row.id,
-            user_id: row.user_id,
-            thread_id: row.thread_id,
-            user_query: row.user_query.clone(),
-            attempt: u32::try_from(row.attempt).unwrap_or(1),
-            analysis: row.analysis.clone(),
-            context: row.context.clone(),
-            memory: std::mem::take(&mut row.memory),
-            earlier_turns: row.earlier_turns,
-            query_embedding: row.analysis.as_ref().and_then(analysis::kept_query_embedding),
-            retrieved: Vec::new(),
-            prompts,
-            deltas: None,
-        };
+        let mut input = input_of(&mut row, prompts);
         let streamed = self.delta_sink(stage, &row).map(|(sink, written)| {
             input.deltas = Some(sink);
             written
@@ -113,12 +119,7 @@ impl Engine {
         .instrument(span.clone())
         .await;
         let latency = started.elapsed();
-        // A streamed answer's last pieces go out before the attempt's result
-        // is written, so its clients get them before the terminal state.
-        input.deltas = None;
-        if let Some(written) = streamed {
-            let _ = tokio::time::timeout(super::publish::FLUSH_WAIT, written).await;
-        }
+        super::publish::last_pieces_out(&mut input, streamed).await;
         let result = match result {
             None if self.hard_stop.is_cancelled() => Attempt::Released,
             None => {

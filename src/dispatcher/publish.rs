@@ -32,6 +32,7 @@ use crate::db::Pool;
 use crate::llm::{Delta, DeltaSink};
 use crate::model::StageKind;
 use crate::repo::{self, Claimed};
+use crate::stage::StageInput;
 
 /// Shortest time between two batches of one stream.
 pub const BATCH_EVERY: Duration = Duration::from_millis(30);
@@ -58,6 +59,17 @@ impl Engine {
         let pool = self.pool.clone();
         tokio::spawn(publish(pool, row.id, row.attempt, pieces, BATCH_EVERY, Some(flushed)));
         Some((sink, written))
+    }
+}
+
+/// Drops the stage's sink and waits (at most [`FLUSH_WAIT`]) for its
+/// publisher's last batch: a streamed answer's last pieces go out before
+/// the attempt's result is written, so its clients get them before the
+/// terminal state.
+pub(super) async fn last_pieces_out(input: &mut StageInput, written: Option<oneshot::Receiver<()>>) {
+    input.deltas = None;
+    if let Some(written) = written {
+        let _ = tokio::time::timeout(FLUSH_WAIT, written).await;
     }
 }
 
