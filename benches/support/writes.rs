@@ -151,6 +151,11 @@ pub async fn writes(b: &mut Bench) {
     assert!(gone, "the daemon's sessions did not end");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let after = Snapshot::take(&c).await;
+    // pg_walinspect reads only flushed WAL: a durable commit after the
+    // snapshot flushes everything before it (its record lies past the range).
+    c.batch_execute("SET synchronous_commit = on; CREATE TEMP TABLE flush_mark AS SELECT 1 AS x")
+        .await
+        .unwrap();
     let entries = c.query(INDEX_ENTRIES, &[&before.lsn, &after.lsn]).await.unwrap();
     c.batch_execute(&format!("SELECT pg_drop_replication_slot('{SLOT}')"))
         .await
