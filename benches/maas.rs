@@ -31,6 +31,8 @@
 mod assembler;
 #[path = "support/console.rs"]
 mod console;
+#[path = "support/cpu.rs"]
+mod cpu;
 #[path = "support/mcp.rs"]
 mod mcp;
 #[path = "support/memory_scale.rs"]
@@ -320,9 +322,19 @@ async fn throughput(b: &mut Bench, http: bool, concurrency: Option<usize>) -> f6
     }
     let mut d = start_daemon(&url, opts).await;
     let c = connect(&url).await;
+    // What a part of the schema costs: statements run on the migrated
+    // database before the run (e.g. a trigger dropped), for attribution
+    // only (docs/benchmarks.md).
+    if let Ok(sql) = std::env::var("MAAS_BENCH_PROBE_SQL") {
+        c.batch_execute(&sql).await.unwrap();
+    }
     let writes_before = writes::rows_written(&c).await;
     insert_requests(&c, n, "benchmark query number ").await;
+    let postmaster = cpu::postmaster(&b.cluster.data_dir);
+    let daemon = d.pid().as_raw() as u32;
+    let cpu_before = (cpu::seconds(postmaster), cpu::seconds(daemon));
     let elapsed = wait_all_completed(&c, &d, n, "throughput").await;
+    let cpu_after = (cpu::seconds(postmaster), cpu::seconds(daemon));
     let writes_after = writes::rows_written(&c).await;
     d.kill();
     let per_request = (writes_after - writes_before) as f64 / n as f64;
@@ -344,6 +356,16 @@ async fn throughput(b: &mut Bench, http: bool, concurrency: Option<usize>) -> f6
             "requests_per_s",
             round(n as f64 / elapsed, 0),
             &format!("{n} requests inserted in one statement"),
+        );
+        b.record(
+            "pg_cpu_us_per_request",
+            round((cpu_after.0 - cpu_before.0) * 1e6 / n as f64, 0),
+            "PostgreSQL's CPU per request while the daemon works (all its processes; /proc)",
+        );
+        b.record(
+            "maasd_cpu_us_per_request",
+            round((cpu_after.1 - cpu_before.1) * 1e6 / n as f64, 0),
+            "maasd's CPU per request",
         );
         b.record(
             "stage_exec_per_s",

@@ -20,6 +20,10 @@
 //!   pending list takes a row's entries at once) and the records that move
 //!   the pending list into the tree, a BRIN index's summary updates. A physical replication slot keeps the WAL of the run until it
 //!   has been read.
+//! - `function_calls_per_request`: calls of PL/pgSQL and SQL functions
+//!   (`track_functions = all`, `pg_stat_user_functions`): mostly trigger
+//!   functions, each an executor start and a statement of its own; the
+//!   note lists them per function.
 //! - per table, `rows.<table>` (its row versions: inserts, updates, HOT
 //!   updates and deletes in the note) and `index_entries.<table>` (the
 //!   entries per index in the note).
@@ -48,6 +52,7 @@ struct Rows {
 struct Snapshot {
     lsn: String,
     tables: BTreeMap<String, Rows>,
+    calls: BTreeMap<String, i64>,
 }
 
 /// The WAL records that insert an entry into an index, per table and index,
@@ -100,7 +105,14 @@ impl Snapshot {
             };
             tables.insert(r.get::<_, String>(0), rows);
         }
-        Snapshot { lsn, tables }
+        let calls = c
+            .query("SELECT funcname::text, calls FROM pg_stat_user_functions", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        Snapshot { lsn, tables, calls }
     }
 }
 
@@ -125,6 +137,13 @@ pub async fn writes(b: &mut Bench) {
         .env("MAAS_CONCURRENCY__ANALYZE", THROUGHPUT_CONCURRENCY)
         .env("MAAS_CONCURRENCY__ASSEMBLE", THROUGHPUT_CONCURRENCY)
         .env("MAAS_CONCURRENCY__RESPOND", THROUGHPUT_CONCURRENCY);
+    connect(&url)
+        .await
+        .batch_execute(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = all', current_database()); END $$",
+        )
+        .await
+        .unwrap();
     let mut d = start_daemon(&url, opts).await;
     let c = connect(&url).await;
     c.batch_execute(&format!(
@@ -230,6 +249,18 @@ fn record(b: &mut Bench, n: i64, before: &Snapshot, after: &Snapshot, entries: &
             per(total.hot),
             per(total.upd)
         ),
+    );
+    let calls: Vec<(String, i64)> = after
+        .calls
+        .iter()
+        .map(|(f, k)| (f.clone(), k - before.calls.get(f).copied().unwrap_or(0)))
+        .filter(|(_, k)| *k > 0)
+        .collect();
+    let call_note: Vec<String> = calls.iter().map(|(f, k)| format!("{f} {}", per(*k))).collect();
+    b.record(
+        "function_calls_per_request",
+        per(calls.iter().map(|(_, k)| k).sum()),
+        &call_note.join(", "),
     );
     for (key, value, note) in lines {
         b.record(&key, value, &note);

@@ -126,14 +126,46 @@ steps AS (
           WHERE d.fused) s
     ORDER BY run_id, n
 ),
-logged AS (
-    INSERT INTO raw_logs (user_id, request_id, thread_id, message_type, content)
-    SELECT d.user_id, d.id, d.thread_id, 'assistant_response', d.answer
+-- The answers' logs, with what the raw_logs triggers would do per row done
+-- per user (sql/0027_answer_logs_in_finish.sql): the forget guard, then the
+-- user's sequence numbers from one upsert of archive_marks, then the logs
+-- with their numbers (the triggers skip a log whose number is given).
+answered AS MATERIALIZED (
+    SELECT d.user_id, d.id, d.thread_id, d.answer,
+           row_number() OVER (PARTITION BY d.user_id ORDER BY d.id) AS n,
+           count(*) OVER (PARTITION BY d.user_id) AS answers
     FROM done d
     WHERE d.stage = 'respond' AND d.outcome = 'succeeded' AND d.answer IS NOT NULL
-    -- Each log locks its user's archive_marks row (triggers/0004); taking
-    -- them in user order keeps two daemons' batches from deadlocking.
-    ORDER BY d.user_id
+      -- (a request's answer is logged once: no number is handed out twice)
+      AND NOT EXISTS (SELECT 1 FROM raw_logs r
+                      WHERE r.request_id = d.id AND r.message_type = 'assistant_response')
+),
+writable AS MATERIALIZED (
+    -- In user order, as every statement takes these locks (the guard's
+    -- volatile call is not pushed below the sort).
+    SELECT u.user_id, u.answers
+    FROM (SELECT DISTINCT a.user_id, a.answers FROM answered a ORDER BY a.user_id) u
+    WHERE maas_user_writable(u.user_id, u.answers::int)
+),
+marks AS (
+    -- Locks each user's mark until the commit, in user order, so that two
+    -- daemons' batches cannot deadlock and a user's numbers commit in order.
+    INSERT INTO archive_marks AS m (user_id, logged_seq, pending_since, last_active_at)
+    SELECT w.user_id, w.answers, now(), now()
+    FROM writable w
+    ORDER BY w.user_id
+    ON CONFLICT (user_id) DO UPDATE
+        SET logged_seq     = m.logged_seq + EXCLUDED.logged_seq,
+            pending_since  = coalesce(m.pending_since, EXCLUDED.pending_since),
+            last_active_at = greatest(m.last_active_at, EXCLUDED.last_active_at)
+    RETURNING m.user_id, m.logged_seq
+),
+logged AS (
+    INSERT INTO raw_logs (user_id, request_id, thread_id, message_type, content, user_seq)
+    SELECT a.user_id, a.id, a.thread_id, 'assistant_response', a.answer, k.logged_seq - a.answers + a.n
+    FROM answered a
+    JOIN marks k ON k.user_id = a.user_id
+    ORDER BY a.user_id, a.n
     ON CONFLICT DO NOTHING
 ),
 passed AS (

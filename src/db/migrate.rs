@@ -86,6 +86,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     23 => "0023_token_user.sql",
     24 => "0024_embedding_codes.sql",
     25 => "0025_fewer_index_writes.sql",
+    27 => "0027_answer_logs_in_finish.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

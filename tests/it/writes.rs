@@ -1,4 +1,5 @@
-//! What the hot path writes (sql/0025_fewer_index_writes.sql): a heartbeat
+//! What the hot path writes (sql/0025_fewer_index_writes.sql,
+//! sql/0027_answer_logs_in_finish.sql): a heartbeat
 //! and a user's next log are HOT updates (no index entry), and every
 //! statement that read an index the migration replaced still reads an
 //! index, never the whole table.
@@ -6,7 +7,9 @@
 use maas::repo::statement;
 use uuid::Uuid;
 
+use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, plan_with as plan};
+use crate::support::{GENEROUS, assert_one_answer_logged, insert_held, release, wait_all_terminal};
 
 /// Updates of `table` this session has not yet reported, and how many were
 /// HOT (PostgreSQL 15 counts earlier transactions' there too: compare two).
@@ -157,4 +160,94 @@ async fn the_sweep_the_lease_counts_the_console_and_the_archivist_read_an_index(
         let p = plan(&c, statement("requests_page").unwrap(), &values).await;
         assert_reads(status, &p, index);
     }
+}
+
+/// The answers' logs are numbered by the statement that records them
+/// (sql/0027_answer_logs_in_finish.sql), as the raw_logs triggers number
+/// every other log: each user's turns 1..n with no gap or repeat, the mark
+/// at n, and a forgotten user's answer dropped and counted.
+#[tokio::test]
+async fn a_daemons_answers_are_numbered_in_order_and_a_forgotten_users_dropped() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (many, few, forgotten) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let users = [vec![many; 6], vec![few; 2], vec![forgotten]].concat();
+    let ids = insert_held(&c, &users).await;
+    // Tombstoned after its query was logged and before its answer is.
+    c.execute(
+        "INSERT INTO forgotten_users (user_id, actor, reason) VALUES ($1, 'test', 'test')",
+        &[&forgotten],
+    )
+    .await
+    .unwrap();
+    let _d = Maasd::spawn(&db.url, Opts::default());
+    release(&c).await;
+    wait_all_terminal(&c, GENEROUS).await;
+
+    for (user, n) in [(many, 6_i64), (few, 2)] {
+        let r = c
+            .query_one(
+                "SELECT count(*), count(DISTINCT user_seq), min(user_seq), max(user_seq),
+                        (SELECT logged_seq FROM archive_marks WHERE user_id = $1)
+                 FROM raw_logs WHERE user_id = $1",
+                &[&user],
+            )
+            .await
+            .unwrap();
+        let (logs, distinct, lo, hi, mark): (i64, i64, i64, i64, i64) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+        assert_eq!(
+            (logs, distinct, lo, hi, mark),
+            (2 * n, 2 * n, 1, 2 * n, 2 * n),
+            "user {user}: logs, distinct numbers, lowest, highest, mark"
+        );
+    }
+    for (id, user) in ids.iter().zip(&users) {
+        if *user != forgotten {
+            assert_one_answer_logged(&c, *id).await;
+        }
+    }
+    let r = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM raw_logs WHERE user_id = $1 AND message_type = 'assistant_response'),
+                    (SELECT dropped_writes FROM forgotten_users WHERE user_id = $1)",
+            &[&forgotten],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.get::<_, i64>(0), r.get::<_, i64>(1)),
+        (0, 1),
+        "a forgotten user's answer: logged, dropped writes"
+    );
+}
+
+/// A log whose number is given skips the triggers only for a role that may
+/// update raw_logs (the daemon's); anyone else's number is replaced.
+#[tokio::test]
+async fn a_producers_given_number_is_replaced_by_the_trigger() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let role = format!("producer_{}", Uuid::new_v4().simple());
+    let user = Uuid::new_v4();
+    c.batch_execute(&format!(
+        "CREATE ROLE {role}; GRANT INSERT ON raw_logs TO {role};
+         SET ROLE {role};
+         INSERT INTO raw_logs (user_id, message_type, content, user_seq) VALUES ('{user}', 'user_query', 'hello', 999);
+         RESET ROLE;"
+    ))
+    .await
+    .unwrap();
+    let r = c
+        .query_one(
+            "SELECT l.user_seq, m.logged_seq FROM raw_logs l JOIN archive_marks m USING (user_id) WHERE l.user_id = $1",
+            &[&user],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.get::<_, i64>(0), r.get::<_, i64>(1)),
+        (1, 1),
+        "the log's number and the mark"
+    );
 }
