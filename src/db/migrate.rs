@@ -87,6 +87,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     24 => "0024_embedding_codes.sql",
     25 => "0025_fewer_index_writes.sql",
     27 => "0027_answer_logs_in_finish.sql",
+    28 => "0028_size_checks_without_detoasting.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![
