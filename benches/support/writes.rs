@@ -140,7 +140,7 @@ pub async fn writes(b: &mut Bench) {
     connect(&url)
         .await
         .batch_execute(
-            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = all', current_database()); END $$",
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''all''', current_database()); END $$",
         )
         .await
         .unwrap();
