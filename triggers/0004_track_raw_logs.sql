@@ -32,7 +32,7 @@ $$;
 DROP TRIGGER IF EXISTS raw_logs_track ON raw_logs;
 -- A log whose user_seq is given by a role that may update raw_logs (the
 -- daemon's answers: finish.sql hands out the numbers itself, set by set,
--- sql/0027_answer_logs_in_finish.sql) is not counted again.
+-- sql/0026_answer_logs_in_finish.sql) is not counted again.
 CREATE TRIGGER raw_logs_track
     BEFORE INSERT ON raw_logs
     FOR EACH ROW

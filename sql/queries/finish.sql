@@ -127,7 +127,7 @@ steps AS (
     ORDER BY run_id, n
 ),
 -- The answers' logs, with what the raw_logs triggers would do per row done
--- per user (sql/0027_answer_logs_in_finish.sql): the forget guard, then the
+-- per user (sql/0026_answer_logs_in_finish.sql): the forget guard, then the
 -- user's sequence numbers from one upsert of archive_marks, then the logs
 -- with their numbers (the triggers skip a log whose number is given).
 answered AS MATERIALIZED (

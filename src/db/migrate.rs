@@ -86,8 +86,8 @@ pub const MIGRATIONS: &[Migration] = migrations![
     23 => "0023_token_user.sql",
     24 => "0024_embedding_codes.sql",
     25 => "0025_fewer_index_writes.sql",
-    27 => "0027_answer_logs_in_finish.sql",
-    28 => "0028_size_checks_without_detoasting.sql",
+    26 => "0026_answer_logs_in_finish.sql",
+    27 => "0027_size_checks_without_detoasting.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

@@ -1,5 +1,5 @@
 //! What the hot path writes (sql/0025_fewer_index_writes.sql,
-//! sql/0027_answer_logs_in_finish.sql): a heartbeat
+//! sql/0026_answer_logs_in_finish.sql): a heartbeat
 //! and a user's next log are HOT updates (no index entry), and every
 //! statement that read an index the migration replaced still reads an
 //! index, never the whole table.
@@ -163,7 +163,7 @@ async fn the_sweep_the_lease_counts_the_console_and_the_archivist_read_an_index(
 }
 
 /// The answers' logs are numbered by the statement that records them
-/// (sql/0027_answer_logs_in_finish.sql), as the raw_logs triggers number
+/// (sql/0026_answer_logs_in_finish.sql), as the raw_logs triggers number
 /// every other log: each user's turns 1..n with no gap or repeat, the mark
 /// at n, and a forgotten user's answer dropped and counted.
 #[tokio::test]
