@@ -46,6 +46,13 @@
 //!   when its turn is among the first five hits. An English-only model
 //!   finds few; full text alone finds none by design.
 //!
+//! - `MAAS_EVAL_MEMORY_APPROXIMATE=P` (a measurement of what the lists of
+//!   large users cost in recall, nothing else sets it): every user is
+//!   searched as a large one (`maas.memory_exact_turns` 0 for the
+//!   database), with lists trained and assigned for every user once its
+//!   turns are embedded (`maas::embedder::lists`), and `P` lists probed
+//!   (`maas.memory_lists_probed`).
+//!
 //! Each question and its answer are logged as turns of the user, like any
 //! request's; questions submitted later may find them in memory.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
@@ -439,6 +446,30 @@ fn passthrough_env() -> Vec<(String, String)> {
         .collect()
 }
 
+/// Every user's lists, trained and assigned as the embedder does for a
+/// large user (`MAAS_EVAL_MEMORY_APPROXIMATE`).
+async fn train_lists(url: &str) {
+    let cfg = maas::config::Config {
+        database_url: maas::config::Secret(url.to_owned()),
+        ..Default::default()
+    };
+    let pool = maas::db::connect_pool(&cfg, "eval-memory").unwrap();
+    let client = pool.get().await.unwrap();
+    let users = client
+        .query("SELECT DISTINCT user_id, model, dims FROM turn_embeddings", &[])
+        .await
+        .unwrap();
+    let mut lists = 0;
+    for u in &users {
+        let model: String = u.get(1);
+        lists += maas::embedder::lists::train(&client, u.get(0), &model, u.get(2))
+            .await
+            .unwrap();
+        maas::embedder::lists::assign_all(&client, &model).await.unwrap();
+    }
+    eprintln!("eval-memory: {lists} lists trained for {} users", users.len());
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` runs bench
     // targets without it, and a test run must not start an evaluation.
@@ -489,6 +520,20 @@ async fn run(args: Args) -> bool {
     drop(admin);
     ensure_database(&admin_url, DB).await.unwrap();
     let url = cluster.url(DB);
+    let approximate = std::env::var("MAAS_EVAL_MEMORY_APPROXIMATE")
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok());
+    if let Some(probed) = approximate {
+        let (admin, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+        tokio::spawn(conn);
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE {DB} SET maas.memory_exact_turns = '0';
+                 ALTER DATABASE {DB} SET maas.memory_lists_probed = '{probed}'"
+            ))
+            .await
+            .unwrap();
+    }
 
     let mut opts = Opts::default()
         .env("RUST_LOG", "warn,maas::http=info")
@@ -571,6 +616,9 @@ async fn run(args: Args) -> bool {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+    if embedding.is_some() && approximate.is_some() {
+        train_lists(&url).await;
     }
     let embed_ms = t_embed.elapsed().as_millis();
 

@@ -10,7 +10,8 @@
 //! schema is current, and a load that stopped (Ctrl-C, a crash) resumes
 //! at its last committed slice of a million turns; the time a build took
 //! is printed. `DROP DATABASE bench_memory_scale_…` frees the disk (about
-//! 8 GB for 10 million turns).
+//! 8 GB for 10 million turns). `--memory-scale-build` builds (or resumes)
+//! the databases and measures nothing.
 //!
 //! The data is generated in SQL. A measured user's turns are short chat
 //! lines over a small vocabulary with one unique number each; their
@@ -182,11 +183,13 @@ async fn database(b: &Bench, filler: i64) -> String {
             eprintln!("memory-scale: reusing bench_{name}");
             return url;
         }
-        Some((c, done, false)) => {
+        // (nothing of the others loaded: the measured users' part may have
+        // stopped half way, so it is made again)
+        Some((c, done, false)) if done > 0 => {
             eprintln!("memory-scale: resuming bench_{name} at {done} of {filler} other turns");
             (c, done)
         }
-        None => {
+        _ => {
             let url = b.fresh_db(&name).await;
             let mut c = connect(&url).await;
             maas::db::migrate::migrate(&mut c, false).await.unwrap();
@@ -207,6 +210,7 @@ async fn database(b: &Bench, filler: i64) -> String {
                     t0.elapsed().as_secs_f64()
                 );
             }
+            lists(&c, &url).await;
             (c, 0)
         }
     };
@@ -219,6 +223,30 @@ async fn database(b: &Bench, filler: i64) -> String {
         t0.elapsed().as_secs_f64()
     );
     url
+}
+
+/// The measured users' lists, as the embedder makes them: trained for
+/// each user of at least `TRAIN_TURNS` turns, then every embedding
+/// assigned (before the other users' load, while the indexes are there).
+async fn lists(c: &Client, url: &str) {
+    use maas::embedder::lists::{TRAIN_TURNS, assign_all, train};
+    // (the statistics and visibility autovacuum would have by then)
+    c.batch_execute("VACUUM ANALYZE raw_logs, turn_embeddings")
+        .await
+        .unwrap();
+    let pool = pool(url);
+    let client = pool.get().await.unwrap();
+    for (tag, turns) in USERS.into_iter().filter(|u| u.1 >= TRAIN_TURNS) {
+        let (user, _) = user_and_thread(c, tag, turns).await;
+        let t0 = Instant::now();
+        let k = train(&client, user, MODEL, 384).await.unwrap();
+        let trained = t0.elapsed().as_secs_f64();
+        let n = assign_all(&client, MODEL).await.unwrap();
+        eprintln!(
+            "memory-scale: user of {turns} turns: {k} lists trained in {trained:.1} s, {n} embeddings assigned in {:.1} s",
+            t0.elapsed().as_secs_f64() - trained
+        );
+    }
 }
 
 /// Loads the other users' turns from `done` on, then the indexes, marks
@@ -485,7 +513,7 @@ async fn disk(b: &mut Bench, c: &Client) {
         (
             4,
             "memory_disk_embedding_bytes_per_turn",
-            "turn_embeddings, a 384-dimension turn: its row (parts, code), its three index entries",
+            "turn_embeddings, a 384-dimension turn: its row (parts, code, list), its two index entries",
         ),
     ] {
         let bytes: f64 = r.get(i);
@@ -600,6 +628,11 @@ async fn memory_scale(b: &mut Bench) {
     let others = (total - measured).max(OTHER_USERS + 1);
     let small_url = database(b, OTHER_USERS).await;
     let large_url = database(b, others).await;
+    if std::env::args().any(|a| a == "--memory-scale-build") {
+        // The databases only (a build needs no quiet machine; the
+        // measurement does).
+        return;
+    }
     let (small, large) = (pool(&small_url), pool(&large_url));
     let (small, large) = (small.get().await.unwrap(), large.get().await.unwrap());
     let c = connect(&large_url).await;
@@ -639,6 +672,22 @@ async fn memory_scale(b: &mut Bench) {
             round(bytes / 1024.0, 0),
             "shared buffers hit or read (EXPLAIN BUFFERS)",
         );
+        if turns == 10_000 {
+            // Where the exact scan and the lists cross: the exact scan of
+            // this user (the lists' path is the p50 above).
+            large.batch_execute(EXACT_ALWAYS).await.unwrap();
+            let mut exact = Vec::new();
+            for i in 0..30 {
+                exact.push(timed(&large, &p.search(i, 0.5)).await.0);
+            }
+            large.batch_execute("RESET maas.memory_exact_turns").await.unwrap();
+            exact.sort_by(f64::total_cmp);
+            b.record(
+                "memory_10k_exact_p50_ms",
+                pct(&exact, 0.5),
+                "30 searches, the exact scan (maas.memory_exact_turns above)",
+            );
+        }
         largest = Some((p, pct(&among, 0.99)));
     }
     let (p, p99) = largest.unwrap();

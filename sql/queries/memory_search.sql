@@ -40,7 +40,8 @@
 -- candidates themselves. A candidate is scored by testing each query lexeme
 -- against its tsvector (`@@`), so common lexemes still add to the turns
 -- that hold them. Only when fewer than 40 turns match a rarer lexeme are
--- the newest 256 turns matching any lexeme scored besides. On LoCoMo this
+-- the newest 256 turns matching any lexeme scored besides (among the
+-- user's newest 4,096 turns: all of them for most users). On LoCoMo this
 -- picks the same hits as scoring every matching turn (BENCHMARKS.md).
 --
 -- Rows: kind ('turn' | 'record'), id, why ('thread' | 'hit' | 'neighbour' |
@@ -90,10 +91,16 @@ WITH q AS (
     FROM m JOIN w ON w.lexeme = m.lexeme AND w.turns < 256
     WHERE m.request_id IS DISTINCT FROM $8::uuid
 ), common AS (
+    -- (the user's newest turns walked backwards, at most 4,096: a bitmap
+    -- of every turn matching any lexeme read 35,000 turns of a user of
+    -- 100,000 to keep the newest 256)
     SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search
-    FROM anyq
-    JOIN raw_logs r ON r.user_id = $1::uuid AND r.search @@ anyq.tq
-                   AND r.request_id IS DISTINCT FROM $8::uuid
-    WHERE (SELECT count(*) FROM rare) < 40
+    FROM (SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.request_id
+          FROM raw_logs r
+          WHERE (SELECT count(*) FROM rare) < 40 AND r.user_id = $1::uuid
+          ORDER BY r.user_seq DESC
+          LIMIT 4096) r
+    WHERE r.search @@ (SELECT anyq.tq FROM anyq)
+      AND r.request_id IS DISTINCT FROM $8::uuid
     ORDER BY r.user_seq DESC
     LIMIT 256

@@ -6,46 +6,83 @@
 -- $11 weight (of the semantic part in a hit's score, 0 to 1; 0.5 measured best)
 --
 -- The cosine of the query's embedding with each of the user's turn
--- embeddings (turn_embeddings_user_idx, never another user's rows); the
+-- embeddings (turn_embeddings_list_idx, never another user's rows); the
 -- 100 nearest turns join the full-text candidates. A user of more turns
--- than `maas.memory_exact_turns` (a setting; 20,000 when unset) is
--- searched in two passes instead (sql/0024_embedding_codes.sql): the 1,000
--- turns whose codes are nearest the query's by Hamming distance, read from
--- turn_embeddings_code_idx alone, then the exact cosine of those; the
--- scaling below is then over those 1,000 (docs/memory.md, "At size"). A candidate's score is (1 − $11) · its BM25 score over the best BM25
+-- than `maas.memory_exact_turns` (a setting; 3,000 when unset) is
+-- searched approximately instead (docs/memory.md, "At size"):
+-- - with its lists complete (sql/0026_embedding_lists.sql): the
+--   `maas.memory_lists_probed` lists (8 when unset) whose centroids are
+--   nearest the query, the 1,000 turns of those whose codes are nearest the
+--   query's by Hamming distance (read from turn_embeddings_list_idx
+--   alone), then the exact cosine of those;
+-- - else (lists not yet trained or assigned): the 1,000 turns of all
+--   whose codes are nearest (sql/0024_embedding_codes.sql), then the
+--   exact cosine of those.
+-- The scaling below is then over those turns. A candidate's score is (1 − $11) · its BM25 score over the best BM25
 -- score of the candidates + $11 · its cosine scaled to 0..1 over the
 -- user's turns (min to max): linear fusion, which beat reciprocal rank
 -- fusion by 5 points of recall on LoCoMo (BENCHMARKS.md, session 8).
 ), query_parts AS (
     SELECT embedding_parts($9::real[]) AS parts, embedding_code($9::real[]) AS code
 ), size AS (
-    -- One decision per search, from the user's count of logged turns.
-    SELECT n.turns > coalesce(nullif(current_setting('maas.memory_exact_turns', true), '')::float8, 20000) AS large
+    -- One decision per search, from the user's count of logged turns and
+    -- its lists: 'exact', 'lists' or 'codes'.
+    SELECT CASE WHEN n.turns <= coalesce(nullif(current_setting('maas.memory_exact_turns', true), '')::float8, 3000)
+                THEN 'exact'
+                WHEN EXISTS (SELECT 1 FROM embedding_lists l
+                             WHERE l.user_id = $1::uuid AND l.model = $10::text
+                               AND l.dims = cardinality($9::real[]) AND l.complete)
+                THEN 'lists'
+                ELSE 'codes' END AS path
     FROM n
+), probed AS (
+    -- The lists whose centroids are nearest the query (squared distance
+    -- over the parts, as below).
+    SELECT array_agg(c.list) AS lists
+    FROM (SELECT c.list FROM embedding_centroids c
+          WHERE $3::int > 0 AND (SELECT s.path FROM size s) = 'lists'
+            AND c.user_id = $1::uuid AND c.model = $10::text AND c.dims = cardinality($9::real[])
+          ORDER BY (SELECT sum(cube_distance(x.a, x.b) ^ 2)
+                    FROM unnest(c.parts, (SELECT q.parts FROM query_parts q)) AS x(a, b))
+          LIMIT coalesce(nullif(current_setting('maas.memory_lists_probed', true), '')::int, 8)) c
 ), dense AS MATERIALIZED (
     -- Both of unit length: the cosine is 1 − |a − b|² / 2, the squared
     -- distance summed over the parts (sql/0018_embedding_parts.sql).
     -- Exact: every embedding of the user (a one-time filter keeps the
-    -- other branch from running).
+    -- other branches from running).
     SELECT e.turn_id AS id,
            1 - (SELECT sum(cube_distance(x.a, x.b) ^ 2) FROM unnest(e.parts, q.parts) AS x(a, b)) / 2 AS cosine
     FROM turn_embeddings e
     CROSS JOIN query_parts q
-    WHERE $3::int > 0 AND NOT (SELECT s.large FROM size s) AND e.user_id = $1::uuid AND e.model = $10::text
+    WHERE $3::int > 0 AND (SELECT s.path FROM size s) = 'exact' AND e.user_id = $1::uuid AND e.model = $10::text
       -- (a model that changed its dimensions under the same name is skipped)
       AND e.dims = cardinality($9::real[])
     UNION ALL
-    -- Large: the nearest codes first, then the exact cosine of those.
+    -- Approximate: the nearest codes first (of the probed lists, or of
+    -- all), then the exact cosine of those.
     SELECT e.turn_id,
            1 - (SELECT sum(cube_distance(x.a, x.b) ^ 2) FROM unnest(e.parts, q.parts) AS x(a, b)) / 2
-    FROM (SELECT c.turn_id
-          FROM turn_embeddings c
-          WHERE $3::int > 0 AND (SELECT s.large FROM size s) AND c.user_id = $1::uuid AND c.model = $10::text
-            AND c.dims = cardinality($9::real[])
-          -- (the query's code as a parameter, not a join: a join costs a
-          -- step per turn)
-          ORDER BY bit_count(c.code # (SELECT q.code FROM query_parts q))
-          LIMIT 1000) c
+    FROM ((SELECT c.turn_id
+           -- (each probed list read by its own key: with `list = ANY (…)`
+           -- the generic plan read all of the user's codes; no lists are
+           -- probed off the 'lists' path)
+           FROM unnest((SELECT p.lists FROM probed p)::int[]) AS l(list)
+           CROSS JOIN LATERAL (
+               SELECT c.turn_id, c.code FROM turn_embeddings c
+               WHERE c.user_id = $1::uuid AND c.model = $10::text
+                 AND c.dims = cardinality($9::real[]) AND c.list = l.list
+               OFFSET 0) c
+           -- (the query's code as a parameter, not a join: a join costs a
+           -- step per turn)
+           ORDER BY bit_count(c.code # (SELECT q.code FROM query_parts q))
+           LIMIT 1000)
+          UNION ALL
+          (SELECT c.turn_id
+           FROM turn_embeddings c
+           WHERE $3::int > 0 AND (SELECT s.path FROM size s) = 'codes' AND c.user_id = $1::uuid
+             AND c.model = $10::text AND c.dims = cardinality($9::real[])
+           ORDER BY bit_count(c.code # (SELECT q.code FROM query_parts q))
+           LIMIT 1000)) c
     -- (a lookup by key each: a join could read the user's every row)
     CROSS JOIN LATERAL (
         SELECT e.turn_id, e.parts FROM turn_embeddings e

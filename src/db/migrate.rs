@@ -88,6 +88,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     25 => "0025_fewer_index_writes.sql",
     26 => "0026_answer_logs_in_finish.sql",
     27 => "0027_size_checks_without_detoasting.sql",
+    28 => "0028_embedding_lists.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

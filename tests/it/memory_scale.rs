@@ -1,7 +1,9 @@
 //! The semantic search at size, on a real database: above
 //! `maas.memory_exact_turns` turns a user's embeddings are ranked by their
-//! binary codes first and only the nearest are compared exactly; at or
-//! below it every embedding is compared (sql/0024_embedding_codes.sql).
+//! binary codes first and only the nearest are compared exactly
+//! (sql/0024_embedding_codes.sql), of the nearest lists only once the
+//! user's lists are trained and assigned (sql/0028_embedding_lists.sql);
+//! at or below it every embedding is compared.
 
 use rand::{Rng, SeedableRng};
 use tokio_postgres::Client;
@@ -30,12 +32,17 @@ fn vectors(n: usize) -> Vec<Vec<f32>> {
 /// A user of `TURNS` turns, each with an embedding stored as the embedder
 /// stores it; the turns' ids in order, and their vectors.
 async fn user_with_turns(db: &TestDb, c: &Client, user: Uuid) -> (Vec<i64>, Vec<Vec<f32>>) {
+    user_with(db, c, user, TURNS).await
+}
+
+/// A user of `turns` turns with embeddings (see [`user_with_turns`]).
+async fn user_with(db: &TestDb, c: &Client, user: Uuid, turns: i64) -> (Vec<i64>, Vec<Vec<f32>>) {
     let ids: Vec<i64> = c
         .query(
             "INSERT INTO raw_logs (user_id, thread_id, message_type, content)
              SELECT $1, $1, 'user_query', 'turn number ' || g FROM generate_series(1, $2::int8) g
              RETURNING id",
-            &[&user, &TURNS],
+            &[&user, &turns],
         )
         .await
         .unwrap()
@@ -46,7 +53,7 @@ async fn user_with_turns(db: &TestDb, c: &Client, user: Uuid) -> (Vec<i64>, Vec<
     let pool = db.pool();
     let client = pool.get().await.unwrap();
     for (ids, vs) in ids.chunks(500).zip(vs.chunks(500)) {
-        maas::repo::embeddings::store(&client, user, MODEL, ids, vs, TURNS)
+        maas::repo::embeddings::store(&client, user, MODEL, ids, vs, turns)
             .await
             .unwrap();
     }
@@ -125,4 +132,119 @@ async fn the_approximate_pass_finds_a_planted_vector_and_small_users_stay_exact(
     let approx = hits(&client, user, &vs[hidden]).await;
     assert!(!approx.contains(&ids[hidden]), "{approx:?}");
     assert_eq!(approx.len(), 10);
+}
+
+/// A count from `sql` with `user` as `$1`.
+async fn count(c: &Client, sql: &str, user: Uuid) -> i64 {
+    c.query_one(sql, &[&user]).await.unwrap().get(0)
+}
+
+/// A large user's lists: trained by the embedder's rule once the user has
+/// enough embeddings, assigned in batches (the search takes the code pass
+/// until they are complete), new embeddings stored with their list; the
+/// list pass finds a planted vector's turn and reads only the nearest
+/// lists; below the size the search stays exact; a change of model drops
+/// the lists, and forgetting the user deletes them with its centroids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_are_trained_assigned_searched_and_forgotten() {
+    use maas::embedder::lists::{Kept, TRAIN_TURNS, assign_all, keep};
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    let turns = TRAIN_TURNS + 100;
+    let (ids, vs) = user_with(&db, &c, user, turns).await;
+    let pool = db.pool();
+    let client = pool.get().await.unwrap();
+    let lists = "SELECT count(*) FROM embedding_centroids WHERE user_id = $1";
+
+    // Too few logged turns: nothing; enough: trained, not yet assigned.
+    assert_eq!(keep(&client, user, MODEL, 384, 10).await.unwrap(), Kept::Unchanged);
+    assert_eq!(count(&c, lists, user).await, 0);
+    let Kept::Trained(k) = keep(&client, user, MODEL, 384, turns).await.unwrap() else {
+        panic!("not trained")
+    };
+    assert_eq!(k, i64::try_from(maas::embedder::lists::lists_for(turns)).unwrap());
+    assert_eq!(count(&c, lists, user).await, k);
+    assert_eq!(keep(&client, user, MODEL, 384, turns).await.unwrap(), Kept::Unchanged);
+
+    // Turn `hidden` is put in the list farthest from its vector: only a
+    // search that does not go by lists can find it.
+    let (planted, hidden) = (700, 900);
+    let far = "UPDATE turn_embeddings e SET list = (
+                   SELECT c.list FROM embedding_centroids c WHERE c.user_id = e.user_id
+                   ORDER BY (SELECT sum(cube_distance(x.a, x.b) ^ 2) FROM unnest(c.parts, e.parts) AS x(a, b)) DESC
+                   LIMIT 1)
+               WHERE e.turn_id = $1";
+    client
+        .batch_execute("SET maas.memory_exact_turns = '100'")
+        .await
+        .unwrap();
+    // Not assigned yet: the code pass over all the user's turns.
+    c.execute(far, &[&ids[hidden]]).await.unwrap();
+    assert_eq!(hits(&client, user, &vs[hidden]).await.first(), Some(&ids[hidden]));
+
+    let assigned = assign_all(&client, MODEL).await.unwrap();
+    assert_eq!(assigned, turns);
+    let unassigned = "SELECT count(*) FROM turn_embeddings WHERE user_id = $1 AND list IS NULL";
+    assert_eq!(count(&c, unassigned, user).await, 0);
+    let complete = "SELECT count(*) FROM embedding_lists WHERE user_id = $1 AND complete";
+    assert_eq!(count(&c, complete, user).await, 1);
+
+    // The list pass: the planted turn first, the hidden one missed.
+    c.execute(far, &[&ids[hidden]]).await.unwrap();
+    let approx = hits(&client, user, &vs[planted]).await;
+    assert_eq!(approx.first(), Some(&ids[planted]), "{approx:?}");
+    let approx = hits(&client, user, &vs[hidden]).await;
+    assert!(!approx.contains(&ids[hidden]), "{approx:?}");
+    assert_eq!(approx.len(), 10);
+    // At or below the size: exact, whatever the lists say.
+    client.batch_execute("RESET maas.memory_exact_turns").await.unwrap();
+    assert_eq!(hits(&client, user, &vs[hidden]).await.first(), Some(&ids[hidden]));
+
+    // A new embedding is stored with its list.
+    let extra: i64 = c
+        .query_one(
+            "INSERT INTO raw_logs (user_id, thread_id, message_type, content)
+             VALUES ($1, $1, 'user_query', 'one more') RETURNING id",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    maas::repo::embeddings::store(&client, user, MODEL, &[extra], &vs[..1], turns + 1)
+        .await
+        .unwrap();
+    assert_eq!(count(&c, unassigned, user).await, 0);
+
+    // Another model: the user's lists of the first are dropped.
+    maas::repo::embeddings::store(&client, user, "another-384", &[ids[0]], &vs[..1], 1)
+        .await
+        .unwrap();
+    assert_eq!(count(&c, lists, user).await, 0);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM embedding_lists WHERE user_id = $1", user).await,
+        0
+    );
+
+    // Forgetting the user deletes its lists and centroids.
+    maas::embedder::lists::train(&client, user, "another-384", 384)
+        .await
+        .unwrap();
+    assert_eq!(
+        count(&c, lists, user).await,
+        1,
+        "one embedding of that model: one centroid"
+    );
+    let why = maas::repo::users::Why {
+        actor: "test",
+        reason: None,
+    };
+    maas::users::forget_now(&pool, maas::repo::users::UserKey::new(user), why)
+        .await
+        .unwrap();
+    assert_eq!(count(&c, lists, user).await, 0);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM embedding_lists WHERE user_id = $1", user).await,
+        0
+    );
 }

@@ -31,6 +31,13 @@
 //! turn and no other user.
 //! Until a turn has its embedding, the memory search finds it by full text
 //! alone.
+//!
+//! A large user's inverted lists ([`lists`]) are kept here too: after a
+//! user's batch is stored, its lists are trained when it has crossed the
+//! size for them, and every pass assigns a batch of embeddings of lists
+//! not yet complete.
+
+pub mod lists;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,6 +73,10 @@ pub struct Pass {
     /// The newest turn id, read before it looked: a complete pass has
     /// seen every turn up to it.
     pub top: i64,
+    /// Embeddings assigned to a list ([`lists::assign`]).
+    pub assigned: i64,
+    /// Lists are left with embeddings to assign.
+    pub lists_left: bool,
 }
 
 /// The embedder service.
@@ -144,11 +155,15 @@ pub async fn pass(pool: &Pool, embedder: &Embedder, after_id: Option<i64>) -> Re
         let (ids, vectors): (Vec<i64>, Vec<Vec<f32>>) = embedded.into_iter().unzip();
         let stored = repo::embeddings::store(&client, user.user_id, embedder.model(), &ids, &vectors, mark).await?;
         crate::metrics::embedder_pass(stored, refused);
+        if let Some(dims) = vectors.first().and_then(|v| i32::try_from(v.len()).ok()) {
+            lists::keep(&client, user.user_id, embedder.model(), dims, user.logged_seq).await?;
+        }
         // A full batch may have left turns behind.
         done.complete &= turns.len() < embedder.batch();
         done.embedded += stored;
         done.users += 1;
     }
+    (done.assigned, done.lists_left) = lists::assign(&client, embedder.model()).await?;
     Ok(done)
 }
 
@@ -208,7 +223,11 @@ impl Service for EmbedderService {
                         if p.embedded > 0 {
                             tracing::debug!(users = p.users, embedded = p.embedded, full, "turns embedded");
                         }
-                        if p.users == 0 { IDLE } else { Duration::ZERO }
+                        if p.users == 0 && !p.lists_left {
+                            IDLE
+                        } else {
+                            Duration::ZERO
+                        }
                     }
                     Err(e) => {
                         crate::metrics::embedder_failure(match e {
