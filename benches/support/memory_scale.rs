@@ -619,6 +619,25 @@ pub async fn when_asked(b: &mut Bench, only: Option<&str>) {
     }
 }
 
+/// The measured users' common lexemes, as the embedder counts them (once
+/// per database: a count is not due again until the user has doubled).
+async fn common_lexemes(c: &Client, client: &deadpool_postgres::Client) {
+    use maas::repo::memory::{COMMON_LEXEMES_FROM, count_common_lexemes};
+    for (tag, turns) in USERS {
+        let (user, _) = user_and_thread(c, tag, turns).await;
+        let t0 = Instant::now();
+        let n = count_common_lexemes(client, user, turns, COMMON_LEXEMES_FROM)
+            .await
+            .unwrap();
+        if n > 0 {
+            eprintln!(
+                "memory-scale: user of {turns} turns: {n} common lexemes counted in {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
 /// The section: builds (or reuses) the two databases, then measures.
 async fn memory_scale(b: &mut Bench) {
     let measured: i64 = USERS.iter().map(|u| u.1).sum();
@@ -636,6 +655,8 @@ async fn memory_scale(b: &mut Bench) {
     let (small, large) = (pool(&small_url), pool(&large_url));
     let (small, large) = (small.get().await.unwrap(), large.get().await.unwrap());
     let c = connect(&large_url).await;
+    common_lexemes(&c, &small).await;
+    common_lexemes(&c, &large).await;
     b.record(
         "memory_table_turns",
         Value::from(measured + others),

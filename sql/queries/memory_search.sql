@@ -34,7 +34,8 @@
 -- one turn for 1 in 10 questions only. Ties: the newer turn first.
 --
 -- Bounded work, whatever the size of the user's history: one GIN lookup per
--- lexeme reads at most 256 of its turns, which gives its document frequency
+-- lexeme (none for a lexeme the user's `common_lexemes` lists) reads at
+-- most 256 of its turns, which gives its document frequency
 -- (a lexeme found that often is common — a speaker's name, "go", "like" —
 -- and scores with the idf of 256) and, for the rarer lexemes, the
 -- candidates themselves. A candidate is scored by testing each query lexeme
@@ -59,8 +60,14 @@ WITH q AS (
 ), n AS (
     SELECT greatest(coalesce((SELECT m.logged_seq FROM archive_marks m WHERE m.user_id = $1::uuid), 0), 1)::float8 AS turns,
            greatest(CASE WHEN $5::int > 0 THEN (SELECT count(*) FROM lsm_storage s WHERE s.user_id = $1::uuid) ELSE 0 END, 1)::float8 AS records
+), known AS (
+    -- The query's lexemes known to be common for the user (in at least
+    -- 256 of its turns when counted: sql/0029_common_lexemes.sql): no
+    -- lookup, the document frequency of 256 that the lookup would give.
+    SELECT c.lexeme FROM common_lexemes c
+    WHERE c.user_id = $1::uuid AND c.lexeme IN (SELECT q.lexeme FROM q)
 ), m AS MATERIALIZED (
-    -- Each lexeme's turns, at most 256 (one GIN lookup each).
+    -- Each other lexeme's turns, at most 256 (one GIN lookup each).
     SELECT q.lexeme, r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.request_id
     FROM q
     CROSS JOIN LATERAL (
@@ -68,9 +75,12 @@ WITH q AS (
         FROM raw_logs r
         WHERE $3::int > 0 AND r.user_id = $1::uuid AND r.search @@ q.tq
         LIMIT 256) r
+    WHERE q.lexeme NOT IN (SELECT k.lexeme FROM known k)
 ), df AS (
     -- Each lexeme's document frequency (up to 256), in one pass over m.
     SELECT m.lexeme, count(*)::float8 AS turns FROM m GROUP BY m.lexeme
+    UNION ALL
+    SELECT k.lexeme, 256::float8 FROM known k
 ), w AS (
     SELECT q.lexeme, q.tq, d.turns,
            ln(1 + (n.turns - d.turns + 0.5) / (d.turns + 0.5)) AS idf_turn,

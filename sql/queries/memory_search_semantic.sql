@@ -10,9 +10,9 @@
 -- 100 nearest turns join the full-text candidates. A user of more turns
 -- than `maas.memory_exact_turns` (a setting; 3,000 when unset) is
 -- searched approximately instead (docs/memory.md, "At size"):
--- - with its lists complete (sql/0026_embedding_lists.sql): the
+-- - with its lists complete (sql/0028_embedding_lists.sql): the
 --   `maas.memory_lists_probed` lists (8 when unset) whose centroids are
---   nearest the query, the 1,000 turns of those whose codes are nearest the
+--   nearest the query, the 500 turns of those whose codes are nearest the
 --   query's by Hamming distance (read from turn_embeddings_list_idx
 --   alone), then the exact cosine of those;
 -- - else (lists not yet trained or assigned): the 1,000 turns of all
@@ -75,7 +75,7 @@
            -- (the query's code as a parameter, not a join: a join costs a
            -- step per turn)
            ORDER BY bit_count(c.code # (SELECT q.code FROM query_parts q))
-           LIMIT 1000)
+           LIMIT 500)
           UNION ALL
           (SELECT c.turn_id
            FROM turn_embeddings c

@@ -89,6 +89,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     26 => "0026_answer_logs_in_finish.sql",
     27 => "0027_size_checks_without_detoasting.sql",
     28 => "0028_embedding_lists.sql",
+    29 => "0029_common_lexemes.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

@@ -35,7 +35,10 @@
 //! A large user's inverted lists ([`lists`]) are kept here too: after a
 //! user's batch is stored, its lists are trained when it has crossed the
 //! size for them, and every pass assigns a batch of embeddings of lists
-//! not yet complete.
+//! not yet complete. So are its common lexemes
+//! ([`repo::memory::count_common_lexemes`]): counted when it has
+//! [`repo::memory::COMMON_LEXEMES_FROM`] logged turns and again each time
+//! it has doubled, so the full-text part of its search skips their lookups.
 
 pub mod lists;
 
@@ -158,6 +161,13 @@ pub async fn pass(pool: &Pool, embedder: &Embedder, after_id: Option<i64>) -> Re
         if let Some(dims) = vectors.first().and_then(|v| i32::try_from(v.len()).ok()) {
             lists::keep(&client, user.user_id, embedder.model(), dims, user.logged_seq).await?;
         }
+        repo::memory::count_common_lexemes(
+            &client,
+            user.user_id,
+            user.logged_seq,
+            repo::memory::COMMON_LEXEMES_FROM,
+        )
+        .await?;
         // A full batch may have left turns behind.
         done.complete &= turns.len() < embedder.batch();
         done.embedded += stored;

@@ -26,6 +26,24 @@ super::statements! {
     SEARCH = "memory_search": concat!(part!("memory_search"), part!("memory_search_fulltext"), part!("memory_search_items")),
     SEARCH_SEMANTIC = "memory_search_semantic":
         concat!(part!("memory_search"), part!("memory_search_semantic"), part!("memory_search_items")),
+    COMMON_LEXEMES = "memory_common_lexemes",
+}
+
+/// The least logged turns of a user whose common lexemes are counted
+/// (below it a common lexeme's lookup costs little).
+pub const COMMON_LEXEMES_FROM: i64 = 5_000;
+
+/// Counts `user`'s common lexemes (in at least 256 of its turns) when due:
+/// it has `logged` turns, at least `from`, and was never counted or has
+/// doubled since (`memory_common_lexemes.sql`). The search then skips
+/// their lookups. Returns the lexemes stored (0: not due).
+pub async fn count_common_lexemes(
+    client: &impl super::GenericClient,
+    user: Uuid,
+    logged: i64,
+    from: i64,
+) -> Result<i64, Error> {
+    super::query_one_value(client, COMMON_LEXEMES, &[&user, &logged, &from], "lexemes").await
 }
 
 /// What to retrieve for one request.

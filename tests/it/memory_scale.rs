@@ -248,3 +248,128 @@ async fn lists_are_trained_assigned_searched_and_forgotten() {
         0
     );
 }
+
+/// The long-term hits of a full-text search for `query` (ids and scores,
+/// best first).
+async fn text_hits(client: &deadpool_postgres::Client, user: Uuid, query: &str) -> Vec<(i64, String)> {
+    let s = maas::repo::memory::MemorySearch {
+        user_id: user,
+        request_id: Uuid::new_v4(),
+        thread_id: None,
+        thread_turns: 0,
+        query,
+        hits: 40,
+        window: 0,
+        records: 0,
+        semantic: None,
+    };
+    let items = maas::repo::memory::search(client, &s).await.unwrap();
+    items
+        .iter()
+        .filter(|i| i.why == "hit")
+        .map(|i| (i.id, format!("{:?}", i.score)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn common_lexemes_are_counted_skipped_and_forgotten_and_the_hits_stay_the_same() {
+    use maas::repo::memory::count_common_lexemes;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let pool = db.pool();
+    let client = pool.get().await.unwrap();
+    let user = Uuid::new_v4();
+    // Every turn holds "apples" and "number", every other one "pears",
+    // three "kiwis"; the newest turns no kiwi.
+    c.execute(
+        "INSERT INTO raw_logs (user_id, thread_id, message_type, content)
+         SELECT $1, $1, 'user_query',
+                'apples ' || CASE WHEN g % 2 = 0 THEN 'pears ' ELSE '' END
+                || CASE WHEN g % 150 = 7 THEN 'kiwis ' ELSE '' END || 'number ' || g
+         FROM generate_series(1, 600) g",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    let stored = "SELECT count(*) FROM common_lexemes WHERE user_id = $1";
+    let query = "apples, pears and kiwis: what number?";
+    let before = text_hits(&client, user, query).await;
+    assert_eq!(before.len(), 40);
+
+    // Below the least size, or not logged: not counted.
+    assert_eq!(count_common_lexemes(&client, user, 600, 1_000).await.unwrap(), 0);
+    assert_eq!(
+        count_common_lexemes(&client, Uuid::new_v4(), 600, 500).await.unwrap(),
+        0
+    );
+    assert_eq!(count(&c, stored, user).await, 0);
+
+    // Counted: the lexemes in at least 256 turns, with their turns.
+    assert_eq!(count_common_lexemes(&client, user, 600, 500).await.unwrap(), 3);
+    let common: Vec<(String, i64)> = c
+        .query(
+            "SELECT lexeme, turns FROM common_lexemes WHERE user_id = $1 ORDER BY lexeme",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let lexeme = |w: &str| {
+        let c = &c;
+        let w = w.to_owned();
+        async move {
+            let r = c
+                .query_one("SELECT strip(to_tsvector('maas_memory', $1))::text", &[&w])
+                .await
+                .unwrap();
+            r.get::<_, String>(0).trim_matches('\'').to_owned()
+        }
+    };
+    let (apples, pears, number) = (lexeme("apples").await, lexeme("pears").await, lexeme("number").await);
+    let mut want = vec![(apples, 600), (number, 600), (pears, 300)];
+    want.sort();
+    assert_eq!(common, want);
+
+    // The search skips their lookups and finds the same hits, same scores.
+    assert_eq!(text_hits(&client, user, query).await, before);
+
+    // Not due again until the user has doubled.
+    assert_eq!(count_common_lexemes(&client, user, 1_199, 500).await.unwrap(), 0);
+    c.execute("UPDATE common_lexemes SET turns = 256 WHERE user_id = $1", &[&user])
+        .await
+        .unwrap();
+    assert_eq!(count_common_lexemes(&client, user, 1_200, 500).await.unwrap(), 3);
+    let recounted = "SELECT count(*) FROM common_lexemes WHERE user_id = $1 AND turns >= 300";
+    assert_eq!(count(&c, recounted, user).await, 3);
+
+    // A lexeme no longer common is dropped at the next count.
+    c.execute(
+        "INSERT INTO common_lexemes (user_id, lexeme, turns) VALUES ($1, $2, 256)",
+        &[&user, &lexeme("kiwis").await],
+    )
+    .await
+    .unwrap();
+    assert_eq!(count_common_lexemes(&client, user, 2_400, 500).await.unwrap(), 3);
+    assert_eq!(count(&c, stored, user).await, 3);
+
+    // Forgetting the user deletes them with its mark.
+    let why = maas::repo::users::Why {
+        actor: "test",
+        reason: None,
+    };
+    maas::users::forget_now(&pool, maas::repo::users::UserKey::new(user), why)
+        .await
+        .unwrap();
+    assert_eq!(count(&c, stored, user).await, 0);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM common_lexemes_counted WHERE user_id = $1",
+            user
+        )
+        .await,
+        0
+    );
+}
