@@ -251,3 +251,76 @@ async fn a_producers_given_number_is_replaced_by_the_trigger() {
         "the log's number and the mark"
     );
 }
+
+/// A request's query log is numbered by the trigger that logs it (the
+/// raw_logs triggers skip that log), whoever inserts the request; a
+/// forgotten user's request is still refused and logs nothing.
+#[tokio::test]
+async fn a_producers_requests_have_their_queries_numbered_and_a_forgotten_users_refused() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let role = format!("producer_{}", Uuid::new_v4().simple());
+    let (user, forgotten) = (Uuid::new_v4(), Uuid::new_v4());
+    c.batch_execute(&format!(
+        "CREATE ROLE {role}; GRANT INSERT ON pipeline_runs, raw_logs TO {role};
+         INSERT INTO forgotten_users (user_id, actor, reason) VALUES ('{forgotten}', 'test', 'test');
+         SET ROLE {role};
+         INSERT INTO pipeline_runs (user_id, user_query, run_after) VALUES ('{user}', 'one', now() + interval '1 hour');
+         INSERT INTO raw_logs (user_id, message_type, content) VALUES ('{user}', 'assistant_response', 'a turn of its own');
+         INSERT INTO pipeline_runs (user_id, user_query, run_after)
+         SELECT '{user}', 'more #' || g, now() + interval '1 hour' FROM generate_series(1, 3) g;
+         RESET ROLE;"
+    ))
+    .await
+    .unwrap();
+    let logs: Vec<(String, i64)> = c
+        .query(
+            "SELECT content, user_seq FROM raw_logs WHERE user_id = $1 ORDER BY user_seq",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let want: Vec<(String, i64)> = ["one", "a turn of its own", "more #1", "more #2", "more #3"]
+        .iter()
+        .zip(1..)
+        .map(|(s, n)| ((*s).to_owned(), n))
+        .collect();
+    assert_eq!(logs, want, "the user's logs in the order inserted, numbered 1..5");
+    let mark: i64 = c
+        .query_one("SELECT logged_seq FROM archive_marks WHERE user_id = $1", &[&user])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mark, 5, "the user's mark");
+
+    let refused = c
+        .batch_execute(&format!(
+            "SET ROLE {role};
+             INSERT INTO pipeline_runs (user_id, user_query) VALUES ('{forgotten}', 'me again');"
+        ))
+        .await
+        .unwrap_err();
+    c.batch_execute("RESET ROLE").await.unwrap();
+    assert_eq!(
+        refused.as_db_error().map(|e| e.code().code()),
+        Some("MA410"),
+        "{refused}"
+    );
+    let r = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM raw_logs WHERE user_id = $1),
+                    (SELECT count(*) FROM archive_marks WHERE user_id = $1),
+                    (SELECT dropped_writes FROM forgotten_users WHERE user_id = $1)",
+            &[&forgotten],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)),
+        (0, 0, 0),
+        "a forgotten user's refused request: logs, mark, dropped writes"
+    );
+}
