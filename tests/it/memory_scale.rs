@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::support::db::TestDb;
+use crate::support::db::{TestDb, rows};
 
 /// More turns than the approximate pass compares exactly (1,000), so
 /// that a turn can fall outside it.
@@ -58,6 +58,17 @@ async fn user_with(db: &TestDb, c: &Client, user: Uuid, turns: i64) -> (Vec<i64>
             .unwrap();
     }
     (ids, vs)
+}
+
+/// Forgets `user` as `maasctl users forget` does.
+async fn forget(pool: &maas::db::Pool, user: Uuid) {
+    let why = maas::repo::users::Why {
+        actor: "test",
+        reason: None,
+    };
+    maas::users::forget_now(pool, maas::repo::users::UserKey::new(user), why)
+        .await
+        .unwrap();
 }
 
 /// The hits of a search by `embedding` alone (semantic weight 1, a query
@@ -235,13 +246,7 @@ async fn lists_are_trained_assigned_searched_and_forgotten() {
         1,
         "one embedding of that model: one centroid"
     );
-    let why = maas::repo::users::Why {
-        actor: "test",
-        reason: None,
-    };
-    maas::users::forget_now(&pool, maas::repo::users::UserKey::new(user), why)
-        .await
-        .unwrap();
+    forget(&pool, user).await;
     assert_eq!(count(&c, lists, user).await, 0);
     assert_eq!(
         count(&c, "SELECT count(*) FROM embedding_lists WHERE user_id = $1", user).await,
@@ -306,16 +311,13 @@ async fn common_lexemes_are_counted_skipped_and_forgotten_and_the_hits_stay_the_
 
     // Counted: the lexemes in at least 256 turns, with their turns.
     assert_eq!(count_common_lexemes(&client, user, 600, 500).await.unwrap(), 3);
-    let common: Vec<(String, i64)> = c
-        .query(
-            "SELECT lexeme, turns FROM common_lexemes WHERE user_id = $1 ORDER BY lexeme",
-            &[&user],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let common: Vec<(String, i64)> = rows(
+        &c,
+        "SELECT lexeme, turns FROM common_lexemes WHERE user_id = $1 ORDER BY lexeme",
+        &[&user],
+        |r| (r.get(0), r.get(1)),
+    )
+    .await;
     let lexeme = |w: &str| {
         let c = &c;
         let w = w.to_owned();
@@ -355,13 +357,7 @@ async fn common_lexemes_are_counted_skipped_and_forgotten_and_the_hits_stay_the_
     assert_eq!(count(&c, stored, user).await, 3);
 
     // Forgetting the user deletes them with its mark.
-    let why = maas::repo::users::Why {
-        actor: "test",
-        reason: None,
-    };
-    maas::users::forget_now(&pool, maas::repo::users::UserKey::new(user), why)
-        .await
-        .unwrap();
+    forget(&pool, user).await;
     assert_eq!(count(&c, stored, user).await, 0);
     assert_eq!(
         count(

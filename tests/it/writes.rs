@@ -8,7 +8,7 @@ use maas::repo::statement;
 use uuid::Uuid;
 
 use crate::support::daemon::{Maasd, Opts};
-use crate::support::db::{TestDb, plan_with as plan};
+use crate::support::db::{TestDb, plan_with as plan, rows};
 use crate::support::{GENEROUS, assert_one_answer_logged, insert_held, release, wait_all_terminal};
 
 /// Updates of `table` this session has not yet reported, and how many were
@@ -273,16 +273,13 @@ async fn a_producers_requests_have_their_queries_numbered_and_a_forgotten_users_
     ))
     .await
     .unwrap();
-    let logs: Vec<(String, i64)> = c
-        .query(
-            "SELECT content, user_seq FROM raw_logs WHERE user_id = $1 ORDER BY user_seq",
-            &[&user],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let logs: Vec<(String, i64)> = rows(
+        &c,
+        "SELECT content, user_seq FROM raw_logs WHERE user_id = $1 ORDER BY user_seq",
+        &[&user],
+        |r| (r.get(0), r.get(1)),
+    )
+    .await;
     let want: Vec<(String, i64)> = ["one", "a turn of its own", "more #1", "more #2", "more #3"]
         .iter()
         .zip(1..)
