@@ -43,6 +43,10 @@ pub async fn count_common_lexemes(
     logged: i64,
     from: i64,
 ) -> Result<i64, Error> {
+    if logged < from {
+        // (not due, as the statement would say: no round trip)
+        return Ok(0);
+    }
     super::query_one_value(client, COMMON_LEXEMES, &[&user, &logged, &from], "lexemes").await
 }
 
