@@ -160,11 +160,20 @@ marks AS (
             last_active_at = greatest(m.last_active_at, EXCLUDED.last_active_at)
     RETURNING m.user_id, m.logged_seq
 ),
+-- Each user's last number, looked up by key: the planner takes every CTE
+-- for one row, and a join of `answered` with `marks` was a nested loop that
+-- read all of a batch's marks for each of its answers (128 × 128 rows for a
+-- batch of 128).
+numbers AS (
+    SELECT jsonb_object_agg(k.user_id::text, k.logged_seq) AS last FROM marks k
+),
 logged AS (
     INSERT INTO raw_logs (user_id, request_id, thread_id, message_type, content, user_seq)
-    SELECT a.user_id, a.id, a.thread_id, 'assistant_response', a.answer, k.logged_seq - a.answers + a.n
+    SELECT a.user_id, a.id, a.thread_id, 'assistant_response', a.answer,
+           (s.last ->> a.user_id::text)::int8 - a.answers + a.n
     FROM answered a
-    JOIN marks k ON k.user_id = a.user_id
+    CROSS JOIN numbers s
+    WHERE s.last ? a.user_id::text
     ORDER BY a.user_id, a.n
     ON CONFLICT DO NOTHING
 ),

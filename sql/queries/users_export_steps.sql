@@ -1,5 +1,5 @@
 -- The step history of the requests $2 (one export page) of user $1, by
--- request and in order. pipeline_steps_run_idx.
+-- request and in order. pipeline_steps_pkey (run_id, id).
 SELECT s.run_id, s.stage, s.attempt, s.worker, s.started_at, s.finished_at, s.outcome,
        s.error_class, s.error_message, s.model, s.prompt_tokens, s.completion_tokens, s.latency_ms
 FROM pipeline_steps s

@@ -90,6 +90,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     27 => "0027_size_checks_without_detoasting.sql",
     28 => "0028_embedding_lists.sql",
     29 => "0029_common_lexemes.sql",
+    30 => "0030_steps_keyed_by_run.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![
