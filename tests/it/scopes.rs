@@ -306,6 +306,81 @@ async fn a_tenants_console_sees_only_its_tenant_and_an_operator_sees_all() {
     assert!(list.contains(&shop.req.to_string()) && list.contains(&acme.req.to_string()));
 }
 
+/// The console lists every user of its tenant, so a token bound to one user
+/// (`maasctl tokens create … --user`) opens no console session, whatever
+/// its scope, and a session whose token is bound afterwards ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_bound_to_one_user_opens_no_console_session() {
+    let db = TestDb::new().await;
+    let (c, api) = daemon_and_acme(&db).await;
+    let bound = caller(&api, &c, "acme", "admin", false).await;
+    let hash: Vec<u8> = Sha256::digest(bound.token.as_bytes()).to_vec();
+    let cookie = bound
+        .session
+        .as_ref()
+        .expect("an unbound admin token logs in")
+        .0
+        .clone();
+    let r = plain_client()
+        .get(api.url("/console/requests"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "the session works while the token is unbound"
+    );
+    c.execute(
+        "UPDATE api_tokens SET user_id = $1 WHERE token_sha256 = $2",
+        &[&bound.user, &hash],
+    )
+    .await
+    .unwrap();
+    // The session opened before the binding no longer opens a page (once
+    // the token's cached lookup has expired), a new login is refused, and
+    // the token stays usable on the API for its own user.
+    let deadline = std::time::Instant::now() + crate::support::GENEROUS;
+    loop {
+        let r = plain_client()
+            .get(api.url("/console/requests"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::SEE_OTHER {
+            assert_eq!(r.headers()["location"], "/console/login");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old session still opens the console ({})",
+            r.status()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let l = login(&api, &bound.token).await;
+    assert_eq!(l.status, StatusCode::FORBIDDEN, "{}", l.body);
+    assert!(l.cookie.is_none(), "no session cookie for a bound token");
+    assert!(
+        l.body.contains("is bound to one user") && l.body.contains(&bound.name),
+        "the refusal names the token and why: {}",
+        l.body
+    );
+    let r = plain_client()
+        .get(api.url(&format!("/api/query/{}/status", bound.req)))
+        .bearer_auth(&bound.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "the bound token reads its own user's request"
+    );
+}
+
 /// Without tokens the Host rule guards the console and every other route.
 #[tokio::test]
 async fn a_foreign_host_is_refused_on_every_door_without_tokens() {

@@ -237,9 +237,31 @@ async fn verify(app: &AppState, value: &str) -> Result<Option<(Uuid, Principal, 
 }
 
 /// Whether a database token may use the console at all: scope `read` or
-/// more (of any tenant; a tenant's token sees its tenant).
+/// more (of any tenant; a tenant's token sees its tenant), and a token of
+/// every user: the console lists all of its tenant's users, so a token
+/// bound to one user (`maasctl tokens create … --user`) is refused.
 fn console_may(who: &Principal) -> bool {
-    who.scope.allows(Need::ReadUser)
+    console_refusal(who).is_none()
+}
+
+/// Why a database token may not use the console, in words; `None` when it
+/// may.
+fn console_refusal(who: &Principal) -> Option<String> {
+    if !who.scope.allows(Need::ReadUser) {
+        return Some(format!(
+            "console: token `{}` has scope {}; the console needs scope read, operate or admin",
+            who.token,
+            who.scope.as_str()
+        ));
+    }
+    if who.user.is_some() {
+        return Some(format!(
+            "console: token `{}` is bound to one user; the console shows every user of its tenant \
+             and needs a token of every user (maasctl tokens create without --user)",
+            who.token
+        ));
+    }
+    None
 }
 
 /// The session of a request without tokens: open, bound to a random
@@ -381,15 +403,11 @@ async fn login_token(
         *resp.status_mut() = StatusCode::UNAUTHORIZED;
         return Err(resp);
     };
-    match who.token_id.filter(|_| console_may(&who)) {
-        Some(id) => Ok((format!("t{id}"), digest, Some(id))),
-        None => Err(fail(
+    match (who.token_id, console_refusal(&who)) {
+        (Some(id), None) => Ok((format!("t{id}"), digest, Some(id))),
+        (_, refusal) => Err(fail(
             StatusCode::FORBIDDEN,
-            &format!(
-                "console: token `{}` has scope {}; the console needs scope read, operate or admin",
-                who.token,
-                who.scope.as_str()
-            ),
+            &refusal.unwrap_or_else(|| format!("console: token `{}` cannot open a console session", who.token)),
         )
         .into_response()),
     }
