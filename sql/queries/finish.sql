@@ -163,8 +163,9 @@ marks AS (
 -- Each user's last number, looked up by key: the planner takes every CTE
 -- for one row, and a join of `answered` with `marks` was a nested loop that
 -- read all of a batch's marks for each of its answers (128 × 128 rows for a
--- batch of 128).
-numbers AS (
+-- batch of 128). MATERIALIZED: inlined, the object was built again for
+-- each answer.
+numbers AS MATERIALIZED (
     SELECT jsonb_object_agg(k.user_id::text, k.logged_seq) AS last FROM marks k
 ),
 logged AS (
