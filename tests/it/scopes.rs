@@ -321,14 +321,16 @@ async fn a_token_bound_to_one_user_opens_no_console_session() {
         .expect("an unbound admin token logs in")
         .0
         .clone();
-    let r = plain_client()
-        .get(api.url("/console/requests"))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let requests_page = || async {
+        plain_client()
+            .get(api.url("/console/requests"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap()
+    };
     assert_eq!(
-        r.status(),
+        requests_page().await.status(),
         StatusCode::OK,
         "the session works while the token is unbound"
     );
@@ -343,12 +345,7 @@ async fn a_token_bound_to_one_user_opens_no_console_session() {
     // the token stays usable on the API for its own user.
     let deadline = std::time::Instant::now() + crate::support::GENEROUS;
     loop {
-        let r = plain_client()
-            .get(api.url("/console/requests"))
-            .header("cookie", &cookie)
-            .send()
-            .await
-            .unwrap();
+        let r = requests_page().await;
         if r.status() == StatusCode::SEE_OTHER {
             assert_eq!(r.headers()["location"], "/console/login");
             break;
