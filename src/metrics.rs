@@ -337,6 +337,13 @@ pub fn observe_result(f: &Finished, created_at: DateTime<Utc>, now: DateTime<Utc
     }
 }
 
+/// Records a request completed by a result of another stage (the respond
+/// stage fused with its analyze, see `Engine::respond_early`).
+pub fn observe_completed(created_at: DateTime<Utc>, now: DateTime<Utc>) {
+    let secs = (now - created_at).as_seconds_f64().max(0.0);
+    histogram!("maas_request_duration_seconds", "outcome" => "completed").record(secs);
+}
+
 /// Records a stage that ran without a result of its own (the assemble
 /// stage fused with its analyze, see `Engine::fuse`).
 pub fn observe_stage(stage: StageKind, outcome: Outcome, latency_ms: i32) {

@@ -26,6 +26,11 @@
 -- $23 fused_tokens  (the fused assemble step's tokens)
 -- $24 fused_latency_ms  (the fused assemble step's latency)
 -- $25 context_sources  (the memory the context holds, written with it)
+-- $26 fused_answer  (a fused respond result's answer, or NULL)
+-- $27 fused_model  (the fused respond step's model)
+-- $28 fused_prompt_tokens
+-- $29 fused_completion_tokens
+-- $30 fused_respond_latency_ms
 --
 -- Records a batch of finished stage attempts in one statement. Each result
 -- is fenced: it applies only while the row is still in that stage's
@@ -51,25 +56,37 @@
 -- each is still announced: `passed` sends their notifications, in order,
 -- before the trigger sends the new status's, so `pipeline_events` carries
 -- every status change as if the row had been updated once per status.
+--
+-- Fusing the respond stage too: a fused analyze result that also carries
+-- an answer ($26, the respond stage run on the fused context while the
+-- first two were being finished) moves the row from ANALYZING to
+-- COMPLETED: one row version, the three step rows, the answer's log, and
+-- ANALYZED, ASSEMBLING, READY and RESPONDING announced before COMPLETED.
+-- Same conditions as the fused assemble (not debug, not paused: the
+-- answer is then dropped with the context).
 WITH input AS (
     SELECT t.*,
            CASE WHEN t.outcome = 'succeeded' AND NOT paused.on THEN t.chain_to END AS chain,
-           (t.stage = 'analyze' AND t.outcome = 'succeeded' AND t.fused_in AND NOT paused.on) AS fused
+           (t.stage = 'analyze' AND t.outcome = 'succeeded' AND t.fused_in AND NOT paused.on) AS fused,
+           (t.stage = 'analyze' AND t.outcome = 'succeeded' AND t.fused_in AND NOT paused.on
+            AND t.fused_answer IS NOT NULL) AS responds
     FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[],
                 $7::int4[], $8::timestamptz[], $9::jsonb[], $10::text[], $11::text[],
                 $12::text[], $13::text[], $14::int8[], $15::text[], $16::int4[],
                 $17::int4[], $18::int4[], $20::text[], $22::bool[], $23::int4[], $24::int4[],
-                $25::jsonb[])
+                $25::jsonb[], $26::text[], $27::text[], $28::int4[], $29::int4[], $30::int4[])
         AS t(id, token, stage, in_flight, new_status, outcome,
              attempt, started_at, analysis, context, answer,
              error_class, error_message, delay_ms, model, prompt_tokens,
              completion_tokens, latency_ms, chain_to, fused_in, fused_tokens, fused_latency_ms,
-             context_sources)
+             context_sources, fused_answer, fused_model, fused_prompt_tokens,
+             fused_completion_tokens, fused_respond_latency_ms)
     CROSS JOIN (SELECT EXISTS (SELECT 1 FROM maas_control WHERE paused) AS on) paused
 ),
 done AS (
     UPDATE pipeline_runs r
     SET status                = CASE
+                                    WHEN i.responds AND NOT r.debug THEN 'COMPLETED'
                                     WHEN i.chain IS NOT NULL AND NOT r.debug THEN i.chain
                                     WHEN i.fused AND NOT r.debug THEN 'READY'
                                     ELSE i.new_status END,
@@ -81,7 +98,8 @@ done AS (
                                       AND (i.stage <> 'analyze' OR (i.fused AND NOT r.debug))
                                      THEN i.context_sources
                                      ELSE r.context_sources END,
-        final_answer          = coalesce(i.answer, r.final_answer),
+        final_answer          = coalesce(CASE WHEN i.responds AND NOT r.debug THEN i.fused_answer END,
+                                         i.answer, r.final_answer),
         error                 = CASE i.outcome
                                     WHEN 'succeeded' THEN NULL
                                     WHEN 'released' THEN r.error
@@ -106,6 +124,8 @@ done AS (
     RETURNING r.id, r.user_id, r.thread_id, r.status, r.user_query, r.attempt, r.lease_token,
               r.analysis_result, r.final_context_payload, r.debug, r.created_at, r.tenant_id, r.stream,
               r.lease_owner IS NOT NULL AS chained, (i.fused AND NOT r.debug) AS fused,
+              (i.responds AND NOT r.debug) AS responded, i.fused_answer, i.fused_model,
+              i.fused_prompt_tokens, i.fused_completion_tokens, i.fused_respond_latency_ms,
               i.new_status, i.stage, i.attempt AS step_attempt, i.started_at, i.outcome, i.error_class,
               i.error_message, i.model, i.prompt_tokens, i.completion_tokens, i.latency_ms, i.answer,
               i.fused_tokens, i.fused_latency_ms
@@ -123,7 +143,12 @@ steps AS (
           SELECT d.id, 2, 'assemble', 1, now(), 'succeeded', NULL, NULL, NULL, d.fused_tokens, NULL,
                  d.fused_latency_ms
           FROM done d
-          WHERE d.fused) s
+          WHERE d.fused
+          UNION ALL
+          SELECT d.id, 3, 'respond', 1, now(), 'succeeded', NULL, NULL, d.fused_model, d.fused_prompt_tokens,
+                 d.fused_completion_tokens, d.fused_respond_latency_ms
+          FROM done d
+          WHERE d.responded) s
     ORDER BY run_id, n
 ),
 -- The answers' logs, with what the raw_logs triggers would do per row done
@@ -131,11 +156,11 @@ steps AS (
 -- user's sequence numbers from one upsert of archive_marks, then the logs
 -- with their numbers (the triggers skip a log whose number is given).
 answered AS MATERIALIZED (
-    SELECT d.user_id, d.id, d.thread_id, d.answer,
+    SELECT d.user_id, d.id, d.thread_id, CASE WHEN d.responded THEN d.fused_answer ELSE d.answer END AS answer,
            row_number() OVER (PARTITION BY d.user_id ORDER BY d.id) AS n,
            count(*) OVER (PARTITION BY d.user_id) AS answers
     FROM done d
-    WHERE d.stage = 'respond' AND d.outcome = 'succeeded' AND d.answer IS NOT NULL
+    WHERE (d.responded OR (d.stage = 'respond' AND d.outcome = 'succeeded' AND d.answer IS NOT NULL))
       -- (a request's answer is logged once: no number is handed out twice)
       AND NOT EXISTS (SELECT 1 FROM raw_logs r
                       WHERE r.request_id = d.id AND r.message_type = 'assistant_response')
@@ -185,7 +210,8 @@ passed AS (
           FROM done d
           CROSS JOIN LATERAL unnest(
               CASE WHEN d.fused THEN ARRAY['ANALYZED', 'ASSEMBLING'] ELSE ARRAY[]::text[] END
-              || CASE WHEN d.chained THEN ARRAY[CASE WHEN d.fused THEN 'READY' ELSE d.new_status END]
+              || CASE WHEN d.responded THEN ARRAY['READY', 'RESPONDING']
+                      WHEN d.chained THEN ARRAY[CASE WHEN d.fused THEN 'READY' ELSE d.new_status END]
                       ELSE ARRAY[]::text[] END) WITH ORDINALITY AS s(status, n)
           ORDER BY d.id, s.n) p
 )
@@ -198,6 +224,9 @@ SELECT d.id, d.created_at, d.chained,
        CASE WHEN d.chained AND d.status = 'ASSEMBLING'
             THEN assembler_memory(d.user_id, d.analysis_result)
        END AS memory,
-       d.status, d.fused
+       d.status, d.fused, d.responded
 FROM done d
-CROSS JOIN (SELECT count(*) FROM passed) announced
+-- The notifications are sent once: an uncorrelated subquery is an InitPlan
+-- (run once, as a one-time filter). Joined instead, the count was the inner
+-- side of a nested loop and read all of `passed` again for every row.
+WHERE (SELECT count(*) FROM passed) >= 0

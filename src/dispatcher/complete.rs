@@ -154,6 +154,11 @@ impl Engine {
                 Err(e) => e,
             };
             let left = batch.len() - written;
+            if super::contention::contended(&e) {
+                for f in &mut batch[written..] {
+                    super::contention::unfuse_respond(f);
+                }
+            }
             if left > 1 && super::contention::contended(&e) {
                 tracing::warn!(results = left, error = %e,
                     "a lock held by another transaction stopped the result batch; writing its parts apart");
@@ -226,6 +231,15 @@ impl Engine {
             if let Some(h) = &held {
                 freed[h.slot_of.index()] = true;
             }
+            // A respond stage started early runs on only for the respond
+            // stage this result was chained to here.
+            if f.stage == StageKind::Analyze
+                && !applied
+                    .get(&f.id)
+                    .is_some_and(|d| matches!(d.chained, Some((StageKind::Respond, _))))
+            {
+                self.drop_early(f.id);
+            }
             let Some(done) = applied.get(&f.id) else {
                 bump(&self.stats.lease_lost);
                 tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome.as_str(),
@@ -233,7 +247,7 @@ impl Engine {
                 continue;
             };
             crate::metrics::observe_result(f, done.created_at, now);
-            let next = self.count_fused(f, done);
+            let next = self.count_fused(f, done, now);
             if f.outcome != Outcome::Succeeded {
                 self.count_unsuccessful(f);
                 continue;
@@ -265,17 +279,21 @@ impl Engine {
 
     /// Counts a fused assemble that was written with its analysis; the
     /// stage whose rows the result made due.
-    fn count_fused(&self, f: &Finished, done: &repo::Applied) -> Option<StageKind> {
-        match (&f.fused, done.fused) {
-            (Some(fused), true) => {
-                let assemble = StageKind::Assemble.index();
-                bump(&self.stats.claimed[assemble]);
-                bump(&self.stats.succeeded[assemble]);
-                crate::metrics::observe_stage(StageKind::Assemble, Outcome::Succeeded, fused.latency_ms);
-                StageKind::Assemble.next()
-            }
-            _ => f.stage.next(),
+    fn count_fused(&self, f: &Finished, done: &repo::Applied, now: chrono::DateTime<chrono::Utc>) -> Option<StageKind> {
+        let Some(fused) = f.fused.as_ref().filter(|_| done.fused) else {
+            return f.stage.next();
+        };
+        let mut counted = vec![(StageKind::Assemble, fused.latency_ms)];
+        if let Some(respond) = fused.respond.as_ref().filter(|_| done.responded) {
+            counted.push((StageKind::Respond, respond.latency_ms));
+            crate::metrics::observe_completed(done.created_at, now);
         }
+        for &(stage, latency_ms) in &counted {
+            bump(&self.stats.claimed[stage.index()]);
+            bump(&self.stats.succeeded[stage.index()]);
+            crate::metrics::observe_stage(stage, Outcome::Succeeded, latency_ms);
+        }
+        counted.last().and_then(|(stage, _)| stage.next())
     }
 
     /// Counts a written result other than a success; a retry wakes its

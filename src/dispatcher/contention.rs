@@ -19,6 +19,10 @@
 //!   runs its respond stage again after the retry delay, and past
 //!   `max_attempts` ends `FAILED` with that reason — bounded, never
 //!   waiting for the other transaction forever.
+//! - A result that carries a fused respond stage (`Engine::respond_early`)
+//!   drops it at the first lock timeout: its analysis and context are
+//!   written without the answer, and the respond stage runs on its own (a
+//!   second model call for that request), under the rule above.
 //! - A heartbeat stopped by a lock renews the leases one by one
 //!   ([`Engine::renew_apart`]): every lease whose row is not held elsewhere
 //!   is renewed, and a lease whose own renewal fails is not taken for lost.
@@ -123,6 +127,17 @@ pub(super) fn give_up_logging(engine: &Engine, f: &mut Finished, e: &db::Error) 
     });
     tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = attempts, outcome = f.outcome.as_str(),
         "answer not logged: the user's turns stayed locked by another transaction");
+}
+
+/// Drops the respond stage fused into `f` (see the module docs); true when
+/// there was one.
+pub(super) fn unfuse_respond(f: &mut Finished) -> bool {
+    let dropped = f.fused.as_mut().and_then(|a| a.respond.take()).is_some();
+    if dropped {
+        tracing::warn!(request.id = %f.id,
+            "the fused answer's log is locked by another transaction; the respond stage runs on its own");
+    }
+    dropped
 }
 
 /// True when writing `f` inserts a turn (the answer), which locks its

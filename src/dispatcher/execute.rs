@@ -23,6 +23,14 @@
 //!   none of its embedder's model was kept.
 //! - A respond stage of a request that asked to stream gets a sink for its
 //!   answer's pieces ([`Engine::delta_sink`], `publish.rs`); no other does.
+//! - After a fused assemble the respond stage starts at once on its context
+//!   ([`Engine::respond_early`]): when it answers within [`RESPOND_WAIT`],
+//!   the three results are written in one statement (the request goes from
+//!   its analyze lease to `COMPLETED`); otherwise the first two are written
+//!   and chained as usual, and the respond stage that the chain starts takes
+//!   over the running attempt instead of calling the model again (one
+//!   model call, one recorded attempt, either way; unless the answer's log
+//!   is locked by another transaction, `contention.rs`).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -30,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 use super::policy::{ClaimFacts, Decision, StageOutcome, decide};
@@ -56,6 +65,43 @@ fn input_of(row: &mut Claimed, prompts: Arc<Prompts>) -> StageInput {
         retrieved: Vec::new(),
         prompts,
         deltas: None,
+    }
+}
+
+/// How long a fused analyze result waits for the respond stage started on
+/// its context before it is written without it. Long enough for a responder
+/// that answers at once (the offline provider, a local model); a model
+/// called over the network takes longer, and its request is written per
+/// stage as before, the analysis only this much later.
+pub(super) const RESPOND_WAIT: Duration = Duration::from_millis(5);
+
+/// The outcome of a respond stage started early, and how long it ran.
+type EarlyOutcome = (Result<StageSuccess, StageError>, Duration);
+
+/// A respond stage started right after a fused assemble that did not answer
+/// in time to be written with it (or failed): the respond stage the chain
+/// starts for that request takes it over ([`Engine::take_early`]).
+pub(super) enum EarlyRespond {
+    Done(EarlyOutcome),
+    /// Stops when dropped (the request was not chained to respond here).
+    Running(AbortOnDropHandle<EarlyOutcome>),
+}
+
+impl EarlyRespond {
+    async fn outcome(self) -> EarlyOutcome {
+        match self {
+            EarlyRespond::Done(outcome) => outcome,
+            EarlyRespond::Running(handle) => match handle.await {
+                Ok(outcome) => outcome,
+                Err(e) => (
+                    Err(StageError::retry(
+                        "panic",
+                        format!("the respond stage's task ended: {e}"),
+                    )),
+                    Duration::ZERO,
+                ),
+            },
+        }
     }
 }
 
@@ -101,24 +147,24 @@ impl Engine {
             input.deltas = Some(sink);
             written
         });
+        let early = if stage == StageKind::Respond {
+            self.take_early(row.id)
+        } else {
+            None
+        };
         let started = Instant::now();
         let result = async {
             tokio::select! {
-                r = async {
-                    if stage == StageKind::Assemble {
-                        self.retrieve(&mut input).await?;
-                    }
-                    if stage == StageKind::Analyze {
-                        return self.analyze_and_embed(&mut input).await;
-                    }
-                    self.run_guarded(stage, &input).await
-                } => Some(r),
+                r = self.run_stage(stage, &mut input, early) => Some(r),
                 _ = cancel.cancelled() => None,
             }
         }
         .instrument(span.clone())
         .await;
-        let latency = started.elapsed();
+        let (result, latency) = match result {
+            Some((r, ran)) => (Some(r), ran.unwrap_or_else(|| started.elapsed())),
+            None => (None, started.elapsed()),
+        };
         super::publish::last_pieces_out(&mut input, streamed).await;
         let result = match result {
             None if self.hard_stop.is_cancelled() => Attempt::Released,
@@ -139,10 +185,41 @@ impl Engine {
         );
         if stage == StageKind::Analyze && finished.outcome == Outcome::Succeeded && !row.debug {
             let fused = tracing::info_span!("stage", request.id = %row.id, stage = %StageKind::Assemble, fused = true);
-            finished.fused = self.fuse(input, finished.analysis.clone()).instrument(fused).await;
+            let respond = !row.stream;
+            finished.fused = self
+                .fuse(input, finished.analysis.clone(), respond)
+                .instrument(fused)
+                .await;
+            if let Some(r) = finished.fused_respond() {
+                self.tenant_names
+                    .count(&self.pool, row.tenant_id, r.prompt_tokens, r.completion_tokens);
+            }
         }
         let _guard = span.enter();
         self.hand_over(finished);
+    }
+
+    /// The stage on `input`, or the outcome of its respond stage started
+    /// early (with how long that ran).
+    async fn run_stage(
+        &self,
+        stage: StageKind,
+        input: &mut StageInput,
+        early: Option<EarlyRespond>,
+    ) -> (Result<StageSuccess, StageError>, Option<Duration>) {
+        if let Some(early) = early {
+            let (r, ran) = early.outcome().await;
+            return (r, Some(ran));
+        }
+        let r = match stage {
+            StageKind::Analyze => self.analyze_and_embed(input).await,
+            StageKind::Assemble => match self.retrieve(input).await {
+                Ok(()) => self.run_guarded(stage, input).await,
+                Err(e) => Err(e),
+            },
+            StageKind::Respond => self.run_guarded(stage, input).await,
+        };
+        (r, None)
     }
 
     /// Trades the slot of `from` that a chained `row` holds for one of
@@ -155,6 +232,7 @@ impl Engine {
             _ = cancel.cancelled() => None,
         };
         let Some(permit) = acquired else {
+            self.drop_early(row.id);
             if self.hard_stop.is_cancelled() {
                 let finished = self.record(stage, row, Attempt::Released, Duration::ZERO);
                 self.hand_over(finished);
@@ -180,7 +258,15 @@ impl Engine {
     /// Its result is written with the analysis in one statement (one commit
     /// and one row version fewer per request). When it cannot run here, or
     /// fails, the assemble stage runs on its own as usual.
-    async fn fuse(&self, input: StageInput, analysis: Option<serde_json::Value>) -> Option<repo::FusedAssemble> {
+    ///
+    /// With `respond` (the request does not stream), the respond stage
+    /// then starts on the context ([`Engine::respond_early`]).
+    async fn fuse(
+        self: &Arc<Self>,
+        input: StageInput,
+        analysis: Option<serde_json::Value>,
+        respond: bool,
+    ) -> Option<repo::FusedAssemble> {
         let mut input = self.pipeline.fuse_assemble(input, analysis)?;
         let started = Instant::now();
         self.retrieve(&mut input).await.ok()?;
@@ -196,14 +282,82 @@ impl Engine {
                 output: StageOutput::Context(context),
                 usage,
                 context_sources,
-            }) => Some(repo::FusedAssemble {
-                context,
-                context_sources,
-                tokens: usage.prompt_tokens.and_then(|t| i32::try_from(t).ok()),
-                latency_ms,
-            }),
+            }) => {
+                let respond = if respond {
+                    self.respond_early(input, &context).await
+                } else {
+                    None
+                };
+                Some(repo::FusedAssemble {
+                    context,
+                    context_sources,
+                    tokens: usage.prompt_tokens.and_then(|t| i32::try_from(t).ok()),
+                    latency_ms,
+                    respond,
+                })
+            }
             _ => None,
         }
+    }
+
+    /// Starts the respond stage on a fused assemble's `context` and waits
+    /// [`RESPOND_WAIT`] for it. An answer in time is returned, to be written
+    /// with the analysis and the context; anything else (a failure, or no
+    /// answer yet) is kept for the respond stage the chain will start
+    /// ([`Engine::take_early`]), so the model is called once per attempt.
+    async fn respond_early(self: &Arc<Self>, mut input: StageInput, context: &str) -> Option<repo::FusedRespond> {
+        let id = input.request_id;
+        input.context = Some(context.to_owned());
+        input.attempt = 1;
+        input.memory = Vec::new();
+        input.retrieved = Vec::new();
+        input.query_embedding = None;
+        let engine = self.clone();
+        let started = Instant::now();
+        let mut run = Box::pin(
+            async move {
+                let r = engine.run_guarded(StageKind::Respond, &input).await;
+                (r, started.elapsed())
+            }
+            .instrument(tracing::info_span!("stage", request.id = %id, stage = %StageKind::Respond, early = true)),
+        );
+        let kept = match tokio::time::timeout(RESPOND_WAIT, &mut run).await {
+            Ok((
+                Ok(StageSuccess {
+                    output: StageOutput::Answer(answer),
+                    usage,
+                    ..
+                }),
+                ran,
+            )) => {
+                tracing::debug!(request.id = %id, latency_ms = millis(ran), "stage succeeded (fused with analyze)");
+                return Some(repo::FusedRespond {
+                    answer,
+                    model: usage.model,
+                    prompt_tokens: usage.prompt_tokens.and_then(|t| i32::try_from(t).ok()),
+                    completion_tokens: usage.completion_tokens.and_then(|t| i32::try_from(t).ok()),
+                    latency_ms: i32::try_from(ran.as_millis()).unwrap_or(i32::MAX),
+                });
+            }
+            Ok(outcome) => EarlyRespond::Done(outcome),
+            Err(_) => EarlyRespond::Running(AbortOnDropHandle::new(tokio::spawn(run))),
+        };
+        if let Ok(mut map) = self.early.lock() {
+            map.insert(id, kept);
+        }
+        None
+    }
+
+    /// The respond stage started early for request `id`, if one was kept.
+    fn take_early(&self, id: uuid::Uuid) -> Option<EarlyRespond> {
+        self.early.lock().ok().and_then(|mut map| map.remove(&id))
+    }
+
+    /// Stops and forgets the respond stage started early for `id`: its
+    /// request was not chained to the respond stage here.
+    pub(super) fn drop_early(&self, id: uuid::Uuid) {
+        let early = self.take_early(id);
+        drop(early);
     }
 
     /// The analyze stage, with the query embedded while the analyzer's model

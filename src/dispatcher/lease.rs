@@ -53,6 +53,7 @@ impl Engine {
     /// Drops a row this process held under lease `token`, freeing its
     /// stage slot.
     pub(super) fn forget(&self, id: Uuid, token: i64) {
+        self.drop_early(id);
         if let Some(f) = self.take(id, token) {
             let stage = f.slot_of;
             drop(f);

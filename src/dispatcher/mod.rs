@@ -101,6 +101,9 @@ pub struct Engine {
     pipeline: Arc<dyn Pipeline>,
     slots: [StageSlot; 3],
     inflight: Mutex<HashMap<Uuid, InFlight>>,
+    /// Respond stages started right after a fused assemble, kept for the
+    /// chained respond stage of their request (`execute.rs`).
+    early: Mutex<HashMap<Uuid, execute::EarlyRespond>>,
     results: mpsc::UnboundedSender<Finished>,
     results_rx: Mutex<Option<mpsc::UnboundedReceiver<Finished>>>,
     /// Cancels running stages (end of the grace period).
@@ -156,6 +159,7 @@ impl Engine {
             pipeline,
             slots,
             inflight: Mutex::new(HashMap::new()),
+            early: Mutex::new(HashMap::new()),
             results,
             results_rx: Mutex::new(Some(results_rx)),
             hard_stop: CancellationToken::new(),

@@ -172,6 +172,21 @@ pub struct FusedAssemble {
     pub context_sources: Option<Value>,
     pub tokens: Option<i32>,
     pub latency_ms: i32,
+    /// The respond stage, when it answered while the two stages before it
+    /// were being finished: the request goes from its analyze lease to
+    /// `COMPLETED` in one statement.
+    pub respond: Option<FusedRespond>,
+}
+
+/// The respond stage, run right after a fused assemble on its context and
+/// written with both (see `finish.sql`).
+#[derive(Debug, Clone)]
+pub struct FusedRespond {
+    pub answer: String,
+    pub model: Option<String>,
+    pub prompt_tokens: Option<i32>,
+    pub completion_tokens: Option<i32>,
+    pub latency_ms: i32,
 }
 
 impl Finished {
@@ -201,9 +216,16 @@ impl Finished {
         }
     }
 
+    /// The respond stage fused with this result, if any.
+    pub fn fused_respond(&self) -> Option<&FusedRespond> {
+        self.fused.as_ref().and_then(|a| a.respond.as_ref())
+    }
+
     /// The stage this result leads to when it succeeds.
     pub fn next_stage(&self) -> Option<StageKind> {
-        if self.fused.is_some() {
+        if self.fused_respond().is_some() {
+            StageKind::Respond.next()
+        } else if self.fused.is_some() {
             StageKind::Assemble.next()
         } else {
             self.stage.next()
@@ -241,6 +263,11 @@ super::statement_params! {
         fused_tokens: Vec<Option<i32>>,
         fused_latency_ms: Vec<Option<i32>>,
         context_sources: Vec<Option<&'a Value>>,
+        fused_answer: Vec<Option<&'a str>>,
+        fused_model: Vec<Option<&'a str>>,
+        fused_prompt_tokens: Vec<Option<i32>>,
+        fused_completion_tokens: Vec<Option<i32>>,
+        fused_respond_latency_ms: Vec<Option<i32>>,
     }
 }
 
@@ -293,6 +320,23 @@ impl<'a> FinishParams<'a> {
                         .or(f.fused.as_ref().and_then(|a| a.context_sources.as_ref()))
                 })
                 .collect(),
+            fused_answer: batch
+                .iter()
+                .map(|f| f.fused_respond().map(|r| r.answer.as_str()))
+                .collect(),
+            fused_model: batch
+                .iter()
+                .map(|f| f.fused_respond().and_then(|r| r.model.as_deref()))
+                .collect(),
+            fused_prompt_tokens: batch
+                .iter()
+                .map(|f| f.fused_respond().and_then(|r| r.prompt_tokens))
+                .collect(),
+            fused_completion_tokens: batch
+                .iter()
+                .map(|f| f.fused_respond().and_then(|r| r.completion_tokens))
+                .collect(),
+            fused_respond_latency_ms: batch.iter().map(|f| f.fused_respond().map(|r| r.latency_ms)).collect(),
         }
     }
 }
@@ -307,6 +351,8 @@ pub struct Applied {
     /// Its fused assemble result was written too (not for a debug run, nor
     /// while paused: the row then rests in `ANALYZED`).
     pub fused: bool,
+    /// Its fused respond result was written too: the request is `COMPLETED`.
+    pub responded: bool,
     pub chained: Option<(StageKind, Claimed)>,
 }
 
@@ -327,6 +373,7 @@ impl FromRow for Applied {
             id,
             created_at: r.try_get("created_at")?,
             fused: r.try_get("fused")?,
+            responded: r.try_get("responded")?,
             chained,
         })
     }

@@ -586,6 +586,7 @@ fn fused(claimed: &[repo::Claimed]) -> Vec<repo::Finished> {
                 context_sources: None,
                 tokens: Some(12),
                 latency_ms: 1,
+                respond: None,
             }),
             ..analyzed(r)
         })
@@ -674,4 +675,110 @@ async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
     assert_eq!(of_run(resting), vec!["ANALYZED", "ASSEMBLING", "READY"]);
     assert_eq!(of_run(debug), vec!["ANALYZED"]);
     assert_silent(&mut rx, "nothing else rang").await;
+}
+
+/// Fusing the respond stage too: an analyze result that carries its
+/// assemble output and an answer completes the request in one statement —
+/// the answer stored and logged once, three step rows, every status passed
+/// announced in order — and while the daemons are paused the row rests in
+/// ANALYZED with neither context nor answer.
+#[tokio::test]
+async fn a_fused_respond_completes_the_request_in_one_statement() {
+    use maas::model::StageKind;
+    let (db, _pool, client, c) = daemon_setup().await;
+    let (done, paused) = (insert_run(&c, false).await, insert_run(&c, false).await);
+    let claimed = claim_analyze(&client, 10, "w").await;
+    assert_eq!(claimed.len(), 2);
+    let results: Vec<repo::Finished> = fused(&claimed)
+        .into_iter()
+        .map(|mut f| {
+            if let Some(a) = f.fused.as_mut() {
+                a.respond = Some(repo::FusedRespond {
+                    answer: format!("answer of {}", f.id),
+                    model: Some("m-respond".into()),
+                    prompt_tokens: Some(30),
+                    completion_tokens: Some(7),
+                    latency_ms: 2,
+                });
+            }
+            f
+        })
+        .collect();
+    let (_listener, mut rx) = listen(&db).await;
+    let (first, second): (Vec<_>, Vec<_>) = results.into_iter().partition(|f| f.id == done);
+    let applied = repo::finish_batch(&client, "w", &first, |_| None::<StageKind>, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(applied.len(), 1);
+    assert!(applied[0].fused && applied[0].responded && applied[0].chained.is_none());
+    let r = c
+        .query_one(
+            "SELECT status, final_answer, lease_owner IS NULL AS free, attempt FROM pipeline_runs WHERE id = $1",
+            &[&done],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>("status"), "COMPLETED");
+    assert_eq!(
+        r.get::<_, Option<String>>("final_answer"),
+        Some(format!("answer of {done}"))
+    );
+    assert!(r.get::<_, bool>("free"));
+    assert_eq!(r.get::<_, i32>("attempt"), 0);
+    let steps: Vec<(String, String, Option<String>, Option<i32>)> = rows(
+        &c,
+        "SELECT stage, outcome, model, completion_tokens FROM pipeline_steps WHERE run_id = $1 ORDER BY id",
+        &[&done],
+        |r| by_name!(r, "stage", "outcome", "model", "completion_tokens"),
+    )
+    .await;
+    let stages: Vec<&str> = steps.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(stages, vec!["analyze", "assemble", "respond"]);
+    assert!(steps.iter().all(|s| s.1 == "succeeded"));
+    assert_eq!((steps[2].2.as_deref(), steps[2].3), (Some("m-respond"), Some(7)));
+    let logged: Vec<(String, String)> = rows(
+        &c,
+        "SELECT message_type, content FROM raw_logs WHERE request_id = $1 ORDER BY user_seq",
+        &[&done],
+        |r| by_name!(r, "message_type", "content"),
+    )
+    .await;
+    assert_eq!(
+        logged,
+        vec![
+            ("user_query".to_owned(), logged[0].1.clone()),
+            ("assistant_response".to_owned(), format!("answer of {done}")),
+        ]
+    );
+    let seen = next_events(&mut rx, 5).await;
+    let of_run: Vec<&str> = seen.iter().filter(|e| e.0 == done).map(|e| e.1.as_str()).collect();
+    assert_eq!(
+        of_run,
+        vec!["ANALYZED", "ASSEMBLING", "READY", "RESPONDING", "COMPLETED"]
+    );
+    assert_silent(&mut rx, "nothing else rang").await;
+
+    c.execute("UPDATE maas_control SET paused = true", &[]).await.unwrap();
+    let applied = repo::finish_batch(&client, "w", &second, |_| None::<StageKind>, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(applied.len(), 1);
+    assert!(!applied[0].fused && !applied[0].responded);
+    let r = c
+        .query_one(
+            "SELECT status, final_answer, final_context_payload FROM pipeline_runs WHERE id = $1",
+            &[&paused],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>("status"), "ANALYZED");
+    assert_eq!(r.get::<_, Option<String>>("final_answer"), None);
+    assert_eq!(r.get::<_, Option<String>>("final_context_payload"), None);
+    let answers: i64 = value(
+        &c,
+        "SELECT count(*) FROM raw_logs WHERE request_id = $1 AND message_type = 'assistant_response'",
+        &[&paused],
+    )
+    .await;
+    assert_eq!(answers, 0, "a dropped answer is not logged");
 }

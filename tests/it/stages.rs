@@ -416,6 +416,9 @@ async fn a_daemon_killed_during_a_slow_call_is_recovered_with_one_logged_answer(
     let mut first = Maasd::spawn(&db.url, quick(opts(&fake, Api::OpenAi)));
     let id = submit(&c, Uuid::new_v4(), "slow").await;
     fake.wait_for_requests(2, WAIT).await;
+    // The respond call started with the analysis in hand; the analysis is
+    // written a moment later (`RESPOND_WAIT`), and the kill comes after.
+    crate::support::ops::wait_status(&c, id, "RESPONDING").await;
     first.kill();
     let _second = Maasd::spawn(&db.url, quick(opts(&fake, Api::OpenAi)));
     let (status, answer, _) = wait_terminal(&c, id).await;
