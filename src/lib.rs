@@ -30,7 +30,8 @@
 //! - **chain** — the statement that writes a stage's result also claims the
 //!   request for its next stage (no doorbell in between).
 //! - **fuse** — running the assemble stage in the same task right after a
-//!   successful analyze and writing both results in one statement.
+//!   successful analyze and writing both results in one statement; the
+//!   respond stage is fused too when it answers within a few milliseconds.
 //! - **decision** — what the attempt policy makes of an outcome: advance,
 //!   retry after a delay, defer, fail, release ([`dispatcher::policy`]).
 //! - **delta** — a piece of a streamed answer (prose says "piece"): the
