@@ -231,12 +231,16 @@ impl Engine {
             if let Some(h) = &held {
                 freed[h.slot_of.index()] = true;
             }
-            // A respond stage started early runs on only for the respond
-            // stage this result was chained to here.
+            // A respond stage started early runs on only for a respond
+            // stage of its request: the one this result was chained to, or
+            // the one a claim starts for the request now due in READY (no
+            // respond slot was free to chain it).
             if f.stage == StageKind::Analyze
-                && !applied
-                    .get(&f.id)
-                    .is_some_and(|d| matches!(d.chained, Some((StageKind::Respond, _))))
+                && !applied.get(&f.id).is_some_and(|d| {
+                    d.fused
+                        && f.outcome == Outcome::Succeeded
+                        && matches!(d.chained, Some((StageKind::Respond, _)) | None)
+                })
             {
                 self.drop_early(f.id);
             }

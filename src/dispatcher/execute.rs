@@ -342,19 +342,27 @@ impl Engine {
             Ok(outcome) => EarlyRespond::Done(outcome),
             Err(_) => EarlyRespond::Running(AbortOnDropHandle::new(tokio::spawn(run))),
         };
+        // An entry no respond stage here took (its request was claimed by
+        // another daemon) is dropped once no attempt could still use it.
+        let stale = self.cfg.stage_timeout() + self.cfg.lease();
         if let Ok(mut map) = self.early.lock() {
-            map.insert(id, kept);
+            map.retain(|_, (since, _)| since.elapsed() < stale);
+            map.insert(id, (Instant::now(), kept));
         }
         None
     }
 
     /// The respond stage started early for request `id`, if one was kept.
     fn take_early(&self, id: uuid::Uuid) -> Option<EarlyRespond> {
-        self.early.lock().ok().and_then(|mut map| map.remove(&id))
+        self.early
+            .lock()
+            .ok()
+            .and_then(|mut map| map.remove(&id))
+            .map(|(_, e)| e)
     }
 
     /// Stops and forgets the respond stage started early for `id`: its
-    /// request was not chained to the respond stage here.
+    /// request will not run its respond stage here.
     pub(super) fn drop_early(&self, id: uuid::Uuid) {
         let early = self.take_early(id);
         drop(early);

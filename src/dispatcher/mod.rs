@@ -101,9 +101,9 @@ pub struct Engine {
     pipeline: Arc<dyn Pipeline>,
     slots: [StageSlot; 3],
     inflight: Mutex<HashMap<Uuid, InFlight>>,
-    /// Respond stages started right after a fused assemble, kept for the
-    /// chained respond stage of their request (`execute.rs`).
-    early: Mutex<HashMap<Uuid, execute::EarlyRespond>>,
+    /// Respond stages started right after a fused assemble, kept (since
+    /// when) for the respond stage of their request (`execute.rs`).
+    early: Mutex<HashMap<Uuid, (Instant, execute::EarlyRespond)>>,
     results: mpsc::UnboundedSender<Finished>,
     results_rx: Mutex<Option<mpsc::UnboundedReceiver<Finished>>>,
     /// Cancels running stages (end of the grace period).

@@ -517,3 +517,48 @@ async fn a_provider_outage_delays_requests_instead_of_failing_them() {
         assert!(answer.is_some());
     }
 }
+
+/// The respond stage starts right after the fused assemble; a slow one is
+/// not written with the analysis but handed to the chained respond stage of
+/// its request, which takes it over even after waiting for a respond slot
+/// (one slot here, two requests at once). The model is called once per
+/// request for the answer, and each request records one respond attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_respond_started_early_is_taken_over_and_never_called_twice() {
+    let fake = FakeLlm::start().await;
+    fake.set_default(analysis(None), Some(Duration::from_millis(300)));
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _d = Maasd::spawn(&db.url, opts(&fake, Api::OpenAi).env("MAAS_CONCURRENCY__RESPOND", 1));
+    let ids = [
+        submit(&c, Uuid::new_v4(), "first").await,
+        submit(&c, Uuid::new_v4(), "second").await,
+    ];
+    for id in ids {
+        let (status, answer, _) = wait_terminal(&c, id).await;
+        assert_eq!(status, "COMPLETED");
+        assert_eq!(answer.as_deref(), Some(analysis(None).as_str()));
+        assert_eq!(
+            steps(&c, id).await,
+            [
+                step("analyze", 1, "succeeded", None),
+                step("assemble", 1, "succeeded", None),
+                step("respond", 1, "succeeded", None)
+            ]
+        );
+        crate::support::assert_one_answer_logged(&c, id).await;
+    }
+    let calls = fake.requests_for(Api::OpenAi);
+    let models: Vec<String> = calls
+        .iter()
+        .map(|r| r.body["model"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        (
+            models.iter().filter(|m| *m == "cheap-model").count(),
+            models.iter().filter(|m| *m == "strong-model").count()
+        ),
+        (2, 2),
+        "one analyzer and one responder call per request: {models:?}"
+    );
+}
