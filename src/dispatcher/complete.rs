@@ -154,12 +154,13 @@ impl Engine {
                 Err(e) => e,
             };
             let left = batch.len() - written;
-            if super::contention::contended(&e) {
+            let contended = super::contention::contended(&e);
+            if contended {
                 for f in &mut batch[written..] {
                     super::contention::unfuse_respond(f);
                 }
             }
-            if left > 1 && super::contention::contended(&e) {
+            if left > 1 && contended {
                 tracing::warn!(results = left, error = %e,
                     "a lock held by another transaction stopped the result batch; writing its parts apart");
                 self.flush_apart(batch.split_off(written)).await;
@@ -172,8 +173,7 @@ impl Engine {
             }
             // A single result that logs a turn waits for the lock (no log
             // line, no deadline); see `contention.rs`.
-            let turn_waits =
-                left == 1 && super::contention::contended(&e) && super::contention::logs_a_turn(&batch[written]);
+            let turn_waits = left == 1 && contended && super::contention::logs_a_turn(&batch[written]);
             if turn_waits {
                 contended_tries += 1;
                 if contended_tries >= super::contention::LOG_TRIES {
@@ -233,8 +233,8 @@ impl Engine {
             }
             // A respond stage started early runs on only for a respond
             // stage of its request: the one this result was chained to, or
-            // the one a claim starts for the request now due in READY (no
-            // respond slot was free to chain it).
+            // the one a claim starts for the request now due in READY (its
+            // write was retried without chaining, or the daemon is stopping).
             if f.stage == StageKind::Analyze
                 && !applied.get(&f.id).is_some_and(|d| {
                     d.fused
@@ -287,17 +287,22 @@ impl Engine {
         let Some(fused) = f.fused.as_ref().filter(|_| done.fused) else {
             return f.stage.next();
         };
-        let mut counted = vec![(StageKind::Assemble, fused.latency_ms)];
-        if let Some(respond) = fused.respond.as_ref().filter(|_| done.responded) {
-            counted.push((StageKind::Respond, respond.latency_ms));
+        let respond = fused.respond.as_ref().filter(|_| done.responded);
+        if respond.is_some() {
             crate::metrics::observe_completed(done.created_at, now);
         }
-        for &(stage, latency_ms) in &counted {
+        let counted = [
+            Some((StageKind::Assemble, fused.latency_ms)),
+            respond.map(|r| (StageKind::Respond, r.latency_ms)),
+        ];
+        let mut last = StageKind::Assemble;
+        for (stage, latency_ms) in counted.into_iter().flatten() {
             bump(&self.stats.claimed[stage.index()]);
             bump(&self.stats.succeeded[stage.index()]);
             crate::metrics::observe_stage(stage, Outcome::Succeeded, latency_ms);
+            last = stage;
         }
-        counted.last().and_then(|(stage, _)| stage.next())
+        last.next()
     }
 
     /// Counts a written result other than a success; a retry wakes its

@@ -129,15 +129,12 @@ pub(super) fn give_up_logging(engine: &Engine, f: &mut Finished, e: &db::Error) 
         "answer not logged: the user's turns stayed locked by another transaction");
 }
 
-/// Drops the respond stage fused into `f` (see the module docs); true when
-/// there was one.
-pub(super) fn unfuse_respond(f: &mut Finished) -> bool {
-    let dropped = f.fused.as_mut().and_then(|a| a.respond.take()).is_some();
-    if dropped {
+/// Drops the respond stage fused into `f`, if any (see the module docs).
+pub(super) fn unfuse_respond(f: &mut Finished) {
+    if f.fused.as_mut().and_then(|a| a.respond.take()).is_some() {
         tracing::warn!(request.id = %f.id,
             "the fused answer's log is locked by another transaction; the respond stage runs on its own");
     }
-    dropped
 }
 
 /// True when writing `f` inserts a turn (the answer), which locks its

@@ -79,11 +79,11 @@ pub(super) const RESPOND_WAIT: Duration = Duration::from_millis(5);
 type EarlyOutcome = (Result<StageSuccess, StageError>, Duration);
 
 /// A respond stage started right after a fused assemble that did not answer
-/// in time to be written with it (or failed): the respond stage the chain
-/// starts for that request takes it over ([`Engine::take_early`]).
+/// in time to be written with it (or failed): the next respond stage of that
+/// request here takes it over ([`Engine::take_early`]).
 pub(super) enum EarlyRespond {
     Done(EarlyOutcome),
-    /// Stops when dropped (the request was not chained to respond here).
+    /// Stops when dropped (no respond stage here will take it).
     Running(AbortOnDropHandle<EarlyOutcome>),
 }
 
