@@ -532,6 +532,7 @@ async fn latency(b: &mut Bench) {
     // (same text, a thread of its own) of a new user without memory, so the
     // difference of the last two is what the memory costs and nothing else.
     let (mut pickup, mut e2e, mut e2e_memory, mut e2e_same) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut split = Vec::new();
     for i in 0..3 * (samples + 20) {
         let kind = i % 3;
         let memory = kind == 1;
@@ -548,6 +549,7 @@ async fn latency(b: &mut Bench) {
             _ => c.query_one(&insert, &[&Uuid::new_v4()]).await.unwrap().get(0),
         };
         let t0 = Instant::now();
+        let w0 = std::time::SystemTime::now();
         let mut claimed = None;
         loop {
             let (at, payload) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
@@ -570,6 +572,9 @@ async fn latency(b: &mut Bench) {
                             e2e_same.push(ms);
                         } else {
                             pickup.push(claimed.map_or(f64::NAN, |c| (c - t0).as_secs_f64() * 1000.0));
+                            if let Some(c) = claimed {
+                                split.push((id, w0, w0 + (c - t0)));
+                            }
                             e2e.push(ms);
                         }
                     }
@@ -580,6 +585,24 @@ async fn latency(b: &mut Bench) {
         }
     }
     d.kill();
+    // Where a pickup's time goes: the claim statement's start by the
+    // database's clock (its analyze step's `started_at`), against the
+    // wall clock of this process when the insert returned and when the
+    // claim's notification arrived (one machine, one clock).
+    let (mut to_claim, mut claim_to_seen) = (Vec::new(), Vec::new());
+    for (id, inserted, seen) in &split {
+        let started: f64 = c
+            .query_one(
+                "SELECT extract(epoch FROM started_at)::float8 FROM pipeline_steps WHERE run_id = $1 AND stage = 'analyze'",
+                &[id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let epoch = |t: &std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        to_claim.push((started - epoch(inserted)) * 1000.0);
+        claim_to_seen.push((epoch(seen) - started) * 1000.0);
+    }
     pickup.sort_by(f64::total_cmp);
     e2e.sort_by(f64::total_cmp);
     b.record(
@@ -592,6 +615,26 @@ async fn latency(b: &mut Bench) {
         round(percentile(&pickup, 0.99).unwrap_or(f64::NAN), 3),
         "insert commit → claim committed",
     );
+    for (name, mut v, what) in [
+        ("pickup_to_claim", to_claim, "insert commit → claim statement starts"),
+        (
+            "pickup_claim_to_seen",
+            claim_to_seen,
+            "claim statement starts → its notification seen",
+        ),
+    ] {
+        v.sort_by(f64::total_cmp);
+        b.record(
+            &format!("{name}_p50_ms"),
+            round(percentile(&v, 0.5).unwrap_or(f64::NAN), 3),
+            what,
+        );
+        b.record(
+            &format!("{name}_p99_ms"),
+            round(percentile(&v, 0.99).unwrap_or(f64::NAN), 3),
+            "",
+        );
+    }
     b.record(
         "e2e_p50_ms",
         round(percentile(&e2e, 0.5).unwrap_or(f64::NAN), 3),

@@ -72,6 +72,9 @@ pub struct Event {
     pub id: Uuid,
     pub status: Status,
     pub operation: String,
+    /// A status the row passed through inside the statement that moved it
+    /// on (`"passed": true`, `finish.sql`): announced, never claimable.
+    pub passed: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -92,6 +95,8 @@ struct RawEvent {
     status: Result<Status, String>,
     #[serde(default)]
     operation: Option<String>,
+    #[serde(default)]
+    passed: bool,
 }
 
 /// A payload's `status`: a [`Status`] by its name, else the text (so an
@@ -114,6 +119,7 @@ pub fn parse_payload(payload: &str) -> Result<Event, PayloadError> {
         id: raw.id,
         status,
         operation: raw.operation.unwrap_or_default(),
+        passed: raw.passed,
     })
 }
 
@@ -455,9 +461,14 @@ mod tests {
             Ok(Event {
                 id,
                 status: Status::Analyzed,
-                operation: "UPDATE".into()
+                operation: "UPDATE".into(),
+                passed: false
             })
         );
+        let passed = parse_payload(&format!(
+            r#"{{"id":"{id}","status":"READY","operation":"UPDATE","passed":true}}"#
+        ));
+        assert_eq!(passed.map(|e| (e.status, e.passed)), Ok((Status::Ready, true)));
     }
 
     #[test]

@@ -56,6 +56,8 @@
 -- each is still announced: `passed` sends their notifications, in order,
 -- before the trigger sends the new status's, so `pipeline_events` carries
 -- every status change as if the row had been updated once per status.
+-- Theirs say `"passed": true`: no daemon is woken to claim a status the
+-- row is no longer in.
 --
 -- Fusing the respond stage too: a fused analyze result that also carries
 -- an answer ($26, the respond stage run on the fused context while the
@@ -205,7 +207,8 @@ logged AS (
 ),
 passed AS (
     SELECT pg_notify('pipeline_events',
-                     json_build_object('id', p.id, 'status', p.status, 'operation', 'UPDATE')::text)
+                     json_build_object('id', p.id, 'status', p.status, 'operation', 'UPDATE',
+                                       'passed', true)::text)
     FROM (SELECT d.id, s.status
           FROM done d
           CROSS JOIN LATERAL unnest(

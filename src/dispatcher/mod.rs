@@ -289,10 +289,14 @@ impl ListenerHandler for Engine {
     }
 
     fn event(&self, event: &Event) {
-        // A row this process holds was chained past that status: nothing
-        // to claim (the notification only announces the status it passed).
+        // A status passed inside the statement that moved the row on (its
+        // result was written, maybe the whole request): nothing to claim.
+        // Woken for it, every idle stage would run an empty claim after
+        // each fused request, beside the next request's pickup.
+        // A row this process holds was chained past that status: the same.
         let ours = || self.inflight.lock().is_ok_and(|map| map.contains_key(&event.id));
         if let Some(stage) = event.status.dispatches()
+            && !event.passed
             && !ours()
         {
             self.wake(stage);

@@ -956,6 +956,7 @@ mod tests {
             id,
             status,
             operation: "UPDATE".into(),
+            passed: false,
         }
     }
 

@@ -474,3 +474,58 @@ async fn metrics_name_no_tenant_unless_public_tenants_is_set() {
         }
     }
 }
+
+/// The statuses a request passes inside one statement are announced with
+/// `"passed": true`, and no daemon claims on them: requests that each went
+/// from ANALYZING to COMPLETED in one statement (the offline provider
+/// answers within the fused respond's wait) wake neither the assemble nor
+/// the respond stage. Woken, each would run an empty claim per request.
+/// The sweep is far away; the start-up pass and the listener's catch-up
+/// sweep may each land after the first reading, one poll per stage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_passed_inside_one_statement_wake_no_idle_stage() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = Api::start(
+        &db,
+        Opts {
+            sweep_secs: 600,
+            ..Opts::default()
+        },
+    )
+    .await;
+    let polls = |page: &str, stage: &str, result: &str| {
+        total(
+            page,
+            "maas_claim_polls_total",
+            &[&format!("stage=\"{stage}\""), &format!("result=\"{result}\"")],
+        )
+    };
+    wait_until(GENEROUS, "every stage's first pass", || async {
+        let page = api.metrics().await;
+        ["analyze", "assemble", "respond"]
+            .iter()
+            .all(|s| polls(&page, s, "empty") >= 1.0)
+    })
+    .await;
+    let before = api.metrics().await;
+    let n = 20;
+    for i in 0..n {
+        let id: Uuid = value(
+            &c,
+            "INSERT INTO pipeline_runs (user_id, user_query) VALUES (gen_random_uuid(), $1) RETURNING id",
+            &[&format!("one at a time #{i}")],
+        )
+        .await;
+        wait_status(&c, id, "COMPLETED").await;
+    }
+    let page = api.metrics().await;
+    // Fused: the assemble and respond stages claimed nothing, and every
+    // request has its three steps.
+    for stage in ["assemble", "respond"] {
+        assert_eq!(polls(&page, stage, "processed"), 0.0, "{stage}: {page}");
+        let more = polls(&page, stage, "empty") - polls(&before, stage, "empty");
+        assert!(more <= 1.0, "{stage} polled {more} times for {n} requests:\n{page}");
+    }
+    assert_eq!(count(&c, "SELECT count(*) FROM pipeline_steps").await, 3 * n);
+}

@@ -116,7 +116,9 @@ async fn next_events(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, n: u
             .expect("a notification")
             .unwrap();
         let ev = maas::listener::parse_payload(&payload).unwrap();
-        seen.push((ev.id, ev.status.as_str().to_owned()));
+        // A status passed inside the statement says so (no daemon claims on it).
+        let passed = if ev.passed { " passed" } else { "" };
+        seen.push((ev.id, format!("{}{passed}", ev.status.as_str())));
     }
     seen
 }
@@ -495,7 +497,7 @@ async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
         .filter(|(id, _)| *id == plain)
         .map(|(_, s)| s.as_str())
         .collect();
-    assert_eq!(plain_seen, vec!["ANALYZED", "ASSEMBLING"]);
+    assert_eq!(plain_seen, vec!["ANALYZED passed", "ASSEMBLING"]);
     assert!(seen.contains(&(debug, "ANALYZED".to_owned())));
     assert_silent(&mut rx, "nothing else rang").await;
     // A late second write of the same results changes nothing.
@@ -671,8 +673,11 @@ async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
 
     let seen = next_events(&mut rx, 8).await;
     let of_run = |id: Uuid| -> Vec<&str> { seen.iter().filter(|e| e.0 == id).map(|e| e.1.as_str()).collect() };
-    assert_eq!(of_run(chained), vec!["ANALYZED", "ASSEMBLING", "READY", "RESPONDING"]);
-    assert_eq!(of_run(resting), vec!["ANALYZED", "ASSEMBLING", "READY"]);
+    assert_eq!(
+        of_run(chained),
+        vec!["ANALYZED passed", "ASSEMBLING passed", "READY passed", "RESPONDING"]
+    );
+    assert_eq!(of_run(resting), vec!["ANALYZED passed", "ASSEMBLING passed", "READY"]);
     assert_eq!(of_run(debug), vec!["ANALYZED"]);
     assert_silent(&mut rx, "nothing else rang").await;
 }
@@ -754,7 +759,13 @@ async fn a_fused_respond_completes_the_request_in_one_statement() {
     let of_run: Vec<&str> = seen.iter().filter(|e| e.0 == done).map(|e| e.1.as_str()).collect();
     assert_eq!(
         of_run,
-        vec!["ANALYZED", "ASSEMBLING", "READY", "RESPONDING", "COMPLETED"]
+        vec![
+            "ANALYZED passed",
+            "ASSEMBLING passed",
+            "READY passed",
+            "RESPONDING passed",
+            "COMPLETED"
+        ]
     );
     assert_silent(&mut rx, "nothing else rang").await;
 
