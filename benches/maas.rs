@@ -590,6 +590,7 @@ async fn latency(b: &mut Bench) {
     // wall clock of this process when the insert returned and when the
     // claim's notification arrived (one machine, one clock).
     let (mut to_claim, mut claim_to_seen) = (Vec::new(), Vec::new());
+    let epoch = |t: &std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     for (id, inserted, seen) in &split {
         let started: f64 = c
             .query_one(
@@ -599,7 +600,6 @@ async fn latency(b: &mut Bench) {
             .await
             .unwrap()
             .get(0);
-        let epoch = |t: &std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
         to_claim.push((started - epoch(inserted)) * 1000.0);
         claim_to_seen.push((epoch(seen) - started) * 1000.0);
     }

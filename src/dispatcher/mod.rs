@@ -293,7 +293,8 @@ impl ListenerHandler for Engine {
         // result was written, maybe the whole request): nothing to claim.
         // Woken for it, every idle stage would run an empty claim after
         // each fused request, beside the next request's pickup.
-        // A row this process holds was chained past that status: the same.
+        // A row this process still holds: its result was just written
+        // unchained, and the completer wakes that stage itself.
         let ours = || self.inflight.lock().is_ok_and(|map| map.contains_key(&event.id));
         if let Some(stage) = event.status.dispatches()
             && !event.passed
