@@ -183,6 +183,8 @@ async fn pgbench(b: &mut Bench) {
     let run = |clients: &str| run_pgbench(b, &url, &script, secs, clients, None);
     let c1 = run("1");
     let c16 = run("16");
+    // The series before the prepared protocol, for comparison with older entries.
+    let c16_simple = run_pgbench(b, &url, &script, secs, "16 simple", None);
     // With --tls, the same 16 clients on TLS (before the trigger below).
     let c16_tls = b
         .tls
@@ -199,6 +201,11 @@ async fn pgbench(b: &mut Bench) {
     let _ = std::fs::remove_file(&script);
     b.record("pgbench_tps_c1", round(c1, 0), "single-row UPDATE by key, 1 client");
     b.record("pgbench_tps_c16", round(c16, 0), "single-row UPDATE by key, 16 clients");
+    b.record(
+        "pgbench_tps_c16_simple",
+        round(c16_simple, 0),
+        "the same with the simple query protocol (the figure before 2026-11-27)",
+    );
     if let Some(tls) = c16_tls {
         b.record(
             "pgbench_tps_c16_tls",
@@ -213,11 +220,17 @@ async fn pgbench(b: &mut Bench) {
     );
 }
 
-/// TPS of one pgbench run of `script` with `clients` clients. Plain
+/// TPS of one pgbench run of `script` with `clients` clients ("16", or
+/// "16 simple" for the simple query protocol). Prepared statements
+/// otherwise (`-M prepared`): maasd's statements are prepared too, and the
+/// peers' harness (`../shared/peers/pgbench.sh`) measures its yardstick so,
+/// which makes the ratios comparable; the simple protocol costs pgbench about
+/// a fifth of its rate here. Plain
 /// without `tls`, even where the cluster serves TLS (libpq would prefer
 /// it); with it, its parameters (the bench's URL parameters,
 /// `sslmode=…&sslrootcert=…`) as libpq's environment.
 fn run_pgbench(b: &Bench, url: &str, script: &std::path::Path, secs: &str, clients: &str, tls: Option<&str>) -> f64 {
+    let (clients, protocol) = clients.split_once(' ').unwrap_or((clients, "prepared"));
     let mut cmd = Command::new(b.cluster.binary("pgbench"));
     match tls {
         None => {
@@ -243,7 +256,16 @@ fn run_pgbench(b: &Bench, url: &str, script: &std::path::Path, secs: &str, clien
             "-U",
             "postgres",
         ])
-        .args(["-c", clients, "-j", if clients == "1" { "1" } else { "2" }, "-T", secs])
+        .args([
+            "-M",
+            protocol,
+            "-c",
+            clients,
+            "-j",
+            if clients == "1" { "1" } else { "2" },
+            "-T",
+            secs,
+        ])
         .arg("-f")
         .arg(script)
         // The database's name, without the URL's parameters (--tls).
