@@ -180,16 +180,16 @@ async fn pgbench(b: &mut Bench) {
     )
     .unwrap();
     let secs = if b.quick { "5" } else { "15" };
-    let run = |clients: &str| run_pgbench(b, &url, &script, secs, clients, None);
+    let run = |clients: &str| run_pgbench(b, &url, &script, secs, clients, "prepared", None);
     let c1 = run("1");
     let c16 = run("16");
     // The series before the prepared protocol, for comparison with older entries.
-    let c16_simple = run_pgbench(b, &url, &script, secs, "16 simple", None);
+    let c16_simple = run_pgbench(b, &url, &script, secs, "16", "simple", None);
     // With --tls, the same 16 clients on TLS (before the trigger below).
     let c16_tls = b
         .tls
         .as_deref()
-        .map(|params| run_pgbench(b, &url, &script, secs, "16", Some(params)));
+        .map(|params| run_pgbench(b, &url, &script, secs, "16", "prepared", Some(params)));
     c.batch_execute(
         "CREATE FUNCTION bench_notify() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN PERFORM pg_notify('bench_events', json_build_object('id', NEW.id, 'v', NEW.v)::text); RETURN NULL; END $$;
@@ -220,17 +220,24 @@ async fn pgbench(b: &mut Bench) {
     );
 }
 
-/// TPS of one pgbench run of `script` with `clients` clients ("16", or
-/// "16 simple" for the simple query protocol). Prepared statements
-/// otherwise (`-M prepared`): maasd's statements are prepared too, and the
-/// peers' harness (`../shared/peers/pgbench.sh`) measures its yardstick so,
-/// which makes the ratios comparable; the simple protocol costs pgbench about
-/// a fifth of its rate here. Plain
+/// TPS of one pgbench run of `script` with `clients` clients, over the
+/// query `protocol` (pgbench's `-M`). The yardstick is `prepared`: maasd's
+/// statements are prepared too, and the peers' harness
+/// (`../shared/peers/pgbench.sh`) measures its yardstick so, which makes the
+/// ratios comparable; `simple` costs pgbench about a fifth of its rate
+/// here. Plain
 /// without `tls`, even where the cluster serves TLS (libpq would prefer
 /// it); with it, its parameters (the bench's URL parameters,
 /// `sslmode=…&sslrootcert=…`) as libpq's environment.
-fn run_pgbench(b: &Bench, url: &str, script: &std::path::Path, secs: &str, clients: &str, tls: Option<&str>) -> f64 {
-    let (clients, protocol) = clients.split_once(' ').unwrap_or((clients, "prepared"));
+fn run_pgbench(
+    b: &Bench,
+    url: &str,
+    script: &std::path::Path,
+    secs: &str,
+    clients: &str,
+    protocol: &str,
+    tls: Option<&str>,
+) -> f64 {
     let mut cmd = Command::new(b.cluster.binary("pgbench"));
     match tls {
         None => {
