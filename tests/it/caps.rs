@@ -14,6 +14,7 @@ use crate::support::api::Api;
 use crate::support::daemon::Opts;
 use crate::support::db::{TestDb, connect};
 use crate::support::metrics::metric;
+use crate::support::ops::wait_status;
 use crate::support::{GENEROUS, count, insert_held, new_users, wait_until};
 
 /// Asserts an immediate refusal with `status`, `Retry-After` and a JSON code.
@@ -389,13 +390,23 @@ async fn caps_memory_searches_and_exports_are_capped_per_token() {
     )
     .await;
     let user = Uuid::new_v4();
-    api.http
+    let submitted: serde_json::Value = api
+        .http
         .post(api.url("/api/query"))
         .bearer_auth("tok-a")
         .json(&json!({ "user_id": user, "query": "remember the tulips" }))
         .send()
         .await
+        .unwrap()
+        .json()
+        .await
         .unwrap();
+    // The engine is done with it before the tables are locked below: a
+    // request still in flight holds one of them and waits for another,
+    // and the lock would end in a deadlock.
+    let c = connect(&db.url).await;
+    let id: Uuid = submitted["request_id"].as_str().unwrap().parse().unwrap();
+    wait_status(&c, id, "COMPLETED").await;
     let long = "x".repeat(2001);
     let resp = get(&api, "tok-a", format!("/api/users/{user}/memory?q={long}")).await;
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
@@ -417,7 +428,6 @@ async fn caps_memory_searches_and_exports_are_capped_per_token() {
             tokio::spawn(async move { http.get(url).bearer_auth("tok-a").send().await.unwrap().status() })
         })
         .collect();
-    let c = connect(&db.url).await;
     api_waiting_on_a_lock(&c, 2).await;
     for (path, code) in [(&search, "too_many_searches"), (&export, "too_many_exports")] {
         // Refused at once: a request let through would wait on the lock
