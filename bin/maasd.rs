@@ -5,6 +5,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// The daemon's allocator (Cargo.toml says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Runs requests in `pipeline_runs` through analyzer → assembler → responder.
 #[derive(Parser)]
 #[command(version, about)]

@@ -15,12 +15,10 @@ SET enable_mergejoin = off
 AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM pg_notify('pipeline_events',
-            json_build_object('id', n.id, 'status', n.status, 'operation', 'INSERT')::text)
+        PERFORM pg_notify('pipeline_events', maas_event(n.id, n.status, 'INSERT'))
         FROM inserted n;
     ELSE
-        PERFORM pg_notify('pipeline_events',
-            json_build_object('id', n.id, 'status', n.status, 'operation', 'UPDATE')::text)
+        PERFORM pg_notify('pipeline_events', maas_event(n.id, n.status, 'UPDATE'))
         FROM updated n JOIN previous o ON o.id = n.id
         WHERE o.status IS DISTINCT FROM n.status;
     END IF;

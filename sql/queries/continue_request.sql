@@ -22,7 +22,7 @@ audit AS (
 rung AS (
     SELECT count(*) AS n
     FROM released, LATERAL (SELECT pg_notify('pipeline_events',
-        json_build_object('id', released.id, 'status', released.status, 'operation', 'CONTINUE')::text)) x
+        maas_event(released.id, released.status, 'CONTINUE'))) x
 )
 SELECT t.status, t.debug, (SELECT n FROM rung) > 0 AS released
 FROM target t

@@ -206,9 +206,7 @@ logged AS (
     ON CONFLICT DO NOTHING
 ),
 passed AS (
-    SELECT pg_notify('pipeline_events',
-                     json_build_object('id', p.id, 'status', p.status, 'operation', 'UPDATE',
-                                       'passed', true)::text)
+    SELECT pg_notify('pipeline_events', maas_event(p.id, p.status, 'UPDATE', passed => true))
     FROM (SELECT d.id, s.status
           FROM done d
           CROSS JOIN LATERAL unnest(

@@ -1,7 +1,6 @@
 -- Rings the doorbell once per status that has due rows, naming its oldest
 -- row, so every listening daemon claims them.
-SELECT pg_notify('pipeline_events',
-                 json_build_object('id', id, 'status', status, 'operation', 'SWEEP')::text)
+SELECT pg_notify('pipeline_events', maas_event(id, status, 'SWEEP'))
 FROM (
     SELECT DISTINCT ON (status) id, status
     FROM pipeline_runs

@@ -91,6 +91,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     28 => "0028_embedding_lists.sql",
     29 => "0029_common_lexemes.sql",
     30 => "0030_steps_keyed_by_run.sql",
+    31 => "0031_event_payloads.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![
