@@ -16,8 +16,8 @@
 //!   statement, none when the plan needs none; the engine does not read
 //!   the analysis itself. A failed read is a retryable stage error (a
 //!   fused assemble is then left to the assemble stage).
-//! - With an embedder, the query is embedded while the analyzer's model
-//!   call runs; the fused assemble's search uses that embedding, and it is
+//! - With an embedder, the query of a user with earlier turns is embedded
+//!   while the analyzer's model call runs; the fused assemble's search uses that embedding, and it is
 //!   kept with the analysis (`stage::analysis::keep_query_embedding`) for
 //!   an assemble stage claimed on its own, which embeds the query only when
 //!   none of its embedder's model was kept.
@@ -372,10 +372,15 @@ impl Engine {
     /// call runs (kept in `input` for the fused assemble and in the stored
     /// analysis for an assemble stage claimed on its own), so that the
     /// semantic part of the search adds no embedding time to the request.
+    /// Not for a user without an earlier turn: the semantic part compares
+    /// the query with the user's turns, and there is none to compare it
+    /// with (a search that still runs embeds the query then, as an
+    /// assemble stage does when nothing was kept).
     async fn analyze_and_embed(&self, input: &mut StageInput) -> Result<StageSuccess, StageError> {
+        let embedder = self.embedder.as_ref().filter(|_| input.earlier_turns > 0);
         let (mut r, embedded) = tokio::join!(
             self.run_guarded(StageKind::Analyze, input),
-            Embedder::for_search(self.embedder.as_ref(), &input.user_query)
+            Embedder::for_search(embedder, &input.user_query)
         );
         if let (
             Ok(StageSuccess {

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::support::api::Api;
+use crate::support::cli::{NO_ENV, maasctl_async};
 use crate::support::daemon::Opts;
 use crate::support::db::TestDb;
 use crate::support::fake_llm::{FakeConfig, FakeLlm};
@@ -98,4 +99,79 @@ async fn an_assemble_stage_claimed_alone_searches_with_the_analyze_stages_embedd
         .filter(|r| r.path == "/v1/embeddings" && r.body["input"] == json!([QUERY]))
         .count();
     assert_eq!(asked, 1, "the query is embedded once, by the analyze stage");
+}
+
+/// A user without an earlier turn has nothing for the semantic part to
+/// compare a query with: the analyze stage does not embed the query (it
+/// would cost a model call per newcomer's request and find nothing). The
+/// query's own turn is still embedded, once, by the embedder; that call is
+/// waited for while the daemons are paused, so the count after the
+/// request is the search's calls alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomers_query_is_not_embedded_for_the_search() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let query = "Which film should I watch tonight?";
+    let fake = FakeLlm::start_with(FakeConfig {
+        default_text: json!({
+            "needs_context": false,
+            "context_type": "none",
+            "time_scope": "none",
+            "search_keywords": [],
+            "context_found": null,
+        })
+        .to_string(),
+        ..FakeConfig::default()
+    })
+    .await;
+    let _api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_LLM_PROVIDER", "openai")
+            .env("MAAS_LLM__EMBEDDING__PROVIDER", "openai")
+            .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
+            .env("OPENAI_API_KEY", "embed-test-key"),
+    )
+    .await;
+    let embedded_alone = || {
+        fake.requests()
+            .iter()
+            .filter(|r| r.path == "/v1/embeddings" && r.body["input"] == json!([query]))
+            .count()
+    };
+    let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "embed the turn first"], NO_ENV).await;
+    assert_eq!(code, 0, "{err}");
+    let user = Uuid::new_v4();
+    let id: Uuid = c
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, $2) RETURNING id",
+            &[&user, &query],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let turn_embedded = format!("SELECT count(*) FROM turn_embeddings WHERE user_id = '{user}'");
+    let done = poll_until(Duration::from_secs(60), Duration::from_millis(100), || async {
+        count(&c, &turn_embedded).await == 1
+    })
+    .await;
+    assert!(done, "the query's turn was not embedded");
+    assert_eq!(embedded_alone(), 1, "the turn's own embedding");
+
+    let (code, _, err) = maasctl_async(&db.url, &["resume"], NO_ENV).await;
+    assert_eq!(code, 0, "{err}");
+    let completed = format!("SELECT count(*) FROM pipeline_runs WHERE id = '{id}' AND status = 'COMPLETED'");
+    let done = poll_until(Duration::from_secs(60), Duration::from_millis(50), || async {
+        count(&c, &completed).await == 1
+    })
+    .await;
+    assert!(done, "the request did not complete");
+    let analyzed = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .count();
+    assert!(analyzed >= 1, "the analyzer was not called");
+    assert_eq!(embedded_alone(), 1, "the query was embedded for a search over no turns");
 }
