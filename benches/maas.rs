@@ -527,23 +527,7 @@ async fn latency(b: &mut Bench) {
         opts = opts.env(&k, v);
     }
     let mut d = start_daemon(&url, opts).await;
-    let (rest, tls) = maas::db::tls::split(&url).unwrap();
-    let (listener, mut conn) = rest
-        .parse::<tokio_postgres::Config>()
-        .unwrap()
-        .connect(tls)
-        .await
-        .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
-    tokio::spawn(async move {
-        let mut s = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
-        while let Some(Ok(m)) = s.next().await {
-            if let AsyncMessage::Notification(n) = m {
-                let _ = tx.send((Instant::now(), n.payload().to_owned()));
-            }
-        }
-    });
-    listener.batch_execute("LISTEN pipeline_events").await.unwrap();
+    let (_listener, mut rx) = listen(&url).await;
     let c = connect(&url).await;
     let insert = c
         .prepare("INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, 'latency probe') RETURNING id")
@@ -699,6 +683,98 @@ async fn latency(b: &mut Bench) {
         round(memory_p50 - percentile(&e2e, 0.5).unwrap_or(f64::NAN), 3),
         "with memory − the probe (sessions 4-6's difference: shorter text, no thread)",
     );
+}
+
+/// A session LISTENing on `pipeline_events` and the notifications it
+/// receives, each with the instant it arrived.
+async fn listen(url: &str) -> (Client, tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>) {
+    let (rest, tls) = maas::db::tls::split(url).unwrap();
+    let (listener, mut conn) = rest
+        .parse::<tokio_postgres::Config>()
+        .unwrap()
+        .connect(tls)
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
+    tokio::spawn(async move {
+        let mut s = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = s.next().await {
+            if let AsyncMessage::Notification(n) = m {
+                let _ = tx.send((Instant::now(), n.payload().to_owned()));
+            }
+        }
+    });
+    listener.batch_execute("LISTEN pipeline_events").await.unwrap();
+    (listener, rx)
+}
+
+/// Pickup and end-to-end latency of new users' requests, one at a time,
+/// with the semantic part of the memory as `bin/run` has it: the default
+/// local model (found where maasd looks for it: `bin/run` and
+/// `bin/eval-memory` fetch it), its embedder embedding every new turn in
+/// the background. Skipped, with a line that says so, without the model.
+async fn latency_default_embedder(b: &mut Bench) {
+    let env = |k: &str| std::env::var(k).ok();
+    let Some(dir) = maas::llm::embed::default_model_dir(&env).filter(|d| d.is_dir()) else {
+        eprintln!("latency with the default embedder: skipped, no local model (bin/run fetches it)");
+        return;
+    };
+    let samples = if b.quick { 300 } else { 1000 };
+    let url = b.fresh_db("latency_embedder").await;
+    let opts = Opts::default()
+        .env("RUST_LOG", "warn")
+        .env("MAAS_LLM__EMBEDDING__PROVIDER", "local")
+        .env("MAAS_LLM__EMBEDDING__MODEL_DIR", dir.display());
+    let mut d = start_daemon(&url, opts).await;
+    let (_listener, mut rx) = listen(&url).await;
+    let c = connect(&url).await;
+    let insert = c
+        .prepare("INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, 'latency probe') RETURNING id")
+        .await
+        .unwrap();
+    let (mut pickup, mut e2e) = (Vec::new(), Vec::new());
+    for i in 0..samples + 20 {
+        let id: Uuid = c.query_one(&insert, &[&Uuid::new_v4()]).await.unwrap().get(0);
+        let t0 = Instant::now();
+        let mut claimed = None;
+        loop {
+            let (at, payload) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("no notification within 10 s")
+                .unwrap();
+            let ev = maas::listener::parse_payload(&payload).unwrap();
+            if ev.id != id {
+                continue;
+            }
+            match ev.status.as_str() {
+                "ANALYZING" => claimed = Some(at),
+                "COMPLETED" => {
+                    // The first 20 warm up connections, caches and the model.
+                    if i >= 20 {
+                        pickup.push(claimed.map_or(f64::NAN, |c| (c - t0).as_secs_f64() * 1000.0));
+                        e2e.push((at - t0).as_secs_f64() * 1000.0);
+                    }
+                    break;
+                }
+                _ => {}
+            }
+        }
+    }
+    let embedded = count(&c, "SELECT count(*) FROM turn_embeddings").await;
+    d.kill();
+    pickup.sort_by(f64::total_cmp);
+    e2e.sort_by(f64::total_cmp);
+    let what =
+        format!("{samples} new users' requests, the default local embedder on ({embedded} turns embedded meanwhile)");
+    for (name, v, note) in [
+        ("pickup_p50_ms_embedder", &pickup, what.as_str()),
+        ("pickup_p99_ms_embedder", &pickup, ""),
+        ("e2e_p50_ms_embedder", &e2e, ""),
+        ("e2e_p99_ms_embedder", &e2e, ""),
+    ] {
+        let q = if name.contains("p50") { 0.5 } else { 0.99 };
+        b.record(name, round(percentile(v, q).unwrap_or(f64::NAN), 3), note);
+    }
 }
 
 /// Requests against a provider that takes 1 s per call.
@@ -1082,6 +1158,7 @@ fn main() {
                 }
             }
             latency(&mut b).await;
+            latency_default_embedder(&mut b).await;
         }
         if want("llm") {
             llm_bound(&mut b).await;
