@@ -529,10 +529,7 @@ async fn latency(b: &mut Bench) {
     let mut d = start_daemon(&url, opts).await;
     let (_listener, mut rx) = listen(&url).await;
     let c = connect(&url).await;
-    let insert = c
-        .prepare("INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, 'latency probe') RETURNING id")
-        .await
-        .unwrap();
+    let insert = c.prepare(PROBE).await.unwrap();
     let insert_memory = c
         .prepare(
             "INSERT INTO pipeline_runs (user_id, thread_id, user_query)
@@ -563,37 +560,20 @@ async fn latency(b: &mut Bench) {
         };
         let t0 = Instant::now();
         let w0 = std::time::SystemTime::now();
-        let mut claimed = None;
-        loop {
-            let (at, payload) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-                .await
-                .expect("no notification within 10 s")
-                .unwrap();
-            let ev = maas::listener::parse_payload(&payload).unwrap();
-            if ev.id != id {
-                continue;
-            }
-            match ev.status.as_str() {
-                "ANALYZING" => claimed = Some(at),
-                "COMPLETED" => {
-                    if i >= 60 {
-                        // The first 20 of each kind warm up connections and caches.
-                        let ms = (at - t0).as_secs_f64() * 1000.0;
-                        if memory {
-                            e2e_memory.push(ms);
-                        } else if kind == 2 {
-                            e2e_same.push(ms);
-                        } else {
-                            pickup.push(claimed.map_or(f64::NAN, |c| (c - t0).as_secs_f64() * 1000.0));
-                            if let Some(c) = claimed {
-                                split.push((id, w0, w0 + (c - t0)));
-                            }
-                            e2e.push(ms);
-                        }
-                    }
-                    break;
+        let (claimed, at) = claimed_and_completed(&mut rx, id).await;
+        // The first 20 of each kind warm up connections and caches.
+        if i >= 60 {
+            let ms = (at - t0).as_secs_f64() * 1000.0;
+            if memory {
+                e2e_memory.push(ms);
+            } else if kind == 2 {
+                e2e_same.push(ms);
+            } else {
+                pickup.push(claimed.map_or(f64::NAN, |c| (c - t0).as_secs_f64() * 1000.0));
+                if let Some(c) = claimed {
+                    split.push((id, w0, w0 + (c - t0)));
                 }
-                _ => {}
+                e2e.push(ms);
             }
         }
     }
@@ -708,6 +688,34 @@ async fn listen(url: &str) -> (Client, tokio::sync::mpsc::UnboundedReceiver<(Ins
     (listener, rx)
 }
 
+/// A latency probe: a request of a new user (`$1`), no thread, a short text.
+const PROBE: &str = "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, 'latency probe') RETURNING id";
+
+/// When request `id`'s claim (`ANALYZING`, if announced) and its
+/// `COMPLETED` were received, from [`listen`]'s notifications (10 s at
+/// most for each).
+async fn claimed_and_completed(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
+    id: Uuid,
+) -> (Option<Instant>, Instant) {
+    let mut claimed = None;
+    loop {
+        let (at, payload) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("no notification within 10 s")
+            .unwrap();
+        let ev = maas::listener::parse_payload(&payload).unwrap();
+        if ev.id != id {
+            continue;
+        }
+        match ev.status.as_str() {
+            "ANALYZING" => claimed = Some(at),
+            "COMPLETED" => return (claimed, at),
+            _ => {}
+        }
+    }
+}
+
 /// Pickup and end-to-end latency of new users' requests, one at a time,
 /// with the semantic part of the memory as `bin/run` has it: the default
 /// local model (found where maasd looks for it: `bin/run` and
@@ -728,36 +736,16 @@ async fn latency_default_embedder(b: &mut Bench) {
     let mut d = start_daemon(&url, opts).await;
     let (_listener, mut rx) = listen(&url).await;
     let c = connect(&url).await;
-    let insert = c
-        .prepare("INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, 'latency probe') RETURNING id")
-        .await
-        .unwrap();
+    let insert = c.prepare(PROBE).await.unwrap();
     let (mut pickup, mut e2e) = (Vec::new(), Vec::new());
     for i in 0..samples + 20 {
         let id: Uuid = c.query_one(&insert, &[&Uuid::new_v4()]).await.unwrap().get(0);
         let t0 = Instant::now();
-        let mut claimed = None;
-        loop {
-            let (at, payload) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-                .await
-                .expect("no notification within 10 s")
-                .unwrap();
-            let ev = maas::listener::parse_payload(&payload).unwrap();
-            if ev.id != id {
-                continue;
-            }
-            match ev.status.as_str() {
-                "ANALYZING" => claimed = Some(at),
-                "COMPLETED" => {
-                    // The first 20 warm up connections, caches and the model.
-                    if i >= 20 {
-                        pickup.push(claimed.map_or(f64::NAN, |c| (c - t0).as_secs_f64() * 1000.0));
-                        e2e.push((at - t0).as_secs_f64() * 1000.0);
-                    }
-                    break;
-                }
-                _ => {}
-            }
+        let (claimed, at) = claimed_and_completed(&mut rx, id).await;
+        // The first 20 warm up connections, caches and the model.
+        if i >= 20 {
+            pickup.push(claimed.map_or(f64::NAN, |c| (c - t0).as_secs_f64() * 1000.0));
+            e2e.push((at - t0).as_secs_f64() * 1000.0);
         }
     }
     let embedded = count(&c, "SELECT count(*) FROM turn_embeddings").await;

@@ -30,6 +30,17 @@ fn analysis_naming_another_record() -> String {
     .to_string()
 }
 
+/// A daemon whose models and embeddings all come from `fake` (OpenAI's
+/// API), without the archivist.
+fn on_fake_openai(fake: &FakeLlm) -> Opts {
+    Opts::default()
+        .env("MAAS_ARCHIVIST__ENABLED", "false")
+        .env("MAAS_LLM_PROVIDER", "openai")
+        .env("MAAS_LLM__EMBEDDING__PROVIDER", "openai")
+        .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
+        .env("OPENAI_API_KEY", "embed-test-key")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_assemble_stage_claimed_alone_searches_with_the_analyze_stages_embedding() {
     let db = TestDb::new().await;
@@ -46,16 +57,7 @@ async fn an_assemble_stage_claimed_alone_searches_with_the_analyze_stages_embedd
     )
     .await
     .unwrap();
-    let api = Api::start(
-        &db,
-        Opts::default()
-            .env("MAAS_ARCHIVIST__ENABLED", "false")
-            .env("MAAS_LLM_PROVIDER", "openai")
-            .env("MAAS_LLM__EMBEDDING__PROVIDER", "openai")
-            .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
-            .env("OPENAI_API_KEY", "embed-test-key"),
-    )
-    .await;
+    let api = Api::start(&db, on_fake_openai(&fake)).await;
     let embedded = format!("SELECT count(*) FROM turn_embeddings WHERE user_id = '{user}'");
     let done = poll_until(Duration::from_secs(60), Duration::from_millis(100), || async {
         count(&c, &embedded).await == 1
@@ -124,16 +126,7 @@ async fn a_newcomers_query_is_not_embedded_for_the_search() {
         ..FakeConfig::default()
     })
     .await;
-    let _api = Api::start(
-        &db,
-        Opts::default()
-            .env("MAAS_ARCHIVIST__ENABLED", "false")
-            .env("MAAS_LLM_PROVIDER", "openai")
-            .env("MAAS_LLM__EMBEDDING__PROVIDER", "openai")
-            .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
-            .env("OPENAI_API_KEY", "embed-test-key"),
-    )
-    .await;
+    let _api = Api::start(&db, on_fake_openai(&fake)).await;
     let embedded_alone = || {
         fake.requests()
             .iter()
