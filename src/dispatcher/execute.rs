@@ -17,10 +17,11 @@
 //!   the analysis itself. A failed read is a retryable stage error (a
 //!   fused assemble is then left to the assemble stage).
 //! - With an embedder, the query of a user with earlier turns is embedded
-//!   while the analyzer's model call runs; the fused assemble's search uses that embedding, and it is
-//!   kept with the analysis (`stage::analysis::keep_query_embedding`) for
-//!   an assemble stage claimed on its own, which embeds the query only when
-//!   none of its embedder's model was kept.
+//!   while the analyzer's model call runs; the fused assemble's search uses
+//!   that embedding, and it is kept with the analysis
+//!   (`stage::analysis::keep_query_embedding`) for an assemble stage
+//!   claimed on its own, which embeds the query only when none of its
+//!   embedder's model was kept.
 //! - A respond stage of a request that asked to stream gets a sink for its
 //!   answer's pieces ([`Engine::delta_sink`], `publish.rs`); no other does.
 //! - After a fused assemble the respond stage starts at once on its context

@@ -14,6 +14,7 @@ use crate::support::daemon::Opts;
 use crate::support::db::TestDb;
 use crate::support::fake_llm::{FakeConfig, FakeLlm};
 use crate::support::poll::{count, poll_until};
+use crate::support::{assert_completed, wait_all_terminal};
 
 const QUERY: &str = "When is my pottery class?";
 
@@ -136,14 +137,12 @@ async fn a_newcomers_query_is_not_embedded_for_the_search() {
     let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "embed the turn first"], NO_ENV).await;
     assert_eq!(code, 0, "{err}");
     let user = Uuid::new_v4();
-    let id: Uuid = c
-        .query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, $2) RETURNING id",
-            &[&user, &query],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    c.execute(
+        "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, $2)",
+        &[&user, &query],
+    )
+    .await
+    .unwrap();
     let turn_embedded = format!("SELECT count(*) FROM turn_embeddings WHERE user_id = '{user}'");
     let done = poll_until(Duration::from_secs(60), Duration::from_millis(100), || async {
         count(&c, &turn_embedded).await == 1
@@ -154,12 +153,8 @@ async fn a_newcomers_query_is_not_embedded_for_the_search() {
 
     let (code, _, err) = maasctl_async(&db.url, &["resume"], NO_ENV).await;
     assert_eq!(code, 0, "{err}");
-    let completed = format!("SELECT count(*) FROM pipeline_runs WHERE id = '{id}' AND status = 'COMPLETED'");
-    let done = poll_until(Duration::from_secs(60), Duration::from_millis(50), || async {
-        count(&c, &completed).await == 1
-    })
-    .await;
-    assert!(done, "the request did not complete");
+    wait_all_terminal(&c, Duration::from_secs(60)).await;
+    assert_completed(&c, 1).await;
     let analyzed = fake
         .requests()
         .iter()
