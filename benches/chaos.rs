@@ -72,7 +72,7 @@ use nix::sys::signal::Signal;
 use rand::Rng;
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
-use support::daemon::{Maasd, Opts};
+use support::daemon::{Maasd, Opts, strip_ansi};
 use support::fake_llm::{FakeLlm, FaultRates, Reply};
 use support::{analysis_provider, connect, count, on_provider, percentile, poll_until, try_connect};
 use tokio::task::JoinSet;
@@ -252,6 +252,8 @@ struct Daemons {
     url: String,
     provider_url: String,
     slots: Vec<Maasd>,
+    /// The log of every daemon started, restarted ones included.
+    logs: Vec<std::path::PathBuf>,
     /// Daemons found dead that nobody killed.
     unexpected_exits: Vec<String>,
 }
@@ -273,8 +275,9 @@ impl Daemons {
     }
 
     /// Starts a daemon and waits until its HTTP server listens.
-    async fn start(&self) -> Result<(Maasd, SocketAddr), String> {
+    async fn start(&mut self) -> Result<(Maasd, SocketAddr), String> {
         let mut d = Maasd::spawn(&self.url, self.opts());
+        self.logs.push(d.log.clone());
         match d.wait_http_addr(Duration::from_secs(60)).await {
             Ok(addr) => Ok((d, addr)),
             Err(_) => Err(tail(&d.plain_log(), 20)),
@@ -853,12 +856,15 @@ async fn violations(c: &Client, checks: &[(&str, &str)], details: &mut Vec<Strin
 
 /// Requests no fault touched (see the module doc) and how many of them
 /// have a `lease_expired` or `failed` step or did not complete, with up to
-/// five examples.
+/// five examples: each with its life and steps in seconds since `since`,
+/// the worker of each step, and the daemons' log lines that name it.
 async fn harmed(
     c: &Client,
     faults: &[Injected],
     poisoned: &[Uuid],
     held: &[(Uuid, DateTime<Utc>, DateTime<Utc>)],
+    since: DateTime<Utc>,
+    logs: &[std::path::PathBuf],
 ) -> (i64, i64, Vec<String>) {
     let recovery = chrono::Duration::from_std(RECOVERY).unwrap();
     let (starts, ends): (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) = faults
@@ -872,7 +878,7 @@ async fn harmed(
     let rows = c
         .query(
             "WITH untouched AS (
-                 SELECT r.id, r.status FROM pipeline_runs r
+                 SELECT r.id, r.status, r.created_at, r.updated_at FROM pipeline_runs r
                  WHERE NOT (r.id = ANY($6)) AND r.user_query NOT LIKE 'chaos poison%'
                    AND NOT EXISTS (SELECT 1 FROM unnest($1::timestamptz[], $2::timestamptz[]) AS w(s, e)
                                    WHERE r.created_at <= w.e AND r.updated_at >= w.s)
@@ -883,8 +889,13 @@ async fn harmed(
              ),
              judged AS (
                  SELECT u.id, u.status,
+                        format('created %s s, last change %s s',
+                               extract(epoch FROM u.created_at - $7)::numeric(8, 2), extract(epoch FROM u.updated_at - $7)::numeric(8, 2)) AS life,
                         (SELECT string_agg(s.stage || '#' || s.attempt || ' ' || s.outcome
-                                           || coalesce(' ' || s.error_class, ''), ', ' ORDER BY s.id)
+                                           || coalesce(' ' || s.error_class, '')
+                                           || format(' (%s, %s–%s s)', s.worker,
+                                                     extract(epoch FROM s.started_at - $7)::numeric(8, 2), extract(epoch FROM s.finished_at - $7)::numeric(8, 2)),
+                                           ', ' ORDER BY s.id)
                          FROM pipeline_steps s WHERE s.run_id = u.id) AS steps,
                         u.status <> 'COMPLETED' OR EXISTS (
                             SELECT 1 FROM pipeline_steps s
@@ -892,14 +903,30 @@ async fn harmed(
                  FROM untouched u
              )
              SELECT (SELECT count(*) FROM judged), (SELECT count(*) FROM judged WHERE harmed),
-                    coalesce((SELECT array_agg(e) FROM (SELECT id::text || ' ' || status || ': ' || coalesce(steps, '') AS e
+                    coalesce((SELECT array_agg(e) FROM (SELECT id::text || ' ' || status || ' (' || life || '): ' || coalesce(steps, '') AS e
                                                         FROM judged WHERE harmed LIMIT 5) x), '{}')",
-            &[&starts, &ends, &held_users, &held_from, &held_to, &poisoned],
+            &[&starts, &ends, &held_users, &held_from, &held_to, &poisoned, &since],
         )
         .await
         .unwrap();
     let row = &rows[0];
-    (row.get(0), row.get(1), row.get(2))
+    let mut examples: Vec<String> = row.get(2);
+    let texts: Vec<String> = logs
+        .iter()
+        .map(|l| strip_ansi(&std::fs::read_to_string(l).unwrap_or_default()))
+        .collect();
+    for e in &mut examples {
+        let id = e.split(' ').next().unwrap_or_default().to_owned();
+        for (i, text) in texts.iter().enumerate() {
+            // The request's own lines, and any heartbeat trouble of the run.
+            let named = text.lines().filter(|l| l.contains(&id)).take(6);
+            let heartbeat = text.lines().filter(|l| l.contains("heartbeat")).take(4);
+            for line in named.chain(heartbeat) {
+                let _ = write!(e, "\n    daemon log {i}: {line}");
+            }
+        }
+    }
+    (row.get(0), row.get(1), examples)
 }
 
 async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
@@ -1101,6 +1128,7 @@ async fn run(args: Args) -> bool {
         url: url.clone(),
         provider_url: fake.openai_base_url(),
         slots: Vec::new(),
+        logs: Vec::new(),
         unexpected_exits: Vec::new(),
     };
     // The first one migrates alone; then the others.
@@ -1124,6 +1152,7 @@ async fn run(args: Args) -> bool {
         args.seconds, args.rate, cluster.port
     );
     let started = Instant::now();
+    let started_at = Utc::now();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut load = JoinSet::new();
     let sql_loaders = 3;
@@ -1175,7 +1204,15 @@ async fn run(args: Args) -> bool {
     let acked = shared.acked.lock().unwrap().clone();
     let (streams, stream_details) = judge_streams(&checker, &shared, &reply, Duration::from_secs(30)).await;
     let mut v = check(&checker, &acked, &injector.log).await;
-    let (untouched, harmed_n, examples) = harmed(&checker, &injector.log, &injector.poisoned, &injector.held).await;
+    let (untouched, harmed_n, examples) = harmed(
+        &checker,
+        &injector.log,
+        &injector.poisoned,
+        &injector.held,
+        started_at,
+        &injector.daemons.logs,
+    )
+    .await;
     v.untouched = untouched;
     v.harmed = harmed_n;
     if harmed_n > 0 {
