@@ -1,5 +1,6 @@
 //! The process and its host: the open-file limit `maasd` and the
-//! benchmarks raise at start-up, and the worker id a process claims under.
+//! benchmarks raise at start-up, the worker id a process claims under, and
+//! how CPU-bound work runs beside the runtime's tasks.
 
 use nix::sys::resource::{Resource, getrlimit, rlim_t, setrlimit};
 
@@ -39,6 +40,18 @@ pub fn worker_id() -> String {
         .unwrap_or_else(|| "host".into());
     let suffix: u32 = rand::random();
     format!("{host}:{}:{:08x}", std::process::id(), suffix)
+}
+
+/// Runs CPU-bound `f` (counting the tokens of long texts, say) without
+/// holding up the runtime's other tasks: on a multi-threaded runtime, as
+/// `maasd`'s, this worker first hands its queued tasks (a heartbeat that
+/// renews leases, a stage's timers) to another thread. On a current-thread
+/// runtime (`maasctl`) or outside one, `f` just runs.
+pub fn cpu_bound<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 #[cfg(test)]

@@ -217,7 +217,7 @@ impl Archivist {
                 self.acfg().batch_logs,
             )
             .await?;
-            let chunks = plan_chunks(&logs, &self.counter, self.acfg().chunk_tokens).len();
+            let chunks = crate::sys::cpu_bound(|| plan_chunks(&logs, &self.counter, self.acfg().chunk_tokens)).len();
             let mut r = UserReport::new(user, UserOutcome::Planned);
             r.logs = mark.pending;
             r.records = i64::try_from(chunks).unwrap_or(i64::MAX);
@@ -411,7 +411,7 @@ impl Archivist {
     /// The records of one batch: one per chunk, in order.
     async fn summarise(&self, prompt: &str, logs: &[PendingLog]) -> Result<Vec<NewRecord>, Failure> {
         let mut queue: VecDeque<Vec<ChunkMessage<'_>>> =
-            plan_chunks(logs, &self.counter, self.acfg().chunk_tokens).into();
+            crate::sys::cpu_bound(|| plan_chunks(logs, &self.counter, self.acfg().chunk_tokens)).into();
         let mut records = Vec::new();
         let mut invalid = 0u32;
         while let Some(chunk) = queue.pop_front() {

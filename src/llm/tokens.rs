@@ -53,25 +53,52 @@ impl TokenCounter {
         }
     }
 
-    /// The longest prefix of `text` (on a char boundary) within `max` tokens.
+    /// A prefix of `text` (on a char boundary) within `max` tokens: the
+    /// longest one, except that no more than 16 bytes (`CUT_BYTES_PER_TOKEN`)
+    /// per token of the budget are kept. The work is bounded by the budget,
+    /// not by the text: a text of a million characters that is one
+    /// pre-tokenizer piece costs as much as one of the budget's size.
     pub fn truncate<'a>(&self, text: &'a str, max: usize) -> &'a str {
-        if self.count(text) <= max {
+        let text = prefix(text, max.saturating_mul(CUT_BYTES_PER_TOKEN));
+        let Some(bpe) = self.bpe else {
+            return prefix(text, max.saturating_mul(3));
+        };
+        let tokens = bpe.encode_ordinary(text);
+        if tokens.len() <= max {
             return text;
         }
-        // Binary search over char boundaries: counting is monotone in length.
-        let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).chain([text.len()]).collect();
-        let (mut lo, mut hi) = (0usize, bounds.len() - 1);
-        while lo < hi {
-            let mid = (lo + hi).div_ceil(2);
-            if self.count(&text[..bounds[mid]]) <= max {
-                lo = mid;
-            } else {
-                hi = mid - 1;
+        // The bytes of the first `keep` tokens. A piece cut short may encode
+        // to more tokens than it had inside the whole text, so check and
+        // keep fewer until the cut fits.
+        let mut keep = max;
+        loop {
+            let bytes = bpe.decode_bytes(&tokens[..keep]).map_or(0, |b| b.len());
+            let cut = prefix(text, bytes);
+            let n = self.count(cut);
+            if n <= max || keep == 0 {
+                return cut;
             }
+            keep = keep.saturating_sub(n - max);
         }
-        &text[..bounds[lo]]
     }
 }
+
+/// The longest prefix of `text` of at most `bytes` bytes that ends on a
+/// char boundary.
+fn prefix(text: &str, bytes: usize) -> &str {
+    let mut end = bytes.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The most bytes of text a token of a budget is taken to cover when a
+/// text is cut ([`TokenCounter::truncate`]). Ordinary text averages about
+/// four bytes per token in English and two to six in other scripts; only
+/// long runs of one character or of whitespace pack more, and those are
+/// cut a little shorter than their budget.
+const CUT_BYTES_PER_TOKEN: usize = 16;
 
 #[cfg(test)]
 mod tests {
@@ -114,6 +141,37 @@ mod tests {
             assert!(cut.len() < text.len());
             assert!(text.starts_with(cut));
             assert_eq!(c.truncate("short", 20), "short");
+        }
+    }
+
+    #[test]
+    fn ordinary_text_is_cut_at_its_budget() {
+        for c in [TokenCounter::estimate(), TokenCounter::for_model("gpt-4o")] {
+            for text in [
+                "The archivist keeps what the user said, week by week. ".repeat(400),
+                "Архивист хранит то, что сказал пользователь, по неделям. ".repeat(400),
+            ] {
+                let cut = c.truncate(&text, 1000);
+                let n = c.count(cut);
+                assert!((990..=1000).contains(&n), "{c:?}: {n} tokens kept of a budget of 1000");
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_single_piece_is_cut_within_its_budget() {
+        // One pre-tokenizer piece of a million characters (a poisoned
+        // reply): cut to at most the budget's bytes per token, then to
+        // the budget.
+        let text = "h".repeat(1_000_000);
+        for c in [TokenCounter::estimate(), TokenCounter::for_model("gpt-4o")] {
+            let cut = c.truncate(&text, 6000);
+            assert!(c.count(cut) <= 6000, "{c:?}");
+            assert!(
+                !cut.is_empty() && cut.len() <= 6000 * CUT_BYTES_PER_TOKEN,
+                "{c:?}: {} bytes",
+                cut.len()
+            );
         }
     }
 }

@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::api::Api;
-use crate::support::daemon::Maasd;
+use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, apply_migration, by_name, rows, value};
 use crate::support::fake_llm::{FakeConfig, FakeLlm, Reply};
 use crate::support::{GENEROUS, count, summary, wait_until};
@@ -606,4 +606,73 @@ async fn an_archivist_reply_with_nul_and_huge_tags_is_stored_sanitised() {
     assert_eq!(summary, "summary");
     assert_eq!(tags[0], "tag");
     assert_eq!(tags[1].chars().count(), 200);
+}
+
+/// Cutting a logged text of a million characters to the archivist's budget
+/// holds up nothing else in the daemon. The daemon runs on one runtime
+/// thread with a 3 s lease. The newcomer's first archive run plans that
+/// text while the daemon's requests wait 4 s for their model, and a
+/// second daemon sweeps expired leases. Every request still completes on
+/// its first attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archiving_a_huge_turn_holds_up_no_lease() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let fake = FakeLlm::start_with(FakeConfig {
+        default_text: analysis(json!(["fine"])),
+        default_latency: Some(Duration::from_secs(4)),
+        ..FakeConfig::default()
+    })
+    .await;
+    let huge = Uuid::new_v4();
+    c.execute(
+        "INSERT INTO raw_logs (user_id, message_type, content, created_at)
+         VALUES ($1, 'user_query', repeat('h', 1000000), now() - interval '1 minute')",
+        &[&huge],
+    )
+    .await
+    .unwrap();
+    let opts = || {
+        Opts {
+            lease_secs: 3,
+            sweep_secs: 1,
+            ..Opts::default()
+        }
+        .env("MAAS_LLM_PROVIDER", "openai")
+        .env("OPENAI_BASE_URL", fake.openai_base_url())
+        .env("OPENAI_API_KEY", KEY)
+    };
+    let _archiving = Maasd::spawn(
+        &db.url,
+        opts()
+            .env("TOKIO_WORKER_THREADS", "1")
+            // A model tiktoken knows: its tokens are counted by the real BPE.
+            .env("MAAS_LLM__ARCHIVIST__MODEL", "gpt-4o")
+            .env("MAAS_ARCHIVIST__MIN_PENDING", "1")
+            .env("MAAS_ARCHIVIST__FIRST_RUN_POLL_SECS", "1"),
+    );
+    let ids = innocents(&c, 6, "beside a huge turn").await;
+    wait_until(GENEROUS, "the first daemon holds every request", || async {
+        value::<i64>(
+            &c,
+            "SELECT count(*) FROM pipeline_runs WHERE id = ANY($1) AND status = 'ANALYZING'",
+            &[&ids],
+        )
+        .await
+            == 6
+    })
+    .await;
+    let _sweeping = Maasd::spawn(&db.url, opts().env("MAAS_ARCHIVIST__ENABLED", "false"));
+    wait_until(GENEROUS, "the huge turn's archive run ends", || async {
+        value::<i64>(
+            &c,
+            "SELECT count(*) FROM archive_runs WHERE only_user = $1 AND finished_at IS NOT NULL",
+            &[&huge],
+        )
+        .await
+            > 0
+    })
+    .await;
+    wait_terminal(&c, &ids).await;
+    assert_eq!(harmed(&c, &ids).await, Vec::<String>::new(), "{}", summary(&c).await);
 }
