@@ -1,4 +1,4 @@
-//! `maasctl tenants add|list|set|grant|roles` and `maasctl tokens
+//! `maasctl tenants add|list|set|grant|revoke|roles` and `maasctl tokens
 //! create|list|rotate|revoke`.
 //!
 //! Guarantees:
@@ -8,6 +8,10 @@
 //!   may UPDATE `pipeline_runs` is refused: it is trusted to name any
 //!   tenant. `add --role` adds the tenant and maps its roles in one
 //!   transaction.
+//! - `tenants revoke` removes a role's mapping only once the role can no
+//!   longer insert or read (its grants revoked, or the role dropped):
+//!   unmapped, it would insert for and read the default tenant. All the
+//!   roles named, or none.
 //! - A token is 32 random bytes, hex, after the prefix `maas_`; only its
 //!   SHA-256 is stored. `create` and `rotate` print it once; nothing prints
 //!   it again.
@@ -61,6 +65,13 @@ pub enum TenantsCommand {
         /// The tenant (`default` for the default tenant).
         name: String,
         /// A database role (repeatable); one mapped before is moved.
+        #[arg(long = "role", value_name = "ROLE", required = true)]
+        roles: Vec<String>,
+    },
+    /// Remove database roles' mapping to their tenant, once their
+    /// INSERT and SELECT grants are revoked or the role is dropped.
+    Revoke {
+        /// A database role (repeatable).
         #[arg(long = "role", value_name = "ROLE", required = true)]
         roles: Vec<String>,
     },
@@ -224,6 +235,46 @@ async fn grant(cfg: &Config, name: &str, roles: &[String], actor: &str, json: bo
     Ok(Outcome::Ok)
 }
 
+/// `tenants revoke`: removes the mapping of every one of `roles`, or of
+/// none (the first that cannot be removed is an error naming why).
+async fn revoke(cfg: &Config, roles: &[String], actor: &str, json: bool) -> Result<Outcome, CliError> {
+    let mut client = connect(cfg).await?;
+    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
+    let mut was = Vec::with_capacity(roles.len());
+    for role in roles {
+        let r = tenants::revoke_role(&tx, role, actor).await?;
+        match r.tenant {
+            Some(tenant) if r.revoked => was.push(tenant),
+            Some(tenant) => {
+                return Err(CliError::Usage(format!(
+                    "role {role:?} (tenant {tenant}): it still holds INSERT on pipeline_runs or raw_logs or \
+                     SELECT on maas_my_requests, and with no mapping it would insert for and read the default \
+                     tenant; REVOKE those or DROP ROLE it first (docs/deploying.md, Producer roles)"
+                )));
+            }
+            None => {
+                return Err(CliError::Usage(format!(
+                    "role {role:?}: not mapped to a tenant (maasctl tenants roles)"
+                )));
+            }
+        }
+    }
+    tx.commit().await.map_err(crate::db::Error::from)?;
+    if json {
+        let revoked: Vec<_> = roles
+            .iter()
+            .zip(&was)
+            .map(|(role, tenant)| serde_json::json!({ "role": role, "tenant": tenant }))
+            .collect();
+        println!("{}", serde_json::json!({ "revoked": revoked }));
+    } else {
+        for (role, tenant) in roles.iter().zip(&was) {
+            println!("role {role} no longer inserts for tenant {tenant}");
+        }
+    }
+    Ok(Outcome::Ok)
+}
+
 /// `tenants roles`: every mapped role.
 async fn list_roles(cfg: &Config, json: bool) -> Result<Outcome, CliError> {
     let client = connect(cfg).await?;
@@ -293,6 +344,7 @@ pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool)
             add_tenant(cfg, new, actor).await?
         }
         TenantsCommand::Grant { name, roles } => return grant(cfg, &name, &roles, actor, json).await,
+        TenantsCommand::Revoke { roles } => return revoke(cfg, &roles, actor, json).await,
         TenantsCommand::Roles => return list_roles(cfg, json).await,
         TenantsCommand::List => {
             let all = tenants::list(&connect(cfg).await?).await?;

@@ -92,6 +92,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     29 => "0029_common_lexemes.sql",
     30 => "0030_steps_keyed_by_run.sql",
     31 => "0031_event_payloads.sql",
+    32 => "0032_tenant_revoke.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

@@ -12,7 +12,9 @@
 //! - Which tenant a database role's INSERTs belong to is a row of
 //!   `tenant_roles` ([`grant_role`]); the triggers apply it
 //!   (triggers/0006_assign_tenant.sql). A role that may UPDATE
-//!   `pipeline_runs` is never mapped: it is trusted to name any tenant.
+//!   `pipeline_runs` is never mapped: it is trusted to name any tenant. A
+//!   mapping is removed ([`revoke_role`]) only from a role that can no
+//!   longer insert or read: unmapped, it would be the default tenant's.
 //! - [`lock_limits`] locks the tenant's row (`FOR UPDATE`) in a statement
 //!   of its own before [`limit_counts`] counts: submissions of one limited
 //!   tenant from any number of daemons are counted one after the other when
@@ -51,6 +53,7 @@ super::statements! {
     LIMIT_COUNTS = "tenants_limit_counts",
     NAMES = "tenants_names",
     GRANT_ROLE = "tenants_grant",
+    REVOKE_ROLE = "tenants_revoke",
     ROLES = "tenants_roles",
 }
 
@@ -244,6 +247,26 @@ pub async fn grant_role(
     actor: &str,
 ) -> Result<RoleGrant, Error> {
     super::query_one_as(client, GRANT_ROLE, &[&tenant, &role, &actor]).await
+}
+
+super::row_struct! {
+    /// What [`revoke_role`] found and did.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct RoleRevoke {
+        /// The tenant the role was mapped to (none: it was not mapped).
+        pub tenant: Option<String>,
+        /// The role still holds INSERT on `pipeline_runs` or `raw_logs` or
+        /// SELECT on `maas_my_requests` (so its mapping was kept).
+        pub still_producing: bool,
+        pub revoked: bool,
+    }
+}
+
+/// Removes database role `role`'s mapping to a tenant, recorded as
+/// `actor`'s action; the result says whether it was removed and, if not,
+/// why.
+pub async fn revoke_role(client: &impl GenericClient, role: &str, actor: &str) -> Result<RoleRevoke, Error> {
+    super::query_one_as(client, REVOKE_ROLE, &[&role, &actor]).await
 }
 
 super::row_struct! {

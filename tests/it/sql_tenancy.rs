@@ -299,3 +299,43 @@ async fn tenants_grant_maps_producer_roles_only() {
     let out = maasctl_ok(&db, &["tenants", "grant", "default", "--role", PLAIN_ROLE]).await;
     assert!(out.contains(PLAIN_ROLE), "{out}");
 }
+
+/// `maasctl tenants revoke` removes a mapping only from a role that can no
+/// longer insert or read: unmapped, it would be the default tenant's. Once
+/// its grants are revoked the mapping goes, with its audit row, and the
+/// role is no longer listed; a role mapped to nothing is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_revoke_unmaps_a_role_only_once_it_cannot_insert() {
+    let db = TestDb::new().await;
+    let Some((admin, _shop, _plain, _)) = producers(&db).await else {
+        return;
+    };
+    let (code, out, err) = maasctl_async(&db.url, &["tenants", "revoke", "--role", SHOP_ROLE], NO_ENV).await;
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(err.contains(SHOP_ROLE) && err.contains("REVOKE"), "{err}");
+    assert!(maasctl_ok(&db, &["tenants", "roles"]).await.contains(SHOP_ROLE));
+
+    admin
+        .batch_execute(&format!(
+            "REVOKE INSERT ON pipeline_runs, raw_logs FROM {SHOP_ROLE};
+             REVOKE SELECT ON maas_my_requests FROM {SHOP_ROLE};"
+        ))
+        .await
+        .unwrap();
+    let out = maasctl_ok(&db, &["tenants", "revoke", "--role", SHOP_ROLE]).await;
+    assert!(out.contains(SHOP_ROLE) && out.contains("shop"), "{out}");
+    assert!(!maasctl_ok(&db, &["tenants", "roles"]).await.contains(SHOP_ROLE));
+    let audit: Vec<String> = column(
+        &admin,
+        "SELECT detail->>'tenant' FROM operator_actions WHERE action = 'tenant_revoke' AND detail->>'role' = $1",
+        &[&SHOP_ROLE],
+    )
+    .await;
+    assert_eq!(audit, vec!["shop".to_owned()]);
+
+    for role in [SHOP_ROLE, PLAIN_ROLE] {
+        let (code, out, err) = maasctl_async(&db.url, &["tenants", "revoke", "--role", role], NO_ENV).await;
+        assert_ne!(code, 0, "{out}{err}");
+        assert!(err.contains(role) && err.contains("not mapped"), "{err}");
+    }
+}
