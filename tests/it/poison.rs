@@ -352,18 +352,24 @@ fn analysis(keywords: serde_json::Value) -> String {
     .to_string()
 }
 
+/// A provider whose every reply is an analysis with the keyword `fine`,
+/// after `latency`.
+async fn fine_after(latency: Duration) -> FakeLlm {
+    FakeLlm::start_with(FakeConfig {
+        default_text: analysis(json!(["fine"])),
+        default_latency: Some(latency),
+        ..FakeConfig::default()
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_reply_harms_only_its_own_request() {
     let db = TestDb::new().await;
     let c = db.client().await;
     // Every reply takes a moment, so the requests of one INSERT finish
     // together and their results share batches.
-    let fake = FakeLlm::start_with(FakeConfig {
-        default_text: analysis(json!(["fine"])),
-        default_latency: Some(Duration::from_millis(300)),
-        ..FakeConfig::default()
-    })
-    .await;
+    let fake = fine_after(Duration::from_millis(300)).await;
     poison_the_replies(&fake);
     let api = Api::start(
         &db,
@@ -618,12 +624,7 @@ async fn an_archivist_reply_with_nul_and_huge_tags_is_stored_sanitised() {
 async fn archiving_a_huge_turn_holds_up_no_lease() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let fake = FakeLlm::start_with(FakeConfig {
-        default_text: analysis(json!(["fine"])),
-        default_latency: Some(Duration::from_secs(4)),
-        ..FakeConfig::default()
-    })
-    .await;
+    let fake = fine_after(Duration::from_secs(4)).await;
     let huge = Uuid::new_v4();
     c.execute(
         "INSERT INTO raw_logs (user_id, message_type, content, created_at)

@@ -55,6 +55,14 @@ async fn maasctl_ok(db: &TestDb, args: &[&str]) -> String {
     out
 }
 
+/// `maasctl` against the test database; asserts it failed and returns
+/// what it said on stderr.
+async fn maasctl_refused(db: &TestDb, args: &[&str]) -> String {
+    let (code, out, err) = maasctl_async(&db.url, args, NO_ENV).await;
+    assert_ne!(code, 0, "maasctl {args:?} succeeded: {out}{err}");
+    err
+}
+
 /// Tenant `shop` with `SHOP_ROLE` mapped to it by `maasctl tenants add
 /// --role`, and `PLAIN_ROLE` mapped to none; (admin, shop, plain, shop's id).
 async fn producers(db: &TestDb) -> Option<(Client, Client, Client, Uuid)> {
@@ -290,8 +298,7 @@ async fn tenants_grant_maps_producer_roles_only() {
         ("postgres", "UPDATE pipeline_runs"),
         ("maas_no_such_role", "no such database role"),
     ] {
-        let (code, out, err) = maasctl_async(&db.url, &["tenants", "grant", "shop", "--role", role], NO_ENV).await;
-        assert_ne!(code, 0, "{out}{err}");
+        let err = maasctl_refused(&db, &["tenants", "grant", "shop", "--role", role]).await;
         assert!(err.contains(why), "{err}");
     }
     let listed = maasctl_ok(&db, &["tenants", "roles"]).await;
@@ -310,8 +317,7 @@ async fn tenants_revoke_unmaps_a_role_only_once_it_cannot_insert() {
     let Some((admin, _shop, _plain, _)) = producers(&db).await else {
         return;
     };
-    let (code, out, err) = maasctl_async(&db.url, &["tenants", "revoke", "--role", SHOP_ROLE], NO_ENV).await;
-    assert_ne!(code, 0, "{out}{err}");
+    let err = maasctl_refused(&db, &["tenants", "revoke", "--role", SHOP_ROLE]).await;
     assert!(err.contains(SHOP_ROLE) && err.contains("REVOKE"), "{err}");
     assert!(maasctl_ok(&db, &["tenants", "roles"]).await.contains(SHOP_ROLE));
 
@@ -334,8 +340,7 @@ async fn tenants_revoke_unmaps_a_role_only_once_it_cannot_insert() {
     assert_eq!(audit, vec!["shop".to_owned()]);
 
     for role in [SHOP_ROLE, PLAIN_ROLE] {
-        let (code, out, err) = maasctl_async(&db.url, &["tenants", "revoke", "--role", role], NO_ENV).await;
-        assert_ne!(code, 0, "{out}{err}");
+        let err = maasctl_refused(&db, &["tenants", "revoke", "--role", role]).await;
         assert!(err.contains(role) && err.contains("not mapped"), "{err}");
     }
 }
