@@ -238,10 +238,13 @@ async fn grant(cfg: &Config, name: &str, roles: &[String], actor: &str, json: bo
 /// `tenants revoke`: removes the mapping of every one of `roles`, or of
 /// none (the first that cannot be removed is an error naming why).
 async fn revoke(cfg: &Config, roles: &[String], actor: &str, json: bool) -> Result<Outcome, CliError> {
+    // A role named twice is revoked once.
+    let mut seen = std::collections::HashSet::new();
+    let roles: Vec<&String> = roles.iter().filter(|r| seen.insert(r.as_str())).collect();
     let mut client = connect(cfg).await?;
     let tx = client.transaction().await.map_err(crate::db::Error::from)?;
     let mut was = Vec::with_capacity(roles.len());
-    for role in roles {
+    for role in &roles {
         let r = tenants::revoke_role(&tx, role, actor).await?;
         match r.tenant {
             Some(tenant) if r.revoked => was.push(tenant),

@@ -328,7 +328,8 @@ async fn tenants_revoke_unmaps_a_role_only_once_it_cannot_insert() {
         ))
         .await
         .unwrap();
-    let out = maasctl_ok(&db, &["tenants", "revoke", "--role", SHOP_ROLE]).await;
+    // Named twice, revoked once.
+    let out = maasctl_ok(&db, &["tenants", "revoke", "--role", SHOP_ROLE, "--role", SHOP_ROLE]).await;
     assert!(out.contains(SHOP_ROLE) && out.contains("shop"), "{out}");
     assert!(!maasctl_ok(&db, &["tenants", "roles"]).await.contains(SHOP_ROLE));
     let audit: Vec<String> = column(
