@@ -12,6 +12,7 @@
 //!
 //! - **request** — one user query and everything done for it: a row of
 //!   `pipeline_runs` (the table keeps the seed's name), [`repo::requests`].
+//!   Its id is a time-ordered UUID (version 7, `maas_uuid7()`).
 //!   Older outside names (`/api/query`, `maas_runs_*` series) stay for
 //!   their callers.
 //! - **stage** — one step of a request: `analyze`, `assemble`, `respond`

@@ -93,6 +93,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     30 => "0030_steps_keyed_by_run.sql",
     31 => "0031_event_payloads.sql",
     32 => "0032_tenant_revoke.sql",
+    33 => "0033_time_ordered_request_ids.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

@@ -30,6 +30,53 @@ async fn a_plain_insert_is_all_another_application_needs() {
     assert_eq!(logged, 1);
 }
 
+/// The first 48 bits of a version-7 UUID: Unix time in milliseconds.
+fn uuid7_millis(id: Uuid) -> i64 {
+    id.as_bytes()[..6].iter().fold(0i64, |ms, b| (ms << 8) | i64::from(*b))
+}
+
+#[tokio::test]
+async fn a_request_id_is_ordered_by_when_it_was_inserted() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let clock = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8";
+    let before: i64 = value(&c, clock, &[]).await;
+    // One statement of many rows, as a bulk producer writes them.
+    let rows = c
+        .query(
+            "INSERT INTO pipeline_runs (user_id, user_query)
+             SELECT gen_random_uuid(), 'question ' || g FROM generate_series(1, 2000) g
+             RETURNING id, user_query",
+            &[],
+        )
+        .await
+        .unwrap();
+    let after: i64 = value(&c, clock, &[]).await;
+    let mut ids: Vec<(i64, Uuid)> = rows
+        .iter()
+        .map(|r| {
+            let q: String = r.get("user_query");
+            (q["question ".len()..].parse().unwrap(), r.get("id"))
+        })
+        .collect();
+    ids.sort();
+    for (_, id) in &ids {
+        assert_eq!(id.get_version_num(), 7, "{id} is not a version-7 UUID");
+        assert_eq!(id.as_bytes()[8] >> 6, 0b10, "{id} has not the RFC variant");
+        let ms = uuid7_millis(*id);
+        assert!(
+            (before..=after).contains(&ms),
+            "{id} names {ms} ms, inserted between {before} and {after}"
+        );
+    }
+    assert!(
+        ids.windows(2).all(|w| uuid7_millis(w[0].1) <= uuid7_millis(w[1].1)),
+        "a later row of the statement got an earlier time"
+    );
+    let distinct: std::collections::HashSet<Uuid> = ids.iter().map(|(_, id)| *id).collect();
+    assert_eq!(distinct.len(), ids.len(), "two rows got the same id");
+}
+
 #[tokio::test]
 async fn the_database_refuses_bad_rows() {
     let db = TestDb::new().await;
