@@ -38,7 +38,7 @@
 -- logged when the request was inserted), so that a newcomer's analysis can
 -- ask for the search over turns before any archive run.
 WITH picked AS (
-    SELECT id, greatest(updated_at, run_after) AS due_since
+    SELECT id, ctid AS at, greatest(updated_at, run_after) AS due_since
     FROM pipeline_runs
     WHERE status = {ready} AND run_after <= now() AND NOT held
       AND NOT EXISTS (SELECT 1 FROM maas_control WHERE paused)
@@ -59,7 +59,14 @@ claimed AS (
                                  4611686018427387904),
         updated_at       = now()
     FROM picked
-    WHERE r.id = picked.id
+    -- By the row version just locked, not by id: a TID scan per row,
+    -- whatever the statistics say. Joined by id, the planner took a hash
+    -- join over a sequential scan of the whole table whenever 128 index
+    -- probes looked dearer than reading it (tables up to some 30,000 rows
+    -- for a batch of 128, ten times that for a batch of 1,024). The row is
+    -- locked, so its version cannot move before the update; `id` is checked
+    -- as well.
+    WHERE r.ctid = picked.at AND r.id = picked.id
     RETURNING r.id, r.user_id, r.thread_id, r.user_query, r.attempt, r.lease_token,
               r.analysis_result, r.final_context_payload, r.debug, r.tenant_id, r.stream, now() AS claimed_at,
               (extract(epoch FROM (now() - picked.due_since)) * 1000)::float8 AS due_for_ms

@@ -66,8 +66,18 @@
 -- ANALYZED, ASSEMBLING, READY and RESPONDING announced before COMPLETED.
 -- Same conditions as the fused assemble (not debug, not paused: the
 -- answer is then dropped with the context).
-WITH input AS (
-    SELECT t.*,
+-- How the batch finds its rows: by primary key, whatever the statistics
+-- say. `input` is materialised, the lease owner is one of its columns, and
+-- the rows are also named by `id = ANY($1)`. Joined to the unnested arrays
+-- directly, with `lease_owner = $19` as a filter on the table, the planner
+-- trusted statistics gathered while no lease was held (an owner is then
+-- never there, one row expected), scanned the whole table and unnested the
+-- thirty arrays again for every in-flight row it found: 0.4 s for a batch of
+-- 128 among 1,000 leased rows of 20,000, against 0.02 s by key. Custom plans
+-- (each connection's first five executions, every execution through a
+-- transaction pooler) met this; the generic plan did not.
+WITH input AS MATERIALIZED (
+    SELECT t.*, $19::text AS owner,
            CASE WHEN t.outcome = 'succeeded' AND NOT paused.on THEN t.chain_to END AS chain,
            (t.stage = 'analyze' AND t.outcome = 'succeeded' AND t.fused_in AND NOT paused.on) AS fused,
            (t.stage = 'analyze' AND t.outcome = 'succeeded' AND t.fused_in AND NOT paused.on
@@ -122,7 +132,8 @@ done AS (
                                       4611686018427387904),
         updated_at            = now()
     FROM input i
-    WHERE r.id = i.id AND r.lease_token = i.token AND r.status = i.in_flight AND r.lease_owner = $19
+    WHERE r.id = ANY($1::uuid[])
+      AND r.id = i.id AND r.lease_token = i.token AND r.status = i.in_flight AND r.lease_owner = i.owner
     RETURNING r.id, r.user_id, r.thread_id, r.status, r.user_query, r.attempt, r.lease_token,
               r.analysis_result, r.final_context_payload, r.debug, r.created_at, r.tenant_id, r.stream,
               r.lease_owner IS NOT NULL AS chained, (i.fused AND NOT r.debug) AS fused,
