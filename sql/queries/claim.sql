@@ -65,7 +65,9 @@ claimed AS (
     -- probes looked dearer than reading it (tables up to some 30,000 rows
     -- for a batch of 128, ten times that for a batch of 1,024). The row is
     -- locked, so its version cannot move before the update; `id` is checked
-    -- as well.
+    -- as well. A row changed by another transaction after this statement
+    -- began is locked in its newer version, which the update cannot see: it
+    -- is left as it is, for the next claim.
     WHERE r.ctid = picked.at AND r.id = picked.id
     RETURNING r.id, r.user_id, r.thread_id, r.user_query, r.attempt, r.lease_token,
               r.analysis_result, r.final_context_payload, r.debug, r.tenant_id, r.stream, now() AS claimed_at,
