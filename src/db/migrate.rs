@@ -94,6 +94,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     31 => "0031_event_payloads.sql",
     32 => "0032_tenant_revoke.sql",
     33 => "0033_time_ordered_request_ids.sql",
+    34 => "0034_request_bounds_where_written.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![
@@ -103,6 +104,7 @@ pub const TRIGGERS: &[TriggerFile] = trigger_files![
     "0004_track_raw_logs.sql" => ["raw_logs_track"],
     "0005_delete_run_steps.sql" => ["pipeline_runs_delete_steps"],
     "0006_assign_tenant.sql" => ["pipeline_runs_assign_tenant", "raw_logs_assign_tenant"],
+    "0007_request_bounds.sql" => ["pipeline_runs_producer_bounds"],
 ];
 
 /// What a migration run did.

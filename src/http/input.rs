@@ -32,7 +32,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 
 /// Longest query accepted, in characters (the `pipeline_runs_query_size`
-/// constraint).
+/// bound, `triggers/0007_request_bounds.sql`).
 pub const MAX_QUERY_CHARS: usize = 100_000;
 /// Most characters of a refused value repeated in the error message.
 pub const ECHO_CHARS: usize = 64;

@@ -475,6 +475,119 @@ async fn the_lazy_commit_of_a_claim_stays_inside_its_transaction() {
     assert_eq!(after, "on", "the claim changed the session's setting");
 }
 
+/// The bounds of what only a producer writes (query, callback address,
+/// metadata) are checked by a trigger where those columns are written: on
+/// every INSERT and on an UPDATE that sets one of them, with the refusal a
+/// constraint gave (SQLSTATE, constraint, table) and the column. The
+/// daemon's claim and finish do not set them, and do not call the check.
+#[tokio::test]
+async fn a_requests_producer_bounds_are_checked_where_they_are_written() {
+    let (_db, _pool, mut client, c) = daemon_setup().await;
+    let calls = "SELECT pg_stat_get_xact_function_calls('check_request_bounds'::regproc)";
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL track_functions = 'pl'").await.unwrap();
+    let id: Uuid = tx
+        .query_one(
+            "INSERT INTO pipeline_runs (user_id, user_query, metadata) VALUES (gen_random_uuid(), 'q', '{\"a\": 1}') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let after_insert: Option<i64> = tx.query_one(calls, &[]).await.unwrap().get(0);
+    let claimed = claim_analyze(&tx, 10, "w").await;
+    assert_eq!(claimed.len(), 1);
+    let applied = repo::finish_batch(&tx, "w", &[analyzed(&claimed[0])], |_| None, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(applied.len(), 1);
+    let after_engine: Option<i64> = tx.query_one(calls, &[]).await.unwrap().get(0);
+    tx.commit().await.unwrap();
+    assert_eq!(after_insert, Some(1), "the INSERT checks its row once");
+    assert_eq!(
+        after_engine,
+        Some(1),
+        "the claim or the finish called the producer's check"
+    );
+
+    // (statement, parameter, constraint, column)
+    let huge_query = "я".repeat(100_001);
+    let huge_metadata = format!("{{\"a\": \"{}\"}}", "x".repeat(16_400));
+    let refused = [
+        (
+            "UPDATE pipeline_runs SET user_query = $2 WHERE id = $1",
+            "   ".to_owned(),
+            "pipeline_runs_query_not_empty",
+            "user_query",
+        ),
+        (
+            "UPDATE pipeline_runs SET user_query = $2 WHERE id = $1",
+            huge_query,
+            "pipeline_runs_query_size",
+            "user_query",
+        ),
+        (
+            "UPDATE pipeline_runs SET callback_url = $2 WHERE id = $1",
+            "ftp://example.org/x".to_owned(),
+            "pipeline_runs_callback_url_valid",
+            "callback_url",
+        ),
+        (
+            "UPDATE pipeline_runs SET metadata = $2::text::jsonb WHERE id = $1",
+            "[1, 2]".to_owned(),
+            "pipeline_runs_metadata_object",
+            "metadata",
+        ),
+        (
+            "UPDATE pipeline_runs SET metadata = $2::text::jsonb WHERE id = $1",
+            huge_metadata.clone(),
+            "pipeline_runs_metadata_size",
+            "metadata",
+        ),
+        (
+            "INSERT INTO pipeline_runs (user_id, user_query, metadata) VALUES ($1, 'q', $2::text::jsonb)",
+            huge_metadata,
+            "pipeline_runs_metadata_size",
+            "metadata",
+        ),
+        (
+            "INSERT INTO pipeline_runs (user_id, user_query, callback_url) VALUES ($1, 'q', $2)",
+            "https://example.org/a b".to_owned(),
+            "pipeline_runs_callback_url_valid",
+            "callback_url",
+        ),
+    ];
+    for (sql, value, constraint, col) in refused {
+        let e = c.execute(sql, &[&id, &value]).await.expect_err(sql);
+        let db = e
+            .as_db_error()
+            .unwrap_or_else(|| panic!("{sql}: not a database error: {e}"));
+        assert_eq!(db.code().code(), "23514", "{sql}: {db}");
+        assert_eq!(db.constraint(), Some(constraint), "{sql}: {db}");
+        assert_eq!(db.table(), Some("pipeline_runs"), "{sql}: {db}");
+        assert_eq!(db.column(), Some(col), "{sql}: {db}");
+        assert!(db.message().contains(constraint), "{sql}: {}", db.message());
+    }
+    let row = c
+        .query_one(
+            "SELECT user_query, callback_url, metadata::text FROM pipeline_runs WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "q", "a refused UPDATE changed the query");
+    assert_eq!(row.get::<_, Option<String>>(1), None);
+    assert_eq!(row.get::<_, Option<String>>(2).as_deref(), Some("{\"a\": 1}"));
+    assert_eq!(count(&c, "SELECT count(*) FROM pipeline_runs").await, 1);
+    // Values inside the bounds pass an UPDATE that sets them.
+    c.execute(
+        "UPDATE pipeline_runs SET user_query = 'a new question', callback_url = 'https://example.org/cb', metadata = '{}' WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+}
+
 /// The result of one successful analyze attempt of `row`.
 fn analyzed(row: &repo::Claimed) -> repo::Finished {
     repo::Finished {
