@@ -7,14 +7,16 @@
 -- constraint's name and the table, and besides the column and the size.
 -- Re-applied idempotently.
 
--- Raises the refusal of `bound`, a constraint name as sql/0001_pipeline.sql,
--- sql/0004_ops.sql and sql/0014_metadata_and_run_lease.sql named them.
-CREATE OR REPLACE FUNCTION refuse_request_bound(bound text, col text, detail text) RETURNS void
+-- Raises the refusal of `bound` for a row of `tab` in `sch`; the bounds are
+-- named as sql/0001_pipeline.sql, sql/0004_ops.sql and
+-- sql/0014_metadata_and_run_lease.sql named their constraints.
+CREATE OR REPLACE FUNCTION refuse_request_bound(sch text, tab text, bound text, col text, detail text)
+RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    RAISE EXCEPTION 'new row for relation "pipeline_runs" violates check constraint "%"', bound
-        USING ERRCODE = 'check_violation', CONSTRAINT = bound, TABLE = 'pipeline_runs',
-              SCHEMA = current_schema(), COLUMN = col, DETAIL = detail;
+    RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', tab, bound
+        USING ERRCODE = 'check_violation', CONSTRAINT = bound, TABLE = tab,
+              SCHEMA = sch, COLUMN = col, DETAIL = detail;
 END
 $$;
 
@@ -25,25 +27,25 @@ CREATE OR REPLACE FUNCTION check_request_bounds() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF btrim(NEW.user_query) = '' THEN
-        PERFORM refuse_request_bound('pipeline_runs_query_not_empty', 'user_query',
+        PERFORM refuse_request_bound(TG_TABLE_SCHEMA, TG_TABLE_NAME, 'pipeline_runs_query_not_empty', 'user_query',
                                      'user_query is empty or only white space');
     END IF;
     IF NOT (octet_length(NEW.user_query) <= 100000 OR length(NEW.user_query) <= 100000) THEN
-        PERFORM refuse_request_bound('pipeline_runs_query_size', 'user_query',
+        PERFORM refuse_request_bound(TG_TABLE_SCHEMA, TG_TABLE_NAME, 'pipeline_runs_query_size', 'user_query',
                                      format('user_query has %s characters; at most 100000 are accepted',
                                             length(NEW.user_query)));
     END IF;
     IF NOT (NEW.callback_url ~ '^https?://[^[:space:]]+$' AND length(NEW.callback_url) <= 2048) THEN
-        PERFORM refuse_request_bound('pipeline_runs_callback_url_valid', 'callback_url',
+        PERFORM refuse_request_bound(TG_TABLE_SCHEMA, TG_TABLE_NAME, 'pipeline_runs_callback_url_valid', 'callback_url',
                                      'callback_url must be an http:// or https:// address without white space, '
                                      || 'at most 2048 characters');
     END IF;
     IF jsonb_typeof(NEW.metadata) <> 'object' THEN
-        PERFORM refuse_request_bound('pipeline_runs_metadata_object', 'metadata',
+        PERFORM refuse_request_bound(TG_TABLE_SCHEMA, TG_TABLE_NAME, 'pipeline_runs_metadata_object', 'metadata',
                                      format('metadata is a JSON %s, not an object', jsonb_typeof(NEW.metadata)));
     END IF;
     IF octet_length(NEW.metadata::text) > 16384 THEN
-        PERFORM refuse_request_bound('pipeline_runs_metadata_size', 'metadata',
+        PERFORM refuse_request_bound(TG_TABLE_SCHEMA, TG_TABLE_NAME, 'pipeline_runs_metadata_size', 'metadata',
                                      format('metadata is %s bytes as JSON text; at most 16384 are accepted',
                                             octet_length(NEW.metadata::text)));
     END IF;

@@ -557,6 +557,7 @@ async fn a_requests_producer_bounds_are_checked_where_they_are_written() {
             "callback_url",
         ),
     ];
+    let schema: String = value(&c, "SELECT current_schema()::text", &[]).await;
     for (sql, value, constraint, col) in refused {
         let e = c.execute(sql, &[&id, &value]).await.expect_err(sql);
         let db = e
@@ -565,6 +566,7 @@ async fn a_requests_producer_bounds_are_checked_where_they_are_written() {
         assert_eq!(db.code().code(), "23514", "{sql}: {db}");
         assert_eq!(db.constraint(), Some(constraint), "{sql}: {db}");
         assert_eq!(db.table(), Some("pipeline_runs"), "{sql}: {db}");
+        assert_eq!(db.schema(), Some(schema.as_str()), "{sql}: {db}");
         assert_eq!(db.column(), Some(col), "{sql}: {db}");
         assert!(db.message().contains(constraint), "{sql}: {}", db.message());
     }
