@@ -3,9 +3,9 @@
 -- UPDATE that sets one of them, and on no other statement (the daemon's
 -- claims and finishes never set them; sql/0034_request_bounds_where_written.sql
 -- says why they are not CHECK constraints). A value outside them is
--- refused as the constraints refused it: SQLSTATE 23514 with the
--- constraint's name and the table, and besides the column and the size.
--- Re-applied idempotently.
+-- refused as the constraints refused it (SQLSTATE 23514 with the
+-- constraint's name and the table), and the refusal also names the column
+-- and the size. Re-applied idempotently.
 
 -- Raises the refusal of `bound` for a row of `tab` in `sch`; the bounds are
 -- named as sql/0001_pipeline.sql, sql/0004_ops.sql and
