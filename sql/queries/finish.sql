@@ -36,6 +36,9 @@
 -- is fenced: it applies only while the row is still in that stage's
 -- in-flight status under the same lease token and owner. Rows that no longer match
 -- (lease lost, cancelled) change nothing and are absent from the result.
+-- A batch may hold two results for one row (a claim that a database crash
+-- forgot, and the row claimed again): only the current lease's applies,
+-- and each applied row names the token it applied under (`result_token`).
 -- For each applied result it also writes the step history row and, for a
 -- successful respond stage, the assistant_response log (same statement).
 --
@@ -78,7 +81,11 @@
 -- transaction pooler) met this; the generic plan did not.
 WITH input AS MATERIALIZED (
     SELECT t.*, $19::text AS owner,
-           CASE WHEN t.outcome = 'succeeded' AND NOT paused.on THEN t.chain_to END AS chain,
+           -- (an answer written now ends the request: there is no stage
+           -- left to claim, whatever the caller asked to chain to)
+           CASE WHEN t.outcome = 'succeeded' AND NOT paused.on
+                     AND NOT (t.stage = 'analyze' AND t.fused_in AND t.fused_answer IS NOT NULL)
+                THEN t.chain_to END AS chain,
            (t.stage = 'analyze' AND t.outcome = 'succeeded' AND t.fused_in AND NOT paused.on) AS fused,
            (t.stage = 'analyze' AND t.outcome = 'succeeded' AND t.fused_in AND NOT paused.on
             AND t.fused_answer IS NOT NULL) AS responds
@@ -136,7 +143,7 @@ done AS (
       AND r.id = i.id AND r.lease_token = i.token AND r.status = i.in_flight AND r.lease_owner = i.owner
     RETURNING r.id, r.user_id, r.thread_id, r.status, r.user_query, r.attempt, r.lease_token,
               r.analysis_result, r.final_context_payload, r.debug, r.created_at, r.tenant_id, r.stream,
-              r.lease_owner IS NOT NULL AS chained, (i.fused AND NOT r.debug) AS fused,
+              i.token AS result_token, r.lease_owner IS NOT NULL AS chained, (i.fused AND NOT r.debug) AS fused,
               (i.responds AND NOT r.debug) AS responded, i.fused_answer, i.fused_model,
               i.fused_prompt_tokens, i.fused_completion_tokens, i.fused_respond_latency_ms,
               i.new_status, i.stage, i.attempt AS step_attempt, i.started_at, i.outcome, i.error_class,
@@ -227,7 +234,7 @@ passed AS (
                       ELSE ARRAY[]::text[] END) WITH ORDINALITY AS s(status, n)
           ORDER BY d.id, s.n) p
 )
-SELECT d.id, d.created_at, d.chained,
+SELECT d.id, d.result_token, d.created_at, d.chained,
        d.user_id, d.thread_id, d.user_query, d.attempt, d.lease_token,
        CASE WHEN d.chained THEN d.analysis_result END AS analysis_result,
        CASE WHEN d.chained THEN d.final_context_payload END AS final_context_payload,

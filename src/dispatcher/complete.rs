@@ -46,6 +46,11 @@ use crate::sanitize::{
 /// Parts of a contended batch written at once (see `contention.rs`).
 const SPLIT_WRITERS: usize = 4;
 
+/// The stage each result of a batch is chained to, by its row and the
+/// lease token it was run under (a batch may hold a superseded run's result
+/// for the same row).
+type Chains = HashMap<(Uuid, i64), StageKind>;
+
 /// How far [`Engine::write_retrying`] got with a batch.
 enum Written {
     /// These results were written (the batch keeps only them).
@@ -89,6 +94,29 @@ impl Engine {
         writers.wait().await;
     }
 
+    /// Drops the results of runs a newer claim of their row superseded here
+    /// (a claim a database crash forgot, and the row claimed again: see
+    /// [`Engine::start`]). Their lease is gone, so the database would refuse
+    /// them anyway; dropped now, such a result cannot share a batch with the
+    /// current run's result for the same row, nor end the respond stage
+    /// that run started early.
+    fn drop_superseded(&self, batch: &mut Vec<Finished>) {
+        let Ok(map) = self.inflight.lock() else {
+            return;
+        };
+        batch.retain(|f| {
+            let current = map.get(&f.id).map(|held| held.token);
+            let stale = current.is_some_and(|t| t != f.lease_token);
+            // (counted as a lost lease when the newer claim started)
+            if stale {
+                tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome.as_str(),
+                    lease_token = f.lease_token, current_token = current,
+                    "result of a run a newer claim superseded; discarded, the row is unchanged");
+            }
+            !stale
+        });
+    }
+
     /// Writes one batch, retrying while the database is unreachable, for at
     /// most one lease period: past that the leases have expired, and the
     /// sweep (here or elsewhere) will retry the stages.
@@ -96,6 +124,10 @@ impl Engine {
         // Every multi-row writer locks rows in ascending id order, so two of
         // them (flushes, heartbeats) never deadlock.
         batch.sort_unstable_by_key(|f| f.id);
+        self.drop_superseded(&mut batch);
+        if batch.is_empty() {
+            return;
+        }
         for f in &mut batch {
             sanitise(f);
         }
@@ -127,7 +159,7 @@ impl Engine {
     async fn write_retrying(
         self: &Arc<Self>,
         batch: &mut Vec<Finished>,
-        chains: &mut HashMap<Uuid, StageKind>,
+        chains: &mut Chains,
         permits: &mut [Option<OwnedSemaphorePermit>; 3],
     ) -> Written {
         let deadline = Instant::now() + self.cfg.lease();
@@ -221,7 +253,8 @@ impl Engine {
         reserved: [bool; 3],
     ) {
         let now = chrono::Utc::now();
-        let applied: HashMap<Uuid, repo::Applied> = applied.into_iter().map(|a| (a.id, a)).collect();
+        let applied: HashMap<(Uuid, i64), repo::Applied> =
+            applied.into_iter().map(|a| ((a.id, a.result_token), a)).collect();
         let mut chained = Vec::new();
         // Stages where a slot was freed, and where a row became due.
         let mut freed = [false; 3];
@@ -236,7 +269,7 @@ impl Engine {
             // the one a claim starts for the request now due in READY (its
             // write was retried without chaining, or the daemon is stopping).
             if f.stage == StageKind::Analyze
-                && !applied.get(&f.id).is_some_and(|d| {
+                && !applied.get(&(f.id, f.lease_token)).is_some_and(|d| {
                     d.fused
                         && f.outcome == Outcome::Succeeded
                         && matches!(d.chained, Some((StageKind::Respond, _)) | None)
@@ -244,7 +277,7 @@ impl Engine {
             {
                 self.drop_early(f.id);
             }
-            let Some(done) = applied.get(&f.id) else {
+            let Some(done) = applied.get(&(f.id, f.lease_token)) else {
                 bump(&self.stats.lease_lost);
                 tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome.as_str(),
                     "lease lost before the result was written; result discarded, the row is unchanged");
@@ -332,12 +365,12 @@ impl Engine {
         &'a self,
         client: &'a deadpool_postgres::Client,
         batch: &'a mut [Finished],
-        chains: &'a HashMap<Uuid, StageKind>,
+        chains: &'a Chains,
         done: &'a mut Vec<repo::Applied>,
     ) -> BoxFuture<'a, Result<(), (crate::db::Error, usize)>> {
         async move {
             let lease = self.cfg.lease();
-            let err = match repo::finish_batch(client, &self.worker, batch, |f| chains.get(&f.id).copied(), lease).await {
+            let err = match repo::finish_batch(client, &self.worker, batch, |f| chains.get(&(f.id, f.lease_token)).copied(), lease).await {
                 Ok(applied) => {
                     done.extend(applied);
                     return Ok(());
@@ -386,7 +419,7 @@ impl Engine {
     /// The rows of `batch` to claim for their next stage in the finishing
     /// statement (every success with a next stage, unless shutting down),
     /// and the free slots of those stages reserved for them.
-    fn chain_candidates(&self, batch: &[Finished]) -> (HashMap<Uuid, StageKind>, [Option<OwnedSemaphorePermit>; 3]) {
+    fn chain_candidates(&self, batch: &[Finished]) -> (Chains, [Option<OwnedSemaphorePermit>; 3]) {
         let mut permits: [Option<OwnedSemaphorePermit>; 3] = [None, None, None];
         let mut chains = HashMap::new();
         if self.stopping.is_cancelled() || self.cached_prompts().is_none() {
@@ -396,7 +429,7 @@ impl Engine {
             if f.outcome == Outcome::Succeeded
                 && let Some(next) = f.next_stage()
             {
-                chains.insert(f.id, next);
+                chains.insert((f.id, f.lease_token), next);
             }
         }
         for next in [StageKind::Assemble, StageKind::Respond] {

@@ -347,6 +347,9 @@ impl<'a> FinishParams<'a> {
 #[derive(Debug, Clone)]
 pub struct Applied {
     pub id: Uuid,
+    /// The lease token the result was written under (the result's own, not
+    /// the chained claim's).
+    pub result_token: i64,
     pub created_at: DateTime<Utc>,
     /// Its fused assemble result was written too (not for a debug run, nor
     /// while paused: the row then rests in `ANALYZED`).
@@ -371,6 +374,7 @@ impl FromRow for Applied {
         };
         Ok(Applied {
             id,
+            result_token: r.try_get("result_token")?,
             created_at: r.try_get("created_at")?,
             fused: r.try_get("fused")?,
             responded: r.try_get("responded")?,

@@ -454,6 +454,45 @@ async fn a_claim_forgotten_by_a_crash_never_lets_its_stale_result_in() {
     assert_eq!(steps, 1, "one attempt recorded, the applied one");
 }
 
+/// A claim a crash forgot and the row's new claim can both have a result
+/// in one batch: the stale run's (its respond stage not answered yet, so
+/// chained) and the current run's (answered). Only the current one applies,
+/// under its own token; its answer ends the request, whatever chaining was
+/// asked for, so the row is COMPLETED with no lease.
+#[tokio::test]
+async fn a_batch_with_a_superseded_result_for_the_same_row_applies_the_current_one() {
+    use maas::model::StageKind;
+    let (_db, _pool, client, c) = daemon_setup().await;
+    let id = insert_run(&c, false).await;
+    let first = claim_analyze(&client, 10, "w").await;
+    crate::support::forget_claim(&c, id).await;
+    let second = claim_analyze(&client, 10, "w").await;
+    assert_eq!((first.len(), second.len()), (1, 1));
+    let stale = fused(&first).remove(0);
+    let current = answered(fused(&second).remove(0));
+    let applied = repo::finish_batch(&client, "w", &[stale, current], |_| Some(StageKind::Respond), LEASE)
+        .await
+        .unwrap();
+    assert_eq!(applied.len(), 1, "one result applies: {applied:?}");
+    assert_eq!(applied[0].result_token, second[0].lease_token);
+    assert!(applied[0].responded && applied[0].chained.is_none());
+    let r = c
+        .query_one(
+            "SELECT status, final_answer, lease_owner, lease_expires_at IS NULL AS free
+             FROM pipeline_runs WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>("status"), "COMPLETED");
+    assert_eq!(
+        r.get::<_, Option<String>>("final_answer"),
+        Some(format!("answer of {id}"))
+    );
+    assert_eq!(r.get::<_, Option<String>>("lease_owner"), None);
+    assert!(r.get::<_, bool>("free"), "a completed request holds no lease");
+}
+
 /// The claim turns synchronous_commit off for its own transaction only: the
 /// session's setting is back once it commits.
 #[tokio::test]
@@ -757,6 +796,20 @@ fn fused(claimed: &[repo::Claimed]) -> Vec<repo::Finished> {
         .collect()
 }
 
+/// `f`, a fused analyze result, with its respond stage's answer fused too.
+fn answered(mut f: repo::Finished) -> repo::Finished {
+    if let Some(a) = f.fused.as_mut() {
+        a.respond = Some(repo::FusedRespond {
+            answer: format!("answer of {}", f.id),
+            model: Some("m-respond".into()),
+            prompt_tokens: Some(30),
+            completion_tokens: Some(7),
+            latency_ms: 2,
+        });
+    }
+    f
+}
+
 /// Status, context and `held` of request `id`.
 async fn fused_state(c: &tokio_postgres::Client, id: Uuid) -> (String, Option<String>, bool) {
     let r = c
@@ -856,21 +909,7 @@ async fn a_fused_respond_completes_the_request_in_one_statement() {
     let (done, paused) = (insert_run(&c, false).await, insert_run(&c, false).await);
     let claimed = claim_analyze(&client, 10, "w").await;
     assert_eq!(claimed.len(), 2);
-    let results: Vec<repo::Finished> = fused(&claimed)
-        .into_iter()
-        .map(|mut f| {
-            if let Some(a) = f.fused.as_mut() {
-                a.respond = Some(repo::FusedRespond {
-                    answer: format!("answer of {}", f.id),
-                    model: Some("m-respond".into()),
-                    prompt_tokens: Some(30),
-                    completion_tokens: Some(7),
-                    latency_ms: 2,
-                });
-            }
-            f
-        })
-        .collect();
+    let results: Vec<repo::Finished> = fused(&claimed).into_iter().map(answered).collect();
     let (_listener, mut rx) = listen(&db).await;
     let (first, second): (Vec<_>, Vec<_>) = results.into_iter().partition(|f| f.id == done);
     let applied = repo::finish_batch(&client, "w", &first, |_| None::<StageKind>, LEASE)
