@@ -361,6 +361,98 @@ async fn console_needs_a_token_login_and_a_csrf_token_for_every_action() {
     b.close().await;
 }
 
+/// With tokens configured (so no loopback guard runs first), a login with a
+/// valid token and an action with a valid session and CSRF token are
+/// refused by the `Origin` check alone: each request below is the one that
+/// succeeds at the end, but for its `Origin`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_refuses_a_foreign_origin_by_the_origin_check_alone() {
+    let db = TestDb::new().await;
+    let api = Api::start(&db, Opts::default().env("MAAS_API_TOKENS", "tok-origin")).await;
+    let c = db.client().await;
+    let http = plain_client();
+    let foreign = "https://evil.example";
+    let login = |origin: Option<&'static str>| {
+        let mut post = http.post(api.url("/console/login")).form(&[("token", "tok-origin")]);
+        if let Some(origin) = origin {
+            post = post.header("origin", origin);
+        }
+        post.send()
+    };
+    // The login: a valid token from a foreign page, or with no Origin at all.
+    for (origin, says) in [
+        (Some(foreign), "Origin `https://evil.example` is not this server"),
+        (None, "needs an Origin header"),
+    ] {
+        let r = login(origin).await.unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{origin:?}");
+        assert!(r.headers().get("set-cookie").is_none(), "no session for {origin:?}");
+        let body = r.text().await.unwrap();
+        assert!(body.contains(says), "{origin:?}: {body}");
+    }
+    let r = http
+        .post(api.url("/console/login"))
+        .header("origin", api.url(""))
+        .form(&[("token", "tok-origin")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let session = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+
+    // An action with the session and its valid CSRF token, from a foreign page.
+    let (code, _, err) = maasctl_async(&db.url, &["pause", "--reason", "hold it"], NO_ENV).await;
+    assert_eq!(code, 0, "{err}");
+    let submitter = Api {
+        token: Some("tok-origin".into()),
+        ..api
+    };
+    let id = submit(
+        &submitter,
+        json!({ "user_id": Uuid::new_v4(), "query": "cancel me from afar" }),
+    )
+    .await;
+    let api = Api {
+        token: None,
+        ..submitter
+    };
+    let path = format!("/console/requests/{id}/cancel");
+    let csrf = csrf_at(&http, api.url(&format!("/console/requests/{id}")), Some(&session)).await;
+    assert!(!csrf.is_empty(), "the page carries the CSRF token");
+    let cancel = |origin: &str| {
+        http.post(api.url(&path))
+            .header("cookie", &session)
+            .header("origin", origin)
+            .form(&[("reason", "from another site"), ("csrf", csrf.as_str())])
+            .send()
+    };
+    let r = cancel(foreign).await.unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("Origin `https://evil.example` is not this server"),
+        "{body}"
+    );
+    assert_eq!(status_of(&c, id).await, "NEW", "nothing changed");
+    let actions: i64 = value(&c, "SELECT count(*) FROM operator_actions WHERE action = 'cancel'", &[]).await;
+    assert_eq!(actions, 0);
+    // The same request from the console's own origin goes through.
+    let r = cancel(&api.url("")).await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::SEE_OTHER,
+        "{}",
+        r.text().await.unwrap_or_default()
+    );
+    assert_eq!(status_of(&c, id).await, "CANCELLED");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_read_only_mode_hides_and_refuses_actions() {
     let db = TestDb::new().await;

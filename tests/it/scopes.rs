@@ -291,8 +291,9 @@ async fn a_tenants_console_sees_only_its_tenant_and_an_operator_sees_all() {
         }
     };
     // The default tenant's read token no longer sees acme's request.
-    let (s, _) = get(&shop, format!("/console/requests/{}", acme.req)).await;
+    let (s, page) = get(&shop, format!("/console/requests/{}", acme.req)).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(page.contains(&format!("console: no request {}", acme.req)), "{page}");
     let (_, list) = get(&shop, "/console/requests".into()).await;
     assert!(list.contains(&shop.req.to_string()) && !list.contains(&acme.req.to_string()));
     // Acme's page names its user by acme's own id; the memory page opens by it.

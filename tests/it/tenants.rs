@@ -17,6 +17,14 @@ use crate::support::daemon::Opts;
 use crate::support::db::{TestDb, by_name};
 use crate::support::tenants::{ADMIN, get, send, start, submit, submit_ok, token, with_tenants};
 
+/// Another tenant's request `id` is refused as no request at all: 404 with
+/// the code `not_found` naming the id (a missing route says `no_route`).
+fn assert_not_found(status: StatusCode, body: &Value, id: Uuid, what: &str) {
+    assert_eq!(status, StatusCode::NOT_FOUND, "{what}: {body}");
+    assert_eq!(body["code"], "not_found", "{what}: {body}");
+    assert_eq!(body["error"], format!("no request {id}"), "{what}: {body}");
+}
+
 async fn finished_context(api: &Api, tok: &str, id: Uuid) -> String {
     let (s, state) = get(api, tok, &format!("/api/query/{id}/status?wait=60s&include=context")).await;
     assert_eq!(s, StatusCode::OK, "{state}");
@@ -74,7 +82,7 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
             format!("/api/query/{other}/events"),
         ] {
             let (s, body) = get(&api, tok, &path).await;
-            assert_eq!(s, StatusCode::NOT_FOUND, "{path}: {body}");
+            assert_not_found(s, &body, other, &path);
         }
         for action in ["cancel", "retry", "continue"] {
             let (s, body, _) = send(
@@ -85,7 +93,7 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
                     .json(&json!({ "reason": "not mine" })),
             )
             .await;
-            assert_eq!(s, StatusCode::NOT_FOUND, "{action}: {body}");
+            assert_not_found(s, &body, other, action);
         }
     }
     // Its own stream works.
@@ -123,11 +131,19 @@ async fn two_tenants_with_the_same_user_id_never_see_each_other() {
     // The default tenant knows no such user, and cannot name another
     // tenant's stored user either (a version-8 id is mapped for it too).
     let (s, body) = get(&api, ADMIN, &format!("/api/users/{user}/memory")).await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_user")),
+        "{body}"
+    );
     let acme_stored = rows.iter().find(|r| r.2 == "acme").unwrap().0;
     assert_eq!(acme_stored.get_version_num(), 8);
     let (s, body) = get(&api, ADMIN, &format!("/api/users/{acme_stored}/memory")).await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_user")),
+        "{body}"
+    );
     let d1 = submit_ok(&api, ADMIN, acme_stored, thread, "What is my locker code?").await;
     let d_context = finished_context(&api, ADMIN, d1).await;
     assert!(!d_context.contains("ALPHA-7781"), "{d_context}");
@@ -665,8 +681,9 @@ async fn the_console_takes_database_tokens_by_scope() {
             )
         }
     };
-    let (s, _, _) = get_as(acme.clone(), format!("/console/requests/{id}")).await;
+    let (s, _, page) = get_as(acme.clone(), format!("/console/requests/{id}")).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(page.contains(&format!("console: no request {id}")), "{page}");
     let (s, _, list) = get_as(acme.clone(), "/console/requests".to_owned()).await;
     assert_eq!(s, StatusCode::OK);
     assert!(
