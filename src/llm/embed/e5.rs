@@ -48,40 +48,14 @@ use candle_nn::{LayerNorm, VarBuilder};
 use candle_transformers::models::bert::{BertEncoder, Config, HiddenAct, PositionEmbeddingType};
 
 use super::EmbedError;
-use super::local_error as call;
+pub use super::model::Kind;
+use super::model::call_error as call;
+pub use super::model::{E5_MODEL as MODEL, E5_WEIGHTS as WEIGHTS};
 
-/// The model name the local provider stores when its folder holds this model.
-pub const MODEL: &str = "multilingual-e5-small";
-/// The weights file in the model folder.
-pub const WEIGHTS: &str = "e5-small-q4.bin";
 /// Weights per Q4_0 block.
 const BLOCK: usize = 32;
 /// Bytes per Q4_0 block: an `f16` scale and 16 bytes of nibbles.
 const BLOCK_BYTES: usize = 18;
-
-/// Whether `dir` holds this model (the local provider then loads it in
-/// place of the English model).
-pub fn present(dir: &Path) -> bool {
-    dir.join(WEIGHTS).is_file()
-}
-
-/// Whether a text is a search's query or a text to be found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A search's query: `query: …`.
-    Query,
-    /// A text to be found (a turn): `passage: …`.
-    Passage,
-}
-
-impl Kind {
-    fn prefix(self) -> &'static str {
-        match self {
-            Kind::Query => "query: ",
-            Kind::Passage => "passage: ",
-        }
-    }
-}
 
 /// The loaded model and its tokenizer.
 pub struct E5 {
@@ -229,7 +203,7 @@ impl E5 {
             .iter()
             .map(|t| self.token_ids(t, kind))
             .collect::<Result<Vec<_>, _>>()?;
-        super::in_groups(&ids, Vec::len, |group| self.forward(group))
+        super::model::in_groups(&ids, Vec::len, |group| self.forward(group))
     }
 
     /// The vectors of one group, padded to its longest.
@@ -256,7 +230,7 @@ impl E5 {
             .unsqueeze(1)?
             .unsqueeze(1)?;
         let states = self.encoder.forward(&x, &bias)?; // (group, tokens, dims)
-        super::mean_pooled(&states, &mask)
+        super::model::mean_pooled(&states, &mask)
     }
 
     /// Writes the word embedding of `id` into `out` (`hidden` values).

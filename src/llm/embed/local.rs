@@ -20,10 +20,8 @@ use candle_transformers::models::bert::{BertModel, Config};
 use tokenizers::{Encoding, Tokenizer, TruncationParams};
 
 use super::EmbedError;
-use super::local_error as call;
-
-/// The model name the local provider stores when its folder holds this model.
-pub const MODEL: &str = "all-MiniLM-L6-v2";
+pub use super::model::MINILM_MODEL as MODEL;
+use super::model::call_error as call;
 /// Longest input, in tokens.
 const MAX_TOKENS: usize = 256;
 
@@ -73,7 +71,7 @@ impl Local {
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| call(format!("tokenizing: {e}")))?;
-        super::in_groups(&enc, |e| e.get_ids().len(), |group| self.forward(group))
+        super::model::in_groups(&enc, |e| e.get_ids().len(), |group| self.forward(group))
     }
 
     /// The vectors of one group, padded to its longest.
@@ -93,7 +91,7 @@ impl Local {
         let mask = Tensor::stack(&mask, 0)?;
         let types = ids.zeros_like()?;
         let states = self.model.forward(&ids, &types, Some(&mask))?; // (group, tokens, dims)
-        super::mean_pooled(&states, &mask)
+        super::model::mean_pooled(&states, &mask)
     }
 }
 

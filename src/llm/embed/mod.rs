@@ -11,9 +11,11 @@
 //! the semantic part off. The providers:
 //! - **local**: a model run in-process on the CPU, chosen by the files in
 //!   its folder: multilingual-e5-small (Russian and English, 384
-//!   dimensions) where it holds `e5-small-q4.bin` ([`e5`]), else
+//!   dimensions) where it holds `e5-small-q4.bin` (`e5`), else
 //!   all-MiniLM-L6-v2 (English, 384 dimensions) from `config.json`,
-//!   `tokenizer.json` and `model.safetensors` ([`local`]). No network, no key.
+//!   `tokenizer.json` and `model.safetensors` (`local`). No network, no key.
+//!   The runtime sits behind the cargo feature `local-model` (on by
+//!   default); the rest of maas sees it through [`model`].
 //! - **offline**: a deterministic hashed embedding of words and their
 //!   letter trigrams ([`offline`]), so tests cover the whole path without a
 //!   model; it finds spelling neighbours, not meaning.
@@ -29,13 +31,18 @@
 //! never a short, ragged or reordered result.
 //! Nothing here logs the texts.
 
+#[cfg(feature = "local-model")]
 pub mod e5;
 mod http;
+#[cfg(feature = "local-model")]
 pub mod local;
+pub mod model;
 pub mod offline;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+
+use model::{Kind, LocalModel};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -123,10 +130,10 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The local model used by default: the one model choice the default
 /// configuration makes (the English all-MiniLM-L6-v2 is one setting away:
 /// `model_dir` naming its folder).
-pub const DEFAULT_LOCAL_MODEL: &str = e5::MODEL;
+pub const DEFAULT_LOCAL_MODEL: &str = model::E5_MODEL;
 
 /// The files of the English local model's folder (the multilingual one's
-/// is [`e5::WEIGHTS`]).
+/// is [`model::E5_WEIGHTS`]).
 pub const MODEL_FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
 
 /// The folder the local model is looked for in when `model_dir` is unset:
@@ -151,10 +158,10 @@ fn holds_model(dir: &std::path::Path) -> bool {
 }
 
 /// The files a local model's folder `dir` lacks: none when it holds the
-/// multilingual model's weights ([`e5::WEIGHTS`]), else those of the
+/// multilingual model's weights ([`model::E5_WEIGHTS`]), else those of the
 /// English model's three ([`MODEL_FILES`]) it lacks.
 pub fn missing_model_files(dir: &std::path::Path) -> Vec<&'static str> {
-    if e5::present(dir) {
+    if model::e5_present(dir) {
         return Vec::new();
     }
     MODEL_FILES.into_iter().filter(|f| !dir.join(f).is_file()).collect()
@@ -169,7 +176,7 @@ impl EmbeddingConfig {
     /// With `provider` unset, the local provider's configuration when its
     /// model is found ([`default_model_dir`]).
     fn found_default(&self, env: &dyn Fn(&str) -> Option<String>) -> Option<EmbeddingConfig> {
-        let dir = self.default_dir(env).filter(|d| holds_model(d))?;
+        let dir = self.default_dir(env).filter(|d| model::BUILT && holds_model(d))?;
         Some(EmbeddingConfig {
             provider: Some("local".into()),
             model_dir: Some(dir),
@@ -185,6 +192,7 @@ impl EmbeddingConfig {
             return None;
         }
         let place = match self.default_dir(env) {
+            _ if !model::BUILT => "this build has no local model runtime (the cargo feature `local-model`)".to_owned(),
             Some(dir) if holds_model(&dir) => return None,
             Some(dir) => format!("no {DEFAULT_LOCAL_MODEL} model in {}", dir.display()),
             None => "no model folder (set llm.embedding.model_dir)".to_owned(),
@@ -222,8 +230,8 @@ impl EmbeddingConfig {
                             .into(),
                     )
                 })?;
-                let model = if e5::present(&dir) { e5::MODEL } else { local::MODEL };
-                (EmbeddingProvider::Local(dir), model)
+                let name = model::model_in(&dir);
+                (EmbeddingProvider::Local(dir), name)
             }
             "offline" => (EmbeddingProvider::Offline, offline::MODEL),
             other => {
@@ -341,8 +349,7 @@ pub fn configured(llm: &LlmConfig) -> Result<Option<Embedder>, SetupError> {
 }
 
 enum Backend {
-    Local(Arc<local::Local>),
-    E5(Arc<e5::E5>),
+    Local(Arc<dyn LocalModel>),
     Offline,
     Http {
         http: reqwest::Client,
@@ -373,8 +380,7 @@ impl Embedder {
     /// missing or broken model fails startup, naming the folder).
     pub fn new(settings: &EmbeddingSettings) -> Result<Embedder, EmbedError> {
         let backend = match &settings.provider {
-            EmbeddingProvider::Local(dir) if e5::present(dir) => Backend::E5(Arc::new(e5::E5::load(dir)?)),
-            EmbeddingProvider::Local(dir) => Backend::Local(Arc::new(local::Local::load(dir)?)),
+            EmbeddingProvider::Local(dir) => Backend::Local(model::load(dir)?),
             EmbeddingProvider::Offline => Backend::Offline,
             p @ (EmbeddingProvider::OpenAi(_) | EmbeddingProvider::Gemini(_)) => {
                 let http = reqwest::Client::builder()
@@ -404,7 +410,7 @@ impl Embedder {
     /// The provider's name.
     pub fn provider_name(&self) -> &'static str {
         match &*self.backend {
-            Backend::Local(_) | Backend::E5(_) => "local",
+            Backend::Local(_) => "local",
             Backend::Offline => "offline",
             Backend::Http { provider, .. } => provider.name(),
         }
@@ -423,12 +429,12 @@ impl Embedder {
     /// One unit vector per text, in order (calls of at most
     /// [`Embedder::batch`] texts each, each within the timeout).
     pub async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        self.embed_as(texts, e5::Kind::Passage).await
+        self.embed_as(texts, Kind::Passage).await
     }
 
     /// [`Embedder::embed`] for texts of one kind (a model trained with
     /// query and passage prefixes gets the right one; others ignore it).
-    async fn embed_as(&self, texts: &[String], kind: e5::Kind) -> Result<Vec<Vec<f32>>, EmbedError> {
+    async fn embed_as(&self, texts: &[String], kind: Kind) -> Result<Vec<Vec<f32>>, EmbedError> {
         let mut out = Vec::with_capacity(texts.len());
         for chunk in texts.chunks(self.batch.max(1)) {
             let call = self.embed_chunk(chunk, kind);
@@ -470,7 +476,7 @@ impl Embedder {
     pub async fn embed_query(&self, query: &str) -> Option<Vec<f32>> {
         // A request waits for it: never longer than an HTTP provider's call.
         let within = self.timeout.min(QUERY_TIMEOUT);
-        let embedded = tokio::time::timeout(within, self.embed_as(&[query.to_owned()], e5::Kind::Query))
+        let embedded = tokio::time::timeout(within, self.embed_as(&[query.to_owned()], Kind::Query))
             .await
             .unwrap_or_else(|_| {
                 Err(EmbedError::Call {
@@ -497,17 +503,10 @@ impl Embedder {
         Some((e.embed_query(query).await?, e.model()))
     }
 
-    async fn embed_chunk(&self, texts: &[String], kind: e5::Kind) -> Result<Vec<Vec<f32>>, EmbedError> {
+    async fn embed_chunk(&self, texts: &[String], kind: Kind) -> Result<Vec<Vec<f32>>, EmbedError> {
         match &*self.backend {
             Backend::Offline => Ok(texts.iter().map(|t| offline::embed(t)).collect()),
             Backend::Local(model) => {
-                let model = Arc::clone(model);
-                let texts = texts.to_vec();
-                tokio::task::spawn_blocking(move || model.embed(&texts))
-                    .await
-                    .map_err(stopped)?
-            }
-            Backend::E5(model) => {
                 let model = Arc::clone(model);
                 let texts = texts.to_vec();
                 tokio::task::spawn_blocking(move || model.embed(&texts, kind))
@@ -529,49 +528,6 @@ impl Embedder {
             }),
         }
     }
-}
-
-/// A local model's failure to embed (not worth a retry).
-fn local_error(message: String) -> EmbedError {
-    EmbedError::Call {
-        provider: "local",
-        message,
-        retryable: false,
-    }
-}
-
-/// Texts a local model runs together. A call's texts are sorted by length
-/// first and each group is padded to its own longest, so short texts do
-/// not pay for a long one's padding.
-const GROUP: usize = 8;
-
-/// A local model's vectors of `items`, in their order: `forward` runs on
-/// groups of them of similar `len`.
-fn in_groups<T>(
-    items: &[T],
-    len: impl Fn(&T) -> usize,
-    mut forward: impl FnMut(&[&T]) -> candle_core::Result<Vec<Vec<f32>>>,
-) -> Result<Vec<Vec<f32>>, EmbedError> {
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_by_key(|&i| len(&items[i]));
-    let mut out = vec![Vec::new(); items.len()];
-    for group in order.chunks(GROUP) {
-        let members: Vec<&T> = group.iter().map(|&i| &items[i]).collect();
-        let vectors = forward(&members).map_err(|e| local_error(format!("running the model: {e}")))?;
-        for (&i, v) in group.iter().zip(vectors) {
-            out[i] = v;
-        }
-    }
-    Ok(out)
-}
-
-/// The mean of a group's token `states` (group, tokens, dims) over its
-/// `mask` (group, tokens; 1 for a token, 0 for padding).
-fn mean_pooled(states: &candle_core::Tensor, mask: &candle_core::Tensor) -> candle_core::Result<Vec<Vec<f32>>> {
-    let m = mask.to_dtype(candle_core::DType::F32)?.unsqueeze(2)?; // (group, tokens, 1)
-    let sum = states.broadcast_mul(&m)?.sum(1)?; // (group, dims)
-    let count = m.sum(1)?.clamp(1e-9, f64::MAX)?; // (group, 1)
-    sum.broadcast_div(&count)?.to_vec2::<f32>()
 }
 
 /// The cosine of two vectors.
@@ -621,6 +577,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "local-model")]
     fn unset_is_the_local_model_where_found_else_full_text_with_a_note() {
         let dir = std::env::temp_dir().join(format!("maas-model-{}", uuid::Uuid::new_v4().simple()));
         let home = dir.to_string_lossy().into_owned();
@@ -636,7 +593,7 @@ mod tests {
 
         let models = dir.join(".cache/maas/models").join(DEFAULT_LOCAL_MODEL);
         std::fs::create_dir_all(&models).unwrap_or_default();
-        std::fs::write(models.join(e5::WEIGHTS), "").unwrap_or_default();
+        std::fs::write(models.join(model::E5_WEIGHTS), "").unwrap_or_default();
         let got = unset.resolve(&LlmConfig::default(), &at_home);
         assert!(
             matches!(&got, Ok(Some(s)) if s.provider == EmbeddingProvider::Local(models.clone()) && s.model == DEFAULT_LOCAL_MODEL),
@@ -657,7 +614,7 @@ mod tests {
         };
         let got = chosen.resolve(&LlmConfig::default(), &at_home);
         assert!(
-            matches!(&got, Ok(Some(s)) if s.provider == EmbeddingProvider::Local(english.clone()) && s.model == local::MODEL),
+            matches!(&got, Ok(Some(s)) if s.provider == EmbeddingProvider::Local(english.clone()) && s.model == model::MINILM_MODEL),
             "{got:?}"
         );
         std::fs::remove_dir_all(&dir).unwrap_or_default();
