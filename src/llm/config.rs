@@ -30,8 +30,7 @@
 //! Keys are held in [`Secret`] (the crate's one secret type), whose `Debug`
 //! and `Display` redact; only the HTTP layer calls [`Secret::expose`].
 //!
-//! Size: the provider settings of every role with their validation; about
-//! 125 lines are tests.
+//! The provider settings of every role live here with their validation.
 
 use std::num::NonZeroU32;
 use std::time::Duration;

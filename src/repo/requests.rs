@@ -10,7 +10,7 @@
 //! Every operator transition is one statement that also writes its
 //! `operator_actions` row.
 //!
-//! Size: one file for the statements on requests, as for every table; the
+//! One file for the statements on requests, as for every table; the
 //! operator console's two reads (recently finished, a page by filter) close
 //! it.
 

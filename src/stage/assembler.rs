@@ -31,8 +31,6 @@
 //!   returned with it, for `pipeline_runs.context_sources`.
 //! - Every context is measured for the metrics ([`super::metrics::context`]):
 //!   its tokens and its history block's.
-//!
-//! Size: about 300 lines of code; the rest are the packing's unit tests.
 
 use std::collections::HashSet;
 

@@ -176,7 +176,7 @@ fn sources() -> Vec<Source> {
     files.sort();
     files
         .into_iter()
-        .filter(|p| p != &src.join("lib.rs"))
+        .filter(|p| p != &src.join("lib.rs") && !is_test_module(p))
         .map(|p| {
             let rel = p.strip_prefix(&src).unwrap().to_path_buf();
             let mut module: Vec<String> = rel
@@ -194,6 +194,17 @@ fn sources() -> Vec<Source> {
             }
         })
         .collect()
+}
+
+/// Whether `p` is a module's unit tests kept in a file of their own: a
+/// `tests.rs` whose parent declares it as `#[cfg(test)] mod tests;` (read
+/// as the `#[cfg(test)] mod tests { }` blocks are: not at all).
+fn is_test_module(p: &Path) -> bool {
+    let Some(dir) = p.parent().filter(|_| p.file_name().is_some_and(|n| n == "tests.rs")) else {
+        return false;
+    };
+    let parent = dir.with_extension("rs");
+    std::fs::read_to_string(parent).is_ok_and(|t| t.contains("#[cfg(test)]") && t.contains("mod tests;"))
 }
 
 /// A file's code without comments, the contents of string and character
