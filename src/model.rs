@@ -138,6 +138,27 @@ impl Status {
 pub struct UnknownStatus(pub String);
 
 named_enum! {
+    /// What an API token may do (`api_tokens.scope`, as the
+    /// `api_tokens_scope_known` constraint lists them): each scope allows
+    /// what the one before it does, and more (`docs/deploying.md`, "Scopes").
+    pub enum Scope {
+        /// Submit requests and follow them.
+        Submit = "submit",
+        /// Read requests, users' memory and streams.
+        Read = "read",
+        /// Read, and act on requests and memory (cancel, retry, correct).
+        Operate = "operate",
+        /// Everything, forgetting users and activating prompts included.
+        Admin = "admin",
+    }
+    parse_error = UnknownScope;
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown scope {0:?} (one of submit, read, operate, admin)")]
+pub struct UnknownScope(pub String);
+
+named_enum! {
     /// One of the three stages of the fast path (`pipeline_steps.stage`).
     pub enum StageKind {
         Analyze = "analyze",

@@ -30,6 +30,7 @@ use clap::Subcommand;
 
 use super::{CliError, Outcome, connect};
 use crate::config::Config;
+use crate::model::Scope;
 use crate::repo::tenants::{self, NewToken, Tenant, TenantChange, TokenInfo};
 
 #[derive(Subcommand, Debug)]
@@ -102,8 +103,8 @@ pub enum TokensCommand {
         #[arg(long, default_value = "default")]
         tenant: String,
         /// submit, read, operate or admin (see docs/deploying.md, "Scopes").
-        #[arg(long)]
-        scope: String,
+        #[arg(long, value_parser = scope_named)]
+        scope: Scope,
         /// An operator token: the console shows it every tenant's
         /// requests, users and the engine's state; without it, only its own
         /// tenant's. (`--operator` names the acting operator.)
@@ -141,7 +142,10 @@ pub enum TokensCommand {
     },
 }
 
-const SCOPES: [&str; 4] = ["submit", "read", "operate", "admin"];
+/// `--scope`: exactly one of the scopes' names.
+fn scope_named(name: &str) -> Result<Scope, String> {
+    Scope::from_name(name).ok_or_else(|| format!("one of {}", Scope::NAMES.join(", ")))
+}
 
 /// A new token: `maas_` and 64 hex digits; and its SHA-256.
 fn new_token() -> (String, [u8; 32]) {
@@ -438,7 +442,7 @@ pub async fn tokens(cfg: &Config, cmd: TokensCommand, actor: &str, json: bool) -
             let t = NewToken {
                 name: &name,
                 tenant: &tenant,
-                scope: &scope,
+                scope,
                 operator: all_tenants,
                 user,
             };
@@ -462,15 +466,7 @@ async fn create_token(
     actor: &str,
     json: bool,
 ) -> Result<Outcome, CliError> {
-    let NewToken {
-        name, tenant, scope, ..
-    } = t;
-    if !SCOPES.contains(&scope) {
-        return Err(CliError::Usage(format!(
-            "--scope {scope:?}: one of {}",
-            SCOPES.join(", ")
-        )));
-    }
+    let NewToken { name, tenant, .. } = t;
     let (token, hash) = new_token();
     let made = tenants::create_token(client, t, &hash, actor)
         .await
@@ -554,7 +550,7 @@ async fn rotate_token(
     let again = NewToken {
         name,
         tenant,
-        scope: &old.scope,
+        scope: old.scope,
         operator: old.operator,
         user: old.user_id,
     };

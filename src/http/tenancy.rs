@@ -77,35 +77,9 @@ const UNKNOWN_LIMIT: usize = 4096;
 /// not known).
 const IN_FLIGHT_RETRY_SECS: u64 = 2;
 
-/// A token's scope.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    Submit,
-    Read,
-    Operate,
-    Admin,
-}
+pub use crate::model::Scope;
 
 impl Scope {
-    pub fn parse(s: &str) -> Option<Scope> {
-        match s {
-            "submit" => Some(Scope::Submit),
-            "read" => Some(Scope::Read),
-            "operate" => Some(Scope::Operate),
-            "admin" => Some(Scope::Admin),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::Submit => "submit",
-            Scope::Read => "read",
-            Scope::Operate => "operate",
-            Scope::Admin => "admin",
-        }
-    }
-
     /// The matrix of the module docs.
     pub fn allows(self, need: Need) -> bool {
         match self {
@@ -200,7 +174,7 @@ impl Principal {
         Some(Principal {
             tenant: r.tenant_id,
             tenant_name: Arc::from(r.tenant_name.as_str()),
-            scope: Scope::parse(&r.scope)?,
+            scope: r.scope,
             token: Arc::from(r.name.as_str()),
             limited: r.requests_per_minute.is_some() || r.max_in_flight.is_some(),
             token_id: Some(r.id),

@@ -240,10 +240,10 @@ super::statement_params! {
     struct FinishParams<'a> {
         id: Vec<Uuid>,
         token: Vec<i64>,
-        stage: Vec<&'static str>,
-        in_flight: Vec<&'static str>,
-        new_status: Vec<&'static str>,
-        outcome: Vec<&'static str>,
+        stage: Vec<StageKind>,
+        in_flight: Vec<Status>,
+        new_status: Vec<Status>,
+        outcome: Vec<Outcome>,
         attempt: Vec<i32>,
         started_at: Vec<DateTime<Utc>>,
         analysis: Vec<Option<&'a Value>>,
@@ -257,7 +257,7 @@ super::statement_params! {
         completion_tokens: Vec<Option<i32>>,
         latency_ms: Vec<Option<i32>>,
         worker: &'a str,
-        chain_to: Vec<Option<&'static str>>,
+        chain_to: Vec<Option<Status>>,
         lease_secs: f64,
         fused_in: Vec<bool>,
         fused_tokens: Vec<Option<i32>>,
@@ -281,10 +281,10 @@ impl<'a> FinishParams<'a> {
         FinishParams {
             id: batch.iter().map(|f| f.id).collect(),
             token: batch.iter().map(|f| f.lease_token).collect(),
-            stage: batch.iter().map(|f| f.stage.as_str()).collect(),
-            in_flight: batch.iter().map(|f| f.stage.in_flight_status().as_str()).collect(),
-            new_status: batch.iter().map(|f| f.new_status.as_str()).collect(),
-            outcome: batch.iter().map(|f| f.outcome.as_str()).collect(),
+            stage: batch.iter().map(|f| f.stage).collect(),
+            in_flight: batch.iter().map(|f| f.stage.in_flight_status()).collect(),
+            new_status: batch.iter().map(|f| f.new_status).collect(),
+            outcome: batch.iter().map(|f| f.outcome).collect(),
             attempt: batch.iter().map(|f| f.attempt).collect(),
             started_at: batch.iter().map(|f| f.started_at).collect(),
             analysis: batch.iter().map(|f| f.analysis.as_ref()).collect(),
@@ -306,7 +306,7 @@ impl<'a> FinishParams<'a> {
             worker,
             chain_to: batch
                 .iter()
-                .map(|f| chain(f).map(|s| s.in_flight_status().as_str()))
+                .map(|f| chain(f).map(StageKind::in_flight_status))
                 .collect(),
             lease_secs: secs(lease),
             fused_in: batch.iter().map(|f| f.fused.is_some()).collect(),

@@ -5,11 +5,12 @@
 //! they are. A value that is not one of a type's names is an error naming
 //! the value and the column, never a panic nor a string passed on.
 
+use bytes::BytesMut;
 use tokio_postgres::Row;
-use tokio_postgres::types::{FromSql, Type};
+use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 
 use crate::db::Error;
-use crate::model::{Outcome, PromptRole, StageKind, Status};
+use crate::model::{Outcome, PromptRole, Scope, StageKind, Status};
 
 /// Column `name` of `r` as a `T`. A vocabulary value the program does not
 /// know (see [`UnknownName`]) is an [`Error::Unexpected`] naming the column
@@ -36,8 +37,22 @@ pub struct UnknownName {
 
 /// Reads the vocabulary types of [`crate::model`] from text columns:
 /// exactly their names (`as_str`); anything else is an [`UnknownName`].
+/// Binds them as their names too, so a statement takes the type itself
+/// (a `Vec` of them as a `text[]`).
 macro_rules! text_columns {
     ($($ty:ident = $what:literal,)+) => {$(
+        impl ToSql for $ty {
+            fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+                self.as_str().to_sql(ty, out)
+            }
+
+            fn accepts(ty: &Type) -> bool {
+                <&str as ToSql>::accepts(ty)
+            }
+
+            to_sql_checked!();
+        }
+
         impl<'a> FromSql<'a> for $ty {
             fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<$ty, Box<dyn std::error::Error + Sync + Send>> {
                 let name = <&str as FromSql>::from_sql(ty, raw)?;
@@ -59,6 +74,7 @@ text_columns! {
     StageKind = "stage",
     Outcome = "outcome",
     PromptRole = "prompt role",
+    Scope = "scope",
 }
 
 /// Declares a row type and its [`super::FromRow`] from one field list: each field

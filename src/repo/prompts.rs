@@ -73,21 +73,21 @@ pub async fn show(
     role: PromptRole,
     version: Option<i32>,
 ) -> Result<Option<Prompt>, Error> {
-    super::query_opt_as(client, SHOW, &[&role.as_str(), &version]).await
+    super::query_opt_as(client, SHOW, &[&role, &version]).await
 }
 
 /// Locks `role` for this transaction and deactivates its active version;
 /// returns that version.
 async fn lock_and_deactivate(client: &impl GenericClient, role: PromptRole) -> Result<Option<i32>, Error> {
-    super::execute(client, LOCK, &[&role.as_str()]).await?;
-    super::query_opt_value(client, DEACTIVATE, &[&role.as_str()], "version").await
+    super::execute(client, LOCK, &[&role]).await?;
+    super::query_opt_value(client, DEACTIVATE, &[&role], "version").await
 }
 
 /// Adds `text` as the next version of `role`'s prompt and activates it, in
 /// the caller's transaction. Returns (previously active version, new version).
 pub async fn set(client: &impl GenericClient, role: PromptRole, text: &str) -> Result<(Option<i32>, i32), Error> {
     let was = lock_and_deactivate(client, role).await?;
-    let new = super::query_one_value(client, INSERT, &[&role.as_str(), &text], "version").await?;
+    let new = super::query_one_value(client, INSERT, &[&role, &text], "version").await?;
     Ok((was, new))
 }
 
@@ -99,7 +99,7 @@ pub async fn activate(
     version: i32,
 ) -> Result<(Option<i32>, bool), Error> {
     let was = lock_and_deactivate(client, role).await?;
-    let found = super::query_found(client, ACTIVATE, &[&role.as_str(), &version]).await?;
+    let found = super::query_found(client, ACTIVATE, &[&role, &version]).await?;
     Ok((was, found))
 }
 
@@ -118,5 +118,5 @@ super::row_struct! {
 
 /// Every version of `role`'s prompt, newest first.
 pub async fn versions(client: &impl GenericClient, role: PromptRole) -> Result<Vec<PromptVersion>, Error> {
-    super::query_as(client, VERSIONS, &[&role.as_str()]).await
+    super::query_as(client, VERSIONS, &[&role]).await
 }

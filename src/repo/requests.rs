@@ -193,8 +193,7 @@ super::row_struct! {
 /// Requests matching `f`, most recently changed first.
 pub async fn list(client: &impl GenericClient, f: &ListFilter) -> Result<Vec<RequestSummary>, Error> {
     let older: Option<f64> = f.older_than.map(secs);
-    let statuses: Option<Vec<&str>> = f.statuses.as_ref().map(|s| s.iter().map(|s| s.as_str()).collect());
-    super::query_as(client, LIST, &[&statuses, &f.user_id, &older, &as_limit(f.limit)]).await
+    super::query_as(client, LIST, &[&f.statuses, &f.user_id, &older, &as_limit(f.limit)]).await
 }
 
 /// What the API shows of one request.
@@ -382,7 +381,7 @@ super::row_struct! {
     #[derive(Debug, Clone, Serialize)]
     pub struct RecentlyFinished {
         pub id: Uuid,
-        pub status: String,
+        pub status: Status,
         pub user_id: Uuid,
         pub updated_at: DateTime<Utc>,
         pub error: Option<String>,
@@ -441,7 +440,7 @@ super::row_struct! {
     #[derive(Debug, Clone, Serialize)]
     pub struct PageLine {
         pub id: Uuid,
-        pub status: String,
+        pub status: Status,
         pub user_id: Uuid,
         pub thread_id: Option<Uuid>,
         pub attempt: i32,
@@ -458,7 +457,7 @@ super::row_struct! {
     /// A row of `requests_page.sql`: a line, or the edge of a text search.
     struct PageRow {
         id: Uuid,
-        status: String,
+        status: Status,
         user_id: Uuid,
         thread_id: Option<Uuid>,
         attempt: i32,

@@ -28,6 +28,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::db::Error;
+use crate::model::Scope;
 
 /// The default tenant (the nil UUID): configured tokens and the loopback
 /// mode act as this one.
@@ -77,7 +78,7 @@ super::row_struct! {
     pub struct TokenRow {
         pub id: i64,
         pub name: String,
-        pub scope: String,
+        pub scope: Scope,
         pub token_sha256: Vec<u8>,
         pub tenant_id: Uuid,
         pub tenant_name: String,
@@ -291,7 +292,7 @@ super::row_struct! {
         pub id: i64,
         pub name: String,
         pub tenant: String,
-        pub scope: String,
+        pub scope: Scope,
         pub operator: bool,
         /// The user the token is bound to (`--user`).
         pub user_id: Option<Uuid>,
@@ -308,7 +309,7 @@ super::row_struct! {
 pub struct NewToken<'a> {
     pub name: &'a str,
     pub tenant: &'a str,
-    pub scope: &'a str,
+    pub scope: Scope,
     pub operator: bool,
     pub user: Option<Uuid>,
 }

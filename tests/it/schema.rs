@@ -988,3 +988,38 @@ async fn a_fused_respond_completes_the_request_in_one_statement() {
     .await;
     assert_eq!(answers, 0, "a dropped answer is not logged");
 }
+
+/// Every closed set the code names has exactly the names its table's
+/// CHECK constraint lists: a name added on one side only fails here, not
+/// at the first row that carries it.
+#[tokio::test]
+async fn the_vocabulary_matches_the_check_constraints() {
+    use maas::model::{Outcome, PromptRole, Scope, StageKind, Status};
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let listed = |constraint: &'static str| {
+        let c = &c;
+        async move {
+            let def: String = value(
+                c,
+                "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = $1",
+                &[&constraint],
+            )
+            .await;
+            let mut names: Vec<String> = def.split('\'').skip(1).step_by(2).map(str::to_owned).collect();
+            names.sort();
+            assert!(!names.is_empty(), "{constraint}: {def}");
+            names
+        }
+    };
+    let sorted = |names: &[&str]| {
+        let mut v: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(listed("pipeline_runs_status_valid").await, sorted(&Status::NAMES));
+    assert_eq!(listed("pipeline_steps_stage_valid").await, sorted(&StageKind::NAMES));
+    assert_eq!(listed("pipeline_steps_outcome_valid").await, sorted(&Outcome::NAMES));
+    assert_eq!(listed("system_prompts_role_valid").await, sorted(&PromptRole::NAMES));
+    assert_eq!(listed("api_tokens_scope_known").await, sorted(&Scope::NAMES));
+}
