@@ -2,7 +2,7 @@
 //! outbox `callback_outbox`.
 //!
 //! - **Nothing is lost.** A trigger queues the delivery in the same
-//!   transaction as the run's terminal transition (`COMPLETED`, `FAILED`,
+//!   transaction as the request's terminal transition (`COMPLETED`, `FAILED`,
 //!   `CANCELLED`), whoever makes it. The outbox row lives until it is
 //!   delivered or given up (`dead`), across restarts of any daemon.
 //! - **Several daemons.** Each daemon runs one worker. A worker claims due

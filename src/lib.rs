@@ -21,7 +21,11 @@
 //!   `Analyzer`, `Assembler`, `Responder` (stored as `FinalResponder`),
 //!   `Archivist` ([`model::PromptRole`]).
 //! - **attempt** — one try of a stage; counted in `pipeline_runs.attempt`,
-//!   recorded as a row of `pipeline_steps` ([`repo::steps`]).
+//!   recorded as a row of `pipeline_steps` ([`repo::steps`]). A result of
+//!   an attempt that a newer claim of its row replaced is *superseded*
+//!   (never "a run": a request is not a run, whatever its table is called).
+//! - **debug request** — a request submitted with `debug`: it rests in
+//!   `ANALYZED` and `READY` until an operator continues it.
 //! - **claim** — taking due requests of a stage as leases, with
 //!   `FOR UPDATE SKIP LOCKED` ([`dispatcher`], `sql/queries/claim.sql`).
 //! - **lease** — the time-limited right of one daemon to run a claimed
@@ -41,6 +45,14 @@
 //!   `answer_deltas` and an SSE `delta` event, only for a request that
 //!   asked to stream (`pipeline_runs.stream`; [`dispatcher::publish`],
 //!   `http::live::deltas`).
+//! - Three things flow piece by piece; each has one name:
+//!   - **streamed answer** — an answer sent as deltas while the respond
+//!     stage runs (the request's `stream` flag; see *delta*);
+//!   - **live push** — the events a client follows: SSE (`/events`), the
+//!     WebSocket (`/api/ws`) and an MCP session's event stream
+//!     (`http::live`);
+//!   - **provider stream** — a model's reply read as it is generated
+//!     (`llm::stream`).
 //! - **turn** — one message of a conversation, the user's or the
 //!   assistant's: a row of `raw_logs` (short-term memory; the archivist's
 //!   input).

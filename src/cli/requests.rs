@@ -1,5 +1,5 @@
 //! `maasctl requests ...`: find requests, see why they failed, retry,
-//! cancel, and step debug runs through their stages.
+//! cancel, and step debug requests through their stages.
 
 use clap::Subcommand;
 use uuid::Uuid;

@@ -47,7 +47,7 @@ use crate::sanitize::{
 const SPLIT_WRITERS: usize = 4;
 
 /// The stage each result of a batch is chained to, by its row and the
-/// lease token it was run under (a batch may hold a superseded run's result
+/// lease token it was run under (a batch may hold a superseded attempt's result
 /// for the same row).
 type Chains = HashMap<(Uuid, i64), StageKind>;
 
@@ -94,11 +94,11 @@ impl Engine {
         writers.wait().await;
     }
 
-    /// Drops the results of runs a newer claim of their row superseded here
+    /// Drops the results of attempts a newer claim of their row superseded here
     /// (a claim a database crash forgot, and the row claimed again: see
     /// [`Engine::start`]). Their lease is gone, so the database would refuse
     /// them anyway; dropped now, such a result cannot share a batch with the
-    /// current run's result for the same row, nor end the respond stage
+    /// current attempt's result for the same row, nor end the respond stage
     /// that run started early.
     fn drop_superseded(&self, batch: &mut Vec<Finished>) {
         let Ok(map) = self.inflight.lock() else {
@@ -111,7 +111,7 @@ impl Engine {
             if stale {
                 tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome.as_str(),
                     lease_token = f.lease_token, current_token = current,
-                    "result of a run a newer claim superseded; discarded, the row is unchanged");
+                    "result of an attempt a newer claim superseded; discarded, the row is unchanged");
             }
             !stale
         });

@@ -242,12 +242,12 @@ fn action_paths() -> Value {
         },
         "/api/query/{id}/continue": {
             "post": {
-                "summary": "Release the next stage of a debug run resting in ANALYZED or READY",
+                "summary": "Release the next stage of a debug request resting in ANALYZED or READY",
                 "security": secured(),
                 "parameters": [id_param()],
                 "responses": {
                     "200": object_response(
-                        "Released: the next stage will claim the run",
+                        "Released: the next stage will claim the request",
                         json!({
                             "request_id": { "type": "string", "format": "uuid" },
                             "status": { "type": "string" },

@@ -196,7 +196,7 @@ impl Action for Continue {
         let why = if debug {
             format!("request {id} is {status}, not resting between stages")
         } else {
-            format!("request {id} is not a debug run (status {status})")
+            format!("request {id} is not a debug request (status {status})")
         };
         Some(Err(("not_held", why)))
     }

@@ -351,7 +351,7 @@ pub struct Applied {
     /// the chained claim's).
     pub result_token: i64,
     pub created_at: DateTime<Utc>,
-    /// Its fused assemble result was written too (not for a debug run, nor
+    /// Its fused assemble result was written too (not for a debug request, nor
     /// while paused: the row then rests in `ANALYZED`).
     pub fused: bool,
     /// Its fused respond result was written too: the request is `COMPLETED`.

@@ -958,7 +958,7 @@ async fn http_continue_steps_a_debug_run_through_its_stages() {
             st == want
         }
     };
-    wait_until(GENEROUS, "the debug run rests in ANALYZED", || status("ANALYZED")).await;
+    wait_until(GENEROUS, "the debug request rests in ANALYZED", || status("ANALYZED")).await;
     let resp = api
         .authed(api.http.post(api.url(&format!("/api/query/{id}/continue"))))
         .send()

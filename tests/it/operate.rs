@@ -150,7 +150,7 @@ async fn without_tokens_only_loopback_hosts_and_origins_are_served() {
 }
 
 /// `POST /api/query` takes `callback_url` and `debug`: stored on the
-/// request, the debug run rests after analyze until continued, and a bad
+/// request, the debug request rests after analyze until continued, and a bad
 /// value is refused by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_takes_callback_url_and_debug() {

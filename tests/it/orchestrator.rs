@@ -178,7 +178,7 @@ async fn two_daemons_on_one_database_never_run_a_stage_twice() {
 /// Claims commit without waiting for their WAL flush, so a database crash
 /// can forget a claim while the daemon that made it runs the stage. The row
 /// is then due again; the same daemon claims it anew (a new token), stops
-/// the stale run, and the request completes with each stage succeeded once.
+/// the stale attempt, and the request completes with each stage succeeded once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_the_database_forgot_is_claimed_again_and_runs_once() {
     let db = TestDb::new().await;
@@ -201,7 +201,7 @@ async fn a_claim_the_database_forgot_is_claimed_again_and_runs_once() {
     let log = d.plain_log();
     assert!(
         log.contains("claimed a row this process still ran under an older lease"),
-        "the stale run was not stopped:\n{log}"
+        "the stale attempt was not stopped:\n{log}"
     );
 }
 

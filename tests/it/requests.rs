@@ -1,6 +1,6 @@
 //! Operating on requests with `maasctl requests`: list, show, retry (from
 //! the stage that failed), cancel (also of a running stage) and continue of
-//! debug runs, against a real database and running `maasd` processes.
+//! debug requests, against a real database and running `maasd` processes.
 
 use std::time::Duration;
 

@@ -347,7 +347,7 @@ async fn claim_analyze(client: &impl maas::repo::GenericClient, limit: usize, wo
         .unwrap()
 }
 
-/// Inserts a request (a debug run if `debug`); returns its id.
+/// Inserts a request (a debug request if `debug`); returns its id.
 async fn insert_run(c: &tokio_postgres::Client, debug: bool) -> Uuid {
     c.query_one(
         "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'q', $1) RETURNING id",
@@ -644,7 +644,7 @@ fn analyzed(row: &repo::Claimed) -> repo::Finished {
 
 /// Chaining: the statement that records a success claims the row for its
 /// next stage, and `pipeline_events` still carries every status, in order.
-/// A debug run is not chained: it rests in the status it reached.
+/// A debug request is not chained: it rests in the status it reached.
 #[tokio::test]
 async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
     use maas::model::StageKind;
@@ -670,7 +670,7 @@ async fn a_chained_finish_claims_the_next_stage_and_announces_every_status() {
         "the claim bumps the fencing token"
     );
     assert_eq!(next.analysis, Some(serde_json::json!({"needs_context": false})));
-    assert!(of(debug).chained.is_none(), "a debug run rests instead");
+    assert!(of(debug).chained.is_none(), "a debug request rests instead");
     let rows = c
         .query(
             "SELECT id, status, lease_owner, attempt, held FROM pipeline_runs ORDER BY id",
@@ -854,7 +854,7 @@ async fn assert_fused_steps(c: &tokio_postgres::Client, fused: [Uuid; 2], debug:
 
 /// Fusing: an analyze result that carries its assemble output moves the row
 /// past ASSEMBLING (to RESPONDING when chained, else READY) with both step
-/// rows, and every status it passed is announced, in order. A debug run
+/// rows, and every status it passed is announced, in order. A debug request
 /// drops the fused output and rests in ANALYZED.
 #[tokio::test]
 async fn a_fused_analyze_writes_both_stages_and_announces_every_status() {
