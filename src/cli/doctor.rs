@@ -326,19 +326,31 @@ async fn producers_check(client: &deadpool_postgres::Object, r: &mut Report) {
 /// What `producers_check` says of the producer roles `all`, one finding
 /// per kind, each naming its roles; `None` when nothing.
 fn producer_findings(all: &[tenants::Producer]) -> Option<String> {
-    let names = |f: &dyn Fn(&tenants::Producer) -> Option<String>| -> Vec<String> { all.iter().filter_map(f).collect() };
+    let names =
+        |f: &dyn Fn(&tenants::Producer) -> Option<String>| -> Vec<String> { all.iter().filter_map(f).collect() };
     let unmapped = names(&|p| p.tenants.is_empty().then(|| p.role.clone()));
     let two = names(&|p| (p.tenants.len() > 1).then(|| format!("{} ({})", p.role, p.tenants.join(", "))));
     let in_maas = names(&|p| p.creates_in.contains(&p.maas_schema).then(|| p.role.clone()));
     let elsewhere = names(&|p| {
-        let other: Vec<&str> = p.creates_in.iter().filter(|s| **s != p.maas_schema).map(String::as_str).collect();
+        let other: Vec<&str> = p
+            .creates_in
+            .iter()
+            .filter(|s| **s != p.maas_schema)
+            .map(String::as_str)
+            .collect();
         (!other.is_empty()).then(|| format!("{} (in {})", p.role, other.join(", ")))
     });
     let temp = names(&|p| p.temp.then(|| p.role.clone()));
     let schema = all.first().map(|p| p.maas_schema.as_str()).unwrap_or_default();
     let said: Vec<String> = [
-        (unmapped, "mapped to no tenant, so their inserts are refused (maasctl tenants grant)".to_owned()),
-        (two, "covered by mappings of two tenants, so their inserts are refused".to_owned()),
+        (
+            unmapped,
+            "mapped to no tenant, so their inserts are refused (maasctl tenants grant)".to_owned(),
+        ),
+        (
+            two,
+            "covered by mappings of two tenants, so their inserts are refused".to_owned(),
+        ),
         (
             in_maas,
             format!("may CREATE in maas's own schema {schema}, so they could shadow what maas runs (REVOKE CREATE)"),

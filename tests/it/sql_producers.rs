@@ -59,7 +59,10 @@ impl Env {
     /// On `db`, whose superuser connects with `url`.
     async fn on(db: TestDb, url: &str) -> Option<Env> {
         if !db.url.contains("://postgres@") {
-            eprintln!("SKIPPED: the test cluster's URL does not name the user postgres: {}", db.url);
+            eprintln!(
+                "SKIPPED: the test cluster's URL does not name the user postgres: {}",
+                db.url
+            );
             return None;
         }
         let admin = connect(url).await;
@@ -111,7 +114,12 @@ impl Env {
     }
 
     async fn stored(&self, tenant: Uuid, user: Uuid) -> Uuid {
-        value(&self.admin, "SELECT maas_tenant_user($1::uuid, $2::uuid)", &[&tenant, &user]).await
+        value(
+            &self.admin,
+            "SELECT maas_tenant_user($1::uuid, $2::uuid)",
+            &[&tenant, &user],
+        )
+        .await
     }
 
     /// (user_id, tenant_id, tenant_user_id) of request `id`.
@@ -182,14 +190,28 @@ async fn row_mapped(env: &Env) {
     let stored = env.stored(env.shop, user).await;
     let mine = inserts_as(env, &c, user, (stored, env.shop, Some(user))).await;
     c.execute(TURN, &[&user, &"imported"]).await.unwrap();
-    let turn: Vec<Uuid> = column(&env.admin, "SELECT user_id FROM raw_logs WHERE content = 'imported'", &[]).await;
+    let turn: Vec<Uuid> = column(
+        &env.admin,
+        "SELECT user_id FROM raw_logs WHERE content = 'imported'",
+        &[],
+    )
+    .await;
     assert_eq!(turn, vec![stored], "the member's turn is shop's user's");
 
     // The default tenant's and helpdesk's requests stay out of its view.
     let theirs = Uuid::new_v4();
-    env.admin.execute(INSERT, &[&theirs, &user, &"the default tenant's"]).await.unwrap();
+    env.admin
+        .execute(INSERT, &[&theirs, &user, &"the default tenant's"])
+        .await
+        .unwrap();
     let (_, _, other) = env.group("helpdesk").await;
-    inserts_as(env, &other, user, (env.stored(env.helpdesk, user).await, env.helpdesk, Some(user))).await;
+    inserts_as(
+        env,
+        &other,
+        user,
+        (env.stored(env.helpdesk, user).await, env.helpdesk, Some(user)),
+    )
+    .await;
     assert_eq!(reads(&c).await, vec![mine]);
 
     let listed = maasctl_ok(&env.db, &["tenants", "roles"]).await;
@@ -227,7 +249,11 @@ async fn row_refused_values(env: &Env) {
     sink.send(Bytes::from(line)).await.unwrap();
     let e = sink.finish().await.expect_err("COPY with an id");
     let db = e.as_db_error().unwrap_or_else(|| panic!("{e}"));
-    assert_eq!((db.code(), db.column()), (&SqlState::GENERATED_ALWAYS, Some("id")), "{db}");
+    assert_eq!(
+        (db.code(), db.column()),
+        (&SqlState::GENERATED_ALWAYS, Some("id")),
+        "{db}"
+    );
 
     let taken: i64 = value(&env.admin, "SELECT count(*) FROM raw_logs WHERE id >= $1", &[&next]).await;
     assert_eq!(taken, 0, "a planted id was stored");
@@ -280,7 +306,9 @@ async fn look_alikes_in_public_with_maas_in_a_schema_of_its_own() {
         .unwrap();
     let c = env.login(&role).await;
     look_alikes(&c, "public").await;
-    c.batch_execute("SET search_path = public, maas, pg_catalog").await.unwrap();
+    c.batch_execute("SET search_path = public, maas, pg_catalog")
+        .await
+        .unwrap();
     holds_as_any_producer(&env, &c).await;
 }
 
@@ -292,12 +320,21 @@ async fn look_alikes(c: &Client, schema: &str) {
     for (f, body) in [
         ("maas_tenant_user(t uuid, u uuid) RETURNS uuid", "SELECT u"),
         ("maas_role_tenant(r name) RETURNS uuid", "SELECT NULL::uuid"),
-        ("producer_tenant(t name) RETURNS uuid", "SELECT '00000000-0000-0000-0000-000000000000'::uuid"),
+        (
+            "producer_tenant(t name) RETURNS uuid",
+            "SELECT '00000000-0000-0000-0000-000000000000'::uuid",
+        ),
         ("refuse_stored_user(u uuid) RETURNS void", "SELECT"),
         ("maas_turn_id_drawn(id bigint) RETURNS boolean", "SELECT true"),
-        ("refuse_request_bound(a text, b text, c text, d text, e text) RETURNS void", "SELECT"),
+        (
+            "refuse_request_bound(a text, b text, c text, d text, e text) RETURNS void",
+            "SELECT",
+        ),
         ("btrim(t text) RETURNS text", "SELECT 'not blank'::text"),
-        ("maas_event(i uuid, s text, o text, p boolean) RETURNS text", "SELECT 'forged'::text"),
+        (
+            "maas_event(i uuid, s text, o text, p boolean) RETURNS text",
+            "SELECT 'forged'::text",
+        ),
         ("maas_user_erase_key(u uuid) RETURNS bigint", "SELECT 1::bigint"),
         ("pg_advisory_xact_lock_shared(k bigint) RETURNS void", "SELECT"),
     ] {
@@ -318,20 +355,39 @@ async fn holds_as_any_producer(env: &Env, c: &Client) {
     refused(c, INSERT, &[&Uuid::new_v4(), &others, &"q"], &invalid, Some("user_id")).await;
     let with_tenant = "INSERT INTO pipeline_runs (user_id, user_query, tenant_id) VALUES ($1, 'q', $2)";
     refused(c, with_tenant, &[&user, &env.helpdesk], &denied, Some("tenant_id")).await;
-    let blank = c.execute(INSERT, &[&Uuid::new_v4(), &user, &"   "]).await.expect_err("blank query");
+    let blank = c
+        .execute(INSERT, &[&Uuid::new_v4(), &user, &"   "])
+        .await
+        .expect_err("blank query");
     let db = blank.as_db_error().unwrap_or_else(|| panic!("{blank}"));
     assert_eq!(
         (db.code(), db.column(), db.constraint()),
-        (&SqlState::CHECK_VIOLATION, Some("user_query"), Some("pipeline_runs_query_not_empty")),
+        (
+            &SqlState::CHECK_VIOLATION,
+            Some("user_query"),
+            Some("pipeline_runs_query_not_empty")
+        ),
         "{db}"
     );
     let planted = "INSERT INTO raw_logs (id, user_id, message_type, content) OVERRIDING SYSTEM VALUE
                    VALUES ($1, $2, 'user_query', 'planted')";
     let next = env.next_turn_id().await;
-    refused(c, planted, &[&(next + 5), &user], &SqlState::GENERATED_ALWAYS, Some("id")).await;
+    refused(
+        c,
+        planted,
+        &[&(next + 5), &user],
+        &SqlState::GENERATED_ALWAYS,
+        Some("id"),
+    )
+    .await;
     let content = format!("a turn of {user}");
     c.execute(TURN, &[&user, &content]).await.unwrap();
-    let turn: Vec<Uuid> = column(&env.admin, "SELECT user_id FROM raw_logs WHERE content = $1", &[&content]).await;
+    let turn: Vec<Uuid> = column(
+        &env.admin,
+        "SELECT user_id FROM raw_logs WHERE content = $1",
+        &[&content],
+    )
+    .await;
     assert_eq!(turn, vec![stored]);
 }
 
@@ -343,7 +399,10 @@ async fn row_unmapped(env: &Env) {
     let role = fresh("unmapped");
     env.role(&role, true, "public").await;
     let c = env.login(&role).await;
-    env.admin.execute(INSERT, &[&Uuid::new_v4(), &Uuid::new_v4(), &"a default request"]).await.unwrap();
+    env.admin
+        .execute(INSERT, &[&Uuid::new_v4(), &Uuid::new_v4(), &"a default request"])
+        .await
+        .unwrap();
     let user = Uuid::new_v4();
     let denied = SqlState::INSUFFICIENT_PRIVILEGE;
     for sql in [INSERT, TURN] {
@@ -385,7 +444,10 @@ async fn row_two_tenants(env: &Env) {
     )
     .await;
     assert!(said.contains("shop") && said.contains("helpdesk"), "{said}");
-    let e = c.query("SELECT * FROM maas_my_requests", &[]).await.expect_err("the view");
+    let e = c
+        .query("SELECT * FROM maas_my_requests", &[])
+        .await
+        .expect_err("the view");
     assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{e}");
     let listed = maasctl_ok(&env.db, &["tenants", "roles"]).await;
     assert!(
@@ -419,7 +481,10 @@ const PROBES: [&str; 5] = [
 async fn every_sql_row_of_the_scope_table_holds_for_real_login_roles() {
     let rows = sql_rows();
     for row in &rows {
-        assert!(PROBES.iter().any(|p| row.starts_with(p)), "no probe walks the row {row:?}");
+        assert!(
+            PROBES.iter().any(|p| row.starts_with(p)),
+            "no probe walks the row {row:?}"
+        );
     }
     let Some(env) = Env::new().await else {
         return;
@@ -558,14 +623,25 @@ async fn trusted_plants_are_errors(env: &Env, api: &crate::support::api::Api, to
     let answer_id = env.next_turn_id().await;
     env.admin.execute(plant, &[&answer_id]).await.unwrap();
     maasctl_ok(&env.db, &["resume"]).await;
-    let failed = poll_until(Duration::from_secs(60), Duration::from_millis(100), || async {
+    let status_of = || async {
         let st: String = value(&env.admin, "SELECT status FROM pipeline_runs WHERE id = $1", &[&id]).await;
-        st == "FAILED"
+        st
+    };
+    let ended = poll_until(Duration::from_secs(60), Duration::from_millis(100), || async {
+        ["COMPLETED", "FAILED"].contains(&status_of().await.as_str())
     })
     .await;
     let error: Option<String> = value(&env.admin, "SELECT error FROM pipeline_runs WHERE id = $1", &[&id]).await;
-    assert!(failed && error.as_deref().is_some_and(|e| e.contains("raw_logs_pkey")), "{error:?}");
-    maasctl_ok(&env.db, &["requests", "retry", &id.to_string(), "--reason", "planted id"]).await;
+    let status = status_of().await;
+    assert!(
+        ended && status == "FAILED" && error.as_deref().is_some_and(|e| e.contains("raw_logs_pkey")),
+        "the request whose answer's id was planted: {status}, error {error:?}"
+    );
+    maasctl_ok(
+        &env.db,
+        &["requests", "retry", &id.to_string(), "--reason", "planted id"],
+    )
+    .await;
     let (s, state) = get(api, tok, &format!("/api/query/{id}/status?wait=60s")).await;
     assert_eq!(state["status"], "completed", "{s} {state}");
     let logged: Vec<String> = column(
