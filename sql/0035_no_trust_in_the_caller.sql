@@ -55,8 +55,9 @@ RETURN (x'6d75'::bigint << 32) | (hashtext(u::text) & 63)::bigint;
 -- rights `r` uses without SET ROLE, the same that let it insert). NULL
 -- when none covers it; refused when mappings of two tenants do, naming
 -- them. A mapping whose role was dropped covers no one. SECURITY DEFINER:
--- a producer has no grant on tenant_roles; it learns the tenants of the
--- roles it is a member of and nothing else.
+-- a producer has no grant on tenant_roles; called with a role its session
+-- is not a member of, it answers NULL, so a caller learns the tenants of
+-- its own roles and nothing else.
 CREATE OR REPLACE FUNCTION maas_role_tenant(r name) RETURNS uuid
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
@@ -64,6 +65,9 @@ DECLARE
     tenants bigint;
     via text;
 BEGIN
+    IF NOT pg_has_role(session_user, r, 'MEMBER') THEN
+        RETURN NULL;
+    END IF;
     SELECT min(m.tenant_id::text)::uuid, count(DISTINCT m.tenant_id),
            string_agg(t.name || ' (role ' || m.role::text || ')', ', ' ORDER BY t.name, m.role)
     INTO tenant, tenants, via

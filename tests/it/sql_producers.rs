@@ -204,7 +204,7 @@ async fn row_mapped(env: &Env) {
         .execute(INSERT, &[&theirs, &user, &"the default tenant's"])
         .await
         .unwrap();
-    let (_, _, other) = env.group("helpdesk").await;
+    let (other_group, _, other) = env.group("helpdesk").await;
     inserts_as(
         env,
         &other,
@@ -213,6 +213,11 @@ async fn row_mapped(env: &Env) {
     )
     .await;
     assert_eq!(reads(&c).await, vec![mine]);
+    // Nor does it learn another role's tenant from the lookup.
+    let lookup = "SELECT maas_role_tenant($1::text::name)";
+    let theirs: Option<Uuid> = value(&c, lookup, &[&other_group]).await;
+    let own: Option<Uuid> = value(&c, lookup, &[&group]).await;
+    assert_eq!((theirs, own), (None, Some(env.shop)));
 
     let listed = maasctl_ok(&env.db, &["tenants", "roles"]).await;
     let line = listed.lines().find(|l| l.contains(&group)).unwrap_or_default();
