@@ -75,8 +75,9 @@
 //!   See `http::tenancy`.
 //! - **producer role** — a database role of another application that
 //!   inserts requests and turns with plain SQL. `maasctl tenants grant`
-//!   maps it to a tenant (a row of `tenant_roles`) and `tenants revoke`
-//!   removes the mapping; a role mapped to none is the default tenant's.
+//!   maps it, or a group role it is a member of, to a tenant (a row of
+//!   `tenant_roles`) and `tenants revoke` removes the mapping; a role no
+//!   mapping covers inserts nothing (invariant 13).
 //! - **shown and stored user id** — the user id a tenant sends and sees
 //!   (the shown id) is not the one in the tables: every table keys on the
 //!   stored id, `maas_tenant_user(tenant, user)` in SQL, a version-8 UUID

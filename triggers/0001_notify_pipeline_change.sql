@@ -8,6 +8,13 @@
 -- of rows per statement). An UPDATE's old and new rows are paired by id,
 -- with a hash join: the planner's other choices rescan a transition table
 -- once per row.
+--
+-- It runs with maas's search_path (set below, as for every trigger
+-- function: sql/0035_no_trust_in_the_caller.sql), whoever's statement sets
+-- it off (a producer's INSERT too). That is one more setting switched per
+-- statement, next to the two planner settings: per statement, not per row.
+-- maas_event is named with all its arguments, typed, so that no overload
+-- can be a closer match.
 CREATE OR REPLACE FUNCTION notify_pipeline_change() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_nestloop = off
@@ -15,14 +22,21 @@ SET enable_mergejoin = off
 AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM pg_notify('pipeline_events', maas_event(n.id, n.status, 'INSERT'))
+        PERFORM pg_notify('pipeline_events', maas_event(n.id, n.status, 'INSERT'::text, false))
         FROM inserted n;
     ELSE
-        PERFORM pg_notify('pipeline_events', maas_event(n.id, n.status, 'UPDATE'))
+        PERFORM pg_notify('pipeline_events', maas_event(n.id, n.status, 'UPDATE'::text, false))
         FROM updated n JOIN previous o ON o.id = n.id
         WHERE o.status IS DISTINCT FROM n.status;
     END IF;
     RETURN NULL;
+END
+$$;
+
+-- maas's search_path (CREATE OR REPLACE above cleared it).
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION notify_pipeline_change() SET search_path = pg_catalog, %I, pg_temp', current_schema());
 END
 $$;
 

@@ -9,9 +9,11 @@
 -- (pipeline_runs_forgotten_guard) already holds the user's erase lock to
 -- the end of the transaction and found no tombstone, so the log's own
 -- guard could only find the same. Two trigger calls fewer on every
--- request. A log that conflicts (a request id whose query is logged
--- already) is not written and leaves a gap in the numbers, as a deleted
--- turn does.
+-- request. A log that conflicts on its request (a request id whose query
+-- is logged already: raw_logs_request_message_idx) is not written and
+-- leaves a gap in the numbers, as a deleted turn does; a conflict on
+-- anything else (a log's id, a user's number) is an error that refuses the
+-- request, never a query silently not logged.
 CREATE OR REPLACE FUNCTION log_user_query() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -26,7 +28,7 @@ BEGIN
     RETURNING m.logged_seq INTO seq;
     INSERT INTO raw_logs (user_id, request_id, thread_id, message_type, content, user_seq)
     VALUES (NEW.user_id, NEW.id, NEW.thread_id, 'user_query', NEW.user_query, seq)
-    ON CONFLICT DO NOTHING;
+    ON CONFLICT (request_id, message_type) WHERE request_id IS NOT NULL DO NOTHING;
     RETURN NULL;
 END
 $$;
@@ -36,7 +38,7 @@ $$;
 -- and no grant on archive_marks.
 DO $$
 BEGIN
-    EXECUTE format('ALTER FUNCTION log_user_query() SET search_path = %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION log_user_query() SET search_path = pg_catalog, %I, pg_temp', current_schema());
 END
 $$;
 

@@ -24,6 +24,14 @@ BEGIN
 END
 $$;
 
+-- maas's search_path, as for every trigger function
+-- (sql/0035_no_trust_in_the_caller.sql).
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION enqueue_callback() SET search_path = pg_catalog, %I, pg_temp', current_schema());
+END
+$$;
+
 DROP TRIGGER IF EXISTS pipeline_runs_enqueue_callback ON pipeline_runs;
 CREATE TRIGGER pipeline_runs_enqueue_callback
     AFTER UPDATE OF status ON pipeline_runs

@@ -25,7 +25,7 @@ $$;
 -- holds no grant on archive_marks (sql/0020_tenant_roles.sql).
 DO $$
 BEGIN
-    EXECUTE format('ALTER FUNCTION track_raw_log() SET search_path = %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION track_raw_log() SET search_path = pg_catalog, %I, pg_temp', current_schema());
 END
 $$;
 

@@ -10,6 +10,14 @@ BEGIN
 END
 $$;
 
+-- maas's search_path, as for every trigger function
+-- (sql/0035_no_trust_in_the_caller.sql).
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION delete_run_steps() SET search_path = pg_catalog, %I, pg_temp', current_schema());
+END
+$$;
+
 DROP TRIGGER IF EXISTS pipeline_runs_delete_steps ON pipeline_runs;
 CREATE TRIGGER pipeline_runs_delete_steps
     AFTER DELETE ON pipeline_runs

@@ -5,9 +5,11 @@
 --
 -- Whose a row is:
 -- - A producer (a role that may INSERT but not UPDATE the table) inserts
---   for the tenant `tenant_roles` maps it to (sql/0020_tenant_roles.sql),
---   or the default tenant. Naming another tenant in `tenant_id` is refused;
---   the column's default (the nil id) means "mine".
+--   for the tenant `tenant_roles` maps it to, or maps a role it is a member
+--   of with INHERIT (maas_role_tenant, sql/0035_no_trust_in_the_caller.sql).
+--   A producer no mapping covers is refused, as is one that mappings of two
+--   tenants cover. Naming another tenant in `tenant_id` is refused; the
+--   column's default (the nil id) means "mine".
 -- - A trusted role (one that may UPDATE the table: maasd's runtime role,
 --   the owner) names the tenant in `tenant_id`, as the HTTP path does.
 --
@@ -20,6 +22,15 @@
 --   `tenant_user_id` where the two differ. A version-8 id there is a stored
 --   id (maas never gives out another), and is refused: no INSERT reaches a
 --   user by its stored id.
+--
+-- A producer's turn takes its id from raw_logs' identity: an id it gives
+-- (OVERRIDING SYSTEM VALUE, COPY) is refused, since an id planted ahead of
+-- the sequence would take the place of a log of maas's own.
+--
+-- Every function here runs with maas's search_path (pg_catalog, maas's
+-- schema, pg_temp; set at the end of the file), whatever the inserting
+-- role's path or the functions it created: it calls maas's functions and
+-- PostgreSQL's, never a look-alike.
 --
 -- Cost: the WHEN clauses keep the default tenant's inserts by a trusted
 -- role (maasd, the daemon's own turns, psql as the owner) out of PL/pgSQL
@@ -42,13 +53,31 @@ BEGIN
 END
 $$;
 
+-- The tenant the inserting role (current_user: a trigger runs as the role
+-- whose statement set it off) inserts into `tab` for; refused when no
+-- mapping covers the role.
+CREATE OR REPLACE FUNCTION producer_tenant(tab name) RETURNS uuid
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tenant uuid := maas_role_tenant(current_user);
+BEGIN
+    IF tenant IS NULL THEN
+        RAISE EXCEPTION 'role % may not insert into %: it is mapped to no tenant', current_user, tab
+            USING ERRCODE = '42501', TABLE = tab,
+                  HINT = 'map it, or a role it is a member of, to its tenant: maasctl tenants grant TENANT --role ROLE '
+                         || '(TENANT "default" for the default tenant)';
+    END IF;
+    RETURN tenant;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION assign_request_tenant() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     stored uuid;
 BEGIN
     IF NOT has_table_privilege(TG_RELID, 'UPDATE') THEN
-        stored := coalesce(maas_role_tenant(current_user), '00000000-0000-0000-0000-000000000000');
+        stored := producer_tenant(TG_TABLE_NAME);
         IF NEW.tenant_id NOT IN (stored, '00000000-0000-0000-0000-000000000000') THEN
             RAISE EXCEPTION 'tenant_id %: role % inserts for its own tenant only', NEW.tenant_id, current_user
                 USING ERRCODE = '42501', COLUMN = 'tenant_id',
@@ -87,19 +116,25 @@ CREATE TRIGGER pipeline_runs_assign_tenant
 -- A producer's turn: raw_logs has no tenant column, so the tenant is always
 -- the role's. A trusted role's turns (the daemon's answers, the logged
 -- query of every request) carry stored ids and pass as they are.
--- `request_id` ties a turn to a request and is maas's to set (the unique
--- index on it would let a producer's turn take a request's place).
+-- `id` and `request_id` are maas's to set: an id ahead of the identity
+-- would take the place of a log of maas's (sql/0035_no_trust_in_the_caller.sql,
+-- maas_turn_id_drawn), and the unique index on `request_id` would let a
+-- producer's turn take a request's place.
 CREATE OR REPLACE FUNCTION assign_turn_tenant() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF NOT maas_turn_id_drawn(NEW.id) THEN
+        RAISE EXCEPTION 'id %: a producer''s turn cannot choose its id', NEW.id
+            USING ERRCODE = 'generated_always', COLUMN = 'id', TABLE = TG_TABLE_NAME,
+                  HINT = 'leave id out (no OVERRIDING SYSTEM VALUE, no id column in COPY): maas numbers turns itself';
+    END IF;
     IF NEW.request_id IS NOT NULL THEN
         RAISE EXCEPTION 'request_id %: a producer''s turn cannot name a request', NEW.request_id
             USING ERRCODE = '42501', COLUMN = 'request_id',
                   HINT = 'leave request_id out: maas logs the turns of its requests itself';
     END IF;
     PERFORM refuse_stored_user(NEW.user_id);
-    NEW.user_id := maas_tenant_user(
-        coalesce(maas_role_tenant(current_user), '00000000-0000-0000-0000-000000000000'), NEW.user_id);
+    NEW.user_id := maas_tenant_user(producer_tenant(TG_TABLE_NAME), NEW.user_id);
     RETURN NEW;
 END
 $$;
@@ -110,3 +145,14 @@ CREATE TRIGGER raw_logs_assign_tenant
     FOR EACH ROW
     WHEN (NOT has_table_privilege('raw_logs'::regclass, 'UPDATE'))
     EXECUTE FUNCTION assign_turn_tenant();
+
+-- maas's search_path for every function of this file (CREATE OR REPLACE
+-- above cleared it).
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION refuse_stored_user(uuid) SET search_path = pg_catalog, %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION producer_tenant(name) SET search_path = pg_catalog, %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION assign_request_tenant() SET search_path = pg_catalog, %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION assign_turn_tenant() SET search_path = pg_catalog, %I, pg_temp', current_schema());
+END
+$$;

@@ -53,6 +53,16 @@ BEGIN
 END
 $$;
 
+-- maas's search_path for both (sql/0035_no_trust_in_the_caller.sql): they
+-- run as the inserting role, which must not choose what `btrim` or
+-- `refuse_request_bound` are. One setting switched per checked row.
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION refuse_request_bound(text, text, text, text, text) SET search_path = pg_catalog, %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION check_request_bounds() SET search_path = pg_catalog, %I, pg_temp', current_schema());
+END
+$$;
+
 -- Named to fire after the other BEFORE triggers of an INSERT (they fire in
 -- the order of their names: pipeline_runs_assign_tenant,
 -- pipeline_runs_forgotten_guard), so it sees the row as it will be written,

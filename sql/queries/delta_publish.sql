@@ -9,7 +9,7 @@ WITH ins AS (
     INSERT INTO answer_deltas (request_id, attempt, seq, text)
     SELECT $1, $2, d.seq, d.text
     FROM unnest($3::int4[], $4::text[]) AS d(seq, text)
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (request_id, attempt, seq) DO NOTHING
     RETURNING request_id, attempt, seq, text
 ),
 sent AS (

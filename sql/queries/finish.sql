@@ -221,7 +221,10 @@ logged AS (
     CROSS JOIN numbers s
     WHERE s.last ? a.user_id::text
     ORDER BY a.user_id, a.n
-    ON CONFLICT DO NOTHING
+    -- (only the conflict it means: a request's answer logged already;
+    -- another, on a log's id or a user's number, is an error that fails
+    -- this result with the constraint's name, never an answer not logged)
+    ON CONFLICT (request_id, message_type) WHERE request_id IS NOT NULL DO NOTHING
 ),
 passed AS (
     SELECT pg_notify('pipeline_events', maas_event(p.id, p.status, 'UPDATE', passed => true))

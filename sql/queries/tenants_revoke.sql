@@ -1,15 +1,16 @@
 -- Removes database role $1's mapping to a tenant on behalf of $2 and records
--- the action. A role mapped to no tenant inserts for the default tenant and
--- reads the default tenant's requests through maas_my_requests, so nothing
--- is removed while the role exists and still holds INSERT on pipeline_runs
--- or raw_logs or SELECT on maas_my_requests: those are revoked, or the role
--- dropped, first. A dropped role's mapping is removed (a new role of the
--- same name would otherwise inherit it). The one row says what was found
--- and done.
+-- the action. From then on the role inserts for, and reads through
+-- maas_my_requests, the tenant of another mapping that covers it (of a role
+-- it is a member of, sql/0035_no_trust_in_the_caller.sql), or nothing: a
+-- role no mapping covers is refused (triggers/0006_assign_tenant.sql) and
+-- reads no rows. So the mapping goes whatever grants the role still holds;
+-- the row says which it still holds, and which mappings still cover it. A
+-- dropped role's mapping is removed too (a new role of the same name would
+-- otherwise inherit it).
 -- $1 role
 -- $2 actor
 WITH asked AS (
-    SELECT m.role, t.name AS tenant,
+    SELECT m.role, t.name AS tenant, r.oid AS role_oid,
            r.oid IS NOT NULL AND (has_table_privilege(r.oid, 'pipeline_runs', 'INSERT')
                                   OR has_table_privilege(r.oid, 'raw_logs', 'INSERT')
                                   OR has_table_privilege(r.oid, 'maas_my_requests', 'SELECT')) AS still_producing
@@ -21,7 +22,7 @@ WITH asked AS (
 revoked AS (
     DELETE FROM tenant_roles m
     USING asked a
-    WHERE m.role = a.role AND NOT a.still_producing
+    WHERE m.role = a.role
     RETURNING m.role
 ),
 audit AS (
@@ -29,5 +30,11 @@ audit AS (
     SELECT 'tenant_revoke', $2::text, jsonb_build_object('tenant', a.tenant, 'role', a.role::text)
     FROM asked a, revoked
 )
-SELECT a.tenant, a.still_producing, EXISTS (SELECT FROM revoked) AS revoked
+SELECT a.tenant, a.still_producing, EXISTS (SELECT FROM revoked) AS revoked,
+       ARRAY(SELECT t.name || ' (role ' || m.role::text || ')'
+             FROM tenant_roles m
+             JOIN pg_roles g ON g.rolname = m.role
+             JOIN tenants t ON t.id = m.tenant_id
+             WHERE m.role <> $1::text::name AND pg_has_role(a.role_oid, g.oid, 'USAGE')
+             ORDER BY t.name, m.role) AS still_covered_by
 FROM asked a

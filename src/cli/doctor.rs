@@ -11,6 +11,10 @@
 //! - leases: warn about expired leases nobody took back;
 //! - callbacks: fail when deliveries wait and no secret is configured, warn
 //!   about dead ones;
+//! - producers: warn about producer roles (docs/deploying.md, "Producer
+//!   roles") that may CREATE in a schema (a role chooses its own
+//!   search_path) or use TEMP, and about those no mapping, or mappings of
+//!   two tenants, cover (their inserts are refused);
 //! - `llm.<role>`: the provider of each role is reachable (an authenticated
 //!   request listing models); keys are never printed;
 //! - embeddings: off, or the provider and model of `[llm.embedding]` (a
@@ -34,7 +38,7 @@ use crate::config::Config;
 use crate::db;
 use crate::llm::embed::EmbeddingProvider;
 use crate::llm::{Llm, LlmConfig, ProviderKind, Role};
-use crate::repo::{control, embeddings, stats};
+use crate::repo::{control, embeddings, stats, tenants};
 
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
 const PROVIDER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -105,6 +109,7 @@ async fn database_checks(cfg: &Config, r: &mut Report) {
     claiming_check(&client, r).await;
     leases_check(&client, r).await;
     callbacks_check(cfg, &client, r).await;
+    producers_check(&client, r).await;
 }
 
 /// A connection and the server's version, or `None` after a failed check.
@@ -297,6 +302,73 @@ async fn callbacks_check(cfg: &Config, client: &deadpool_postgres::Object, r: &m
         }
         Err(e) => r.add("callbacks", Level::Warn, e.to_string()),
     }
+}
+
+/// Warns about producer roles that hold more than the producer grants
+/// (CREATE in a schema, TEMP) or that no mapping, or two tenants', cover.
+async fn producers_check(client: &deadpool_postgres::Object, r: &mut Report) {
+    match tenants::producers(client).await {
+        Ok(all) => match producer_findings(&all) {
+            Some(said) => r.add("producers", Level::Warn, said),
+            None => r.add(
+                "producers",
+                Level::Ok,
+                format!(
+                    "{} producer role(s), each covered by one tenant's mapping, none may CREATE or use TEMP",
+                    all.len()
+                ),
+            ),
+        },
+        Err(e) => r.add("producers", Level::Warn, e.to_string()),
+    }
+}
+
+/// What `producers_check` says of the producer roles `all`, one finding
+/// per kind, each naming its roles; `None` when nothing.
+fn producer_findings(all: &[tenants::Producer]) -> Option<String> {
+    let names =
+        |f: &dyn Fn(&tenants::Producer) -> Option<String>| -> Vec<String> { all.iter().filter_map(f).collect() };
+    let unmapped = names(&|p| p.tenants.is_empty().then(|| p.role.clone()));
+    let two = names(&|p| (p.tenants.len() > 1).then(|| format!("{} ({})", p.role, p.tenants.join(", "))));
+    let in_maas = names(&|p| p.creates_in.contains(&p.maas_schema).then(|| p.role.clone()));
+    let elsewhere = names(&|p| {
+        let other: Vec<&str> = p
+            .creates_in
+            .iter()
+            .filter(|s| **s != p.maas_schema)
+            .map(String::as_str)
+            .collect();
+        (!other.is_empty()).then(|| format!("{} (in {})", p.role, other.join(", ")))
+    });
+    let temp = names(&|p| p.temp.then(|| p.role.clone()));
+    let schema = all.first().map(|p| p.maas_schema.as_str()).unwrap_or_default();
+    let said: Vec<String> = [
+        (
+            unmapped,
+            "mapped to no tenant, so their inserts are refused (maasctl tenants grant)".to_owned(),
+        ),
+        (
+            two,
+            "covered by mappings of two tenants, so their inserts are refused".to_owned(),
+        ),
+        (
+            in_maas,
+            format!("may CREATE in maas's own schema {schema}, so they could shadow what maas runs (REVOKE CREATE)"),
+        ),
+        (
+            elsewhere,
+            "may CREATE in a schema (a role sets its own search_path; REVOKE CREATE)".to_owned(),
+        ),
+        (
+            temp,
+            "may create TEMP tables here (REVOKE TEMP ON DATABASE … FROM PUBLIC, and from them)".to_owned(),
+        ),
+    ]
+    .into_iter()
+    .filter(|(roles, _)| !roles.is_empty())
+    .map(|(roles, what)| format!("producer roles {what}: {}", roles.join(", ")))
+    .collect();
+    (!said.is_empty()).then(|| said.join("; "))
 }
 
 /// LISTEN on a private channel in a dedicated session, NOTIFY from the

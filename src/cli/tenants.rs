@@ -8,10 +8,11 @@
 //!   may UPDATE `pipeline_runs` is refused: it is trusted to name any
 //!   tenant. `add --role` adds the tenant and maps its roles in one
 //!   transaction.
-//! - `tenants revoke` removes a role's mapping only once the role can no
-//!   longer insert or read (its grants revoked, or the role dropped):
-//!   unmapped, it would insert for and read the default tenant. All the
-//!   roles named, or none.
+//!   A mapping covers the role and its members with INHERIT; `tenants
+//!   roles` lists the login roles each one covers.
+//! - `tenants revoke` removes a role's mapping: the role then inserts for
+//!   another mapping that covers it, or for none (its inserts refused, it
+//!   reads nothing), which it says. All the roles named, or none.
 //! - A token is 32 random bytes, hex, after the prefix `maas_`; only its
 //!   SHA-256 is stored. `create` and `rotate` print it once; nothing prints
 //!   it again.
@@ -69,14 +70,15 @@ pub enum TenantsCommand {
         #[arg(long = "role", value_name = "ROLE", required = true)]
         roles: Vec<String>,
     },
-    /// Remove database roles' mapping to their tenant, once their
-    /// INSERT and SELECT grants are revoked or the role is dropped.
+    /// Remove database roles' mapping to their tenant: a role no mapping
+    /// covers inserts nothing and reads nothing.
     Revoke {
         /// A database role (repeatable).
         #[arg(long = "role", value_name = "ROLE", required = true)]
         roles: Vec<String>,
     },
-    /// Every database role mapped to a tenant.
+    /// Every database role mapped to a tenant, with the login roles it
+    /// covers.
     Roles,
     /// Change a tenant's limits or callback secret; `none` clears one.
     Set {
@@ -240,7 +242,7 @@ async fn grant(cfg: &Config, name: &str, roles: &[String], actor: &str, json: bo
 }
 
 /// `tenants revoke`: removes the mapping of every one of `roles`, or of
-/// none (the first that cannot be removed is an error naming why).
+/// none (a role mapped to no tenant is an error naming it).
 async fn revoke(cfg: &Config, roles: &[String], actor: &str, json: bool) -> Result<Outcome, CliError> {
     // A role named twice is revoked once.
     let mut seen = std::collections::HashSet::new();
@@ -250,16 +252,9 @@ async fn revoke(cfg: &Config, roles: &[String], actor: &str, json: bool) -> Resu
     let mut was = Vec::with_capacity(roles.len());
     for role in &roles {
         let r = tenants::revoke_role(&tx, role, actor).await?;
-        match r.tenant {
-            Some(tenant) if r.revoked => was.push(tenant),
-            Some(tenant) => {
-                return Err(CliError::Usage(format!(
-                    "role {role:?} (tenant {tenant}): it still holds INSERT on pipeline_runs or raw_logs or \
-                     SELECT on maas_my_requests, and with no mapping it would insert for and read the default \
-                     tenant; REVOKE those or DROP ROLE it first (docs/deploying.md, Producer roles)"
-                )));
-            }
-            None => {
+        match &r.tenant {
+            Some(_) if r.revoked => was.push(r),
+            _ => {
                 return Err(CliError::Usage(format!(
                     "role {role:?}: not mapped to a tenant (maasctl tenants roles)"
                 )));
@@ -271,33 +266,70 @@ async fn revoke(cfg: &Config, roles: &[String], actor: &str, json: bool) -> Resu
         let revoked: Vec<_> = roles
             .iter()
             .zip(&was)
-            .map(|(role, tenant)| serde_json::json!({ "role": role, "tenant": tenant }))
+            .map(|(role, r)| {
+                serde_json::json!({ "role": role, "tenant": r.tenant, "still_covered_by": r.still_covered_by })
+            })
             .collect();
         println!("{}", serde_json::json!({ "revoked": revoked }));
     } else {
-        for (role, tenant) in roles.iter().zip(&was) {
-            println!("role {role} no longer inserts for tenant {tenant}");
+        for (role, r) in roles.iter().zip(&was) {
+            println!("{}", revoked_line(role, r));
         }
     }
     Ok(Outcome::Ok)
 }
 
-/// `tenants roles`: every mapped role.
+/// What `tenants revoke` says of `role` once its mapping is gone.
+fn revoked_line(role: &str, r: &tenants::RoleRevoke) -> String {
+    let tenant = r.tenant.as_deref().unwrap_or_default();
+    if !r.still_covered_by.is_empty() {
+        format!(
+            "role {role} is no longer mapped to tenant {tenant}; it still inserts through {}",
+            r.still_covered_by.join(", ")
+        )
+    } else if r.still_producing {
+        format!(
+            "role {role} no longer inserts for tenant {tenant}: mapped to no tenant, its inserts are refused \
+             and maas_my_requests shows it nothing (REVOKE its grants to retire it)"
+        )
+    } else {
+        format!("role {role} no longer inserts for tenant {tenant}")
+    }
+}
+
+/// `tenants roles`: every mapped role, with the login roles it covers.
 async fn list_roles(cfg: &Config, json: bool) -> Result<Outcome, CliError> {
     let client = connect(cfg).await?;
     let all = tenants::roles(&client).await?;
     if json {
         println!("{}", serde_json::to_string(&all).unwrap_or_default());
-    } else {
-        println!("{:<24} {:<32} since", "tenant", "role");
-        for r in &all {
-            println!(
-                "{:<24} {:<32} {}",
-                r.tenant,
-                r.role,
-                r.created_at.format("%Y-%m-%d %H:%M:%S")
-            );
-        }
+        return Ok(Outcome::Ok);
+    }
+    println!("{:<24} {:<32} {:<20} covers (login roles)", "tenant", "role", "since");
+    for r in &all {
+        let covers = if !r.role_exists {
+            "none: the role was dropped".to_owned()
+        } else if r.covers.is_empty() {
+            "none yet (no login role is it or its member with INHERIT)".to_owned()
+        } else {
+            r.covers
+                .iter()
+                .map(|c| {
+                    if r.refused.contains(c) {
+                        format!("{c} (refused: another tenant's role covers it too)")
+                    } else {
+                        c.clone()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "{:<24} {:<32} {:<20} {covers}",
+            r.tenant,
+            r.role,
+            r.created_at.format("%Y-%m-%d %H:%M:%S").to_string()
+        );
     }
     Ok(Outcome::Ok)
 }

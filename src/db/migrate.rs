@@ -95,6 +95,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     32 => "0032_tenant_revoke.sql",
     33 => "0033_time_ordered_request_ids.sql",
     34 => "0034_request_bounds_where_written.sql",
+    35 => "0035_no_trust_in_the_caller.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

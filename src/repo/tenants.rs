@@ -10,11 +10,15 @@
 //! - Every change made here for `maasctl` writes its `operator_actions` row
 //!   in the same statement.
 //! - Which tenant a database role's INSERTs belong to is a row of
-//!   `tenant_roles` ([`grant_role`]); the triggers apply it
-//!   (triggers/0006_assign_tenant.sql). A role that may UPDATE
-//!   `pipeline_runs` is never mapped: it is trusted to name any tenant. A
-//!   mapping is removed ([`revoke_role`]) only from a role that can no
-//!   longer insert or read: unmapped, it would be the default tenant's.
+//!   `tenant_roles` ([`grant_role`]) for the role or a role it is a member
+//!   of with INHERIT; the triggers apply it (triggers/0006_assign_tenant.sql)
+//!   and refuse a role no mapping covers, or mappings of two tenants do. A
+//!   role that may UPDATE `pipeline_runs` is never mapped: it is trusted to
+//!   name any tenant. Removing a mapping ([`revoke_role`]) leaves the role
+//!   to the mappings that still cover it, or to none (refused).
+//! - [`roles`] resolves each mapping to the login roles it covers;
+//!   [`producers`] lists the producer roles with what `maasctl doctor`
+//!   warns about.
 //! - [`lock_limits`] locks the tenant's row (`FOR UPDATE`) in a statement
 //!   of its own before [`limit_counts`] counts: submissions of one limited
 //!   tenant from any number of daemons are counted one after the other when
@@ -56,6 +60,7 @@ super::statements! {
     GRANT_ROLE = "tenants_grant",
     REVOKE_ROLE = "tenants_revoke",
     ROLES = "tenants_roles",
+    PRODUCERS = "tenants_producers",
 }
 
 super::row_struct! {
@@ -257,32 +262,69 @@ super::row_struct! {
         /// The tenant the role was mapped to (none: it was not mapped).
         pub tenant: Option<String>,
         /// The role still holds INSERT on `pipeline_runs` or `raw_logs` or
-        /// SELECT on `maas_my_requests` (so its mapping was kept).
+        /// SELECT on `maas_my_requests`.
         pub still_producing: bool,
         pub revoked: bool,
+        /// The other mappings that still cover the role (it is a member of
+        /// their roles), as "tenant (role …)".
+        pub still_covered_by: Vec<String>,
     }
 }
 
 /// Removes database role `role`'s mapping to a tenant, recorded as
-/// `actor`'s action; the result says whether it was removed and, if not,
-/// why.
+/// `actor`'s action; the result says whether there was one and what
+/// covers the role now.
 pub async fn revoke_role(client: &impl GenericClient, role: &str, actor: &str) -> Result<RoleRevoke, Error> {
     super::query_one_as(client, REVOKE_ROLE, &[&role, &actor]).await
 }
 
 super::row_struct! {
-    /// A database role mapped to a tenant.
+    /// A database role mapped to a tenant, resolved to the login roles it
+    /// covers.
     #[derive(Debug, Clone, Serialize)]
     pub struct TenantRole {
         pub tenant: String,
         pub role: String,
         pub created_at: DateTime<Utc>,
+        /// False for a mapping whose role was dropped (it covers no one).
+        pub role_exists: bool,
+        /// The login roles whose inserts are this tenant's through this
+        /// mapping: the role itself, its members with INHERIT (trusted
+        /// roles left out).
+        pub covers: Vec<String>,
+        /// Those of `covers` that a mapping to another tenant covers too:
+        /// their inserts are refused.
+        pub refused: Vec<String>,
     }
 }
 
 /// Every database role mapped to a tenant, by tenant and role.
 pub async fn roles(client: &impl GenericClient) -> Result<Vec<TenantRole>, Error> {
     super::query_as(client, ROLES, &[]).await
+}
+
+super::row_struct! {
+    /// A producer role (`tenants_producers.sql`): one that may insert into
+    /// `pipeline_runs` or `raw_logs` and not update them, or that a
+    /// mapping covers.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Producer {
+        pub role: String,
+        /// The tenants whose mappings cover it; its inserts are refused
+        /// unless there is exactly one.
+        pub tenants: Vec<String>,
+        /// The schemas it may create objects in.
+        pub creates_in: Vec<String>,
+        /// It may create temporary tables in this database.
+        pub temp: bool,
+        /// The schema maas is installed in.
+        pub maas_schema: String,
+    }
+}
+
+/// Every producer role, by name.
+pub async fn producers(client: &impl GenericClient) -> Result<Vec<Producer>, Error> {
+    super::query_as(client, PRODUCERS, &[]).await
 }
 
 super::row_struct! {

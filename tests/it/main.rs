@@ -36,6 +36,7 @@ mod retention;
 mod roles;
 mod schema;
 mod scopes;
+mod sql_producers;
 mod sql_tenancy;
 mod stages;
 mod stream_providers;

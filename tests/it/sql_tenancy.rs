@@ -20,7 +20,7 @@ use crate::support::tenants::{get, start, submit_ok, token};
 
 /// The producer role mapped to tenant `shop`.
 const SHOP_ROLE: &str = "maas_shop_app";
-/// A producer role mapped to no tenant: the default tenant's.
+/// A producer role the default tenant maps (`tenants grant default`).
 const PLAIN_ROLE: &str = "maas_plain_app";
 
 /// The producer grants of docs/deploying.md, run by the owner.
@@ -64,12 +64,14 @@ async fn maasctl_refused(db: &TestDb, args: &[&str]) -> String {
 }
 
 /// Tenant `shop` with `SHOP_ROLE` mapped to it by `maasctl tenants add
-/// --role`, and `PLAIN_ROLE` mapped to none; (admin, shop, plain, shop's id).
+/// --role`, and `PLAIN_ROLE` mapped to the default tenant; (admin, shop,
+/// plain, shop's id).
 async fn producers(db: &TestDb) -> Option<(Client, Client, Client, Uuid)> {
     let admin = db.client().await;
     let shop = producer(db, &admin, SHOP_ROLE).await?;
     let plain = producer(db, &admin, PLAIN_ROLE).await?;
     maasctl_ok(db, &["tenants", "add", "shop", "--role", SHOP_ROLE]).await;
+    maasctl_ok(db, &["tenants", "grant", "default", "--role", PLAIN_ROLE]).await;
     let shop_id: Uuid = value(&admin, "SELECT id FROM tenants WHERE name = 'shop'", &[]).await;
     Some((admin, shop, plain, shop_id))
 }
@@ -152,7 +154,7 @@ async fn a_plain_insert_stores_the_tenants_user() {
     let turn: Vec<Uuid> = column(&admin, "SELECT user_id FROM raw_logs WHERE content = 'imported'", &[]).await;
     assert_eq!(turn, vec![stored]);
 
-    // An unmapped role is the default tenant: its ids stay themselves.
+    // A role the default tenant maps: its ids stay themselves.
     let default_id = Uuid::new_v4();
     plain.execute(INSERT, &[&default_id, &user, &"default"]).await.unwrap();
     assert_eq!(stored_as(&admin, default_id).await, (user, Uuid::nil(), None));
@@ -287,7 +289,8 @@ async fn a_plain_insert_shares_memory_with_the_same_user_over_http() {
 
 /// `maasctl tenants grant` maps producer roles only: an unknown role and a
 /// role that may UPDATE pipeline_runs (here the superuser) are refused
-/// with the reason, and `tenants roles` lists the mapping.
+/// with the reason, and `tenants roles` lists each mapping with the login
+/// role it covers; a mapped role moves with another grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_grant_maps_producer_roles_only() {
     let db = TestDb::new().await;
@@ -301,36 +304,41 @@ async fn tenants_grant_maps_producer_roles_only() {
         let err = maasctl_refused(&db, &["tenants", "grant", "shop", "--role", role]).await;
         assert!(err.contains(why), "{err}");
     }
+    let tenant_of = |listed: &str, role: &str| {
+        listed
+            .lines()
+            .find(|l| l.contains(role))
+            .and_then(|l| l.split_whitespace().next())
+            .map(str::to_owned)
+    };
     let listed = maasctl_ok(&db, &["tenants", "roles"]).await;
-    assert!(listed.contains(SHOP_ROLE) && !listed.contains(PLAIN_ROLE), "{listed}");
-    let out = maasctl_ok(&db, &["tenants", "grant", "default", "--role", PLAIN_ROLE]).await;
+    assert_eq!(tenant_of(&listed, SHOP_ROLE).as_deref(), Some("shop"), "{listed}");
+    assert_eq!(tenant_of(&listed, PLAIN_ROLE).as_deref(), Some("default"), "{listed}");
+    let out = maasctl_ok(&db, &["tenants", "grant", "shop", "--role", PLAIN_ROLE]).await;
     assert!(out.contains(PLAIN_ROLE), "{out}");
+    let listed = maasctl_ok(&db, &["tenants", "roles"]).await;
+    assert_eq!(tenant_of(&listed, PLAIN_ROLE).as_deref(), Some("shop"), "{listed}");
 }
 
-/// `maasctl tenants revoke` removes a mapping only from a role that can no
-/// longer insert or read: unmapped, it would be the default tenant's. Once
-/// its grants are revoked the mapping goes, with its audit row, and the
-/// role is no longer listed; a role mapped to nothing is refused by name.
+/// `maasctl tenants revoke` removes a role's mapping, with its audit row,
+/// whatever grants the role still holds: a role no mapping covers is
+/// refused and reads nothing (it no longer falls to the default tenant),
+/// and revoke says so. A role mapped to nothing is refused by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenants_revoke_unmaps_a_role_only_once_it_cannot_insert() {
+async fn tenants_revoke_leaves_a_role_refused() {
     let db = TestDb::new().await;
-    let Some((admin, _shop, _plain, _)) = producers(&db).await else {
+    let Some((admin, shop, _plain, _)) = producers(&db).await else {
         return;
     };
-    let err = maasctl_refused(&db, &["tenants", "revoke", "--role", SHOP_ROLE]).await;
-    assert!(err.contains(SHOP_ROLE) && err.contains("REVOKE"), "{err}");
-    assert!(maasctl_ok(&db, &["tenants", "roles"]).await.contains(SHOP_ROLE));
-
-    admin
-        .batch_execute(&format!(
-            "REVOKE INSERT ON pipeline_runs, raw_logs FROM {SHOP_ROLE};
-             REVOKE SELECT ON maas_my_requests FROM {SHOP_ROLE};"
-        ))
+    shop.execute(INSERT, &[&Uuid::new_v4(), &Uuid::new_v4(), &"before"])
         .await
         .unwrap();
     // Named twice, revoked once.
     let out = maasctl_ok(&db, &["tenants", "revoke", "--role", SHOP_ROLE, "--role", SHOP_ROLE]).await;
-    assert!(out.contains(SHOP_ROLE) && out.contains("shop"), "{out}");
+    assert!(
+        out.contains(SHOP_ROLE) && out.contains("shop") && out.contains("refused"),
+        "{out}"
+    );
     assert!(!maasctl_ok(&db, &["tenants", "roles"]).await.contains(SHOP_ROLE));
     let audit: Vec<String> = column(
         &admin,
@@ -339,8 +347,15 @@ async fn tenants_revoke_unmaps_a_role_only_once_it_cannot_insert() {
     )
     .await;
     assert_eq!(audit, vec!["shop".to_owned()]);
+    let e = shop
+        .execute(INSERT, &[&Uuid::new_v4(), &Uuid::new_v4(), &"after"])
+        .await
+        .expect_err("an unmapped role's insert");
+    assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{e}");
+    let seen: Vec<Uuid> = column(&shop, "SELECT id FROM maas_my_requests", &[]).await;
+    assert_eq!(seen, Vec::<Uuid>::new());
 
-    for role in [SHOP_ROLE, PLAIN_ROLE] {
+    for role in [SHOP_ROLE, "maas_never_mapped"] {
         let err = maasctl_refused(&db, &["tenants", "revoke", "--role", role]).await;
         assert!(err.contains(role) && err.contains("not mapped"), "{err}");
     }

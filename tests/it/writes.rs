@@ -310,6 +310,10 @@ async fn a_daemons_answers_are_numbered_in_order_and_a_forgotten_users_dropped()
     );
 }
 
+/// The default tenant, which maps the producer roles below (a role no
+/// mapping covers inserts nothing: triggers/0006_assign_tenant.sql).
+const NIL: Uuid = Uuid::nil();
+
 /// A log whose number is given skips the triggers only for a role that may
 /// update raw_logs (the daemon's); anyone else's number is replaced.
 #[tokio::test]
@@ -320,6 +324,7 @@ async fn a_producers_given_number_is_replaced_by_the_trigger() {
     let user = Uuid::new_v4();
     c.batch_execute(&format!(
         "CREATE ROLE {role}; GRANT INSERT ON raw_logs TO {role};
+         INSERT INTO tenant_roles (role, tenant_id) VALUES ('{role}', '{NIL}');
          SET ROLE {role};
          INSERT INTO raw_logs (user_id, message_type, content, user_seq) VALUES ('{user}', 'user_query', 'hello', 999);
          RESET ROLE;"
@@ -351,6 +356,7 @@ async fn a_producers_requests_have_their_queries_numbered_and_a_forgotten_users_
     let (user, forgotten) = (Uuid::new_v4(), Uuid::new_v4());
     c.batch_execute(&format!(
         "CREATE ROLE {role}; GRANT INSERT ON pipeline_runs, raw_logs TO {role};
+         INSERT INTO tenant_roles (role, tenant_id) VALUES ('{role}', '{NIL}');
          INSERT INTO forgotten_users (user_id, actor, reason) VALUES ('{forgotten}', 'test', 'test');
          SET ROLE {role};
          INSERT INTO pipeline_runs (user_id, user_query, run_after) VALUES ('{user}', 'one', now() + interval '1 hour');
