@@ -33,6 +33,8 @@ use crate::db;
 use crate::model::{PromptRole, StageKind, Status, UnknownPromptRole};
 use crate::repo::{self, GenericClient, audit, prompts, requests};
 
+pub mod tenants;
+
 pub use repo::control::ControlState;
 pub use repo::requests::Retried;
 

@@ -138,9 +138,10 @@
 //!    [`callbacks`] (signed deliveries from a durable outbox), [`retention`]
 //!    (old requests deleted in batches).
 //! 8. [`control`] — every operator action with its audit row (cancel,
-//!    retry, continue, pause, prompt activation, archive now, memory
-//!    corrections), one path for `maasctl`, HTTP and the console; above
-//!    the engine because "archive now" runs the archivist.
+//!    retry, continue, pause, prompt activation, archive now; tenant and
+//!    token administration, [`control::tenants`]), one path for `maasctl`,
+//!    HTTP and the console; above the engine because "archive now" runs
+//!    the archivist. (Memory corrections are a user's data, in layer 6.)
 //! 9. Front ends: [`http`] (submit, status, long-poll, SSE, WebSocket,
 //!    health, metrics, OpenAPI; the operator console, `http::console`),
 //!    [`systemd`] (readiness, watchdog).

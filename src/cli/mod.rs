@@ -162,6 +162,15 @@ impl From<crate::control::Error> for CliError {
     }
 }
 
+impl From<crate::control::tenants::AdminError> for CliError {
+    fn from(e: crate::control::tenants::AdminError) -> Self {
+        match e {
+            crate::control::tenants::AdminError::Refused(why) => CliError::Usage(why),
+            crate::control::tenants::AdminError::Db(e) => CliError::Db(e),
+        }
+    }
+}
+
 impl From<tokio_postgres::Error> for CliError {
     fn from(e: tokio_postgres::Error) -> Self {
         CliError::Db(e.into())

@@ -1,7 +1,9 @@
 //! `maasctl tenants add|list|set|grant|revoke|roles` and `maasctl tokens
-//! create|list|rotate|revoke`.
+//! create|list|rotate|revoke`: the arguments parsed, the action done by
+//! [`crate::control::tenants`] (which keeps the rules below), the result
+//! printed.
 //!
-//! Guarantees:
+//! What the commands guarantee:
 //! - `tenants grant` (and `tenants add --role`) maps a database role to a
 //!   tenant: that role's plain INSERTs into `pipeline_runs` and `raw_logs`
 //!   are the tenant's (docs/deploying.md, "Producer roles"). A role that
@@ -31,6 +33,7 @@ use clap::Subcommand;
 
 use super::{CliError, Outcome, connect};
 use crate::config::Config;
+use crate::control::tenants as control;
 use crate::model::Scope;
 use crate::repo::tenants::{self, NewToken, Tenant, TenantChange, TokenInfo};
 
@@ -149,15 +152,6 @@ fn scope_named(name: &str) -> Result<Scope, String> {
     Scope::from_name(name).ok_or_else(|| format!("one of {}", Scope::NAMES.join(", ")))
 }
 
-/// A new token: `maas_` and 64 hex digits; and its SHA-256.
-fn new_token() -> (String, [u8; 32]) {
-    use sha2::Digest;
-    let bytes: [u8; 32] = rand::random();
-    let token = format!("maas_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
-    let hash = sha2::Sha256::digest(token.as_bytes()).into();
-    (token, hash)
-}
-
 /// `N` or `none`.
 fn limit(flag: &str, v: &str) -> Result<Option<i32>, CliError> {
     if v.eq_ignore_ascii_case("none") {
@@ -197,40 +191,9 @@ fn show_tenant(t: &Tenant) -> String {
     )
 }
 
-/// Maps each of `roles` to tenant `tenant` (by name); the first one that
-/// cannot be mapped is an error naming why (the caller's transaction then
-/// maps none).
-async fn grant_roles(
-    client: &impl crate::repo::GenericClient,
-    tenant: &str,
-    roles: &[String],
-    actor: &str,
-) -> Result<(), CliError> {
-    for role in roles {
-        let g = tenants::grant_role(client, tenant, role, actor).await?;
-        let why = if !g.tenant_known {
-            "no such tenant (maasctl tenants list)"
-        } else if !g.role_known {
-            "no such database role (CREATE ROLE it first)"
-        } else if g.trusted {
-            "it may UPDATE pipeline_runs, so it is trusted to insert for any tenant; \
-             a producer role holds INSERT only (docs/deploying.md, Producer roles)"
-        } else {
-            ""
-        };
-        if !g.granted {
-            return Err(CliError::Usage(format!("tenant {tenant}, role {role:?}: {why}")));
-        }
-    }
-    Ok(())
-}
-
 /// `tenants grant`: maps `roles` to tenant `name`, all or none.
 async fn grant(cfg: &Config, name: &str, roles: &[String], actor: &str, json: bool) -> Result<Outcome, CliError> {
-    let mut client = connect(cfg).await?;
-    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-    grant_roles(&tx, name, roles, actor).await?;
-    tx.commit().await.map_err(crate::db::Error::from)?;
+    control::grant(&mut connect(cfg).await?, name, roles, actor).await?;
     if json {
         println!("{}", serde_json::json!({ "tenant": name, "roles": roles }));
     } else {
@@ -244,35 +207,17 @@ async fn grant(cfg: &Config, name: &str, roles: &[String], actor: &str, json: bo
 /// `tenants revoke`: removes the mapping of every one of `roles`, or of
 /// none (a role mapped to no tenant is an error naming it).
 async fn revoke(cfg: &Config, roles: &[String], actor: &str, json: bool) -> Result<Outcome, CliError> {
-    // A role named twice is revoked once.
-    let mut seen = std::collections::HashSet::new();
-    let roles: Vec<&String> = roles.iter().filter(|r| seen.insert(r.as_str())).collect();
-    let mut client = connect(cfg).await?;
-    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-    let mut was = Vec::with_capacity(roles.len());
-    for role in &roles {
-        let r = tenants::revoke_role(&tx, role, actor).await?;
-        match &r.tenant {
-            Some(_) if r.revoked => was.push(r),
-            _ => {
-                return Err(CliError::Usage(format!(
-                    "role {role:?}: not mapped to a tenant (maasctl tenants roles)"
-                )));
-            }
-        }
-    }
-    tx.commit().await.map_err(crate::db::Error::from)?;
+    let done = control::revoke(&mut connect(cfg).await?, roles, actor).await?;
     if json {
-        let revoked: Vec<_> = roles
+        let revoked: Vec<_> = done
             .iter()
-            .zip(&was)
             .map(|(role, r)| {
                 serde_json::json!({ "role": role, "tenant": r.tenant, "still_covered_by": r.still_covered_by })
             })
             .collect();
         println!("{}", serde_json::json!({ "revoked": revoked }));
     } else {
-        for (role, r) in roles.iter().zip(&was) {
+        for (role, r) in &done {
             println!("{}", revoked_line(role, r));
         }
     }
@@ -334,35 +279,6 @@ async fn list_roles(cfg: &Config, json: bool) -> Result<Outcome, CliError> {
     Ok(Outcome::Ok)
 }
 
-/// `tenants add`: the tenant and the mapping of its `roles`, in one
-/// transaction.
-async fn add_tenant(cfg: &Config, new: NewTenant, actor: &str) -> Result<Tenant, CliError> {
-    let mut client = connect(cfg).await?;
-    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-    let made = tenants::add(
-        &tx,
-        &new.name,
-        new.requests_per_minute,
-        new.max_in_flight,
-        new.callback_secret.as_deref(),
-        actor,
-    )
-    .await
-    .map_err(|e| CliError::Usage(format!("tenant {}: {e}", new.name)))?;
-    grant_roles(&tx, &new.name, &new.roles, actor).await?;
-    tx.commit().await.map_err(crate::db::Error::from)?;
-    Ok(made)
-}
-
-/// The fields of `tenants add`.
-struct NewTenant {
-    name: String,
-    requests_per_minute: Option<i32>,
-    max_in_flight: Option<i32>,
-    callback_secret: Option<String>,
-    roles: Vec<String>,
-}
-
 pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
     let done = match cmd {
         TenantsCommand::Add {
@@ -373,14 +289,15 @@ pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool)
             roles,
             callback_secret_file,
         } => {
-            let new = NewTenant {
-                name,
+            let secret = secret_given(callback_secret, callback_secret_file)?;
+            let new = control::NewTenant {
+                name: &name,
                 requests_per_minute,
                 max_in_flight,
-                callback_secret: secret_given(callback_secret, callback_secret_file)?,
-                roles,
+                callback_secret: secret.as_deref(),
+                roles: &roles,
             };
-            add_tenant(cfg, new, actor).await?
+            control::add_tenant(&mut connect(cfg).await?, new, actor).await?
         }
         TenantsCommand::Grant { name, roles } => return grant(cfg, &name, &roles, actor, json).await,
         TenantsCommand::Revoke { roles } => return revoke(cfg, &roles, actor, json).await,
@@ -417,10 +334,7 @@ pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool)
                     .as_deref()
                     .map(|s| (!s.eq_ignore_ascii_case("none")).then_some(s)),
             };
-            match tenants::set(&connect(cfg).await?, &name, &change, actor)
-                .await
-                .map_err(|e| CliError::Usage(format!("tenant {name}: {e}")))?
-            {
+            match control::set_tenant(&connect(cfg).await?, &name, &change, actor).await? {
                 Some(t) => t,
                 None => {
                     eprintln!("no tenant {name:?}");
@@ -498,16 +412,11 @@ async fn create_token(
     actor: &str,
     json: bool,
 ) -> Result<Outcome, CliError> {
-    let NewToken { name, tenant, .. } = t;
-    let (token, hash) = new_token();
-    let made = tenants::create_token(client, t, &hash, actor)
-        .await
-        .map_err(|e| CliError::Usage(format!("token {name:?} of tenant {tenant}: {e}")))?;
-    let Some(info) = made else {
-        eprintln!("no tenant {tenant:?} (maasctl tenants list)");
+    let Some(made) = control::create_token(client, t, actor).await? else {
+        eprintln!("no tenant {:?} (maasctl tenants list)", t.tenant);
         return Ok(Outcome::Finding);
     };
-    print_token(&info, &token, json);
+    print_token(&made.info, &made.token, json);
     Ok(Outcome::Ok)
 }
 
@@ -549,7 +458,7 @@ async fn revoke_token(
     actor: &str,
     json: bool,
 ) -> Result<Outcome, CliError> {
-    match tenants::revoke_token(client, name, tenant, actor, reason).await? {
+    match control::revoke_token(client, name, tenant, reason, actor).await? {
         Some(info) if json => println!("{}", serde_json::to_string(&info).unwrap_or_default()),
         Some(info) => println!(
             "revoked token {:?} of tenant {} (id {}); every daemon refuses it within 5 s",
@@ -573,26 +482,10 @@ async fn rotate_token(
     actor: &str,
     json: bool,
 ) -> Result<Outcome, CliError> {
-    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-    let Some(old) = tenants::revoke_token(&tx, name, tenant, actor, Some(reason)).await? else {
+    let Some(made) = control::rotate_token(client, name, tenant, reason, actor).await? else {
         eprintln!("no live token {name:?} of tenant {tenant:?}");
         return Ok(Outcome::Finding);
     };
-    let (token, hash) = new_token();
-    let again = NewToken {
-        name,
-        tenant,
-        scope: old.scope,
-        operator: old.operator,
-        user: old.user_id,
-    };
-    let made = tenants::create_token(&tx, again, &hash, actor).await?;
-    tx.commit().await.map_err(crate::db::Error::from)?;
-    let Some(info) = made else {
-        return Err(CliError::Usage(format!(
-            "tenant {tenant:?} vanished during the rotation"
-        )));
-    };
-    print_token(&info, &token, json);
+    print_token(&made.info, &made.token, json);
     Ok(Outcome::Ok)
 }
