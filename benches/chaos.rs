@@ -1082,7 +1082,9 @@ fn too_little_done(rate: f64, load_secs: f64, acked: [u64; 2], completed: i64) -
         .zip(acked)
         .filter(|(_, n)| *n < least)
         .map(|(door, n)| {
-            format!("only {n} submissions acknowledged by {door} of about {offered:.0} offered; at least {least} needed")
+            format!(
+                "only {n} submissions acknowledged by {door} of about {offered:.0} offered; at least {least} needed"
+            )
         })
         .collect();
     let total = acked.iter().sum::<u64>() as f64;
