@@ -43,7 +43,7 @@ pub enum DaemonError {
 
 /// The embedder of `[llm.embedding]`, or `None` when embeddings are off. A
 /// local model is loaded here: a missing one stops the start, naming its
-/// folder. (Where the default model is missing, [`started`] says so.)
+/// folder. (Where the default model is missing, the start says so.)
 pub fn embedder(cfg: &Config) -> Result<Option<crate::llm::embed::Embedder>, DaemonError> {
     let embedder = crate::llm::embed::configured(&cfg.llm)?;
     if let Some(e) = &embedder {
