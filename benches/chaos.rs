@@ -1087,10 +1087,11 @@ fn too_little_done(rate: f64, load_secs: f64, acked: [u64; 2], completed: i64) -
             )
         })
         .collect();
-    let total = acked.iter().sum::<u64>() as f64;
-    if (completed as f64) < total * LEAST_DONE {
+    let total = acked.iter().sum::<u64>();
+    let least_completed = (total as f64 * LEAST_DONE).ceil() as i64;
+    if completed < least_completed {
         problems.push(format!(
-            "only {completed} of the {total} acknowledged requests completed; at least half needed"
+            "only {completed} of the {total} acknowledged requests completed; at least {least_completed} needed"
         ));
     }
     problems
