@@ -40,11 +40,19 @@
 //! - The Russian paraphrase test (`tests/data/embeddings/paraphrase_ru.json`:
 //!   Russian and mixed turns, and questions that share no word with their
 //!   turn) runs beside: its turns are one more user's, embedded by the same
-//!   maasd; each question is embedded by the embedder the same
-//!   configuration makes and ranked by the memory search's own statement
-//!   (full text and embeddings fused, `memory.semantic_weight`); it scores
-//!   when its turn is among the first five hits. An English-only model
-//!   finds few; full text alone finds none by design.
+//!   maasd; each question goes to that maasd's memory search
+//!   (`GET /api/users/{id}/memory/search`: the pipeline's retrieval, the
+//!   question embedded by maasd's embedder, full text and embeddings fused
+//!   with `memory.semantic_weight`), the daemon restarted for them with
+//!   `memory.window` 0 (the turns are one thread a minute apart: a turn
+//!   next to a better hit would come as its neighbour); it scores when its
+//!   turn is among the first five hits. An English-only
+//!   model finds few; full text alone finds none by design. (Asked as
+//!   requests, the offline analyzer would decide first whether each
+//!   question searches at all, and the figure would measure its Russian
+//!   words instead of the model.)
+//! - `embedding_model` is the model maasd stored with the turns'
+//!   embeddings (`off` without any).
 //!
 //! - `MAAS_EVAL_MEMORY_APPROXIMATE=P` (a measurement of what the lists of
 //!   large users cost in recall, nothing else sets it): every user is
@@ -303,48 +311,50 @@ fn russian_test() -> (Conversation, Paraphrases) {
 }
 
 /// How many of the paraphrase questions find their turn among the first
-/// [`RUSSIAN_TOP`] hits of the memory search, embedded and weighted as
-/// maasd does with the configuration of this environment, and the
-/// embedding model (`off` without one).
-async fn russian_recall(url: &str, user: Uuid, p: &Paraphrases) -> (usize, String) {
-    let cfg: maas::config::Config =
-        figment::Figment::from(figment::providers::Serialized::defaults(maas::config::Config::default()))
-            .merge(figment::providers::Env::prefixed("MAAS_").split("__"))
-            .merge(figment::providers::Serialized::default("database_url", url))
-            .extract()
-            .expect("the configuration of this environment");
-    let embedder = maas::llm::embed::configured(&cfg.llm).expect("the embedder of this environment");
-    let pool = maas::db::pool::connect_pool(&cfg, "eval-memory").expect("a pool");
-    let client = pool.get().await.expect("a connection");
+/// [`RUSSIAN_TOP`] hits of the memory search of the maasd at `base` (`GET
+/// /api/users/{id}/memory/search`: the pipeline's retrieval, embedded by
+/// maasd's embedder and weighted by its configuration, as the English
+/// questions' contexts are), counting the items that matched the question
+/// (`why` = `hit`), not a hit's neighbours.
+async fn russian_recall(http: &reqwest::Client, base: &str, user: Uuid, p: &Paraphrases) -> usize {
     let mut found = 0;
     for q in &p.questions {
         let Some(turn) = p.turns.iter().find(|t| t.id == q.evidence) else {
             continue;
         };
-        let embedded = maas::llm::embed::Embedder::for_search(embedder.as_ref(), &q.question).await;
-        let semantic = embedded.map(|(embedding, model)| maas::repo::memory::Semantic {
-            embedding,
-            model,
-            weight: cfg.memory.semantic_weight,
-        });
-        let search = maas::repo::memory::MemorySearch {
-            user_id: user,
-            request_id: Uuid::new_v4(),
-            thread_id: None,
-            thread_turns: 0,
-            query: &q.question,
-            hits: RUSSIAN_TOP,
-            window: 0,
-            records: 0,
-            semantic,
-        };
-        let items = maas::repo::memory::search(&client, &search)
+        let resp = http
+            .get(format!("{base}/api/users/{user}/memory/search"))
+            .query(&[("q", q.question.as_str()), ("limit", &RUSSIAN_TOP.to_string())])
+            .send()
             .await
             .expect("the memory search");
-        found += usize::from(items.iter().any(|i| i.content == turn.text));
+        let status = resp.status();
+        let body: Value = resp.json().await.expect("the memory search's JSON");
+        assert!(status.is_success(), "the memory search: HTTP {status}: {body}");
+        let hits = body["hits"].as_array().map(Vec::as_slice).unwrap_or_default();
+        found += usize::from(
+            hits.iter()
+                .filter(|h| h["why"] == "hit")
+                .any(|h| h["content"] == turn.text.as_str()),
+        );
     }
-    let model = embedder.as_ref().map_or("off", maas::llm::embed::Embedder::model);
-    (found, model.to_owned())
+    found
+}
+
+/// The model maasd embedded the turns with (`off` when it embedded none).
+async fn embedding_model(db: &Client) -> String {
+    let models: Vec<String> = db
+        .query("SELECT DISTINCT model FROM turn_embeddings ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if models.is_empty() {
+        "off".to_owned()
+    } else {
+        models.join(", ")
+    }
 }
 
 // ------------------------------------------------------------- the runs
@@ -535,14 +545,17 @@ async fn run(args: Args) -> bool {
             .unwrap();
     }
 
-    let mut opts = Opts::default()
-        .env("RUST_LOG", "warn,maas::http=info")
-        .env("MAAS_ARCHIVIST__ENABLED", "false");
-    for (k, v) in passthrough_env() {
-        opts = opts.env(&k, v);
-    }
+    let daemon = || {
+        let mut opts = Opts::default()
+            .env("RUST_LOG", "warn,maas::http=info")
+            .env("MAAS_ARCHIVIST__ENABLED", "false");
+        for (k, v) in passthrough_env() {
+            opts = opts.env(&k, v);
+        }
+        opts
+    };
     let provider = std::env::var("MAAS_LLM_PROVIDER").unwrap_or_else(|_| "offline".into());
-    let mut maasd = Maasd::spawn(&url, opts);
+    let mut maasd = Maasd::spawn(&url, daemon());
     let addr = maasd.http_addr(Duration::from_secs(120)).await;
     let base = format!("http://{addr}");
     let (db, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
@@ -644,7 +657,15 @@ async fn run(args: Args) -> bool {
         outcomes.push(t.await.unwrap());
     }
     let ask_ms = t_ask.elapsed().as_millis();
-    let (russian_found, embedding_model) = russian_recall(&url, russian.user, &paraphrases).await;
+    // The paraphrases are asked of the same daemon restarted with no
+    // neighbours (`memory.window` 0): their turns are one thread a minute
+    // apart, and a turn next to a better hit would come as its neighbour,
+    // not as a hit of its own rank.
+    maasd.kill();
+    let mut maasd = Maasd::spawn(&url, daemon().env("MAAS_MEMORY__WINDOW", 0));
+    let base = format!("http://{}", maasd.http_addr(Duration::from_secs(120)).await);
+    let russian_found = russian_recall(&http, &base, russian.user, &paraphrases).await;
+    let embedding_model = embedding_model(&db).await;
     let russian_n = paraphrases.questions.len();
 
     // Score.

@@ -40,7 +40,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = maas::shutdown::on_signals()?;
     let (sd_cfg, sd_shutdown) = (std::sync::Arc::new(cfg.clone()), shutdown.clone());
     maas::daemon::run(cfg, shutdown, move |engine| {
-        tracing::info!(worker = engine.worker(), "maasd ready");
+        tracing::info!(
+            worker = engine.worker(),
+            lease_secs = sd_cfg.lease_secs,
+            sweep_secs = sd_cfg.sweep_secs,
+            "maasd ready"
+        );
         // READY=1 once listening, then the watchdog (a no-op outside systemd).
         maas::systemd::spawn(engine.clone(), sd_cfg, sd_shutdown);
     })

@@ -23,7 +23,7 @@ use crate::db::{self, migrate};
 use crate::dispatcher::{Engine, Sweep};
 use crate::http::housekeeping::{IdempotencyExpiry, MetricsRefresh};
 use crate::listener::Notifier;
-use crate::llm::Llm;
+use crate::llm::{Llm, Role};
 use crate::metrics::Stats;
 use crate::retention::Retention;
 use crate::service::{self, Service};
@@ -43,14 +43,11 @@ pub enum DaemonError {
 
 /// The embedder of `[llm.embedding]`, or `None` when embeddings are off. A
 /// local model is loaded here: a missing one stops the start, naming its
-/// folder.
+/// folder. (Where the default model is missing, the start says so.)
 pub fn embedder(cfg: &Config) -> Result<Option<crate::llm::embed::Embedder>, DaemonError> {
     let embedder = crate::llm::embed::configured(&cfg.llm)?;
-    if let Some(note) = cfg.llm.embedding.fallback_note(&|name| std::env::var(name).ok()) {
-        tracing::warn!("{note}");
-    }
     if let Some(e) = &embedder {
-        tracing::info!(provider = e.provider_name(), model = e.model(), "embeddings on");
+        tracing::debug!(provider = e.provider_name(), model = e.model(), "embeddings on");
     }
     Ok(embedder)
 }
@@ -62,7 +59,8 @@ pub async fn migrate_at_start(cfg: &Config) -> Result<migrate::Report, db::Error
         db::with_limits(&mut pg, &cfg.db.for_migrations());
     }
     let (mut client, conn) = pg.connect(db::tls::connector(cfg.database_url.expose())?).await?;
-    let driver = tokio::spawn(conn);
+    // The migrations' notices ("… does not exist, skipping") at DEBUG.
+    let driver = tokio::spawn(db::session::drive(conn));
     // A current schema needs no DDL, so a runtime role without CREATE
     // rights starts (migrations then run as the owner: `maasctl migrate`).
     let report = match migrate::state(&client).await {
@@ -74,21 +72,86 @@ pub async fn migrate_at_start(cfg: &Config) -> Result<migrate::Report, db::Error
     report
 }
 
+/// Logs what a start's migration run did: a line when it changed the
+/// schema, the files' names at DEBUG.
+fn schema_updated(report: &migrate::Report) {
+    if report.applied.is_empty() && report.triggers.is_empty() {
+        return;
+    }
+    tracing::info!(
+        "schema updated to version {}: {} migrations and {} trigger files applied",
+        report.current_version,
+        report.applied.len(),
+        report.triggers.len()
+    );
+    tracing::debug!(applied = ?report.applied, triggers = ?report.triggers, "schema updated");
+}
+
 /// Builds the pipeline: the providers of each role from `[llm]`, falling
-/// back to `llm_provider` (`MAAS_LLM_PROVIDER`).
-pub fn pipeline(cfg: &Config) -> Result<Arc<dyn Pipeline>, DaemonError> {
+/// back to `llm_provider` (`MAAS_LLM_PROVIDER`). Also returns what runs,
+/// for the start's lines ([`providers`]).
+pub fn pipeline(cfg: &Config) -> Result<(Arc<dyn Pipeline>, String), DaemonError> {
     let llm = Llm::from_config(&cfg.llm, &cfg.llm_provider)?;
-    for role in crate::llm::Role::ALL {
-        tracing::info!(
+    for role in Role::ALL {
+        tracing::debug!(
             role = role.as_str(),
             provider = llm.provider_name(role),
             model = llm.model(role),
             "llm role"
         );
     }
-    Ok(Arc::new(
-        LlmPipeline::new(llm, cfg.context_max_tokens).with_memory(cfg.memory.clone()),
-    ))
+    let shown = providers(&Role::ALL.map(|r| (r.as_str(), llm.provider_name(r), llm.model(r))));
+    let pipeline = LlmPipeline::new(llm, cfg.context_max_tokens).with_memory(cfg.memory.clone());
+    Ok((Arc::new(pipeline), shown))
+}
+
+/// The LLM providers of `roles` (role, provider, model) for people:
+/// `offline` or `openai gpt-4o-mini` when every role has the same,
+/// otherwise each role's.
+pub fn providers(roles: &[(&str, &str, &str)]) -> String {
+    let one = |provider: &str, model: &str| {
+        if model == provider {
+            provider.to_owned()
+        } else {
+            format!("{provider} {model}")
+        }
+    };
+    match roles {
+        [(_, provider, model), rest @ ..] if rest.iter().all(|r| (r.1, r.2) == (*provider, *model)) => {
+            format!("{} for every role", one(provider, model))
+        }
+        _ => roles
+            .iter()
+            .map(|(role, provider, model)| format!("{role} {}", one(provider, model)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// What the memory search runs on, for people.
+pub fn memory_search(embedder: Option<&crate::llm::embed::Embedder>) -> String {
+    match embedder {
+        Some(e) => format!("full text and semantic, model {} ({})", e.model(), e.provider_name()),
+        None => "full text alone".to_owned(),
+    }
+}
+
+/// Says what runs and where, first in the log: the database (never its
+/// password), the HTTP address and the console, the LLM providers, the
+/// memory search (and why it is full text alone where the default model
+/// is missing).
+fn started(cfg: &Config, http: &str, providers: &str, embedder: Option<&crate::llm::embed::Embedder>) {
+    tracing::info!(
+        "maasd {} starting: database {}",
+        env!("CARGO_PKG_VERSION"),
+        db::session::shown(cfg.database_url.expose())
+    );
+    tracing::info!("HTTP API on {http}, console {http}/console");
+    tracing::info!("LLM provider: {providers}");
+    tracing::info!("memory search: {}", memory_search(embedder));
+    if let Some(note) = cfg.llm.embedding.fallback_note(&|name| std::env::var(name).ok()) {
+        tracing::warn!("{note}");
+    }
 }
 
 /// The daemon's archivist, built once: its schedule (when enabled) and
@@ -113,19 +176,15 @@ pub async fn run(
     ready: impl FnOnce(&Arc<Engine>),
 ) -> Result<(), DaemonError> {
     let cfg = Arc::new(cfg);
-    let pipeline = pipeline(&cfg)?;
+    let (pipeline, providers) = pipeline(&cfg)?;
     let embedder = embedder(&cfg)?;
     // Bind first: a taken port or a refused address stops us before we
     // touch the database.
     let bound = crate::http::bind(&cfg).await?;
-    let report = migrate_at_start(&cfg).await?;
-    if !report.applied.is_empty() || !report.triggers.is_empty() {
-        tracing::info!(applied = ?report.applied, triggers = ?report.triggers, "schema updated");
-    }
+    started(&cfg, &bound.url(), &providers, embedder.as_ref());
+    schema_updated(&migrate_at_start(&cfg).await?);
     let pool = db::connect_pool(&cfg, "maasd")?;
     let worker = crate::sys::worker_id();
-    tracing::info!(worker = %worker, provider = %cfg.llm_provider, lease_secs = cfg.lease_secs,
-        sweep_secs = cfg.sweep_secs, "maasd starting");
     let archivist = archivist(&cfg, worker.clone())?;
     let stats = Arc::new(Stats::default());
     let notifier = Notifier::new(stats.clone());
@@ -202,5 +261,27 @@ impl Service for ArchivistSchedule {
             }
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::providers;
+
+    #[test]
+    fn the_providers_are_said_once_when_every_role_has_the_same() {
+        let offline = [("analyzer", "offline", "offline"); 3];
+        assert_eq!(providers(&offline), "offline for every role");
+        let openai = [("analyzer", "openai", "gpt-4o-mini"); 3];
+        assert_eq!(providers(&openai), "openai gpt-4o-mini for every role");
+        let mixed = [
+            ("analyzer", "openai", "gpt-4o-mini"),
+            ("responder", "anthropic", "claude-sonnet"),
+            ("archivist", "offline", "offline"),
+        ];
+        assert_eq!(
+            providers(&mixed),
+            "analyzer openai gpt-4o-mini, responder anthropic claude-sonnet, archivist offline"
+        );
     }
 }

@@ -123,8 +123,9 @@
 //! 2. [`config`] — typed settings, loaded once (defaults → file →
 //!    environment).
 //! 3. [`db`] — the pool, TLS to the server ([`db::tls`]), failover
-//!    ([`db::failover`]), migrations, a private cluster for development and
-//!    tests ([`db::devdb`]).
+//!    ([`db::failover`]), a connection outside the pool ([`db::session`]),
+//!    migrations, a private cluster for development and tests
+//!    ([`db::devdb`]).
 //! 4. [`repo`] — every SQL statement, one file per table; rows read by
 //!    column name. No SQL outside `repo` and `db`.
 //! 5. Engine parts: [`metrics`] (Prometheus series), [`stage`] (the stages

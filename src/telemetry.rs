@@ -1,6 +1,8 @@
 //! The one place a tracing subscriber is built: JSON lines under systemd
 //! (or with `MAAS_LOG_FORMAT=json`), human-readable otherwise. The filter
-//! comes from `RUST_LOG` (default `info`).
+//! comes from `RUST_LOG`; without it, [`DEFAULT_FILTER`]: `info`, with the
+//! cron scheduler's own start-up chatter ("Uninited", "Job creator
+//! created") left out.
 //!
 //! JSON lines are flat ([`FlatJson`]): one object per line with
 //! `timestamp`, `level`, `target`, `message`, the event's fields and the
@@ -20,8 +22,13 @@ use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
+/// The filter without `RUST_LOG`: `info`, and only warnings from the
+/// archivist's cron scheduler (tokio-cron-scheduler), which says at INFO
+/// how its parts start.
+pub const DEFAULT_FILTER: &str = "info,tokio_cron_scheduler=warn";
+
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let json = std::env::var("MAAS_LOG_FORMAT").map(|v| v == "json").unwrap_or(false)
         || std::env::var_os("JOURNAL_STREAM").is_some();
     let builder = tracing_subscriber::fmt()

@@ -7,6 +7,15 @@ export MAAS_ROOT
 
 say() { printf '%s\n' "$*" >&2; }
 
+# True under CI (CI set, as CI services set it to true, and not to 0 or
+# false): there a test that cannot run is a failure, not a skip (bin/test;
+# the tests read CI the same way).
+under_ci() {
+    local ci=${CI:-}
+    ci=${ci,,}
+    [[ -n $ci && $ci != 0 && $ci != false ]]
+}
+
 as_root() {
     if [[ $(id -u) -eq 0 ]]; then
         "$@"
@@ -38,7 +47,8 @@ ensure_postgres() {
 
 # Installs promtool (Debian's `prometheus` package) when missing, for the
 # alert rules' tests. Returns 1, with a message, where it cannot be
-# installed (no root, no apt-get): the caller skips those tests then.
+# installed (no root, no apt-get): the caller skips those tests then (under
+# CI it fails).
 # (The package also installs a Prometheus server; the tests do not use it.)
 ensure_promtool() {
     command -v promtool >/dev/null 2>&1 && return 0
@@ -65,6 +75,20 @@ ensure_pgbouncer() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer >/dev/null ||
         return 1
     have_pgbouncer
+}
+
+# Installs systemd-analyze (Debian's `systemd` package; `security
+# --offline` needs systemd 250 or later) when missing, for the unit file's
+# exposure check (tests/it/systemd.rs). Returns 1, with a message, where it
+# cannot be installed: that check skips then.
+ensure_systemd_analyze() {
+    command -v systemd-analyze >/dev/null 2>&1 && return 0
+    command -v apt-get >/dev/null 2>&1 || { say "systemd-analyze missing and no apt-get to install it"; return 1; }
+    say "systemd-analyze is not installed; installing Debian's systemd package with apt-get"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq || return 1
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null ||
+        return 1
+    command -v systemd-analyze >/dev/null 2>&1
 }
 
 ensure_cargo() {

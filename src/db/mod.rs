@@ -1,10 +1,11 @@
-//! Database access: the pool, the migration runner and a private cluster
-//! for development and tests.
+//! Database access: the pool, a connection outside it ([`session`]), the
+//! migration runner and a private cluster for development and tests.
 
 pub mod devdb;
 pub mod failover;
 pub mod migrate;
 pub mod pool;
+pub mod session;
 pub mod tls;
 
 pub use pool::{Pool, connect_api_pool, connect_pool, pg_config, unnamed_statements, with_limits};

@@ -345,6 +345,15 @@ pub struct Bound {
     tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
+impl Bound {
+    /// The server's base URL: `http://` or `https://` and the bound
+    /// address.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+}
+
 /// The TLS acceptor of `http.tls_cert` and `http.tls_key` (both or
 /// neither), read before anything is bound.
 fn tls_acceptor(cfg: &Config) -> Result<Option<tokio_rustls::TlsAcceptor>, HttpError> {

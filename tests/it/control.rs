@@ -1,26 +1,26 @@
 //! `maasctl pause` and `resume`: every daemon stops claiming while paused
 //! and starts again on resume, with both actions in the audit trail.
 
-use std::time::Duration;
-
 use crate::support::cli::maasctl;
 use crate::support::count;
 use crate::support::daemon::Maasd;
 use crate::support::db::{TestDb, column};
-use crate::support::ops::{GENEROUS, fast, wait_listening};
+use crate::support::ops::{GENEROUS, sweeps, wait_listening, wait_sweeps, watched};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_stops_every_daemon_and_resume_restarts_them() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let _a = Maasd::spawn(&db.url, fast());
-    let _b = Maasd::spawn(&db.url, fast());
+    let a = Maasd::spawn(&db.url, watched());
+    let b = Maasd::spawn(&db.url, watched());
     wait_listening(&c, 2).await;
     let (code, out, err) = maasctl(&db.url, &["pause", "--reason", "database maintenance"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("paused"), "{out}");
+    let marks = [(&a, sweeps(&a)), (&b, sweeps(&b))];
     crate::support::insert_requests(&c, 30, "while paused").await;
-    tokio::time::sleep(Duration::from_millis(2500)).await; // two sweeps, every notification
+    // Every daemon has been rung for them and has swept twice since.
+    wait_sweeps(&marks, 2).await;
     assert_eq!(
         count(&c, "SELECT count(*) FROM pipeline_runs WHERE status = 'NEW'").await,
         30

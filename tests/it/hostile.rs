@@ -276,6 +276,23 @@ mod props {
     use proptest::prelude::*;
     use serde_json::json;
 
+    /// The seconds a wait's text says, read apart from the parser: a
+    /// number, then `ms`, `s`, `m` or no unit (seconds). `None` when the
+    /// rest is not a number.
+    fn written_secs(raw: &str) -> Option<f64> {
+        let text = raw.trim();
+        let (number, unit) = [("ms", 0.001), ("s", 1.0), ("m", 60.0)]
+            .iter()
+            .find_map(|(suffix, secs)| text.strip_suffix(suffix).map(|n| (n, *secs)))
+            .unwrap_or((text, 1.0));
+        number.trim().parse::<f64>().ok().map(|n| n * unit)
+    }
+
+    /// `got` is `secs` to the nanosecond (the float's own rounding aside).
+    fn same_wait(got: Duration, secs: f64) -> bool {
+        (got.as_secs_f64() - secs).abs() <= 1e-9 + secs * 1e-12
+    }
+
     /// A valid body with random bytes spliced in, replaced or cut.
     fn bodies() -> impl Strategy<Value = Vec<u8>> {
         crate::props::mutated(
@@ -315,11 +332,34 @@ mod props {
             }
         }
 
+        /// Whatever the text, an accepted wait is what it says: a finite,
+        /// non-negative number in a known unit, to the nanosecond.
         #[test]
-        fn waits_parse_to_bounded_durations(raw in "[0-9.eE+-]{0,12}(ms|s|m|h|)|.{0,16}") {
+        fn accepted_waits_are_what_their_text_says(raw in "[0-9.eE+-]{0,12}(ms|s|m|h|)|.{0,16}") {
             if let Some(d) = parse_wait(&raw) {
-                prop_assert!(d < Duration::MAX);
+                let secs = written_secs(&raw);
+                prop_assert!(secs.is_some_and(|s| s.is_finite() && s >= 0.0), "{raw:?} accepted as {d:?}");
+                prop_assert!(same_wait(d, secs.unwrap_or_default()), "{raw:?} read as {d:?}, says {secs:?} s");
             }
+        }
+
+        /// A number with a fraction in each unit is accepted as written; a
+        /// negative one, hours and a wait too long for a `Duration` are
+        /// refused.
+        #[test]
+        fn waits_in_each_unit_are_read_and_the_rest_refused(
+            whole in 0u64..10_000_000,
+            frac in 0u32..1000,
+            unit in prop_oneof![Just("ms"), Just("s"), Just("m"), Just("")],
+        ) {
+            let text = format!("{whole}.{frac:03}{unit}");
+            let secs = written_secs(&text).unwrap_or(f64::NAN);
+            let got = parse_wait(&text);
+            prop_assert!(got.is_some_and(|d| same_wait(d, secs)), "{text:?} read as {got:?}, says {secs} s");
+            let negative = format!("-{}.{frac:03}{unit}", whole + 1);
+            prop_assert_eq!(parse_wait(&negative), None, "{}", negative);
+            prop_assert_eq!(parse_wait(&format!("{whole}h")), None);
+            prop_assert_eq!(parse_wait(&format!("{}{unit}", "9".repeat(40))), None);
         }
 
         #[test]

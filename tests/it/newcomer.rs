@@ -1,6 +1,7 @@
 //! A newcomer's memory: the second conversation finds the first before
 //! any archive run, over HTTP and over SQL inserts, with the offline
-//! analyzer and with a provider's analysis.
+//! analyzer and with a provider's analysis. And a newcomer's first start:
+//! its log says what runs and where, with nothing that reads as a problem.
 
 use std::time::Duration;
 
@@ -176,4 +177,62 @@ async fn a_newcomers_first_archive_run_does_not_wait_for_the_schedule() {
     .await;
     let runs: i64 = value(&c, "SELECT count(*) FROM archive_runs", &[]).await;
     assert!(runs >= 1);
+}
+
+/// A first start as `bin/run` makes it: a fresh database, the daemon's own
+/// log filter (no `RUST_LOG`). Its first lines say what runs and where —
+/// the database without its password, the HTTP address and the console,
+/// the provider, the memory search — and nothing a newcomer would read as a
+/// problem follows: no server NOTICE from the migrations ("… does not
+/// exist, skipping") and no cron scheduler chatter ("Uninited", "Job
+/// creator created").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_says_what_runs_and_where_and_no_notice_or_scheduler_chatter() {
+    let db = TestDb::empty().await;
+    // postgres://USER[:PASSWORD]@HOST:PORT/DB; the test cluster trusts
+    // local connections, so a password given is sent and never checked.
+    let (scheme, rest) = db.url.split_once("://").unwrap();
+    let (userinfo, place) = rest.split_once('@').unwrap();
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, "first-start-secret"));
+    let url = format!("{scheme}://{user}:{password}@{place}");
+    let host_port = place.split(['/', '?']).next().unwrap();
+    let opts = Opts::default()
+        .default_log()
+        .env("MAAS_LLM_PROVIDER", "offline")
+        .env("MAAS_LLM__EMBEDDING__PROVIDER", "off");
+    let mut d = Maasd::spawn(&url, opts);
+    let addr = d.http_addr(WAIT).await;
+    // The archivist's schedule starts after "maasd ready"; its scheduler
+    // says its chatter before the schedule's own line.
+    wait_until(WAIT, "the archivist's schedule and the listener started", || async {
+        let log = d.plain_log();
+        log.contains("archivist scheduled") && log.contains("listener: listening")
+    })
+    .await;
+    let log = d.plain_log();
+    let lines: Vec<&str> = log.lines().collect();
+    let first = [
+        format!(
+            "maasd {} starting: database {user}@{host_port}/{}",
+            env!("CARGO_PKG_VERSION"),
+            db.name
+        ),
+        format!("HTTP API on http://{addr}, console http://{addr}/console"),
+        "LLM provider: offline for every role".to_owned(),
+        "memory search: full text alone".to_owned(),
+    ];
+    for (i, want) in first.iter().enumerate() {
+        assert!(
+            lines
+                .get(i)
+                .is_some_and(|l| l.contains(" INFO ") && l.ends_with(want.as_str())),
+            "line {} should say {want:?}:\n{log}",
+            i + 1
+        );
+    }
+    assert!(!log.contains(password), "the password is in the log:\n{log}");
+    assert!(log.contains("schema updated to version"), "{log}");
+    for chatter in ["NOTICE", "does not exist, skipping", "Uninited", "Job creator created"] {
+        assert!(!log.contains(chatter), "{chatter:?} at the default log level:\n{log}");
+    }
 }

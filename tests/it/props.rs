@@ -359,19 +359,22 @@ proptest! {
         prop_assert!(again.found.is_empty(), "sanitising twice found {:?}", again.found);
     }
 
-    /// The analysis parser keeps a NUL it was given (the sanitiser's job),
-    /// but never panics on one, and its output sanitises to storable JSON.
+    /// The analysis parser accepts a valid analysis whatever its strings
+    /// hold, keeps a NUL it was given (the sanitiser's job) but never
+    /// panics on one, and its output sanitises to storable JSON.
     #[test]
     fn parsed_analyses_sanitise_to_storable_json(keyword in poisoned_text(), v in arb_json()) {
         use maas::sanitize;
         let text = json!({"needs_context": false, "context_type": "none", "time_scope": "none",
                           "search_keywords": [keyword], "context_found": {"lsm_record_id": null, "extra": v}})
             .to_string();
-        if let Ok(mut parsed) = maas::stage::analyzer::parse_analysis(&text) {
-            let mut found = sanitize::Sanitised::default();
-            sanitize::json(&mut parsed, &mut found);
-            prop_assert!(!has_nul(&parsed));
-            prop_assert!(!parsed.to_string().contains("\\u0000"));
-        }
+        let parsed = maas::stage::analyzer::parse_analysis(&text);
+        prop_assert!(parsed.is_ok(), "a valid analysis refused: {:?}", parsed);
+        let mut parsed = parsed.unwrap_or_default();
+        prop_assert_eq!(&parsed["search_keywords"], &json!([keyword]));
+        let mut found = sanitize::Sanitised::default();
+        sanitize::json(&mut parsed, &mut found);
+        prop_assert!(!has_nul(&parsed));
+        prop_assert!(!parsed.to_string().contains("\\u0000"));
     }
 }

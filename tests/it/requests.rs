@@ -2,8 +2,6 @@
 //! the stage that failed), cancel (also of a running stage) and continue of
 //! debug requests, against a real database and running `maasd` processes.
 
-use std::time::Duration;
-
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tokio_postgres::Client;
@@ -12,7 +10,9 @@ use uuid::Uuid;
 use crate::support::cli::maasctl;
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, by_name, column, value};
-use crate::support::ops::{GENEROUS, fast, insert_one, json, status_of, wait_listening, wait_status};
+use crate::support::ops::{
+    GENEROUS, fast, insert_one, json, status_of, sweeps, wait_listening, wait_status, wait_sweeps, watched,
+};
 use crate::support::{count, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,14 +271,17 @@ async fn cancel_stops_a_running_stage_through_the_heartbeat() {
 async fn a_debug_run_rests_in_analyzed_and_ready_until_continued() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let _d = Maasd::spawn(&db.url, fast());
+    let d = Maasd::spawn(&db.url, watched());
     let plain = insert_one(&c, "not debugged").await;
     let id: Uuid = value(&c, "INSERT INTO pipeline_runs (user_id, user_query, debug) VALUES (gen_random_uuid(), 'step by step', true) RETURNING id", &[]).await;
     wait_status(&c, plain, "COMPLETED").await;
     wait_status(&c, id, "ANALYZED").await;
-    // It stays there through several sweeps and notifications.
-    insert_one(&c, "traffic").await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // It stays there through notifications (another request's, claimed at
+    // every stage) and sweeps.
+    let mark = sweeps(&d);
+    let traffic = insert_one(&c, "traffic").await;
+    wait_status(&c, traffic, "COMPLETED").await;
+    wait_sweeps(&[(&d, mark)], 2).await;
     assert_eq!(status_of(&c, id).await, "ANALYZED");
     let (code, out, _) = maasctl(&db.url, &["sweep", "--dry-run"]);
     assert_eq!(code, 0);
@@ -316,7 +319,8 @@ async fn a_debug_run_rests_in_analyzed_and_ready_until_continued() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("the assemble stage will pick it up"), "{out}");
     wait_status(&c, id, "READY").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mark = sweeps(&d);
+    wait_sweeps(&[(&d, mark)], 2).await;
     assert_eq!(status_of(&c, id).await, "READY", "rests again in READY");
 
     // Step: respond — through the library call the HTTP server uses.

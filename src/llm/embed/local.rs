@@ -95,23 +95,38 @@ impl Local {
     }
 }
 
+/// The folder of a real model for a unit test, from the variable `var`
+/// (`bin/test` fetches the models and sets it). Without it the test says
+/// SKIPPED and checks nothing (the models are 87 and 91 MB from PyPI), or
+/// fails where it must run: under CI (`CI=true`) or with
+/// `MAAS_REQUIRE_EMBEDDING_MODEL` set (by `bin/test` where the fetch
+/// worked).
+#[cfg(test)]
+pub(super) fn test_model_dir(var: &str) -> Option<std::ffi::OsString> {
+    let dir = std::env::var_os(var);
+    if dir.is_none() {
+        let set = |name: &str| {
+            std::env::var(name).is_ok_and(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false"))
+        };
+        assert!(
+            !set("CI") && !set("MAAS_REQUIRE_EMBEDDING_MODEL"),
+            "{var} is not set, and the model's tests must run here (CI=true or MAAS_REQUIRE_EMBEDDING_MODEL set)"
+        );
+        eprintln!("SKIPPED: {var} is not set: that model is not tested here");
+    }
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::cosine as dot;
     use super::*;
 
     /// The real model, from `MAAS_TEST_EMBEDDING_MODEL_DIR` (`bin/test`
-    /// fetches it, `ensure_minilm_model`, and then requires it with
-    /// `MAAS_REQUIRE_EMBEDDING_MODEL`). A bare `cargo test` without it says
-    /// so and checks nothing: the model is 87 MB from PyPI.
+    /// fetches it, `ensure_minilm_model`); see [`test_model_dir`].
     #[test]
     fn the_local_model_finds_meaning_and_its_groups_change_nothing() {
-        let Some(dir) = std::env::var_os("MAAS_TEST_EMBEDDING_MODEL_DIR") else {
-            assert!(
-                std::env::var_os("MAAS_REQUIRE_EMBEDDING_MODEL").is_none(),
-                "MAAS_REQUIRE_EMBEDDING_MODEL is set but MAAS_TEST_EMBEDDING_MODEL_DIR is not"
-            );
-            eprintln!("MAAS_TEST_EMBEDDING_MODEL_DIR is not set: the local model is not tested here");
+        let Some(dir) = test_model_dir("MAAS_TEST_EMBEDDING_MODEL_DIR") else {
             return;
         };
         let model = Local::load(Path::new(&dir)).unwrap_or_else(|e| panic!("{e}"));

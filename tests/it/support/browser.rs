@@ -3,8 +3,8 @@
 //!
 //! [`Browser::start`] returns `None`, after printing why, where Chromium or
 //! chromedriver is not installed (bin/test installs both where it can);
-//! with `MAAS_REQUIRE_BROWSER=1` (bin/test sets it when the install worked)
-//! a missing browser fails the test instead. Each test saves a screenshot
+//! under CI (`CI=true`) or with `MAAS_REQUIRE_BROWSER=1` (bin/test sets it
+//! when the install worked) a missing browser fails the test instead. Each test saves a screenshot
 //! under `target/console-screenshots/`.
 
 use std::path::{Path, PathBuf};
@@ -56,11 +56,10 @@ impl Browser {
         let chromium = find(&["chromium", "chromium-browser", "google-chrome"]);
         let driver = find(&["chromedriver"]);
         let (Some(chromium), Some(driver)) = (chromium, driver) else {
-            let msg = "no Chromium and chromedriver installed (Debian: apt-get install chromium chromium-driver)";
-            if std::env::var("MAAS_REQUIRE_BROWSER").is_ok_and(|v| v == "1") {
-                panic!("MAAS_REQUIRE_BROWSER=1 but {msg}");
-            }
-            eprintln!("SKIPPED: browser test: {msg}");
+            crate::support::missing(
+                Some("MAAS_REQUIRE_BROWSER"),
+                "browser test: no Chromium and chromedriver installed (Debian: apt-get install chromium chromium-driver)",
+            );
             return None;
         };
         let port = free_port();

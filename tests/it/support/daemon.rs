@@ -17,6 +17,10 @@ pub struct Opts {
     pub lease_secs: u64,
     pub sweep_secs: u64,
     pub extra: Vec<(String, String)>,
+    /// No `RUST_LOG`: the daemon logs with its own default filter, as
+    /// `bin/run` starts it (otherwise `RUST_LOG` is `info`, or
+    /// `MAAS_TEST_DAEMON_LOG`).
+    pub default_log: bool,
 }
 
 impl Default for Opts {
@@ -25,6 +29,7 @@ impl Default for Opts {
             lease_secs: 30,
             sweep_secs: 5,
             extra: Vec::new(),
+            default_log: false,
         }
     }
 }
@@ -32,6 +37,12 @@ impl Default for Opts {
 impl Opts {
     pub fn env(mut self, k: &str, v: impl ToString) -> Self {
         self.extra.push((k.to_owned(), v.to_string()));
+        self
+    }
+
+    /// Logs with the daemon's default filter ([`Opts::default_log`]).
+    pub fn default_log(mut self) -> Self {
+        self.default_log = true;
         self
     }
 }
@@ -52,13 +63,15 @@ impl Maasd {
             .env("MAAS_RETRY_BASE_MS", "50")
             .env("MAAS_LISTENER__HEALTH_SECS", "1")
             .env("MAAS_LISTENER__HEALTH_TIMEOUT_SECS", "2")
-            .env(
-                "RUST_LOG",
-                std::env::var("MAAS_TEST_DAEMON_LOG").unwrap_or_else(|_| "info".into()),
-            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(file);
+        if !opts.default_log {
+            cmd.env(
+                "RUST_LOG",
+                std::env::var("MAAS_TEST_DAEMON_LOG").unwrap_or_else(|_| "info".into()),
+            );
+        }
         for (k, v) in &opts.extra {
             cmd.env(k, v);
         }

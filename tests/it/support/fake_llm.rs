@@ -720,25 +720,43 @@ impl FakeLlm {
 
     /// Makes the provider unreachable: the listener is closed (new
     /// connections are refused) and idle keep-alive connections are shut;
-    /// requests already being answered still finish.
+    /// requests already being answered still finish. Returns once a new
+    /// connection is refused (panics if that takes over [`SWITCH_WITHIN`]).
     pub async fn go_down(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
             // The server drops its listener as soon as it sees the signal.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            let deadline = tokio::time::Instant::now() + SWITCH_WITHIN;
+            while tokio::net::TcpStream::connect(self.addr).await.is_ok() {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "fake LLM: {} still accepts connections {SWITCH_WITHIN:?} after going down",
+                    self.addr
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
 
-    /// Listens again on the same port after [`FakeLlm::go_down`].
+    /// Listens again on the same port after [`FakeLlm::go_down`] (panics
+    /// if the port cannot be bound again within [`SWITCH_WITHIN`]).
     pub async fn come_back(&mut self) {
         if self.stop.is_some() {
             return;
         }
+        let deadline = tokio::time::Instant::now() + SWITCH_WITHIN;
         let listener = loop {
             match TcpListener::bind(self.addr).await {
                 Ok(l) => break l,
                 // The old listener may take a moment to go.
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "fake LLM: cannot listen on {} again within {SWITCH_WITHIN:?}: {e}",
+                        self.addr
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         };
         let (stop, task) = serve(listener, self.app.clone());
@@ -854,6 +872,10 @@ fn record(shared: &Shared, api: Api, uri: &Uri, headers: &HeaderMap, body: Value
     });
     shared.count.send_modify(|c| *c += 1);
 }
+
+/// How long [`FakeLlm::go_down`] waits for the listener to close and
+/// [`FakeLlm::come_back`] for the port to be free again.
+pub const SWITCH_WITHIN: Duration = Duration::from_secs(10);
 
 /// An embeddings input holding this is refused with a 400 (like a text too
 /// long for the model).

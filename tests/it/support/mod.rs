@@ -23,6 +23,28 @@ pub use poll::{assert_no_overlapping_cron_runs, count};
 /// How long a test waits for what daemons do: long enough for a loaded CI.
 pub const GENEROUS: Duration = Duration::from_secs(60);
 
+/// Whether a test must run rather than skip when something it needs is
+/// missing: under CI (`CI=true`), or with the variable `require` set
+/// (`bin/test` sets `MAAS_REQUIRE_…` for each tool it installed).
+pub fn must_run(require: Option<&str>) -> bool {
+    let set = |name: &str| {
+        std::env::var(name).is_ok_and(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false"))
+    };
+    set("CI") || require.is_some_and(set)
+}
+
+/// A tool, model or data set the test needs is missing (`what` says which
+/// and how to get it): panics where the test must run ([`must_run`]),
+/// otherwise says SKIPPED, and the caller returns.
+pub fn missing(require: Option<&str>, what: &str) {
+    assert!(
+        !must_run(require),
+        "{what}: the test must run here (CI=true{}), so this is a failure, not a skip",
+        require.map(|r| format!(" or {r} set")).unwrap_or_default()
+    );
+    eprintln!("SKIPPED: {what}");
+}
+
 /// Polls `cond` until it holds or `within` passes; panics with `what` then.
 pub async fn wait_until<F, Fut>(within: Duration, what: &str, cond: F)
 where

@@ -6,7 +6,7 @@ use serde_json::Value;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::support::daemon::Opts;
+use crate::support::daemon::{Maasd, Opts};
 use crate::support::{count, wait_until};
 
 pub use crate::support::GENEROUS;
@@ -62,4 +62,26 @@ pub fn fast() -> Opts {
         sweep_secs: 1,
         ..Opts::default()
     }
+}
+
+/// [`fast`], with each sweep's pass in the log ("sweep done", at TRACE),
+/// for [`wait_sweeps`].
+pub fn watched() -> Opts {
+    fast().env("RUST_LOG", "info,maas::dispatcher::sweep=trace")
+}
+
+/// The sweeps a [`watched`] daemon's log shows so far.
+pub fn sweeps(d: &Maasd) -> usize {
+    d.log_text().matches("sweep done").count()
+}
+
+/// Waits until every daemon of `marks` (each with its [`sweeps`] taken
+/// before) has swept `n` more times: each woke its stages to claim what
+/// is due `n` times since, and every pass but the last has finished. What
+/// a test says is not claimed (paused, held) has then been passed over.
+pub async fn wait_sweeps(marks: &[(&Maasd, usize)], n: usize) {
+    wait_until(GENEROUS, &format!("{n} sweeps of every daemon"), || async {
+        marks.iter().all(|(d, since)| sweeps(d) >= since + n)
+    })
+    .await;
 }

@@ -49,19 +49,11 @@ struct Case {
 
 use super::super::cosine;
 
-/// The model's folder from `MAAS_TEST_E5_MODEL_DIR`; without it `None`,
-/// said, unless `MAAS_REQUIRE_EMBEDDING_MODEL` asks for the model
-/// (`bin/test` sets both where it could fetch it).
+/// The model's folder from `MAAS_TEST_E5_MODEL_DIR` (`bin/test` sets
+/// it where it could fetch the model); without it `None`, said, or a
+/// failure where the test must run ([`test_model_dir`](super::super::local::test_model_dir)).
 fn model_dir() -> Option<std::ffi::OsString> {
-    let dir = std::env::var_os("MAAS_TEST_E5_MODEL_DIR");
-    if dir.is_none() {
-        assert!(
-            std::env::var_os("MAAS_REQUIRE_EMBEDDING_MODEL").is_none(),
-            "MAAS_REQUIRE_EMBEDDING_MODEL is set but MAAS_TEST_E5_MODEL_DIR is not"
-        );
-        eprintln!("MAAS_TEST_E5_MODEL_DIR is not set: the multilingual model is not tested here");
-    }
-    dir
+    super::super::local::test_model_dir("MAAS_TEST_E5_MODEL_DIR")
 }
 
 /// The model from `MAAS_TEST_E5_MODEL_DIR` (`bin/lib/common.sh`'s
@@ -185,7 +177,7 @@ fn russian_paraphrases_find_their_turns() {
         top5 * 10 >= n * 7 && top1 * 10 >= n * 3,
         "{MODEL}: top-1 {top1}, top-5 {top5} of {n}"
     );
-    if let Some(dir) = std::env::var_os("MAAS_TEST_EMBEDDING_MODEL_DIR") {
+    if let Some(dir) = super::super::local::test_model_dir("MAAS_TEST_EMBEDDING_MODEL_DIR") {
         let english = super::super::local::Local::load(Path::new(&dir)).unwrap_or_else(|e| panic!("{e}"));
         let t = english.embed(&turns).unwrap_or_else(|e| panic!("{e}"));
         let q = english.embed(&questions).unwrap_or_else(|e| panic!("{e}"));
