@@ -59,9 +59,13 @@ impl Env {
     /// On `db`, whose superuser connects with `url`.
     async fn on(db: TestDb, url: &str) -> Option<Env> {
         if !db.url.contains("://postgres@") {
-            eprintln!(
-                "SKIPPED: the test cluster's URL does not name the user postgres: {}",
-                db.url
+            crate::support::missing(
+                None,
+                &format!(
+                    "the SQL door's tests: the test cluster's URL does not name the user postgres \
+                     (`maasctl dev-db start` makes one that does): {}",
+                    db.url
+                ),
             );
             return None;
         }

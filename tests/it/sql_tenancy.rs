@@ -34,9 +34,13 @@ GRANT SELECT ON maas_my_requests TO {role};";
 /// when the cluster's URL does not name the user postgres.
 async fn producer(db: &TestDb, admin: &Client, role: &str) -> Option<Client> {
     if !db.url.contains("://postgres@") {
-        eprintln!(
-            "SKIPPED: the test cluster's URL does not name the user postgres: {}",
-            db.url
+        crate::support::missing(
+            None,
+            &format!(
+                "the SQL door's tests: the test cluster's URL does not name the user postgres \
+                 (`maasctl dev-db start` makes one that does): {}",
+                db.url
+            ),
         );
         return None;
     }
