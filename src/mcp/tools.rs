@@ -224,7 +224,6 @@ impl Server {
 
     async fn do_remember(&self, a: RememberArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
         let (who, _) = self.caller_for(ctx, Need::Submit)?;
-        query_text("content", &a.content)?;
         let thread = uuid_arg("thread_id", a.thread_id.as_deref())?;
         let user = self.user(&who, a.user_id.as_deref()).await?;
         let turn = crate::http::users::remember(&self.app, &who, user, thread, &a.content).await?;
