@@ -503,22 +503,7 @@ pub async fn ws(
 ) -> Result<Response, ApiError> {
     super::local_guard::browser_origin(&headers)?;
     let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
-    let target = match (params.get("request_id"), params.get("user_id")) {
-        (Some(r), None) => Target::Request(parse_id(r, "request")?),
-        (None, Some(u)) => {
-            who.require(Need::ReadUser)?;
-            let user = parse_id(u, "user")?;
-            who.acts_for(user, "user_id")?;
-            let client = app.pool.get().await?;
-            Target::User(tenancy::stored_user(&client, &who, user).await?)
-        }
-        _ => {
-            return Err(ApiError::bad_request(
-                "invalid_query",
-                "give exactly one of request_id and user_id",
-            ));
-        }
-    };
+    let target = ws_target(&app, &who, &params).await?;
     let after = match target {
         Target::Request(_) => resume_from(params.get("after").map(String::as_str), "after")?,
         Target::User(_) => None,
@@ -553,6 +538,25 @@ pub async fn ws(
         .max_message_size(max)
         .max_frame_size(max)
         .on_upgrade(move |socket| stream.websocket(socket)))
+}
+
+/// What a WebSocket follows: `request_id` (scope of the route) or
+/// `user_id` (a user's memory and stream: [`Need::ReadUser`]).
+async fn ws_target(app: &AppState, who: &Principal, params: &HashMap<String, String>) -> Result<Target, ApiError> {
+    match (params.get("request_id"), params.get("user_id")) {
+        (Some(r), None) => Ok(Target::Request(parse_id(r, "request")?)),
+        (None, Some(u)) => {
+            who.require(Need::ReadUser)?;
+            let user = parse_id(u, "user")?;
+            who.acts_for(user, "user_id")?;
+            let client = app.pool.get().await?;
+            Ok(Target::User(tenancy::stored_user(&client, who, user).await?))
+        }
+        _ => Err(ApiError::bad_request(
+            "invalid_query",
+            "give exactly one of request_id and user_id",
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -140,6 +140,23 @@ fn item(i: &MemoryItem) -> Value {
     })
 }
 
+/// Sends progress notification `step` (the state's status and stage) when
+/// the client asked for them (a progress token).
+async fn progress(ctx: &RequestContext<RoleServer>, step: f64, state: &RequestState) {
+    let Some(token) = ctx.meta.get_progress_token() else {
+        return;
+    };
+    let stage = serde_json::to_value(state.stage).unwrap_or_default();
+    let note = ProgressNotificationParam::new(token, step).with_message(format!(
+        "{}: {}",
+        state.status,
+        stage.as_str().unwrap_or("")
+    ));
+    if let Err(e) = ctx.peer.notify_progress(note).await {
+        tracing::debug!(error = %e, "mcp: a progress notification was not sent");
+    }
+}
+
 /// The actor of an MCP action: `mcp:TOKEN`.
 fn actor(who: &crate::http::tenancy::Principal) -> String {
     format!("mcp:{}", who.token)
@@ -337,22 +354,11 @@ impl Server {
             .map_err(ApiError::from)?
             .pop()
             .ok_or_else(|| Refusal::new("not_found", format!("no request {id}")))?;
-        let progress = ctx.meta.get_progress_token();
         let deadline = tokio::time::Instant::now() + wait;
         let mut step = 0.0;
         loop {
-            if let Some(token) = &progress {
-                step += 1.0;
-                let stage = serde_json::to_value(state.stage).unwrap_or_default();
-                let note = ProgressNotificationParam::new(token.clone(), step).with_message(format!(
-                    "{}: {}",
-                    state.status,
-                    stage.as_str().unwrap_or("")
-                ));
-                if let Err(e) = ctx.peer.notify_progress(note).await {
-                    tracing::debug!(error = %e, "mcp: a progress notification was not sent");
-                }
-            }
+            step += 1.0;
+            progress(ctx, step, &state).await;
             if state.is_terminal() {
                 break;
             }

@@ -38,32 +38,42 @@ fn marks(prefix: &str) -> Vec<&'static str> {
         .1
 }
 
-/// Where each MCP row is walked: the row's start, and the test.
-const WALKS: [(&str, &str); 7] = [
+/// Where each MCP row is walked: the row's start, and the tests.
+const WALKS: [(&str, &[&str]); 7] = [
     (
         "`POST /api/query`; MCP tools",
-        "every_mcp_tool_with_every_scope_does_what_the_table_says",
+        &["every_mcp_tool_with_every_scope_does_what_the_table_says"],
     ),
     (
         "`GET /api/users/{id}/memory`",
-        "every_mcp_tool_with_every_scope_does_what_the_table_says",
+        &["every_mcp_tool_with_every_scope_does_what_the_table_says"],
     ),
     (
         "`POST /api/query/{id}/cancel`",
-        "every_mcp_tool_with_every_scope_does_what_the_table_says",
+        &["every_mcp_tool_with_every_scope_does_what_the_table_says"],
     ),
     (
         "`DELETE /api/users/{id}` (forget)",
-        "every_mcp_tool_with_every_scope_does_what_the_table_says",
+        &["every_mcp_tool_with_every_scope_does_what_the_table_says"],
     ),
     (
         "MCP: `remember` and `ask`",
-        "mcp_calls_count_against_the_tenants_limits_and_caps",
+        &[
+            "mcp_calls_count_against_the_tenants_limits_and_caps",
+            "remembers_are_requests_of_the_minute_and_the_body_cap_holds",
+            "a_revoked_tokens_session_stream_and_ask_wait_end",
+        ],
     ),
-    ("MCP: a session", "an_mcp_session_is_its_tokens_and_sessions_are_capped"),
+    (
+        "MCP: a session",
+        &[
+            "an_mcp_session_is_its_tokens",
+            "mcp_sessions_are_capped_per_token_and_in_total",
+        ],
+    ),
     (
         "MCP: a revoked token",
-        "a_revoked_tokens_session_stream_and_ask_wait_end",
+        &["a_revoked_tokens_session_stream_and_ask_wait_end"],
     ),
 ];
 
@@ -76,6 +86,10 @@ fn every_mcp_row_of_the_scope_table_is_walked() {
             WALKS.iter().any(|(prefix, _)| row.starts_with(prefix)),
             "no MCP walk for the table's row {row:?}"
         );
+    }
+    let source = include_str!("doors.rs");
+    for name in WALKS.iter().flat_map(|(_, tests)| tests.iter()) {
+        assert!(source.contains(&format!("async fn {name}()")), "no test {name}");
     }
 }
 
@@ -236,55 +250,65 @@ async fn every_mcp_tool_with_every_scope_does_what_the_table_says() {
     );
 }
 
+/// `POST /api/query` three times with `tok` for `user`: the statuses.
+async fn three_submissions(api: &Api, tok: &str, user: Uuid) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let body = json!({ "user_id": user, "query": "count me" });
+        let (s, b, _) = tenants::submit(api, tok, body).await;
+        assert!(
+            s != StatusCode::TOO_MANY_REQUESTS || b["code"] == "requests_per_minute",
+            "{b}"
+        );
+        statuses.push(s.as_u16());
+    }
+    statuses
+}
+
+/// Tenant `tenant` (made if new) limited to `rpm` requests per minute, and
+/// a token of it with `scope`.
+async fn limited(db: &TestDb, tenant: &str, scope: &str, rpm: i32) -> String {
+    let tok = token(db, tenant, scope, None).await;
+    db.client()
+        .await
+        .execute(
+            "UPDATE tenants SET requests_per_minute = $2 WHERE name = $1",
+            &[&tenant, &rpm],
+        )
+        .await
+        .unwrap();
+    tok
+}
+
 /// The attack as it was run: a tenant at `requests_per_minute` 2 is
-/// refused over HTTP, and then over MCP too — `remember` and `ask` are the
-/// same requests of the same minute, refused with the same code, and store
-/// nothing. The text and body caps of `POST /api/query` hold on `/mcp`.
+/// refused over HTTP, and then over MCP too — `remember` and `ask` are
+/// requests of the same minute, refused with the same code, and store
+/// nothing. The text checks of `POST /api/query` hold on `/mcp`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_calls_count_against_the_tenants_limits_and_caps() {
     let Some(py) = python() else { return };
     let db = TestDb::new().await;
-    let api = start(&db, Opts::default().env("MAAS_HTTP__MAX_BODY_BYTES", 300_000)).await;
+    let api = start(&db, Opts::default()).await;
     let c = db.client().await;
     let long = "b".repeat(100_000);
     for scope in marks("MCP: `remember` and `ask`") {
         let tenant = format!("capped-{scope}");
-        let tok = token(&db, &tenant, scope, None).await;
-        c.execute("UPDATE tenants SET requests_per_minute = 2 WHERE name = $1", &[&tenant])
-            .await
-            .unwrap();
+        let tok = limited(&db, &tenant, scope, 2).await;
         let (asker, rememberer) = (Uuid::new_v4(), Uuid::new_v4());
-        let body = json!({ "user_id": asker, "query": "count me" });
-        let codes: Vec<(StatusCode, Value)> = {
-            let mut v = Vec::new();
-            for _ in 0..3 {
-                let (s, b, _) = tenants::submit(&api, &tok, body.clone()).await;
-                v.push((s, b["code"].clone()));
-            }
-            v
-        };
-        assert_eq!(
-            codes.iter().map(|(s, _)| s.as_u16()).collect::<Vec<_>>(),
-            [202, 202, 429],
-            "{scope}: {codes:?}"
-        );
+        assert_eq!(three_submissions(&api, &tok, asker).await, [202, 202, 429], "{scope}");
         let mut steps: Vec<Value> = (0..5)
             .map(|_| call("remember", json!({ "user_id": rememberer, "content": long })))
             .collect();
         steps.push(call("ask", json!({ "user_id": asker, "query": "and me?" })));
-        steps.push(call(
-            "remember",
-            json!({ "user_id": rememberer, "content": "b".repeat(100_001) }),
-        ));
+        let too_long = "b".repeat(100_001);
+        steps.push(call("remember", json!({ "user_id": rememberer, "content": too_long })));
         steps.push(call("remember", json!({ "user_id": rememberer, "content": "  " })));
         let r = client(&py, over_http(&api, &tok, json!(steps))).await;
         let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
         for step in &s[..6] {
             assert_eq!(refused(step), Some("requests_per_minute"), "{scope}: {step}");
-            assert!(
-                step["body"]["error"].as_str().unwrap().contains("requests_per_minute"),
-                "{step}"
-            );
+            let why = step["body"]["error"].as_str().unwrap();
+            assert!(why.contains("requests_per_minute"), "{step}");
         }
         assert_eq!(refused(&s[6]), Some("field_too_long"), "{scope}: {}", s[6]);
         assert_eq!(refused(&s[7]), Some("empty_field"), "{scope}: {}", s[7]);
@@ -296,50 +320,51 @@ async fn mcp_calls_count_against_the_tenants_limits_and_caps() {
         .await;
         assert_eq!(stored, 0, "{scope}: a refused remember stored a turn");
     }
-    // A tenant of MCP alone: its remembers are its requests of the minute.
-    let tok = token(&db, "mcp-only", "submit", None).await;
-    c.execute(
-        "UPDATE tenants SET requests_per_minute = 2 WHERE name = 'mcp-only'",
-        &[],
-    )
-    .await
-    .unwrap();
+}
+
+/// A tenant that only uses MCP: its remembers are its requests of the
+/// minute (an `ask` after them is over the limit too); a message over
+/// `http.max_body_bytes` is 413 `body_too_large`, as on `POST /api/query`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembers_are_requests_of_the_minute_and_the_body_cap_holds() {
+    let Some(py) = python() else { return };
+    let db = TestDb::new().await;
+    let api = start(&db, Opts::default().env("MAAS_HTTP__MAX_BODY_BYTES", 300_000)).await;
+    let tok = limited(&db, "mcp-only", "submit", 2).await;
     let user = Uuid::new_v4();
+    let huge = json!({
+        "jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": { "name": "remember", "arguments": { "user_id": user, "content": "𝄞".repeat(100_000) } },
+    });
     let steps = json!([
         call("remember", json!({ "user_id": user, "content": "one" })),
         call("remember", json!({ "user_id": user, "content": "two" })),
         call("remember", json!({ "user_id": user, "content": "three" })),
         call("ask", json!({ "user_id": user, "query": "how many?" })),
-        { "op": "http", "method": "POST", "json": {
-            "jsonrpc": "2.0", "id": 9, "method": "tools/call",
-            "params": { "name": "remember", "arguments": { "user_id": user, "content": "𝄞".repeat(100_000) } },
-        } },
+        { "op": "http", "method": "POST", "json": huge },
     ]);
     let r = client(&py, over_http(&api, &tok, steps)).await;
     let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
     assert_eq!((refused(&s[0]), refused(&s[1])), (None, None), "{r}");
     assert_eq!(refused(&s[2]), Some("requests_per_minute"), "{r}");
     assert_eq!(refused(&s[3]), Some("requests_per_minute"), "{r}");
-    assert_eq!(s[4]["status"], 413, "{}", s[4]);
-    assert_eq!(s[4]["body"]["code"], "body_too_large", "{}", s[4]);
+    assert_eq!(
+        (&s[4]["status"], &s[4]["body"]["code"]),
+        (&json!(413), &json!("body_too_large")),
+        "{}",
+        s[4]
+    );
 }
 
 /// A session is bound to the token that opened it: another tenant's token
 /// naming it is 404 `session_not_found` (not the 404 of a missing route),
 /// and the session goes on; its own `DELETE` ends it with 200, which the
-/// SDK takes without a warning. Sessions are capped per token (429) and in
-/// total (503), and a session's end gives its place back.
+/// SDK takes without a warning.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_mcp_session_is_its_tokens_and_sessions_are_capped() {
+async fn an_mcp_session_is_its_tokens() {
     let Some(py) = python() else { return };
     let db = TestDb::new().await;
-    let api = start(
-        &db,
-        Opts::default()
-            .env("MAAS_HTTP__MAX_MCP_SESSIONS", 3)
-            .env("MAAS_HTTP__MAX_MCP_SESSIONS_PER_TOKEN", 2),
-    )
-    .await;
+    let api = start(&db, Opts::default()).await;
     let globex = token(&db, "globex", "admin", None).await;
     for scope in marks("MCP: a session") {
         let shop = token(&db, "shop", scope, None).await;
@@ -368,12 +393,27 @@ async fn an_mcp_session_is_its_tokens_and_sessions_are_capped() {
             Some(5),
             "{scope}: the session ended: {r}"
         );
+        let warned = r["log"].as_array().unwrap();
         assert!(
-            r["log"].as_array().unwrap().is_empty(),
+            warned.is_empty(),
             "{scope}: the SDK warned (a DELETE not answered 200?): {r}"
         );
     }
-    // The caps: two per token, three in all; an ended session frees its place.
+}
+
+/// Sessions are capped per token (429) and in total (503), both
+/// `too_many_sessions`; a session's end gives its place back, and another
+/// token cannot end it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_sessions_are_capped_per_token_and_in_total() {
+    let db = TestDb::new().await;
+    let api = start(
+        &db,
+        Opts::default()
+            .env("MAAS_HTTP__MAX_MCP_SESSIONS", 3)
+            .env("MAAS_HTTP__MAX_MCP_SESSIONS_PER_TOKEN", 2),
+    )
+    .await;
     let (a, b) = (
         token(&db, "shop", "read", None).await,
         token(&db, "globex", "read", None).await,
@@ -401,11 +441,68 @@ async fn an_mcp_session_is_its_tokens_and_sessions_are_capped() {
     assert_eq!(s6, StatusCode::OK, "the ended session's place was given back");
 }
 
+/// A new session of `tok` and its open `GET` stream, past its priming event.
+async fn session_stream(api: &Api, tok: &str) -> reqwest::Response {
+    let (status, _, id) = open_session(api, tok).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut get = api
+        .http
+        .get(api.url("/mcp"))
+        .bearer_auth(tok)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", id.unwrap())
+        .header("mcp-protocol-version", "2025-03-26")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), StatusCode::OK);
+    assert_eq!(sse_events(&mut get, 1, GENEROUS).await.len(), 1, "no priming event");
+    get
+}
+
+/// Starts an `ask` of `tok` that waits (the answer is slow), once its
+/// request exists; a second `ask` of the same token meanwhile is over the
+/// per-token long-poll cap and makes no request.
+async fn waiting_ask(py: &str, api: &Api, c: &tokio_postgres::Client, tok: &str) -> tokio::task::JoinHandle<Value> {
+    let user = Uuid::new_v4();
+    let plan = over_http(
+        api,
+        tok,
+        json!([call("ask", json!({ "user_id": user, "query": "wait" }))]),
+    );
+    let waiting = py.to_owned();
+    let ask = tokio::spawn(async move { client(&waiting, plan).await });
+    let stored: Uuid = c
+        .query_one(
+            "SELECT maas_tenant_user((SELECT id FROM tenants WHERE name = 'shop'), $1)",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let requests = "SELECT count(*) FROM pipeline_runs WHERE user_id = $1";
+    wait_until(GENEROUS, "the ask's request exists", || async {
+        count(c, requests, &[&stored]).await == 1
+    })
+    .await;
+    let again = over_http(
+        api,
+        tok,
+        json!([call("ask", json!({ "user_id": user, "query": "again" }))]),
+    );
+    let second = client(py, again).await;
+    assert_eq!(refused(&second["steps"][0]), Some("too_many_streams"), "{second}");
+    assert_eq!(
+        count(c, requests, &[&stored]).await,
+        1,
+        "the refused ask made a request"
+    );
+    ask
+}
+
 /// Once a token is revoked, its sessions' streams end and its `ask` waits
 /// stop (`token_revoked`), within the token cache's periods, as its HTTP
-/// streams do; a configured token's session stays. While one `ask` waits,
-/// a second of the same token is over the per-token long-poll cap and
-/// makes no request.
+/// streams do; a configured token's session stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_tokens_session_stream_and_ask_wait_end() {
     let Some(py) = python() else { return };
@@ -418,91 +515,29 @@ async fn a_revoked_tokens_session_stream_and_ask_wait_end() {
             .env("MAAS_HTTP__MAX_LONG_POLLS_PER_TOKEN", 1),
     )
     .await;
-    let mut streams = Vec::new();
-    let mut asks = Vec::new();
-    let mut toks = Vec::new();
+    let (mut streams, mut asks, mut toks) = (Vec::new(), Vec::new(), Vec::new());
     let asking = marks("`POST /api/query`; MCP tools");
     for scope in marks("MCP: a revoked token") {
         let tok = token(&db, "shop", scope, None).await;
-        let (status, _, id) = open_session(&api, &tok).await;
-        assert_eq!(status, StatusCode::OK, "{scope}");
-        let get = api
-            .http
-            .get(api.url("/mcp"))
-            .bearer_auth(&tok)
-            .header("accept", "text/event-stream")
-            .header("mcp-session-id", id.unwrap())
-            .header("mcp-protocol-version", "2025-03-26")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(get.status(), StatusCode::OK, "{scope}");
-        streams.push((scope, get));
+        streams.push((scope, session_stream(&api, &tok).await));
         if asking.contains(&scope) {
-            let user = Uuid::new_v4();
-            let plan = over_http(
-                &api,
-                &tok,
-                json!([call("ask", json!({ "user_id": user, "query": "wait" }))]),
-            );
-            let waiting = py.clone();
-            asks.push((scope, tokio::spawn(async move { client(&waiting, plan).await })));
-            let stored = c
-                .query_one(
-                    "SELECT maas_tenant_user((SELECT id FROM tenants WHERE name = 'shop'), $1)",
-                    &[&user],
-                )
-                .await
-                .unwrap()
-                .get::<_, Uuid>(0);
-            wait_until(GENEROUS, "the ask's request exists", || async {
-                count(&c, "SELECT count(*) FROM pipeline_runs WHERE user_id = $1", &[&stored]).await == 1
-            })
-            .await;
-            let second = client(
-                &py,
-                over_http(
-                    &api,
-                    &tok,
-                    json!([call("ask", json!({ "user_id": user, "query": "again" }))]),
-                ),
-            )
-            .await;
-            assert_eq!(
-                refused(&second["steps"][0]),
-                Some("too_many_streams"),
-                "{scope}: {second}"
-            );
-            let n = count(&c, "SELECT count(*) FROM pipeline_runs WHERE user_id = $1", &[&stored]).await;
-            assert_eq!(n, 1, "{scope}: the refused ask made a request");
+            asks.push((scope, waiting_ask(&py, &api, &c, &tok).await));
         }
         toks.push(tok);
     }
-    let (_, _, admins) = open_session(&api, tenants::ADMIN).await;
-    let mut admin_stream = api
-        .http
-        .get(api.url("/mcp"))
-        .bearer_auth(tenants::ADMIN)
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", admins.unwrap())
-        .header("mcp-protocol-version", "2025-03-26")
-        .send()
-        .await
-        .unwrap();
-    let primed = sse_events(&mut admin_stream, 1, GENEROUS).await;
-    assert_eq!(primed.len(), 1, "{primed:?}");
+    let mut admins = session_stream(&api, tenants::ADMIN).await;
     for tok in &toks {
         revoke(&db, tok).await;
     }
     let revoked = Instant::now();
     for (scope, mut stream) in streams {
         let deadline = tokio::time::Instant::now() + REVOKED_WITHIN;
-        loop {
-            match tokio::time::timeout_at(deadline, stream.chunk()).await {
-                Ok(Ok(Some(_))) => continue,
-                Ok(_) => break,
-                Err(_) => panic!("{scope}: the session's stream outlived its token's revocation"),
-            }
+        while let Some(chunk) = tokio::time::timeout_at(deadline, stream.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("{scope}: the session's stream outlived its token's revocation"))
+            .unwrap_or(None)
+        {
+            drop(chunk);
         }
     }
     for (scope, ask) in asks {
@@ -513,7 +548,7 @@ async fn a_revoked_tokens_session_stream_and_ask_wait_end() {
         assert_eq!(refused(&r["steps"][0]), Some("token_revoked"), "{scope}: {r}");
     }
     assert!(revoked.elapsed() < REVOKED_WITHIN, "{:?}", revoked.elapsed());
-    let still = tokio::time::timeout(Duration::from_secs(1), admin_stream.chunk()).await;
+    let still = tokio::time::timeout(Duration::from_secs(1), admins.chunk()).await;
     assert!(still.is_err(), "the configured token's session stream ended: {still:?}");
 }
 
