@@ -61,6 +61,7 @@ const WALKS: [(&str, &[&str]); 7] = [
         &[
             "mcp_calls_count_against_the_tenants_limits_and_caps",
             "remembers_are_requests_of_the_minute_and_the_body_cap_holds",
+            "the_stdio_door_is_inside_the_tenants_limits_too",
             "a_revoked_tokens_session_stream_and_ask_wait_end",
         ],
     ),
@@ -354,6 +355,31 @@ async fn remembers_are_requests_of_the_minute_and_the_body_cap_holds() {
         "{}",
         s[4]
     );
+}
+
+/// `maasctl mcp` (stdio, a local trust) is inside its tenant's limits too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stdio_door_is_inside_the_tenants_limits_too() {
+    let Some(py) = python() else { return };
+    let db = TestDb::new().await;
+    let _api = start(&db, Opts::default()).await;
+    limited(&db, "by-hand", "submit", 1).await;
+    let user = Uuid::new_v4().to_string();
+    let plan = json!({
+        "stdio": {
+            "command": env!("CARGO_BIN_EXE_maasctl"),
+            "args": ["mcp", "--user", user, "--tenant", "by-hand"],
+            "env": { "DATABASE_URL": db.url },
+        },
+        "steps": [
+            call("remember", json!({ "content": "once" })),
+            call("remember", json!({ "content": "twice" })),
+        ],
+    });
+    let r = client(&py, plan).await;
+    let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(refused(&s[0]), None, "{r}");
+    assert_eq!(refused(&s[1]), Some("requests_per_minute"), "{r}");
 }
 
 /// A session is bound to the token that opened it: another tenant's token
