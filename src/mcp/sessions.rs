@@ -8,7 +8,7 @@
 //!   a `DELETE` — is 404 `session_not_found`, as for a session that does
 //!   not exist, and reaches no session.
 //! - Caps: a session holds a place of `http.max_mcp_sessions_per_token`
-//!   and `http.max_mcp_sessions` ([`limits::Gate`]) until it ends; the
+//!   and `http.max_mcp_sessions` ([`Gate`]) until it ends; the
 //!   `initialize` over one is 429 / 503 `too_many_sessions` with
 //!   `Retry-After`, and the session it made is closed at once.
 //! - Revocation: a session of a database token checks it again every token
@@ -80,11 +80,6 @@ impl Manager {
             owners: Mutex::new(HashMap::new()),
             replays: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// Sessions held now.
-    pub fn held(&self) -> usize {
-        self.gate.held()
     }
 
     /// Whether session `id` was opened by `caller` (an unknown one was not).
