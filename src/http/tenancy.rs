@@ -43,9 +43,11 @@
 //!
 //! Limits ([`check_limits`]): a tenant with `requests_per_minute` or
 //! `max_in_flight` set is counted in PostgreSQL under a lock on its
-//! `tenants` row, in the transaction that inserts the request, so the
-//! limits hold across any number of daemons; over one the answer is 429
-//! with `Retry-After` naming the limit. A tenant without limits (the
+//! `tenants` row, in the transaction that inserts the request (or stores
+//! the turn of MCP `remember`, which counts against `requests_per_minute`
+//! as a request does), so the limits hold across any number of daemons;
+//! over one the answer is 429 with `Retry-After` naming the limit (an MCP
+//! tool's error carries the same code). A tenant without limits (the
 //! default tenant always) pays nothing: the limits come with the cached
 //! token, so a change takes effect within [`TOKEN_TTL`]. The limits are
 //! checked before the idempotency key: over a limit, a replay is 429 too
@@ -332,17 +334,31 @@ pub async fn bound_user(client: &impl GenericClient, p: &Principal) -> Result<Op
     }
 }
 
-/// Checks a limited tenant's limits inside the submitting transaction (its
+/// What a write adds to a tenant's usage ([`check_limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Usage {
+    /// A request (`POST /api/query`, MCP `ask`): counted against both
+    /// limits (it is the row counted).
+    Request,
+    /// A turn stored outside a request (MCP `remember`): counted against
+    /// `requests_per_minute` only (it is never in flight), as a row of
+    /// `tenant_turns` written here.
+    Turn,
+}
+
+/// Checks a limited tenant's limits inside the writing transaction (its
 /// `tenants` row stays locked until that commits): 429 with `Retry-After`
-/// over one.
-pub async fn check_limits(client: &impl GenericClient, p: &Principal) -> Result<(), ApiError> {
+/// over one. A [`Usage::Turn`] within them is counted here. The one check
+/// of every door that writes for a tenant.
+pub async fn check_limits(client: &impl GenericClient, p: &Principal, usage: Usage) -> Result<(), ApiError> {
     let Some(tenants::Limits {
         requests_per_minute: rpm,
-        max_in_flight: in_flight,
+        max_in_flight,
     }) = tenants::lock_limits(client, p.tenant).await?
     else {
         return Ok(());
     };
+    let in_flight = max_in_flight.filter(|_| usage == Usage::Request);
     if rpm.is_none() && in_flight.is_none() {
         return Ok(());
     }
@@ -371,6 +387,9 @@ pub async fn check_limits(client: &impl GenericClient, p: &Principal) -> Result<
             ),
         )
         .retry_after(IN_FLIGHT_RETRY_SECS));
+    }
+    if usage == Usage::Turn && rpm.is_some() {
+        tenants::count_turn(client, p.tenant).await?;
     }
     Ok(())
 }

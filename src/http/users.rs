@@ -249,6 +249,31 @@ pub async fn search(
     Ok(users::search(&client, &app.cfg, user, s, app.embedder.as_ref()).await?)
 }
 
+/// Stores `content` as what `user` said, a turn of `thread` (a new thread
+/// when `None`), counted against the caller's tenant's
+/// `requests_per_minute` as a request is ([`tenancy::check_limits`], in
+/// the transaction that stores it): the one write of the MCP tool
+/// `remember`. `content` is checked as a query is
+/// ([`super::input::query_text`]).
+pub async fn remember(
+    app: &AppState,
+    who: &Principal,
+    user: UserKey,
+    thread: Option<Uuid>,
+    content: &str,
+) -> Result<crate::repo::users::Remembered, ApiError> {
+    super::input::query_text("content", content)?;
+    let mut client = app.pool.get().await?;
+    if !who.limited {
+        return Ok(users::remember(&client, user, thread, content).await?);
+    }
+    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
+    tenancy::check_limits(&tx, who, tenancy::Usage::Turn).await?;
+    let turn = users::remember(&tx, user, thread, content).await?;
+    tx.commit().await.map_err(crate::db::Error::from)?;
+    Ok(turn)
+}
+
 /// The user and the row of a `DELETE` of a record or turn, and its query.
 type DeleteParts = (
     State<AppState>,

@@ -8,26 +8,24 @@
 //!   applies the same rule in the loopback mode and a deployment with
 //!   tokens serves its own names.
 //! - Origin: the specification asks every server to check it (DNS
-//!   rebinding). Without tokens `local_guard` does; with them a request
-//!   carrying an `Origin` must name this server (`local_guard::same_origin`),
-//!   so no page of another site drives an agent's token.
+//!   rebinding), and a browser reaches `/mcp`'s streams without CORS: with
+//!   tokens or not, a request carrying an `Origin` must name this server
+//!   (`local_guard::browser_origin`, 403 `forbidden_origin`), so no page of
+//!   another site — nor of another port of the loopback — drives it.
 //! - Sessions: the current revision has none (each request stands alone);
 //!   for clients of the revisions before it rmcp keeps each session in
-//!   this daemon's memory and ends them all at shutdown.
+//!   this daemon's memory, bound to the token that opened it, capped, and
+//!   ended by `DELETE`, revocation or shutdown ([`super::sessions`]).
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::Request;
-use axum::http::{StatusCode, header};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use axum::middleware;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
 use super::Server;
+use super::sessions::{self, Door, Manager};
 use crate::http::AppState;
-use crate::http::error::ApiError;
 
 /// The route `/mcp` (every method: POST, GET, DELETE), for the server's
 /// router.
@@ -37,22 +35,16 @@ pub fn router(app: &AppState) -> Router<AppState> {
         .disable_allowed_hosts()
         .with_cancellation_token(app.shutdown.child_token())
         .with_max_request_body_bytes(app.cfg.http.max_body_bytes);
-    let service = StreamableHttpService::new(
-        move || Ok(Server::new(state.clone())),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
+    let manager = Arc::new(Manager::new(
+        app.cfg.http.max_mcp_sessions,
+        app.cfg.http.max_mcp_sessions_per_token,
+    ));
+    let service = StreamableHttpService::new(move || Ok(Server::new(state.clone())), manager.clone(), config);
+    let door = Door {
+        manager,
+        app: app.clone(),
+    };
     Router::new()
         .route_service("/mcp", service)
-        .route_layer(middleware::from_fn(origin))
-}
-
-/// A request with an `Origin` must come from this server's own pages.
-async fn origin(req: Request, next: Next) -> Response {
-    if req.headers().contains_key(header::ORIGIN)
-        && let Err(why) = crate::http::local_guard::same_origin(req.headers())
-    {
-        return ApiError::new(StatusCode::FORBIDDEN, "origin_refused", why).into_response();
-    }
-    next.run(req).await
+        .route_layer(middleware::from_fn_with_state(door, sessions::guard))
 }

@@ -35,6 +35,7 @@
 
 pub mod http;
 mod resources;
+pub mod sessions;
 mod tools;
 
 use std::sync::Arc;

@@ -13,8 +13,10 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::{Refusal, Server, answer};
-use crate::http::input::{MAX_QUERY_CHARS, check_field};
-use crate::http::live::{Follower, RequestState, Target};
+use crate::http::error::ApiError;
+use crate::http::input::{check_field, query_text};
+use crate::http::limits::Caller;
+use crate::http::live::{Access, Follower, RequestState, Target};
 use crate::http::tenancy::Need;
 use crate::model::MemoryItem;
 use crate::repo::requests::NewRequest;
@@ -120,20 +122,6 @@ fn uuid_arg(field: &str, raw: Option<&str>) -> Result<Option<Uuid>, Refusal> {
         .transpose()
 }
 
-/// A text argument named `field`: not blank, no NUL, at most `max` characters.
-fn text_arg(field: &str, s: &str, max: usize) -> Result<(), Refusal> {
-    if s.trim().is_empty() {
-        return Err(Refusal::new("invalid_argument", format!("{field} must not be empty")));
-    }
-    if s.chars().count() > max {
-        return Err(Refusal::new(
-            "invalid_argument",
-            format!("{field} is longer than {max} characters"),
-        ));
-    }
-    Ok(check_field(field, s)?)
-}
-
 /// One `recall` item: what it says, when, whose words, its source and score.
 fn item(i: &MemoryItem) -> Value {
     let said_by = match i.message_type.as_deref() {
@@ -150,6 +138,23 @@ fn item(i: &MemoryItem) -> Value {
         "why": i.why,
         "score": i.score,
     })
+}
+
+/// Sends progress notification `step` (the state's status and stage) when
+/// the client asked for them (a progress token).
+async fn progress(ctx: &RequestContext<RoleServer>, step: f64, state: &RequestState) {
+    let Some(token) = ctx.meta.get_progress_token() else {
+        return;
+    };
+    let stage = serde_json::to_value(state.stage).unwrap_or_default();
+    let note = ProgressNotificationParam::new(token, step).with_message(format!(
+        "{}: {}",
+        state.status,
+        stage.as_str().unwrap_or("")
+    ));
+    if let Err(e) = ctx.peer.notify_progress(note).await {
+        tracing::debug!(error = %e, "mcp: a progress notification was not sent");
+    }
 }
 
 /// The actor of an MCP action: `mcp:TOKEN`.
@@ -189,8 +194,9 @@ with its source (a turn or a record and its id, for `correct`), who said it, and
     #[tool(
         description = "Ask maas's full pipeline a question for the user: it analyses the question, \
 assembles context from the user's memory and answers with its configured model. Sends progress \
-notifications while it runs; returns the answer and the memory it used (context_sources). The \
-question and answer become turns of the user's memory. Needs scope submit."
+notifications while it runs; returns the answer, and the memory it used (context_sources) when the \
+token may read the user's memory (scope operate or admin). The question and answer become turns of \
+the user's memory. Needs scope submit."
     )]
     async fn ask(
         &self,
@@ -235,11 +241,9 @@ impl Server {
 
     async fn do_remember(&self, a: RememberArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
         let (who, _) = self.caller_for(ctx, Need::Submit)?;
-        text_arg("content", &a.content, MAX_QUERY_CHARS)?;
         let thread = uuid_arg("thread_id", a.thread_id.as_deref())?;
         let user = self.user(&who, a.user_id.as_deref()).await?;
-        let client = self.app.pool.get().await.map_err(crate::http::error::ApiError::from)?;
-        let turn = users::remember(&client, user, thread, &a.content).await?;
+        let turn = crate::http::users::remember(&self.app, &who, user, thread, &a.content).await?;
         Ok(json!({
             "user_id": user,
             "turn_id": turn.id,
@@ -282,7 +286,7 @@ impl Server {
 
     async fn do_ask(&self, a: AskArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
         let (who, key) = self.caller_for(ctx, Need::Submit)?;
-        text_arg("query", &a.query, MAX_QUERY_CHARS)?;
+        query_text("query", &a.query)?;
         let thread = uuid_arg("thread_id", a.thread_id.as_deref())?;
         let user = self.user(&who, a.user_id.as_deref()).await?;
         let wait = a
@@ -299,25 +303,34 @@ impl Server {
             metadata: None,
             stream: false,
         };
-        let (id, _) = crate::http::api::enqueue(&self.app, &who, &req, None).await?;
+        // The wait takes its place before the request exists (over a cap,
+        // the request is not made), as a long-poll's does.
         let _place = self.app.long_polls.enter(key)?;
-        let state = self.follow(id, who.tenant, wait, ctx).await?;
-        let client = self.app.pool.get().await.map_err(crate::http::error::ApiError::from)?;
-        let sources = match state.is_terminal() {
-            true => crate::repo::requests::context_of(&client, id, who.tenant)
-                .await
-                .map_err(crate::http::error::ApiError::from)?
-                .and_then(|r| r.context_sources),
+        let (id, _) = crate::http::api::enqueue(&self.app, &who, &req, None).await?;
+        let state = self.follow(id, who.tenant, key, wait, ctx).await?;
+        // The context is the user's memory: only with what its HTTP twin
+        // (`?include=context`) needs.
+        let sources = match state.is_terminal() && who.scope.allows(Need::ReadUser) {
+            true => {
+                let client = self.app.pool.get().await.map_err(ApiError::from)?;
+                crate::repo::requests::context_of(&client, id, who.tenant)
+                    .await
+                    .map_err(ApiError::from)?
+                    .and_then(|r| r.context_sources)
+            }
             false => None,
         };
-        Ok(json!({
+        let mut done = json!({
             "request_id": id,
             "user_id": user,
             "status": state.status,
             "answer": state.answer,
             "error": state.error,
-            "context_sources": sources,
-        }))
+        });
+        if let (Some(obj), Some(sources)) = (done.as_object_mut(), sources) {
+            obj.insert("context_sources".into(), sources);
+        }
+        Ok(done)
     }
 
     /// Follows request `id` until its terminal state or `wait`, sending a
@@ -326,33 +339,26 @@ impl Server {
         &self,
         id: Uuid,
         tenant: Uuid,
+        key: Caller,
         wait: Duration,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<RequestState, Refusal> {
+        // The token is checked again as an HTTP stream's is: a revoked
+        // token's wait ends with `token_revoked`.
+        let access = Access::watch(&self.app, key);
         let sub = self.app.hub.subscribe(Target::Request(id), 16);
         let mut follower = Follower::new(self.app.pool.clone(), sub).for_tenant(tenant);
         let mut state = follower
             .current()
             .await
-            .map_err(crate::http::error::ApiError::from)?
+            .map_err(ApiError::from)?
             .pop()
             .ok_or_else(|| Refusal::new("not_found", format!("no request {id}")))?;
-        let progress = ctx.meta.get_progress_token();
         let deadline = tokio::time::Instant::now() + wait;
         let mut step = 0.0;
         loop {
-            if let Some(token) = &progress {
-                step += 1.0;
-                let stage = serde_json::to_value(state.stage).unwrap_or_default();
-                let note = ProgressNotificationParam::new(token.clone(), step).with_message(format!(
-                    "{}: {}",
-                    state.status,
-                    stage.as_str().unwrap_or("")
-                ));
-                if let Err(e) = ctx.peer.notify_progress(note).await {
-                    tracing::debug!(error = %e, "mcp: a progress notification was not sent");
-                }
-            }
+            step += 1.0;
+            progress(ctx, step, &state).await;
             if state.is_terminal() {
                 break;
             }
@@ -360,9 +366,13 @@ impl Server {
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = self.app.shutdown.cancelled() => break,
                 _ = ctx.ct.cancelled() => break,
+                _ = access.revoked() => return Err(Refusal::new(
+                    "token_revoked",
+                    format!("the token of this call was revoked; request {id} goes on without this wait"),
+                )),
                 next = follower.next() => match next {
                     None => break,
-                    Some(Err(e)) => return Err(crate::http::error::ApiError::from(e).into()),
+                    Some(Err(e)) => return Err(ApiError::from(e).into()),
                     Some(Ok(states)) => {
                         let newest = states.into_iter().rev().find_map(|f| match f {
                             crate::http::live::Frame::State(s) => Some(s),
@@ -401,7 +411,7 @@ impl Server {
         }
         let c = match (a.action, a.summary.as_deref()) {
             (CorrectAction::ReplaceSummary, Some(summary)) => {
-                text_arg("summary", summary, MAX_QUERY_CHARS)?;
+                query_text("summary", summary)?;
                 Correction::ReplaceSummary { record: a.id, summary }
             }
             (CorrectAction::ReplaceSummary, None) => {
@@ -421,7 +431,7 @@ impl Server {
             actor: &by,
             reason: a.reason.as_deref(),
         };
-        let client = self.app.pool.get().await.map_err(crate::http::error::ApiError::from)?;
+        let client = self.app.pool.get().await.map_err(ApiError::from)?;
         let done = users::correct(&client, user, c, why).await?;
         Ok(json!({ "user_id": user, "id": done.id, "memory_version": done.memory_version }))
     }

@@ -56,6 +56,7 @@ super::statements! {
     STORED_USER = "tenants_stored_user",
     LIMIT_LOCK = "tenants_limit_lock",
     LIMIT_COUNTS = "tenants_limit_counts",
+    COUNT_TURN = "tenants_count_turn",
     NAMES = "tenants_names",
     GRANT_ROLE = "tenants_grant",
     REVOKE_ROLE = "tenants_revoke",
@@ -138,7 +139,8 @@ super::row_struct! {
     /// A limited tenant's usage, counted after its row was locked.
     #[derive(Debug, Clone)]
     pub struct LimitCounts {
-        /// Submissions in the last minute (counted up to the limit).
+        /// Submissions in the last minute, with the turns stored outside a
+        /// request (counted up to the limit).
         pub last_minute: i64,
         /// Whole seconds until the oldest of them leaves the minute (at least 1).
         pub window_frees_in: i64,
@@ -173,6 +175,13 @@ pub async fn limit_counts(
     in_flight: Option<i32>,
 ) -> Result<LimitCounts, Error> {
     super::query_one_as(client, LIMIT_COUNTS, &[&tenant, &rpm, &in_flight]).await
+}
+
+/// Counts one turn stored outside a request (MCP `remember`) against
+/// tenant `tenant`'s `requests_per_minute` (a statement after
+/// [`limit_counts`], under the same lock).
+pub async fn count_turn(client: &impl GenericClient, tenant: Uuid) -> Result<(), Error> {
+    super::execute(client, COUNT_TURN, &[&tenant]).await.map(|_| ())
 }
 
 // ---- maasctl ------------------------------------------------------------------

@@ -17,6 +17,9 @@ use crate::support::daemon::Opts;
 use crate::support::db::TestDb;
 use crate::support::tenants::{get, start};
 
+mod conformance;
+mod doors;
+
 /// The venv's Python, or `None` (after saying why) where it is missing.
 fn python() -> Option<String> {
     let path = std::env::var("MAAS_MCP_PYTHON")
@@ -32,15 +35,22 @@ fn python() -> Option<String> {
     None
 }
 
-/// Runs the client with `plan`; its report.
+/// Runs the client with `plan` (on its standard input: a plan may be
+/// larger than an argument may); its report.
 async fn client(py: &str, plan: Value) -> Value {
-    let out = tokio::process::Command::new(py)
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(py)
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/client.py"))
-        .arg(plan.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
-        .output()
-        .await
+        .spawn()
         .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.trim()).unwrap_or_else(|e| {
         panic!(

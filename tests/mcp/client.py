@@ -1,20 +1,27 @@
 """Drives maas's MCP server with the official Python SDK (`mcp` on PyPI) and
 prints what it saw as one JSON document, for tests/it/mcp.rs to assert on.
 
-Usage: client.py PLAN_JSON, where the plan is
+Usage: client.py [PLAN_JSON] (without it, the plan is read from standard
+input), where the plan is
   {"url": "http://127.0.0.1:PORT/mcp", "token": "...", "mode": "auto"}
   or {"stdio": {"command": "...", "args": [...], "env": {...}}}
   and "steps": a list of
     {"op": "list_tools"} | {"op": "list_resources"} | {"op": "read", "uri": "..."}
     | {"op": "call", "tool": "...", "args": {...}}
+    | {"op": "http", "method": "DELETE", "token": "...", "session": true, "json": {...}}
+      (one raw request to the URL, as another client would send it: with
+      `token` instead of the plan's when given, with the session id the SDK
+      holds when `session`; its status and JSON body)
   A string "$N.a.b" in a step's args is the value at a.b of step N's output.
 
-Output: {"protocol_version", "server", "instructions", "steps": [...]} or
-{"connect_error": "..."}; a step that raised is {"exception": "..."}.
+Output: {"protocol_version", "server", "instructions", "session_id", "steps":
+[...], "log": [warnings the SDK logged]} or {"connect_error": "..."}; a step
+that raised is {"exception": "..."}.
 """
 
 import asyncio
 import json
+import logging
 import sys
 
 import httpx2
@@ -41,8 +48,53 @@ def dump(model):
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-async def step(client, s, outputs):
+class Seen:
+    """What the SDK's HTTP client saw: the session id it was given."""
+
+    session_id = None
+
+    @classmethod
+    async def response(cls, response):
+        sid = response.headers.get("mcp-session-id")
+        if sid:
+            cls.session_id = sid
+
+
+class Warnings(logging.Handler):
+    """The SDK's log lines of level WARNING and above."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+async def raw(plan, s):
+    token = s.get("token", plan.get("token"))
+    headers = {"Accept": "application/json, text/event-stream", **s.get("headers", {})}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    if s.get("session") and Seen.session_id:
+        headers["Mcp-Session-Id"] = Seen.session_id
+        headers["MCP-Protocol-Version"] = "2025-03-26"
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(30.0)) as http:
+        async with http.stream(s["method"], plan["url"], headers=headers, json=s.get("json")) as r:
+            if r.headers.get("content-type", "").startswith("text/event-stream"):
+                return {"status": r.status_code, "body": None}
+            text = (await r.aread()).decode()
+            try:
+                body = json.loads(text)
+            except ValueError:
+                body = text
+            return {"status": r.status_code, "body": body}
+
+
+async def step(client, s, outputs, plan):
     op = s["op"]
+    if op == "http":
+        return await raw(plan, s)
     if op == "list_tools":
         tools = (await client.list_tools()).tools
         return {"tools": [dump(t) for t in tools]}
@@ -85,13 +137,17 @@ def connect(plan):
         return Client(params, mode=mode, read_timeout_seconds=120)
     headers = {"Authorization": f"Bearer {plan['token']}"} if plan.get("token") else {}
     headers.update(plan.get("headers", {}))
-    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120.0))
+    http = httpx2.AsyncClient(
+        headers=headers, timeout=httpx2.Timeout(120.0), event_hooks={"response": [Seen.response]}
+    )
     return Client(streamable_http_client(plan["url"], http_client=http), mode=mode, read_timeout_seconds=120)
 
 
 async def main():
-    plan = json.loads(sys.argv[1])
+    plan = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())
     outputs = []
+    warnings = Warnings()
+    logging.getLogger("mcp").addHandler(warnings)
     try:
         client = connect(plan)
         async with client:
@@ -103,12 +159,14 @@ async def main():
             }
             for s in plan.get("steps", []):
                 try:
-                    outputs.append(await step(client, s, outputs))
+                    outputs.append(await step(client, s, outputs, plan))
                 except Exception as e:  # noqa: BLE001 - the test asserts on it
                     outputs.append({"exception": f"{type(e).__name__}: {e}"})
             report["steps"] = outputs
+            report["session_id"] = Seen.session_id
     except BaseException as e:  # noqa: BLE001 - connection refused, 401, 403
         report = {"connect_error": f"{type(e).__name__}: {e}", "steps": outputs}
+    report["log"] = warnings.lines
     print(json.dumps(report))
 
 
