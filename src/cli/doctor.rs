@@ -21,7 +21,7 @@
 //!   local model's folder holds its files), and the turns the embedder has
 //!   yet to embed (warn while any wait: those users' searches miss them).
 //!
-//! Size: one function per group of checks, kept in the order they print;
+//! One function per group of checks, kept in the order they print;
 //! most lines are what a check says when it warns or fails.
 
 use std::path::Path;

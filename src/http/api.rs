@@ -1,7 +1,7 @@
 //! The `/api` routes: submit a query, read its status (long-poll), and
 //! follow it live over SSE or WebSocket.
 //!
-//! Size: the `/api` routes share one set of request and reply types and one
+//! The `/api` routes share one set of request and reply types and one
 //! follower; one file keeps each route's contract in one reading.
 
 use std::collections::HashMap;

@@ -41,10 +41,6 @@
 //! what it missed from `answer_deltas`, shows an explicit restart when a
 //! new attempt writes, and shows nothing of a request after its terminal
 //! state.
-//!
-//! Size: the hub (one LISTEN feed fanned out to SSE and WebSocket
-//! followers, with the request → user cache) is one state machine, and the
-//! streams it feeds end here too; about 85 lines are its tests.
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
