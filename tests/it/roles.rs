@@ -21,15 +21,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE maas_owner IN SCHEMA public
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_runs_as_a_role_without_ddl_rights_after_the_owner_migrates() {
     let db = TestDb::empty().await;
-    if !db.url.contains("://postgres@") {
-        crate::support::missing(
-            None,
-            &format!(
-                "the roles test: the test cluster's URL does not name the user postgres \
-                 (`maasctl dev-db start` makes one that does): {}",
-                db.url
-            ),
-        );
+    if !crate::support::superuser_postgres(&db.url, "the roles test") {
         return;
     }
     let admin = db.client().await;

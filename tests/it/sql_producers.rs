@@ -58,15 +58,7 @@ impl Env {
 
     /// On `db`, whose superuser connects with `url`.
     async fn on(db: TestDb, url: &str) -> Option<Env> {
-        if !db.url.contains("://postgres@") {
-            crate::support::missing(
-                None,
-                &format!(
-                    "the SQL door's tests: the test cluster's URL does not name the user postgres \
-                     (`maasctl dev-db start` makes one that does): {}",
-                    db.url
-                ),
-            );
+        if !crate::support::superuser_postgres(&db.url, "the SQL door's tests") {
             return None;
         }
         let admin = connect(url).await;

@@ -33,15 +33,7 @@ GRANT SELECT ON maas_my_requests TO {role};";
 /// Logs in as `role` to the test database; `None` (the test is skipped)
 /// when the cluster's URL does not name the user postgres.
 async fn producer(db: &TestDb, admin: &Client, role: &str) -> Option<Client> {
-    if !db.url.contains("://postgres@") {
-        crate::support::missing(
-            None,
-            &format!(
-                "the SQL door's tests: the test cluster's URL does not name the user postgres \
-                 (`maasctl dev-db start` makes one that does): {}",
-                db.url
-            ),
-        );
+    if !crate::support::superuser_postgres(&db.url, "the SQL door's tests") {
         return None;
     }
     ensure_login_role(admin, role).await;

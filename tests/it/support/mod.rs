@@ -45,6 +45,24 @@ pub fn missing(require: Option<&str>, what: &str) {
     eprintln!("SKIPPED: {what}");
 }
 
+/// Whether the test cluster's URL logs in as the user `postgres`, which
+/// the tests that make login roles need (`maasctl dev-db start` makes such
+/// a cluster); where it does not, the test is `missing` (a failure under
+/// CI) and `what` says which.
+pub fn superuser_postgres(url: &str, what: &str) -> bool {
+    if url.contains("://postgres@") {
+        return true;
+    }
+    missing(
+        None,
+        &format!(
+            "{what}: the test cluster's URL does not name the user postgres \
+             (`maasctl dev-db start` makes one that does): {url}"
+        ),
+    );
+    false
+}
+
 /// Polls `cond` until it holds or `within` passes; panics with `what` then.
 pub async fn wait_until<F, Fut>(within: Duration, what: &str, cond: F)
 where
