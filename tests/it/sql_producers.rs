@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::support::cli::{NO_ENV, maasctl_async};
 use crate::support::daemon::Opts;
-use crate::support::db::{TestDb, by_name, column, connect, value};
+use crate::support::db::{TestDb, column, connect, value};
 use crate::support::poll::poll_until;
 use crate::support::tenants::{get, start, submit_ok, token};
 
@@ -120,15 +120,18 @@ impl Env {
 
     /// (user_id, tenant_id, tenant_user_id) of request `id`.
     async fn request(&self, id: Uuid) -> (Uuid, Uuid, Option<Uuid>) {
-        let row = self
-            .admin
-            .query_one(
-                "SELECT user_id, tenant_id, tenant_user_id FROM pipeline_runs WHERE id = $1",
-                &[&id],
-            )
-            .await
-            .unwrap();
-        by_name!(row, "user_id", "tenant_id", "tenant_user_id")
+        crate::sql_tenancy::stored_as(&self.admin, id).await
+    }
+
+    /// A new producer role of shop (`prefix` and a number), given `setup`
+    /// (SQL with `{role}` for its name) as the owner, logged in.
+    async fn shop_producer(&self, prefix: &str, setup: &str) -> (String, Client) {
+        let role = fresh(prefix);
+        self.role(&role, true, "public").await;
+        self.admin.batch_execute(&setup.replace("{role}", &role)).await.unwrap();
+        maasctl_ok(&self.db, &["tenants", "grant", "shop", "--role", &role]).await;
+        let c = self.login(&role).await;
+        (role, c)
     }
 
     /// The next value raw_logs' identity will hand out.
@@ -267,14 +270,7 @@ async fn row_refused_values(env: &Env) {
 /// look-alikes there: the rows of both are mapped and refused as any
 /// producer's.
 async fn row_own_schema(env: &Env) {
-    let role = fresh("owner");
-    env.role(&role, true, "public").await;
-    env.admin
-        .batch_execute(&format!("CREATE SCHEMA AUTHORIZATION {role}"))
-        .await
-        .unwrap();
-    maasctl_ok(&env.db, &["tenants", "grant", "shop", "--role", &role]).await;
-    let c = env.login(&role).await;
+    let (role, c) = env.shop_producer("owner", "CREATE SCHEMA AUTHORIZATION {role}").await;
     look_alikes(&c, &role).await;
     c.batch_execute(&format!("SET search_path = {role}, pg_catalog, public"))
         .await
@@ -518,14 +514,9 @@ async fn look_alikes_in_maas_own_public_change_nothing_the_triggers_run() {
     let Some(env) = Env::new().await else {
         return;
     };
-    let role = fresh("creator");
-    env.role(&role, true, "public").await;
-    env.admin
-        .batch_execute(&format!("GRANT CREATE ON SCHEMA public TO {role}"))
-        .await
-        .unwrap();
-    maasctl_ok(&env.db, &["tenants", "grant", "shop", "--role", &role]).await;
-    let c = env.login(&role).await;
+    let (_, c) = env
+        .shop_producer("creator", "GRANT CREATE ON SCHEMA public TO {role}")
+        .await;
     for f in [
         "maas_tenant_user(t uuid, u uuid) RETURNS uuid LANGUAGE sql AS 'SELECT u'",
         "maas_role_tenant(r name) RETURNS uuid LANGUAGE sql AS 'SELECT NULL::uuid'",

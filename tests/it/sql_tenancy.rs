@@ -88,7 +88,7 @@ async fn refused(
 }
 
 /// (user_id, tenant_id, tenant_user_id) of request `id`.
-async fn stored_as(admin: &Client, id: Uuid) -> (Uuid, Uuid, Option<Uuid>) {
+pub(crate) async fn stored_as(admin: &Client, id: Uuid) -> (Uuid, Uuid, Option<Uuid>) {
     let row = admin
         .query_one(
             "SELECT user_id, tenant_id, tenant_user_id FROM pipeline_runs WHERE id = $1",
