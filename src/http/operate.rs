@@ -13,35 +13,33 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::AppState;
-use super::error::ApiError;
 use super::input::parse_id;
-use super::tenancy::Principal;
+use crate::app::{AppError, Principal};
 use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
 
 const ACTOR: &str = "http";
 const MAX_REASON_CHARS: usize = 1000;
 
 /// The `reason` of a body `{"reason": "…"}`.
-fn reason(body: &[u8]) -> Result<String, ApiError> {
-    let missing = || ApiError::unprocessable("missing_field", "reason is required: {\"reason\": \"…\"}");
+fn reason(body: &[u8]) -> Result<String, AppError> {
+    let missing = || AppError::unprocessable("missing_field", "reason is required: {\"reason\": \"…\"}");
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(missing());
     }
     let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
+        .map_err(|e| AppError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
     match v.get("reason") {
         None | Some(Value::Null) => Err(missing()),
         Some(Value::String(s)) if s.trim().is_empty() => {
-            Err(ApiError::unprocessable("empty_field", "reason must not be empty"))
+            Err(AppError::unprocessable("empty_field", "reason must not be empty"))
         }
-        Some(Value::String(s)) if s.chars().count() > MAX_REASON_CHARS => Err(ApiError::unprocessable(
+        Some(Value::String(s)) if s.chars().count() > MAX_REASON_CHARS => Err(AppError::unprocessable(
             "field_too_long",
             format!("reason is longer than {MAX_REASON_CHARS} characters"),
         )),
@@ -49,16 +47,16 @@ fn reason(body: &[u8]) -> Result<String, ApiError> {
             super::input::check_field("reason", s)?;
             Ok(s.trim().to_owned())
         }
-        Some(_) => Err(ApiError::unprocessable("invalid_field", "reason must be a string")),
+        Some(_) => Err(AppError::unprocessable("invalid_field", "reason must be a string")),
     }
 }
 
-fn db_error(e: impl std::fmt::Display) -> ApiError {
-    ApiError::unavailable("database", format!("database error: {e}"))
+fn db_error(e: impl std::fmt::Display) -> AppError {
+    AppError::unavailable("database", format!("database error: {e}"))
 }
 
-fn not_found(id: Uuid) -> ApiError {
-    ApiError::not_found(format!("no request {id}"))
+fn not_found(id: Uuid) -> AppError {
+    AppError::not_found(format!("no request {id}"))
 }
 
 /// What an action's outcome answers: the 200 body, or a 409 (code,
@@ -87,11 +85,11 @@ pub async fn act<A: Action>(
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AppError> {
     let id = parse_id(&id, "request")?;
     let reason = if A::REASON { Some(reason(&body)?) } else { None };
     let client = app.pool.get().await.map_err(db_error)?;
-    let of_caller = match super::tenancy::bound_user(&client, &who).await? {
+    let of_caller = match crate::app::caller::bound_user(&client, &who).await? {
         None => crate::repo::requests::is_of_tenant(&client, id, who.tenant).await,
         Some(user) => crate::repo::requests::request_state_of_tenant(&client, id, who.tenant)
             .await
@@ -103,7 +101,7 @@ pub async fn act<A: Action>(
     let outcome = A::run(&client, id, reason.as_deref()).await.map_err(db_error)?;
     match A::answer(outcome, id) {
         Some(Ok(body)) => Ok(Json(body).into_response()),
-        Some(Err((code, message))) => Err(ApiError::new(StatusCode::CONFLICT, code, message)),
+        Some(Err((code, message))) => Err(AppError::conflict(code, message)),
         None => Err(not_found(id)),
     }
 }

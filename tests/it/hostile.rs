@@ -313,7 +313,7 @@ mod props {
                     prop_assert!(s.query.chars().count() <= MAX_QUERY_CHARS);
                 }
                 Err(e) => {
-                    prop_assert!(e.status.is_client_error(), "{e:?}");
+                    prop_assert!(maas::http::error::status(e.kind).is_client_error(), "{e:?}");
                     prop_assert!(!e.message.is_empty());
                 }
             }
