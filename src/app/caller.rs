@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::error::AppError;
+use super::error::{AppError, Code};
 use crate::db::Pool;
 use crate::repo::GenericClient;
 use crate::repo::tenants::{self, TokenRow};
@@ -151,7 +151,7 @@ impl Principal {
     pub fn acts_for(&self, user: Uuid, field: &str) -> Result<(), AppError> {
         match self.user {
             Some(bound) if bound != user => Err(AppError::forbidden(
-                "user_not_allowed",
+                Code::UserNotAllowed,
                 format!("{field}: token `{}` acts for user {bound} only, not {user}", self.token),
             )),
             _ => Ok(()),
@@ -164,7 +164,7 @@ impl Principal {
             return Ok(());
         }
         Err(AppError::forbidden(
-            "scope_required",
+            Code::ScopeRequired,
             format!(
                 "this needs a token with scope {}; token `{}` has scope {}",
                 need.least(),

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::caller::Caller;
-use super::error::AppError;
+use super::error::{AppError, Code};
 
 /// When to retry after a refusal, in seconds.
 const RETRY_AFTER_SECS: u64 = 1;
@@ -22,7 +22,7 @@ const RETRY_AFTER_SECS: u64 = 1;
 pub struct Gate {
     what: &'static str,
     /// The `code` of a refusal.
-    code: &'static str,
+    code: Code,
     total: usize,
     per_caller: usize,
     held: Mutex<Held>,
@@ -37,11 +37,11 @@ struct Held {
 impl Gate {
     /// Streams or long-polls: refused with code `too_many_streams`.
     pub fn new(what: &'static str, total: usize, per_caller: usize) -> Arc<Gate> {
-        Gate::coded(what, "too_many_streams", total, per_caller)
+        Gate::coded(what, Code::TooManyStreams, total, per_caller)
     }
 
     /// A gate whose refusals carry `code`.
-    pub fn coded(what: &'static str, code: &'static str, total: usize, per_caller: usize) -> Arc<Gate> {
+    pub fn coded(what: &'static str, code: Code, total: usize, per_caller: usize) -> Arc<Gate> {
         Arc::new(Gate {
             what,
             code,
@@ -56,7 +56,7 @@ impl Gate {
         let mut held = self
             .held
             .lock()
-            .map_err(|_| AppError::unavailable("internal", "limits unavailable"))?;
+            .map_err(|_| AppError::unavailable(Code::Internal, "limits unavailable"))?;
         let mine = held.by_caller.get(&caller).copied().unwrap_or(0);
         if mine >= self.per_caller {
             return Err(AppError::too_many(

@@ -3,7 +3,124 @@
 //! OpenAI error object), a stable `code` and a message naming the field,
 //! value or limit.
 
+use crate::model::named_enum;
 use crate::users::UserError;
+
+named_enum! {
+    /// The stable, machine-readable name of a refusal, the `code` of every
+    /// door's error (HTTP's JSON body, an MCP tool's error, the coming
+    /// endpoints'); `docs/http-api.md` lists them ("Error codes").
+    pub enum Code {
+        /// Cancel: the request already finished.
+        AlreadyFinished = "already_finished",
+        /// The request could not be read (a framework refusal).
+        BadRequest = "bad_request",
+        /// The body is over `http.max_body_bytes`.
+        BodyTooLarge = "body_too_large",
+        /// An operator action's database call failed; retry.
+        Database = "database",
+        /// The rows are locked or the statement timed out; retry.
+        DatabaseBusy = "database_busy",
+        /// The database cannot be reached; retry.
+        DatabaseUnavailable = "database_unavailable",
+        /// A text field is blank.
+        EmptyField = "empty_field",
+        /// The user is being erased.
+        EraseRunning = "erase_running",
+        /// A text field is over its length.
+        FieldTooLong = "field_too_long",
+        /// Without tokens, `Host` is not a loopback name.
+        ForbiddenHost = "forbidden_host",
+        /// `Origin` is not this server (or, without tokens, not loopback).
+        ForbiddenOrigin = "forbidden_origin",
+        /// The idempotency key changed hands meanwhile; retry.
+        IdempotencyConflict = "idempotency_conflict",
+        /// The idempotency key was used for a different request.
+        IdempotencyKeyReused = "idempotency_key_reused",
+        /// A fault of maas, logged.
+        Internal = "internal",
+        /// An MCP tool argument is malformed.
+        InvalidArgument = "invalid_argument",
+        /// A stream position (`Last-Event-ID`, `after`) is malformed.
+        InvalidCursor = "invalid_cursor",
+        /// A field has the wrong type or value.
+        InvalidField = "invalid_field",
+        /// An id is not a UUID (or a positive integer).
+        InvalidId = "invalid_id",
+        /// The `Idempotency-Key` header is malformed.
+        InvalidIdempotencyKey = "invalid_idempotency_key",
+        /// `include` names something unknown.
+        InvalidInclude = "invalid_include",
+        /// `metadata` is not an object within its bounds.
+        InvalidMetadata = "invalid_metadata",
+        /// A query parameter is malformed.
+        InvalidQuery = "invalid_query",
+        /// A text holds a NUL character.
+        InvalidText = "invalid_text",
+        /// `wait` is not a duration within bounds.
+        InvalidWait = "invalid_wait",
+        /// The body is not a JSON object.
+        MalformedJson = "malformed_json",
+        /// The tenant has its most requests in flight.
+        MaxInFlight = "max_in_flight",
+        /// The route has no such method.
+        MethodNotAllowed = "method_not_allowed",
+        /// An MCP tool argument is missing.
+        MissingArgument = "missing_argument",
+        /// A required field is missing.
+        MissingField = "missing_field",
+        /// No such route.
+        NoRoute = "no_route",
+        /// Retry: the request is not `FAILED`.
+        NotFailed = "not_failed",
+        /// No such request, record or turn for this caller.
+        NotFound = "not_found",
+        /// Continue: the request does not rest between stages.
+        NotHeld = "not_held",
+        /// The tenant is over its requests per minute.
+        RequestsPerMinute = "requests_per_minute",
+        /// The token's scope does not allow this.
+        ScopeRequired = "scope_required",
+        /// No MCP session of that id for this token.
+        SessionNotFound = "session_not_found",
+        /// No answer within `http.request_timeout_secs`.
+        Timeout = "timeout",
+        /// The token was revoked during a wait or stream.
+        TokenRevoked = "token_revoked",
+        /// This address sent too many wrong tokens.
+        TooManyAuthFailures = "too_many_auth_failures",
+        /// The token holds its most exports.
+        TooManyExports = "too_many_exports",
+        /// Another refusal of the HTTP framework, with its status.
+        HttpError = "http_error",
+        /// Too many requests (a framework refusal).
+        TooManyRequests = "too_many_requests",
+        /// The token holds its most memory searches.
+        TooManySearches = "too_many_searches",
+        /// The token (429) or daemon (503) holds its most MCP sessions.
+        TooManySessions = "too_many_sessions",
+        /// The token (429) or daemon (503) holds its most streams or long-polls.
+        TooManyStreams = "too_many_streams",
+        /// No caller on the request.
+        Unauthenticated = "unauthenticated",
+        /// No token, or a wrong or revoked one.
+        Unauthorized = "unauthorized",
+        /// Nothing is held about the user.
+        UnknownUser = "unknown_user",
+        /// The body is well-formed but refused (a framework refusal).
+        Unprocessable = "unprocessable",
+        /// The body could not be read.
+        UnreadableBody = "unreadable_body",
+        /// The body is not `application/json`.
+        UnsupportedMediaType = "unsupported_media_type",
+        /// The user was forgotten; its requests are refused.
+        UserForgotten = "user_forgotten",
+        /// The token acts for another user.
+        UserNotAllowed = "user_not_allowed",
+        /// The route needs a WebSocket upgrade.
+        WebsocketRequired = "websocket_required",
+    }
+}
 
 /// What kind of failure, for the door to say in its own terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +160,7 @@ pub enum Kind {
 pub struct AppError {
     pub kind: Kind,
     /// A stable, machine-readable name (`malformed_json`, `invalid_id`, …).
-    pub code: &'static str,
+    pub code: Code,
     pub message: String,
     /// When to come back, in seconds; a [`Kind::TooMany`] or
     /// [`Kind::Unavailable`] without one says 1.
@@ -51,7 +168,7 @@ pub struct AppError {
 }
 
 impl AppError {
-    pub fn new(kind: Kind, code: &'static str, message: impl Into<String>) -> AppError {
+    pub fn new(kind: Kind, code: Code, message: impl Into<String>) -> AppError {
         AppError {
             kind,
             code,
@@ -74,40 +191,40 @@ impl AppError {
         }
     }
 
-    pub fn too_many(code: &'static str, message: impl Into<String>) -> AppError {
+    pub fn too_many(code: Code, message: impl Into<String>) -> AppError {
         AppError::new(Kind::TooMany, code, message)
     }
 
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> AppError {
+    pub fn bad_request(code: Code, message: impl Into<String>) -> AppError {
         AppError::new(Kind::Invalid, code, message)
     }
 
-    pub fn unprocessable(code: &'static str, message: impl Into<String>) -> AppError {
+    pub fn unprocessable(code: Code, message: impl Into<String>) -> AppError {
         AppError::new(Kind::Unprocessable, code, message)
     }
 
     pub fn not_found(message: impl Into<String>) -> AppError {
-        AppError::new(Kind::NotFound, "not_found", message)
+        AppError::new(Kind::NotFound, Code::NotFound, message)
     }
 
-    pub fn forbidden(code: &'static str, message: impl Into<String>) -> AppError {
+    pub fn forbidden(code: Code, message: impl Into<String>) -> AppError {
         AppError::new(Kind::Forbidden, code, message)
     }
 
-    pub fn conflict(code: &'static str, message: impl Into<String>) -> AppError {
+    pub fn conflict(code: Code, message: impl Into<String>) -> AppError {
         AppError::new(Kind::Conflict, code, message)
     }
 
-    pub fn unavailable(code: &'static str, message: impl Into<String>) -> AppError {
+    pub fn unavailable(code: Code, message: impl Into<String>) -> AppError {
         AppError::new(Kind::Unavailable, code, message)
     }
 
     pub fn unauthorized(message: impl Into<String>) -> AppError {
-        AppError::new(Kind::Unauthenticated, "unauthorized", message)
+        AppError::new(Kind::Unauthenticated, Code::Unauthorized, message)
     }
 
     pub fn internal(message: impl Into<String>) -> AppError {
-        AppError::new(Kind::Internal, "internal", message)
+        AppError::new(Kind::Internal, Code::Internal, message)
     }
 }
 
@@ -126,12 +243,12 @@ impl From<crate::db::Error> for AppError {
             // statement ran out of statement_timeout: the client may retry.
             tracing::warn!(error = %e, "app: database busy");
             AppError::unavailable(
-                "database_busy",
+                Code::DatabaseBusy,
                 "the rows this request needs are locked by another transaction, or the statement timed out; try again",
             )
         } else if e.is_connection() {
             tracing::warn!(error = %e, "app: database unavailable");
-            AppError::unavailable("database_unavailable", "the database is unavailable; try again")
+            AppError::unavailable(Code::DatabaseUnavailable, "the database is unavailable; try again")
         } else {
             tracing::error!(error = %e, "app: database error");
             AppError::internal("internal error")
@@ -159,9 +276,9 @@ impl From<deadpool_postgres::PoolError> for AppError {
 impl From<UserError> for AppError {
     fn from(e: UserError) -> AppError {
         match e {
-            UserError::Unknown(_) => AppError::new(Kind::NotFound, "unknown_user", e.to_string()),
-            UserError::Forgotten { .. } => AppError::new(Kind::NotFound, "user_forgotten", e.to_string()),
-            UserError::Erasing(_) => AppError::conflict("erase_running", e.to_string()),
+            UserError::Unknown(_) => AppError::new(Kind::NotFound, Code::UnknownUser, e.to_string()),
+            UserError::Forgotten { .. } => AppError::new(Kind::NotFound, Code::UserForgotten, e.to_string()),
+            UserError::Erasing(_) => AppError::conflict(Code::EraseRunning, e.to_string()),
             UserError::NoSuch { .. } => AppError::not_found(e.to_string()),
             UserError::Db(d) => AppError::from(d),
         }

@@ -4,7 +4,7 @@
 //! field that reaches the database is refused when it holds a NUL. A
 //! refusal names the field.
 
-use super::error::AppError;
+use super::error::{AppError, Code};
 
 /// Longest query accepted, in characters (the `pipeline_runs_query_size`
 /// bound, `triggers/0007_request_bounds.sql`).
@@ -17,13 +17,13 @@ pub const MAX_QUERY_CHARS: usize = 100_000;
 pub fn query_text(field: &str, s: &str) -> Result<(), AppError> {
     if s.trim().is_empty() {
         return Err(AppError::unprocessable(
-            "empty_field",
+            Code::EmptyField,
             format!("{field} must not be empty"),
         ));
     }
     if s.chars().count() > MAX_QUERY_CHARS {
         return Err(AppError::unprocessable(
-            "field_too_long",
+            Code::FieldTooLong,
             format!("{field} is longer than {MAX_QUERY_CHARS} characters"),
         ));
     }
@@ -33,13 +33,13 @@ pub fn query_text(field: &str, s: &str) -> Result<(), AppError> {
 /// Refuses text the database cannot store: a NUL character (U+0000), an
 /// `Unprocessable` `invalid_text` naming the field (the submit body's answer).
 pub fn check_text(field: &str, s: &str) -> Result<(), AppError> {
-    nul_free(field, s).map_err(|m| AppError::unprocessable("invalid_text", m))
+    nul_free(field, s).map_err(|m| AppError::unprocessable(Code::InvalidText, m))
 }
 
 /// [`check_text`] as an `Invalid` `invalid_text`: for every other text field
 /// (a summary, a reason, an actor, a query parameter).
 pub fn check_field(field: &str, s: &str) -> Result<(), AppError> {
-    nul_free(field, s).map_err(|m| AppError::bad_request("invalid_text", m))
+    nul_free(field, s).map_err(|m| AppError::bad_request(Code::InvalidText, m))
 }
 
 /// A form or query field's text, refused when it holds a NUL (the

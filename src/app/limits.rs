@@ -14,7 +14,7 @@
 //! first request once under the limit again).
 
 use super::caller::Principal;
-use super::error::AppError;
+use super::error::{AppError, Code};
 use crate::repo::GenericClient;
 use crate::repo::tenants;
 
@@ -56,7 +56,7 @@ pub async fn check_limits(client: &impl GenericClient, p: &Principal, usage: Usa
     {
         let secs = u64::try_from(c.window_frees_in).unwrap_or(1).max(1);
         return Err(AppError::too_many(
-            "requests_per_minute",
+            Code::RequestsPerMinute,
             format!(
                 "tenant `{}` is over its limit of {rpm} requests per minute (requests_per_minute); retry in {secs} s",
                 p.tenant_name
@@ -68,7 +68,7 @@ pub async fn check_limits(client: &impl GenericClient, p: &Principal, usage: Usa
         && c.in_flight >= i64::from(max)
     {
         return Err(AppError::too_many(
-            "max_in_flight",
+            Code::MaxInFlight,
             format!(
                 "tenant `{}` has {max} requests in flight, its limit (max_in_flight)",
                 p.tenant_name

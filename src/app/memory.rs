@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::caller::{self, Principal};
 use super::caps::Pass;
-use super::error::AppError;
+use super::error::{AppError, Code};
 use super::input::query_text;
 use super::{App, limits};
 use crate::users::{self, UserKey};
@@ -49,11 +49,11 @@ pub async fn search(
 ) -> Result<users::SearchView, AppError> {
     let _place = place;
     if s.query.trim().is_empty() {
-        return Err(AppError::bad_request("invalid_query", "q must not be empty"));
+        return Err(AppError::bad_request(Code::InvalidQuery, "q must not be empty"));
     }
     if s.query.chars().count() > MAX_SEARCH_CHARS {
         return Err(AppError::bad_request(
-            "invalid_query",
+            Code::InvalidQuery,
             format!("q is longer than {MAX_SEARCH_CHARS} characters"),
         ));
     }

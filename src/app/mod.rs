@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use caller::{Caller, Need, Principal};
-pub use error::{AppError, Kind};
+pub use error::{AppError, Code, Kind};
 
 use crate::config::Config;
 use crate::db::Pool;
@@ -119,13 +119,13 @@ impl App {
             streams: caps::Gate::new("streams", http.max_streams, http.max_streams_per_token),
             searches: caps::Gate::coded(
                 "memory searches",
-                "too_many_searches",
+                Code::TooManySearches,
                 usize::MAX,
                 http.max_searches_per_token.max(1),
             ),
             exports: caps::Gate::coded(
                 "exports",
-                "too_many_exports",
+                Code::TooManyExports,
                 usize::MAX,
                 http.max_exports_per_token.max(1),
             ),

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::caller::Principal;
-use super::error::{AppError, Kind};
+use super::error::{AppError, Code, Kind};
 use super::{App, limits};
 use crate::repo::GenericClient;
 use crate::repo::idempotency;
@@ -66,14 +66,14 @@ async fn insert(
             Some(k) if k.fingerprint == fp => return Ok((k.request_id, true)),
             Some(_) => {
                 return Err(AppError::unprocessable(
-                    "idempotency_key_reused",
+                    Code::IdempotencyKeyReused,
                     "this Idempotency-Key was used for a different request",
                 ));
             }
             None => continue,
         }
     }
-    Err(AppError::unavailable("idempotency_conflict", "try again"))
+    Err(AppError::unavailable(Code::IdempotencyConflict, "try again"))
 }
 
 /// A request for a forgotten user is refused (`Gone`); other errors as usual.
@@ -81,7 +81,7 @@ fn refused(e: crate::db::Error) -> AppError {
     if crate::users::is_refusal(&e) {
         AppError::new(
             Kind::Gone,
-            "user_forgotten",
+            Code::UserForgotten,
             "this user was forgotten; requests for it are refused",
         )
     } else {

@@ -22,7 +22,7 @@ use super::live::Stream;
 use crate::app::caller;
 use crate::app::follow::{Cursor, Follower, Frame, RequestState, Target};
 use crate::app::submit::{MAX_KEY_LEN, enqueue};
-use crate::app::{AppError, Caller, Kind, Need, Principal};
+use crate::app::{AppError, Caller, Code, Kind, Need, Principal};
 use crate::metrics::StreamGauge;
 use crate::repo::requests::NewRequest;
 
@@ -50,7 +50,7 @@ async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, AppError
     let mut buf: Vec<u8> = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk =
-            chunk.map_err(|e| AppError::bad_request("unreadable_body", format!("cannot read the body: {e}")))?;
+            chunk.map_err(|e| AppError::bad_request(Code::UnreadableBody, format!("cannot read the body: {e}")))?;
         if buf.len() + chunk.len() <= max {
             buf.extend_from_slice(&chunk);
             continue;
@@ -65,7 +65,7 @@ async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, AppError
         }
         return Err(AppError::new(
             Kind::TooLarge,
-            "body_too_large",
+            Code::BodyTooLarge,
             format!("the body is larger than {max} bytes"),
         ));
     }
@@ -163,7 +163,7 @@ fn resume_from(raw: Option<&str>, name: &str) -> Result<Option<Cursor>, AppError
         .map(|r| {
             Cursor::parse(r).ok_or_else(|| {
                 AppError::bad_request(
-                    "invalid_cursor",
+                    Code::InvalidCursor,
                     format!(
                         "{name}={}: expected ATTEMPT.SEQ, the id of the last piece received",
                         super::input::shown(r)
@@ -185,7 +185,7 @@ fn check_json_content_type(headers: &HeaderMap) -> Result<(), AppError> {
     } else {
         Err(AppError::new(
             Kind::UnsupportedMedia,
-            "unsupported_media_type",
+            Code::UnsupportedMediaType,
             format!(
                 "expected Content-Type: application/json, got {}",
                 if ct.is_empty() { "none" } else { ct }
@@ -200,7 +200,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, AppError> {
     };
     let bad = || {
         AppError::bad_request(
-            "invalid_idempotency_key",
+            Code::InvalidIdempotencyKey,
             format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
         )
     };
@@ -245,13 +245,13 @@ pub async fn status(
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, AppError> {
     let id = parse_id(&id, "request")?;
-    let Query(params) = query.map_err(|e| AppError::bad_request("invalid_query", e.body_text()))?;
+    let Query(params) = query.map_err(|e| AppError::bad_request(Code::InvalidQuery, e.body_text()))?;
     let with_context = match params.get("include").map(String::as_str) {
         None => false,
         Some("context") => true,
         Some(other) => {
             return Err(AppError::bad_request(
-                "invalid_include",
+                Code::InvalidInclude,
                 format!("include={}: the only value is context", super::input::shown(other)),
             ));
         }
@@ -294,7 +294,7 @@ async fn state_after_wait(
         Some(w) => parse_wait(w)
             .ok_or_else(|| {
                 AppError::bad_request(
-                    "invalid_wait",
+                    Code::InvalidWait,
                     format!("wait={}: expected e.g. 30s, 500ms or 2m", super::input::shown(w)),
                 )
             })?
@@ -408,7 +408,7 @@ pub async fn ws(
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, AppError> {
     super::local_guard::browser_origin(&headers)?;
-    let Query(params) = query.map_err(|e| AppError::bad_request("invalid_query", e.body_text()))?;
+    let Query(params) = query.map_err(|e| AppError::bad_request(Code::InvalidQuery, e.body_text()))?;
     let target = ws_target(&app, &who, &params).await?;
     let after = match target {
         Target::Request(_) => resume_from(params.get("after").map(String::as_str), "after")?,
@@ -434,7 +434,7 @@ pub async fn ws(
     let upgrade = upgrade.map_err(|e| {
         AppError::new(
             Kind::UpgradeRequired,
-            "websocket_required",
+            Code::WebsocketRequired,
             format!("this route speaks WebSocket: {}", e.body_text()),
         )
     })?;
@@ -459,7 +459,7 @@ async fn ws_target(app: &AppState, who: &Principal, params: &HashMap<String, Str
             Ok(Target::User(caller::stored_user(&client, who, user).await?))
         }
         _ => Err(AppError::bad_request(
-            "invalid_query",
+            Code::InvalidQuery,
             "give exactly one of request_id and user_id",
         )),
     }

@@ -29,9 +29,9 @@ use axum::response::Response;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::app::AppError;
 pub use crate::app::input::{MAX_QUERY_CHARS, check_field};
 use crate::app::input::{check_text, query_text};
+use crate::app::{AppError, Code};
 
 /// Most characters of a refused value repeated in the error message.
 pub const ECHO_CHARS: usize = 64;
@@ -57,10 +57,10 @@ pub struct Submission {
 /// Reads a submit body (see the module's guarantees).
 pub fn parse_submission(body: &[u8]) -> Result<Submission, AppError> {
     let body: Value = serde_json::from_slice(body)
-        .map_err(|e| AppError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
+        .map_err(|e| AppError::bad_request(Code::MalformedJson, format!("the body is not valid JSON: {e}")))?;
     let Value::Object(mut fields) = body else {
         return Err(AppError::bad_request(
-            "malformed_json",
+            Code::MalformedJson,
             "the body must be a JSON object",
         ));
     };
@@ -69,7 +69,7 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, AppError> {
     let query = match fields.remove("query") {
         None | Some(Value::Null) => return Err(missing("query")),
         Some(Value::String(s)) => s,
-        Some(_) => return Err(AppError::unprocessable("invalid_field", "query must be a string")),
+        Some(_) => return Err(AppError::unprocessable(Code::InvalidField, "query must be a string")),
     };
     query_text("query", &query)?;
     let callback_url = super::submit_fields::callback_url(&fields)?.map(str::to_owned);
@@ -91,22 +91,22 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, AppError> {
 }
 
 fn missing(field: &str) -> AppError {
-    AppError::unprocessable("missing_field", format!("{field} is required"))
+    AppError::unprocessable(Code::MissingField, format!("{field} is required"))
 }
 
 fn uuid_field(fields: &serde_json::Map<String, Value>, name: &str) -> Result<Option<Uuid>, AppError> {
     match fields.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) if s.trim().is_empty() => Err(AppError::unprocessable(
-            "empty_field",
+            Code::EmptyField,
             format!("{name} must not be empty"),
         )),
         Some(Value::String(s)) => s
             .parse::<Uuid>()
             .map(Some)
-            .map_err(|_| AppError::bad_request("invalid_id", format!("{name} {} is not a UUID", shown(s)))),
+            .map_err(|_| AppError::bad_request(Code::InvalidId, format!("{name} {} is not a UUID", shown(s)))),
         Some(_) => Err(AppError::bad_request(
-            "invalid_id",
+            Code::InvalidId,
             format!("{name} must be a UUID string"),
         )),
     }
@@ -115,7 +115,7 @@ fn uuid_field(fields: &serde_json::Map<String, Value>, name: &str) -> Result<Opt
 /// Reads the id of a `what` ("request", "user") from a path or query value.
 pub fn parse_id(raw: &str, what: &str) -> Result<Uuid, AppError> {
     raw.parse::<Uuid>()
-        .map_err(|_| AppError::bad_request("invalid_id", format!("{} is not a {what} id (a UUID)", shown(raw))))
+        .map_err(|_| AppError::bad_request(Code::InvalidId, format!("{} is not a {what} id (a UUID)", shown(raw))))
 }
 
 /// `raw` quoted, cut to [`ECHO_CHARS`] characters.
@@ -129,17 +129,17 @@ pub fn shown(raw: &str) -> String {
 }
 
 /// The `code` of a framework error answer with this status.
-fn code_of(status: StatusCode) -> &'static str {
+fn code_of(status: StatusCode) -> Code {
     match status {
-        StatusCode::BAD_REQUEST => "bad_request",
-        StatusCode::NOT_FOUND => "no_route",
-        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
-        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
-        StatusCode::UNPROCESSABLE_ENTITY => "unprocessable",
-        StatusCode::TOO_MANY_REQUESTS => "too_many_requests",
-        s if s.is_server_error() => "internal",
-        _ => "http_error",
+        StatusCode::BAD_REQUEST => Code::BadRequest,
+        StatusCode::NOT_FOUND => Code::NoRoute,
+        StatusCode::METHOD_NOT_ALLOWED => Code::MethodNotAllowed,
+        StatusCode::PAYLOAD_TOO_LARGE => Code::BodyTooLarge,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => Code::UnsupportedMediaType,
+        StatusCode::UNPROCESSABLE_ENTITY => Code::Unprocessable,
+        StatusCode::TOO_MANY_REQUESTS => Code::TooManyRequests,
+        s if s.is_server_error() => Code::Internal,
+        _ => Code::HttpError,
     }
 }
 
@@ -189,7 +189,7 @@ mod tests {
     fn code(body: &str) -> &'static str {
         match parse_submission(body.as_bytes()) {
             Ok(_) => "ok",
-            Err(e) => e.code,
+            Err(e) => e.code.as_str(),
         }
     }
 

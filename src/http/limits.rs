@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota};
 
-use crate::app::AppError;
+use crate::app::{AppError, Code};
 
 /// Most peer addresses remembered by [`AuthFailures`]; the table is
 /// emptied when full (an address then starts with a full budget).
@@ -87,7 +87,7 @@ impl AuthFailures {
 fn refusal(wait: Duration) -> AppError {
     let secs = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
     AppError::too_many(
-        "too_many_auth_failures",
+        Code::TooManyAuthFailures,
         "too many failed authentications from this address (http.max_auth_failures_per_minute); retry later",
     )
     .retry_after(secs)

@@ -32,7 +32,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use crate::app::AppError;
+use crate::app::{AppError, Code};
 
 /// The middleware: without configured tokens, [`check`] before any route.
 pub async fn layer(Extension(app): Extension<AppState>, req: Request, next: Next) -> Response {
@@ -82,7 +82,7 @@ pub fn browser_origin(headers: &HeaderMap) -> Result<(), AppError> {
     }
     same_origin(headers).map_err(|why| {
         AppError::forbidden(
-            "forbidden_origin",
+            Code::ForbiddenOrigin,
             format!("{why}; a page of another origin may not open this route"),
         )
     })
@@ -93,7 +93,7 @@ pub fn check(headers: &HeaderMap) -> Result<(), AppError> {
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
     if !is_loopback_authority(host) {
         return Err(AppError::forbidden(
-            "forbidden_host",
+            Code::ForbiddenHost,
             format!("Host `{host}` is not a loopback name; without api_tokens only requests to localhost are served"),
         ));
     }
@@ -105,7 +105,7 @@ pub fn check(headers: &HeaderMap) -> Result<(), AppError> {
             .unwrap_or("");
         if authority.contains('/') || !is_loopback_authority(authority) {
             return Err(AppError::forbidden(
-                "forbidden_origin",
+                Code::ForbiddenOrigin,
                 format!(
                     "Origin `{origin}` is not a loopback origin; without api_tokens a web page may not call this API"
                 ),
@@ -176,7 +176,7 @@ mod tests {
             "[::1]x",
         ] {
             let e = check(&headers(host, None)).unwrap_err();
-            assert!(format!("{e:?}").contains("forbidden_host"), "{host}: {e:?}");
+            assert_eq!(e.code, Code::ForbiddenHost, "{host}: {e:?}");
         }
         for origin in [
             "http://evil.example",
@@ -199,7 +199,7 @@ mod tests {
             "http://evil.example",
         ] {
             let e = browser_origin(&headers("localhost:8080", Some(origin))).unwrap_err();
-            assert_eq!(e.code, "forbidden_origin", "{origin}");
+            assert_eq!(e.code, Code::ForbiddenOrigin, "{origin}");
         }
     }
 

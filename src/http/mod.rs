@@ -72,7 +72,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::app::{App, AppError, Caller, Kind, Principal};
+use crate::app::{App, AppError, Caller, Code, Kind, Principal};
 use crate::config::{Config, HttpAddr, exposed_without_tokens, is_loopback};
 use crate::metrics::{MetricsError, Stats};
 
@@ -206,7 +206,7 @@ pub fn app(state: AppState, doors: Router<AppState>) -> Router {
         .router
         .merge(doors)
         .merge(console::router())
-        .fallback(|| async { AppError::new(Kind::NotFound, "no_route", "no such route") })
+        .fallback(|| async { AppError::new(Kind::NotFound, Code::NoRoute, "no such route") })
         .layer(middleware::from_fn(input::json_errors))
         .layer(middleware::from_fn(local_guard::layer))
         .layer(DefaultBodyLimit::max(state.cfg.http.max_body_bytes))
@@ -306,7 +306,7 @@ async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Respo
         Ok(resp) => resp,
         Err(_) => {
             tracing::warn!(route, timeout_secs = limit.as_secs(), "http: request timed out");
-            AppError::unavailable("timeout", format!("no response within {} s", limit.as_secs())).into_response()
+            AppError::unavailable(Code::Timeout, format!("no response within {} s", limit.as_secs())).into_response()
         }
     };
     crate::metrics::http_request(&route, resp.status().as_u16(), started.elapsed().as_secs_f64());

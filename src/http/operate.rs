@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::input::parse_id;
-use crate::app::{AppError, Principal};
+use crate::app::{AppError, Code, Principal};
 use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
 
 const ACTOR: &str = "http";
@@ -28,31 +28,31 @@ const MAX_REASON_CHARS: usize = 1000;
 
 /// The `reason` of a body `{"reason": "…"}`.
 fn reason(body: &[u8]) -> Result<String, AppError> {
-    let missing = || AppError::unprocessable("missing_field", "reason is required: {\"reason\": \"…\"}");
+    let missing = || AppError::unprocessable(Code::MissingField, "reason is required: {\"reason\": \"…\"}");
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(missing());
     }
     let v: Value = serde_json::from_slice(body)
-        .map_err(|e| AppError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
+        .map_err(|e| AppError::bad_request(Code::MalformedJson, format!("the body is not valid JSON: {e}")))?;
     match v.get("reason") {
         None | Some(Value::Null) => Err(missing()),
         Some(Value::String(s)) if s.trim().is_empty() => {
-            Err(AppError::unprocessable("empty_field", "reason must not be empty"))
+            Err(AppError::unprocessable(Code::EmptyField, "reason must not be empty"))
         }
         Some(Value::String(s)) if s.chars().count() > MAX_REASON_CHARS => Err(AppError::unprocessable(
-            "field_too_long",
+            Code::FieldTooLong,
             format!("reason is longer than {MAX_REASON_CHARS} characters"),
         )),
         Some(Value::String(s)) => {
             super::input::check_field("reason", s)?;
             Ok(s.trim().to_owned())
         }
-        Some(_) => Err(AppError::unprocessable("invalid_field", "reason must be a string")),
+        Some(_) => Err(AppError::unprocessable(Code::InvalidField, "reason must be a string")),
     }
 }
 
 fn db_error(e: impl std::fmt::Display) -> AppError {
-    AppError::unavailable("database", format!("database error: {e}"))
+    AppError::unavailable(Code::Database, format!("database error: {e}"))
 }
 
 fn not_found(id: Uuid) -> AppError {
@@ -61,7 +61,7 @@ fn not_found(id: Uuid) -> AppError {
 
 /// What an action's outcome answers: the 200 body, or a 409 (code,
 /// message); `None` when there is no such request (404).
-type Answer = Option<Result<Value, (&'static str, String)>>;
+type Answer = Option<Result<Value, (Code, String)>>;
 
 /// One operator action on a request over HTTP: its [`crate::control`]
 /// call, and the answer its outcome makes.
@@ -125,7 +125,10 @@ impl Action for Cancel {
         let was = match outcome {
             CancelOutcome::Cancelled { was } => was,
             CancelOutcome::AlreadyFinished { status } => {
-                return Some(Err(("already_finished", format!("request {id} is already {status}"))));
+                return Some(Err((
+                    Code::AlreadyFinished,
+                    format!("request {id} is already {status}"),
+                )));
             }
             CancelOutcome::NotFound => return None,
         };
@@ -156,7 +159,7 @@ impl Action for Retry {
                 Ok(json!({"request_id": id, "status": status.as_str(), "stage": stage.as_str()}))
             }
             RetryOutcome::NotFailed { status } => Err((
-                "not_failed",
+                Code::NotFailed,
                 format!("request {id} is {status}; only FAILED requests are retried"),
             )),
             RetryOutcome::NotFound => return None,
@@ -196,6 +199,6 @@ impl Action for Continue {
         } else {
             format!("request {id} is not a debug request (status {status})")
         };
-        Some(Err(("not_held", why)))
+        Some(Err((Code::NotHeld, why)))
     }
 }

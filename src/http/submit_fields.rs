@@ -14,7 +14,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::app::AppError;
+use crate::app::{AppError, Code};
 
 const MAX_URL_CHARS: usize = 2048;
 /// Most bytes of `metadata`, as compact JSON.
@@ -28,12 +28,17 @@ pub(super) fn callback_url(fields: &Map<String, Value>) -> Result<Option<&str>, 
         Some(Value::String(s)) => s.as_str(),
         Some(_) => {
             return Err(AppError::unprocessable(
-                "invalid_field",
+                Code::InvalidField,
                 "callback_url must be a string",
             ));
         }
     };
-    let bad = |why: &str| Err(AppError::unprocessable("invalid_field", format!("callback_url {why}")));
+    let bad = |why: &str| {
+        Err(AppError::unprocessable(
+            Code::InvalidField,
+            format!("callback_url {why}"),
+        ))
+    };
     if url.chars().count() > MAX_URL_CHARS {
         return bad(&format!("is longer than {MAX_URL_CHARS} characters"));
     }
@@ -64,7 +69,7 @@ fn flag(fields: &Map<String, Value>, name: &str) -> Result<bool, AppError> {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
         Some(_) => Err(AppError::unprocessable(
-            "invalid_field",
+            Code::InvalidField,
             format!("{name} must be true or false"),
         )),
     }
@@ -73,7 +78,7 @@ fn flag(fields: &Map<String, Value>, name: &str) -> Result<bool, AppError> {
 /// `metadata`: absent or null is none; anything but an object within the
 /// bounds is refused (400, code `invalid_metadata`, naming the field).
 pub(super) fn metadata(fields: &Map<String, Value>) -> Result<Option<Value>, AppError> {
-    let bad = |why: String| Err(AppError::bad_request("invalid_metadata", format!("metadata {why}")));
+    let bad = |why: String| Err(AppError::bad_request(Code::InvalidMetadata, format!("metadata {why}")));
     let value = match fields.get("metadata") {
         None | Some(Value::Null) => return Ok(None),
         Some(v @ Value::Object(_)) => v,

@@ -33,7 +33,7 @@ use super::AppState;
 use crate::app::caps::Pass;
 use crate::app::input::check_field;
 use crate::app::memory;
-use crate::app::{AppError, Caller, Kind, Principal};
+use crate::app::{AppError, Caller, Code, Kind, Principal};
 use crate::users::{self, Correction, Page, UserError, UserKey, Why};
 
 /// Most records (and pending turns) per page, and the default.
@@ -47,7 +47,7 @@ fn user_error(user: Uuid, e: UserError) -> Response {
 
 /// [`user_error`] of an error already mapped.
 fn refusal(user: Uuid, e: AppError) -> Response {
-    if e.kind == Kind::NotFound && e.code != "not_found" {
+    if e.kind == Kind::NotFound && e.code != Code::NotFound {
         let body = json!({ "error": e.message, "code": e.code, "user_id": user, "memory_version": 0 });
         return (StatusCode::NOT_FOUND, Json(body)).into_response();
     }
@@ -59,22 +59,24 @@ fn refusal(user: Uuid, e: AppError) -> Response {
 async fn user_key(app: &AppState, who: &Principal, raw: &str) -> Result<UserKey, AppError> {
     let shown = raw
         .parse::<Uuid>()
-        .map_err(|_| AppError::bad_request("invalid_id", format!("{raw:?} is not a user id (a UUID)")))?;
+        .map_err(|_| AppError::bad_request(Code::InvalidId, format!("{raw:?} is not a user id (a UUID)")))?;
     memory::user(app, who, shown, "the user id in the path").await
 }
 
 fn parse_row_id(raw: &str, what: &str) -> Result<i64, AppError> {
-    raw.parse::<i64>()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| AppError::bad_request("invalid_id", format!("{raw:?} is not a {what} id (a positive integer)")))
+    raw.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+        AppError::bad_request(
+            Code::InvalidId,
+            format!("{raw:?} is not a {what} id (a positive integer)"),
+        )
+    })
 }
 
 /// The query's parameters; one holding a NUL is a 400 naming it.
 fn params(query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<HashMap<String, String>, AppError> {
     let params = query
         .map(|Query(p)| p)
-        .map_err(|e| AppError::bad_request("invalid_query", e.body_text()))?;
+        .map_err(|e| AppError::bad_request(Code::InvalidQuery, e.body_text()))?;
     for (k, v) in &params {
         check_field(k, v)?;
     }
@@ -86,7 +88,7 @@ fn int_param(params: &HashMap<String, String>, name: &str) -> Result<Option<i64>
         .get(name)
         .map(|v| {
             v.parse::<i64>()
-                .map_err(|_| AppError::bad_request("invalid_query", format!("{name}={v:?}: expected an integer")))
+                .map_err(|_| AppError::bad_request(Code::InvalidQuery, format!("{name}={v:?}: expected an integer")))
         })
         .transpose()
 }
@@ -146,7 +148,9 @@ pub async fn memory(caller: Option<Extension<Caller>>, parts: UserParts) -> Resu
         Some(n) => usize::try_from(n)
             .ok()
             .filter(|n| (1..=MAX_LIMIT).contains(n))
-            .ok_or_else(|| AppError::bad_request("invalid_query", format!("limit={n}: expected 1 to {MAX_LIMIT}")))?,
+            .ok_or_else(|| {
+                AppError::bad_request(Code::InvalidQuery, format!("limit={n}: expected 1 to {MAX_LIMIT}"))
+            })?,
     };
     let page = Page {
         before: int_param(&params, "before")?,
@@ -169,7 +173,7 @@ pub async fn memory_search(caller: Option<Extension<Caller>>, parts: UserParts) 
     let (app, user, params) = user_call(parts).await?;
     let q = params
         .get("q")
-        .ok_or_else(|| AppError::bad_request("invalid_query", "q is required"))?;
+        .ok_or_else(|| AppError::bad_request(Code::InvalidQuery, "q is required"))?;
     let limit = match int_param(&params, "limit")? {
         None => None,
         Some(n) => Some(
@@ -177,7 +181,7 @@ pub async fn memory_search(caller: Option<Extension<Caller>>, parts: UserParts) 
                 .ok()
                 .filter(|n| (1..=MAX_LIMIT).contains(n))
                 .ok_or_else(|| {
-                    AppError::bad_request("invalid_query", format!("limit={n}: expected 1 to {MAX_LIMIT}"))
+                    AppError::bad_request(Code::InvalidQuery, format!("limit={n}: expected 1 to {MAX_LIMIT}"))
                 })?,
         ),
     };
@@ -238,12 +242,12 @@ pub async fn replace_summary(
 ) -> Result<Response, AppError> {
     let user = user_key(&app, &who, &id).await?;
     let record = parse_row_id(&record, "record")?;
-    let Json(body) = body.map_err(|e| AppError::bad_request("malformed_json", e.body_text()))?;
+    let Json(body) = body.map_err(|e| AppError::bad_request(Code::MalformedJson, e.body_text()))?;
     let summary = match body.get("summary") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.as_str(),
-        Some(Value::String(_)) => return Err(AppError::unprocessable("empty_field", "summary must not be empty")),
-        Some(_) => return Err(AppError::unprocessable("invalid_field", "summary must be a string")),
-        None => return Err(AppError::unprocessable("missing_field", "summary is required")),
+        Some(Value::String(_)) => return Err(AppError::unprocessable(Code::EmptyField, "summary must not be empty")),
+        Some(_) => return Err(AppError::unprocessable(Code::InvalidField, "summary must be a string")),
+        None => return Err(AppError::unprocessable(Code::MissingField, "summary is required")),
     };
     check_field("summary", summary)?;
     let mut params = HashMap::new();

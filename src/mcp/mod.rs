@@ -50,7 +50,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool_handler};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::app::{App, AppError, Caller, Kind, Need, Principal};
+use crate::app::{App, AppError, Caller, Code, Kind, Need, Principal};
 use crate::users::UserKey;
 
 /// What the server tells a client about itself at the start.
@@ -101,7 +101,7 @@ impl Server {
             Some(who) => Ok((who.clone(), key.unwrap_or(Caller::ANONYMOUS))),
             None => Err(AppError::new(
                 Kind::Unauthenticated,
-                "unauthenticated",
+                Code::Unauthenticated,
                 "no caller on this request",
             )),
         }
@@ -121,13 +121,13 @@ impl Server {
             (None, Some(bound)) => bound,
             (None, None) => {
                 return Err(AppError::bad_request(
-                    "missing_argument",
+                    Code::MissingArgument,
                     "user_id is required: this token is not bound to a user",
                 ));
             }
             (Some(raw), _) => raw.parse::<Uuid>().map_err(|_| {
                 AppError::bad_request(
-                    "invalid_argument",
+                    Code::InvalidArgument,
                     format!("user_id: {raw:?} is not a user id (a UUID)"),
                 )
             })?,

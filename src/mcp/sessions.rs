@@ -39,7 +39,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::app::caps::{Gate, Pass};
 use crate::app::follow::Access;
-use crate::app::{App, AppError, Caller, Kind};
+use crate::app::{App, AppError, Caller, Code, Kind};
 
 /// The header naming a session.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -75,7 +75,7 @@ impl Manager {
     pub fn new(total: usize, per_token: usize) -> Manager {
         Manager {
             local: LocalSessionManager::default(),
-            gate: Gate::coded("MCP sessions", "too_many_sessions", total.max(1), per_token.max(1)),
+            gate: Gate::coded("MCP sessions", Code::TooManySessions, total.max(1), per_token.max(1)),
             owners: Mutex::new(HashMap::new()),
             replays: Mutex::new(HashMap::new()),
         }
@@ -102,7 +102,7 @@ impl Manager {
         };
         self.owners
             .lock()
-            .map_err(|_| AppError::unavailable("internal", "MCP sessions unavailable"))?
+            .map_err(|_| AppError::unavailable(Code::Internal, "MCP sessions unavailable"))?
             .insert(id.clone(), owner);
         let manager = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -367,7 +367,7 @@ pub async fn guard(State(door): State<Door>, req: Request, next: Next) -> Respon
         if !door.manager.owned_by(&id, caller) {
             return AppError::new(
                 Kind::NotFound,
-                "session_not_found",
+                Code::SessionNotFound,
                 format!(
                     "no MCP session {id} for this token (Mcp-Session-Id): it ended or was never this token's; \
                      start one with initialize"

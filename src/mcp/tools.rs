@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::{Server, answer};
 use crate::app::follow::{Access, Follower, Frame, RequestState, Target};
 use crate::app::input::{check_field, query_text};
-use crate::app::{AppError, Caller, Kind, Need};
+use crate::app::{AppError, Caller, Code, Kind, Need};
 use crate::model::MemoryItem;
 use crate::repo::requests::NewRequest;
 use crate::users::{self, Correction, Why};
@@ -115,7 +115,7 @@ fn uuid_arg(field: &str, raw: Option<&str>) -> Result<Option<Uuid>, AppError> {
         .filter(|r| !r.is_empty())
         .map(|r| {
             r.parse::<Uuid>()
-                .map_err(|_| AppError::bad_request("invalid_argument", format!("{field}: {r:?} is not a UUID")))
+                .map_err(|_| AppError::bad_request(Code::InvalidArgument, format!("{field}: {r:?} is not a UUID")))
         })
         .transpose()
 }
@@ -257,7 +257,7 @@ impl Server {
             Some(n @ 1..) if (n as usize) <= RECALL_MAX => Some(n as usize),
             Some(n) => {
                 return Err(AppError::bad_request(
-                    "invalid_argument",
+                    Code::InvalidArgument,
                     format!("limit: {n} is not 1 to {RECALL_MAX}"),
                 ));
             }
@@ -364,7 +364,7 @@ impl Server {
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = self.app.shutdown.cancelled() => break,
                 _ = ctx.ct.cancelled() => break,
-                _ = access.revoked() => return Err(AppError::new(Kind::Forbidden, "token_revoked",
+                _ = access.revoked() => return Err(AppError::new(Kind::Forbidden, Code::TokenRevoked,
                     format!("the token of this call was revoked; request {id} goes on without this wait"),
                 )),
                 next = follower.next() => match next {
@@ -405,7 +405,7 @@ impl Server {
         let user = self.user(&who, a.user_id.as_deref()).await?;
         if a.id <= 0 {
             return Err(AppError::bad_request(
-                "invalid_argument",
+                Code::InvalidArgument,
                 "id must be a positive integer",
             ));
         }
@@ -416,7 +416,7 @@ impl Server {
             }
             (CorrectAction::ReplaceSummary, None) => {
                 return Err(AppError::bad_request(
-                    "missing_argument",
+                    Code::MissingArgument,
                     "summary is required for replace_summary",
                 ));
             }
