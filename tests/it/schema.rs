@@ -1003,7 +1003,7 @@ async fn a_fused_respond_completes_the_request_in_one_statement() {
 /// at the first row that carries it.
 #[tokio::test]
 async fn the_vocabulary_matches_the_check_constraints() {
-    use maas::model::{Outcome, PromptRole, Scope, StageKind, Status};
+    use maas::model::{DeliveryState, OperatorAction, Outcome, PromptRole, Scope, StageKind, Status};
     let db = TestDb::new().await;
     let c = db.client().await;
     let listed = |constraint: &'static str| {
@@ -1031,4 +1031,12 @@ async fn the_vocabulary_matches_the_check_constraints() {
     assert_eq!(listed("pipeline_steps_outcome_valid").await, sorted(&Outcome::NAMES));
     assert_eq!(listed("system_prompts_role_valid").await, sorted(&PromptRole::NAMES));
     assert_eq!(listed("api_tokens_scope_known").await, sorted(&Scope::NAMES));
+    assert_eq!(
+        listed("operator_actions_action_valid").await,
+        sorted(&OperatorAction::NAMES)
+    );
+    assert_eq!(
+        listed("callback_outbox_state_valid").await,
+        sorted(&DeliveryState::NAMES)
+    );
 }
