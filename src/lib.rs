@@ -24,6 +24,9 @@
 //!   recorded as a row of `pipeline_steps` ([`repo::steps`]). A result of
 //!   an attempt that a newer claim of its row replaced is *superseded*
 //!   (never "a run": a request is not a run, whatever its table is called).
+//!   An attempt's **result** ([`repo::Finished`]) either succeeded, with
+//!   its stage's **output** (analysis, context or answer), or did not, as
+//!   its decision says (retrying, deferred, failed, released).
 //! - **debug request** — a request submitted with `debug`: it rests in
 //!   `ANALYZED` and `READY` until an operator continues it.
 //! - **claim** — taking due requests of a stage as leases, with

@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::{CliError, Outcome, age, connect, one_line, parse_duration, parse_id, shown, since};
 use crate::config::Config;
 use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
-use crate::model::Status;
+use crate::model::{DeliveryState, Status};
 use crate::repo::{audit, callbacks, requests, steps};
 
 /// Runs retried per statement by `retry --all-failed`.
@@ -337,19 +337,19 @@ fn print_callbacks(callbacks: &[callbacks::CallbackView]) {
     println!();
     println!("callbacks:");
     for c in callbacks {
-        let detail = match (c.state.as_str(), &c.last_error) {
-            ("delivered", _) => format!(
+        let detail = match (c.state, &c.last_error) {
+            (DeliveryState::Delivered, _) => format!(
                 "delivered {} (HTTP {})",
                 c.delivered_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
                 c.last_status.unwrap_or_default()
             ),
-            ("pending", Some(e)) => format!(
+            (DeliveryState::Pending, Some(e)) => format!(
                 "next attempt {}; last: {}",
                 c.next_attempt_at.to_rfc3339(),
                 one_line(e, 100)
             ),
-            ("pending", None) => format!("next attempt {}", c.next_attempt_at.to_rfc3339()),
-            (_, e) => format!(
+            (DeliveryState::Pending, None) => format!("next attempt {}", c.next_attempt_at.to_rfc3339()),
+            (DeliveryState::Dead, e) => format!(
                 "dead; last: {}",
                 e.as_deref().map(|e| one_line(e, 100)).unwrap_or_default()
             ),
