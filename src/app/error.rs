@@ -69,6 +69,8 @@ named_enum! {
         MissingArgument = "missing_argument",
         /// A required field is missing.
         MissingField = "missing_field",
+        /// The OpenAI-compatible endpoint does not offer that model.
+        ModelNotFound = "model_not_found",
         /// No such route.
         NoRoute = "no_route",
         /// Retry: the request is not `FAILED`.
@@ -77,6 +79,8 @@ named_enum! {
         NotFound = "not_found",
         /// Continue: the request does not rest between stages.
         NotHeld = "not_held",
+        /// The request ended failed or cancelled (its error says why).
+        RequestFailed = "request_failed",
         /// The tenant is over its requests per minute.
         RequestsPerMinute = "requests_per_minute",
         /// The token's scope does not allow this.

@@ -685,5 +685,35 @@ impl Follower {
     }
 }
 
+/// Follows until the request is terminal, `deadline` passes or the daemon
+/// shuts down (`shutdown`), from `state`: the newest state seen. The one
+/// wait of a long-poll and of a chat completion that is not streamed.
+pub async fn until_end(
+    follower: &mut Follower,
+    mut state: RequestState,
+    deadline: tokio::time::Instant,
+    shutdown: &CancellationToken,
+) -> Result<RequestState, crate::db::Error> {
+    while !state.is_terminal() {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => break,
+            _ = shutdown.cancelled() => break,
+            next = follower.next() => match next {
+                None => break,
+                Some(Err(e)) => return Err(e),
+                Some(Ok(frames)) => {
+                    if let Some(last) = frames.into_iter().rev().find_map(|f| match f {
+                        Frame::State(s) => Some(s),
+                        _ => None,
+                    }) {
+                        state = last;
+                    }
+                }
+            },
+        }
+    }
+    Ok(state)
+}
+
 #[cfg(test)]
 mod tests;

@@ -59,3 +59,11 @@ fn nul_free(field: &str, s: &str) -> Result<(), String> {
         )),
     }
 }
+
+/// The id of a request as a person may give it: the UUID, or the id of
+/// its chat completion on the OpenAI-compatible endpoint (`chatcmpl-` and
+/// the UUID).
+pub fn request_id(raw: &str) -> Option<uuid::Uuid> {
+    let raw = raw.trim();
+    raw.strip_prefix("chatcmpl-").unwrap_or(raw).parse().ok()
+}

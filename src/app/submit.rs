@@ -15,6 +15,7 @@ use super::{App, limits};
 use crate::repo::GenericClient;
 use crate::repo::idempotency;
 use crate::repo::requests::{self as q, NewRequest};
+use crate::repo::users::UserKey;
 
 /// Longest idempotency key.
 pub const MAX_KEY_LEN: usize = 255;
@@ -41,6 +42,38 @@ pub async fn enqueue(
     let done = insert(app, &tx, req, key).await?;
     tx.commit().await.map_err(crate::db::Error::from)?;
     Ok(done)
+}
+
+/// Submits `req` as [`enqueue`] does, with the earlier turns of its
+/// conversation (`(message_type, content)`, in order) that its thread does
+/// not hold yet, logged in the same transaction (none for a replay): the
+/// submission of a client that sends its history with each question (the
+/// OpenAI-compatible endpoint). `user` is `req`'s user as stored.
+pub async fn enqueue_conversation(
+    app: &App,
+    who: &Principal,
+    req: &NewRequest<'_>,
+    key: Option<&str>,
+    user: UserKey,
+    earlier: &[(&str, &str)],
+) -> Result<(Uuid, bool), AppError> {
+    let Some(thread) = req.thread_id.filter(|_| !earlier.is_empty()) else {
+        return enqueue(app, who, req, key).await;
+    };
+    let mut client = app.pool.get().await?;
+    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
+    if who.limited {
+        limits::check_limits(&tx, who, limits::Usage::Request).await?;
+    }
+    let (id, replayed) = insert(app, &tx, req, key).await?;
+    if !replayed {
+        let logged = crate::repo::users::log_conversation(&tx, user, thread, earlier)
+            .await
+            .map_err(refused)?;
+        tracing::debug!(request.id = %id, logged, "app: earlier turns of the conversation logged");
+    }
+    tx.commit().await.map_err(crate::db::Error::from)?;
+    Ok((id, replayed))
 }
 
 /// Inserts `req` (under the idempotency key, when given): its id, and

@@ -92,7 +92,16 @@ pub async fn run(cfg: &Config, cmd: RequestsCommand, actor: &str, json: bool) ->
 }
 
 fn parse_ids(ids: &[String]) -> Result<Vec<Uuid>, CliError> {
-    ids.iter().map(|s| parse_id(s, "request")).collect()
+    ids.iter().map(|s| request_id(s)).collect()
+}
+
+/// A request's id: its UUID, or its chat completion's id (`chatcmpl-…`).
+fn request_id(raw: &str) -> Result<Uuid, CliError> {
+    crate::app::input::request_id(raw).ok_or_else(|| {
+        CliError::Usage(format!(
+            "{raw:?} is not a request id (expected a uuid or chatcmpl-UUID)"
+        ))
+    })
 }
 
 /// The statuses of `--status` (any case), as stored.
@@ -178,7 +187,7 @@ fn print_rows(rows: &[requests::RequestSummary], limit: usize) {
 }
 
 async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
-    let id = parse_id(id, "request")?;
+    let id = request_id(id)?;
     let client = connect(cfg).await?;
     let Some(run) = requests::get(&client, id).await? else {
         if json {

@@ -89,6 +89,11 @@ pub struct HttpConfig {
     /// database. Empty (the default): a key derived from the configured
     /// `api_tokens`, which never reach the database either.
     pub session_secret: Secret,
+    /// Model names the OpenAI-compatible endpoint (`/v1/chat/completions`,
+    /// `/v1/models`) offers besides the responder's own model: aliases an
+    /// application may send unchanged (`gpt-4o-mini`), each answered by
+    /// maas's pipeline. Default none.
+    pub openai_models: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -116,6 +121,7 @@ impl Default for HttpConfig {
             tls_cert: None,
             tls_key: None,
             session_secret: Secret::default(),
+            openai_models: Vec::new(),
         }
     }
 }

@@ -18,9 +18,9 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::input::parse_id;
-use super::live::Stream;
+use super::live::{Chunks, Stream};
 use crate::app::caller;
-use crate::app::follow::{Cursor, Follower, Frame, RequestState, Target};
+use crate::app::follow::{Cursor, Follower, Frame, RequestState, Target, until_end};
 use crate::app::submit::{MAX_KEY_LEN, enqueue};
 use crate::app::{AppError, Caller, Code, Kind, Need, Principal};
 use crate::metrics::StreamGauge;
@@ -29,11 +29,11 @@ use crate::repo::requests::NewRequest;
 pub use super::input::MAX_QUERY_CHARS;
 /// Queue of a long-poll or single-request stream; a request changes status
 /// about seven times.
-const REQUEST_QUEUE: usize = 16;
+pub(super) const REQUEST_QUEUE: usize = 16;
 /// Queue of a stream that follows a user.
 const USER_QUEUE: usize = 256;
 /// Queue of a stream that follows one request's answer piece by piece.
-const STREAM_QUEUE: usize = 128;
+pub(super) const STREAM_QUEUE: usize = 128;
 
 /// An over-long body is read and dropped up to this many bytes, for at most
 /// [`DRAIN_TIME`], before the 413 goes out (see [`read_body`]).
@@ -44,7 +44,7 @@ const DRAIN_TIME: Duration = Duration::from_secs(5);
 /// (read and dropped, within [`DRAIN_CAP`] and [`DRAIN_TIME`]) before the
 /// error is returned: a connection closed with unread data is reset by TCP,
 /// and the client may then lose the 413 it was sent.
-async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, AppError> {
+pub(super) async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, AppError> {
     use futures_util::StreamExt;
     let mut stream = body.into_data_stream();
     let mut buf: Vec<u8> = Vec::new();
@@ -116,7 +116,11 @@ pub async fn submit(
                 .with_deltas(None);
             let mut first: Vec<Frame> = follower.current().await?.into_iter().map(Frame::State).collect();
             first.extend(follower.catch_up().await);
-            Stream::new(&app, caller, follower, first, "sse", place).chat_chunks(id)
+            let opts = Chunks {
+                model: "maas".to_owned(),
+                usage_for: None,
+            };
+            Stream::new(&app, caller, follower, first, "sse", place).chat_chunks(id, opts)
         }
         None => accepted(id),
     };
@@ -174,7 +178,7 @@ fn resume_from(raw: Option<&str>, name: &str) -> Result<Option<Cursor>, AppError
         .transpose()
 }
 
-fn check_json_content_type(headers: &HeaderMap) -> Result<(), AppError> {
+pub(super) fn check_json_content_type(headers: &HeaderMap) -> Result<(), AppError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -194,7 +198,7 @@ fn check_json_content_type(headers: &HeaderMap) -> Result<(), AppError> {
     }
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, AppError> {
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, AppError> {
     let Some(v) = headers.get("idempotency-key") else {
         return Ok(None);
     };
@@ -305,7 +309,7 @@ async fn state_after_wait(
     let mut follower = Follower::new(app.pool.clone(), sub)
         .for_tenant(who.tenant)
         .for_user(bound_user(app, who).await?);
-    let mut state = follower
+    let state = follower
         .current()
         .await?
         .pop()
@@ -318,28 +322,7 @@ async fn state_after_wait(
     let _place = app.long_polls.enter(caller)?;
     let _waiting = StreamGauge::long_poll();
     let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => break,
-            _ = app.shutdown.cancelled() => break,
-            next = follower.next() => match next {
-                None => break,
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(frames)) => {
-                    if let Some(last) = frames.into_iter().rev().find_map(|f| match f {
-                        Frame::State(s) => Some(s),
-                        _ => None,
-                    }) {
-                        state = last;
-                    }
-                    if state.is_terminal() {
-                        break;
-                    }
-                }
-            },
-        }
-    }
-    Ok(state)
+    Ok(until_end(&mut follower, state, deadline, &app.shutdown).await?)
 }
 
 /// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per

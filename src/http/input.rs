@@ -112,10 +112,14 @@ fn uuid_field(fields: &serde_json::Map<String, Value>, name: &str) -> Result<Opt
     }
 }
 
-/// Reads the id of a `what` ("request", "user") from a path or query value.
+/// Reads the id of a `what` ("request", "user") from a path or query value;
+/// a request's may be its chat completion's id (`chatcmpl-…`).
 pub fn parse_id(raw: &str, what: &str) -> Result<Uuid, AppError> {
-    raw.parse::<Uuid>()
-        .map_err(|_| AppError::bad_request(Code::InvalidId, format!("{} is not a {what} id (a UUID)", shown(raw))))
+    let id = match what {
+        "request" => crate::app::input::request_id(raw),
+        _ => raw.parse::<Uuid>().ok(),
+    };
+    id.ok_or_else(|| AppError::bad_request(Code::InvalidId, format!("{} is not a {what} id (a UUID)", shown(raw))))
 }
 
 /// `raw` quoted, cut to [`ECHO_CHARS`] characters.

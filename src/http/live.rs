@@ -193,30 +193,80 @@ pub fn sse(frame: &Frame) -> SseEvent {
     }
 }
 
+/// How a stream of chunks is shown: the model it names, and whether a
+/// usage chunk (the request's tokens) comes before `[DONE]` (OpenAI's
+/// `stream_options.include_usage`; the tokens are read for `tenant`).
+pub struct Chunks {
+    pub model: String,
+    pub usage_for: Option<Uuid>,
+}
+
+/// The id of request `id`'s completion (`maasctl requests show` and the
+/// console take it as the request's id).
+pub fn completion_id(id: Uuid) -> String {
+    format!("chatcmpl-{id}")
+}
+
 /// One `chat.completion.chunk` of request `id`'s answer.
-fn chunk(id: Uuid, created: i64, delta: serde_json::Value, finish: Option<&str>) -> serde_json::Value {
+fn chunk(id: Uuid, head: &Head, delta: serde_json::Value, finish: Option<&str>) -> serde_json::Value {
     json!({
-        "id": format!("chatcmpl-{id}"),
+        "id": completion_id(id),
         "object": "chat.completion.chunk",
-        "created": created,
-        "model": "maas",
+        "created": head.created,
+        "model": head.model,
         "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
     })
 }
 
+/// What every chunk of one stream repeats.
+struct Head {
+    created: i64,
+    model: String,
+}
+
+/// The usage chunk of request `id`: no choices, the tokens it used.
+async fn usage_chunk(app: &AppState, id: Uuid, tenant: Uuid, head: &Head) -> SseEvent {
+    let usage = async {
+        let client = app.pool.get().await?;
+        crate::repo::requests::usage_of(&client, id, tenant).await
+    };
+    let u = usage.await.unwrap_or_else(|e| {
+        tracing::warn!(request.id = %id, error = %e, "http: cannot read a request's token usage");
+        crate::repo::requests::Usage::default()
+    });
+    let body = json!({
+        "id": completion_id(id),
+        "object": "chat.completion.chunk",
+        "created": head.created,
+        "model": head.model,
+        "choices": [],
+        "usage": usage_json(u),
+    });
+    SseEvent::default().data(body.to_string())
+}
+
+/// OpenAI's `usage` object of a request's tokens.
+pub fn usage_json(u: crate::repo::requests::Usage) -> serde_json::Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    })
+}
+
 /// The chunks a frame makes, given the text sent of the current attempt.
-fn chunks_of(frame: Frame, id: Uuid, created: i64, sent: &mut String) -> Vec<SseEvent> {
+fn chunks_of(frame: Frame, id: Uuid, head: &Head, sent: &mut String) -> Vec<SseEvent> {
     let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
     match frame {
         Frame::Delta(d) => {
             sent.push_str(&d.text);
-            vec![data(chunk(id, created, json!({ "content": d.text }), None))]
+            vec![data(chunk(id, head, json!({ "content": d.text }), None))]
         }
         Frame::Restart(r) => {
             // Not part of OpenAI's shape: a client that knows it clears
             // what it has; the final chunk carries the rest of the answer.
             sent.clear();
-            let mut c = chunk(id, created, json!({}), None);
+            let mut c = chunk(id, head, json!({}), None);
             c["maas_restart"] = json!({ "attempt": r.attempt });
             vec![data(c)]
         }
@@ -225,9 +275,9 @@ fn chunks_of(frame: Frame, id: Uuid, created: i64, sent: &mut String) -> Vec<Sse
             let rest = answer.strip_prefix(sent.as_str()).unwrap_or_default();
             let mut out = Vec::new();
             if !rest.is_empty() {
-                out.push(data(chunk(id, created, json!({ "content": rest }), None)));
+                out.push(data(chunk(id, head, json!({ "content": rest }), None)));
             }
-            out.push(data(chunk(id, created, json!({}), Some("stop"))));
+            out.push(data(chunk(id, head, json!({}), Some("stop"))));
             out.push(SseEvent::default().data("[DONE]"));
             out
         }
@@ -246,29 +296,45 @@ impl Stream {
     /// The stream as OpenAI's `chat.completion.chunk` events of request
     /// `id`: a first chunk with the role, a chunk per piece, the rest of
     /// the final answer and `finish_reason: "stop"` at the end, then
-    /// `data: [DONE]`; a failed request ends with `data: {"error": …}`.
-    pub fn chat_chunks(self, id: Uuid) -> Response {
+    /// `data: [DONE]` (after a usage chunk when `opts` asks for one); a
+    /// failed request ends with `data: {"error": …}`.
+    pub fn chat_chunks(self, id: Uuid, opts: Chunks) -> Response {
         let keepalive = self.app.cfg.http.stream_keepalive();
-        let created = chrono::Utc::now().timestamp();
-        let first = SseEvent::default()
-            .data(chunk(id, created, json!({ "role": "assistant", "content": "" }), None).to_string());
+        let head = std::sync::Arc::new(Head {
+            created: chrono::Utc::now().timestamp(),
+            model: opts.model,
+        });
+        let first =
+            SseEvent::default().data(chunk(id, &head, json!({ "role": "assistant", "content": "" }), None).to_string());
         let start = futures_util::stream::iter([Ok::<_, Infallible>(first)]);
-        let rest = futures_util::stream::unfold(Some((self, String::new())), move |st| async move {
-            let (mut st, mut sent) = st?;
-            let events = match st.next().await {
-                Some(frame) => chunks_of(frame, id, created, &mut sent),
-                None if st.end == Some(End::Finished) => return None,
-                None => {
-                    let why = if st.end == Some(End::Revoked) {
-                        "the token of this stream was revoked"
-                    } else {
-                        "the stream ended before the answer"
-                    };
-                    let error = json!({ "error": { "message": why, "type": "stream_ended" } });
-                    return Some((vec![SseEvent::default().data(error.to_string())], None));
-                }
-            };
-            Some((events, Some((st, sent))))
+        let usage_for = opts.usage_for;
+        let rest = futures_util::stream::unfold(Some((self, String::new())), move |st| {
+            let head = head.clone();
+            async move {
+                let (mut st, mut sent) = st?;
+                let events = match st.next().await {
+                    Some(frame) => {
+                        let completed = matches!(&frame, Frame::State(s) if s.stage == Status::Completed);
+                        let mut events = chunks_of(frame, id, &head, &mut sent);
+                        if let (true, Some(tenant)) = (completed, usage_for) {
+                            let usage = usage_chunk(&st.app, id, tenant, &head).await;
+                            events.insert(events.len().saturating_sub(1), usage);
+                        }
+                        events
+                    }
+                    None if st.end == Some(End::Finished) => return None,
+                    None => {
+                        let why = if st.end == Some(End::Revoked) {
+                            "the token of this stream was revoked"
+                        } else {
+                            "the stream ended before the answer"
+                        };
+                        let error = json!({ "error": { "message": why, "type": "stream_ended" } });
+                        return Some((vec![SseEvent::default().data(error.to_string())], None));
+                    }
+                };
+                Some((events, Some((st, sent))))
+            }
         });
         let rest = futures_util::StreamExt::flat_map(rest, |events| {
             futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>))

@@ -50,6 +50,7 @@ pub mod input;
 pub mod limits;
 pub mod live;
 pub mod local_guard;
+pub mod openai;
 pub mod openapi;
 pub mod operate;
 pub mod ops;
@@ -180,7 +181,9 @@ pub fn routes() -> Routes {
         .post("/api/query/{id}/cancel", operate::act::<operate::Cancel>)
         .post("/api/query/{id}/retry", operate::act::<operate::Retry>)
         .get("/api/query/{id}/events", api::events)
-        .get("/api/ws", api::ws);
+        .get("/api/ws", api::ws)
+        .post("/v1/chat/completions", openai::chat)
+        .get("/v1/models", openai::models);
     let api = Routes {
         router: api.router.route_layer(middleware::from_fn(auth)),
         list: api.list,
@@ -212,6 +215,7 @@ pub fn app(state: AppState, doors: Router<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(state.cfg.http.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(middleware::from_fn_with_state(state.clone(), hsts))
+        .layer(middleware::from_fn(openai::reshape))
         .layer(Extension(state.clone()))
         .with_state(state)
 }
@@ -298,7 +302,7 @@ async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Respo
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let mut limit = app.cfg.http.request_timeout();
-    if route == "/api/query/{id}/status" {
+    if route == "/api/query/{id}/status" || route == "/v1/chat/completions" {
         limit += app.cfg.http.max_wait();
     }
     let started = Instant::now();

@@ -3,7 +3,7 @@
 //!
 //! | route                                          | need         | submit | read | operate | admin |
 //! |------------------------------------------------|--------------|--------|------|---------|-------|
-//! | `POST /api/query`                              | submit       | yes    | –    | yes     | yes   |
+//! | `POST /api/query`, `POST /v1/chat/completions` | submit       | yes    | –    | yes     | yes   |
 //! | `GET /api/query/{id}/status`, `/events`, `GET /api/ws?request_id=` | read request | yes | yes | yes | yes |
 //! | `GET /api/ws?user_id=`, `GET /api/users/{id}/memory`, `/memory/search`, `/export`, `GET /api/query/{id}/status?include=context` | read user | – | yes | yes | yes |
 //! | `POST /api/query/{id}/cancel`, `/retry`, `/continue`; `PUT`/`DELETE /api/users/{id}/memory/{record}`, `DELETE /api/users/{id}/turns/{turn}` | operate | – | – | yes | yes |
@@ -26,7 +26,7 @@ use crate::app::Need;
 /// when it follows a user.
 pub fn need_of_route(method: &Method, path: &str) -> Need {
     match (method.as_str(), path) {
-        ("POST", "/api/query") => Need::Submit,
+        ("POST", "/api/query" | "/v1/chat/completions") => Need::Submit,
         ("GET", "/api/users/{id}/memory" | "/api/users/{id}/memory/search" | "/api/users/{id}/export") => {
             Need::ReadUser
         }

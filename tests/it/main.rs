@@ -25,6 +25,7 @@ mod metadata;
 mod neighbours;
 mod newcomer;
 mod observability;
+mod openai;
 mod operate;
 mod orchestrator;
 mod poison;
