@@ -76,6 +76,10 @@
 //!   request carries its `tenant_id`; the **default tenant** (nil id) is
 //!   the configured `api_tokens` and a call without a token on loopback.
 //!   See [`app::caller`] and [`app::limits`].
+//! - **chat completion** — a request made through the OpenAI-compatible
+//!   endpoint (`POST /v1/chat/completions`, `http::openai`): the last user
+//!   message is its query, its id `chatcmpl-` and the request id (every
+//!   door and `maasctl` take it as the request's).
 //! - **MCP session** — a session of the MCP revisions before the current
 //!   one (`Mcp-Session-Id`), held in the memory of the daemon that began
 //!   it and bound to the API token that opened it (`mcp::sessions`); not a
@@ -157,7 +161,8 @@
 //!    that each door maps to its wire.
 //! 10. Doors, each an adapter over `app` and never over another door:
 //!     [`http`] (submit, status, long-poll, SSE, WebSocket, health,
-//!     metrics, OpenAPI; the operator console, `http::console`), [`mcp`]
+//!     metrics, OpenAPI; the operator console, `http::console`; the
+//!     OpenAI-compatible endpoint, `http::openai`), [`mcp`]
 //!     (the Model Context Protocol server: tools and resources for agents,
 //!     mounted at `/mcp` by the daemon, served over stdio by
 //!     `maasctl mcp`), [`systemd`] (readiness, watchdog).

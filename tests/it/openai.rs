@@ -308,6 +308,26 @@ async fn every_refusal_under_v1_has_openais_shape() {
     let v: Value = r.json().await.unwrap();
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(msg.contains("user") && msg.contains("X-Maas-User"), "{v}");
+    // An Idempotency-Key replays the first request, as on /api/query.
+    let once = json!({"model": model, "user": "u", "stream": true, "messages": [{"role": "user", "content": "once"}]});
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let r = http
+            .post(&url)
+            .bearer_auth(ADMIN)
+            .header("idempotency-key", "chat-once")
+            .json(&once)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let replayed = r.headers().get("idempotent-replayed").is_some();
+        let text = r.text().await.unwrap();
+        let first: Value = serde_json::from_str(text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap()).unwrap();
+        ids.push((first["id"].as_str().unwrap().to_owned(), replayed));
+    }
+    assert_eq!(ids[0].0, ids[1].0, "{ids:?}");
+    assert_eq!((ids[0].1, ids[1].1), (false, true), "{ids:?}");
     // Over the body cap: the framework's 413, reshaped.
     let big = "x".repeat(2 << 20);
     let r = http
