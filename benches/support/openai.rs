@@ -38,15 +38,7 @@ pub async fn openai(b: &mut Bench) {
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap();
-    let models: Value = http
-        .get(format!("{base}/v1/models"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = json_of(http.get(format!("{base}/v1/models"))).await;
     let model = models["data"][0]["id"].as_str().unwrap().to_owned();
     let user = Uuid::new_v4();
     let n = if b.quick { 100 } else { 500 };
@@ -55,26 +47,9 @@ pub async fn openai(b: &mut Bench) {
         let query = format!("What did I say about the garden, question {i}?");
         let t = Instant::now();
         let body = json!({ "user_id": user, "thread_id": Uuid::new_v4(), "query": query });
-        let sent: Value = http
-            .post(format!("{base}/api/query"))
-            .bearer_auth(TOKEN)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let sent = json_of(http.post(format!("{base}/api/query")).json(&body)).await;
         let id = sent["request_id"].as_str().unwrap();
-        let done: Value = http
-            .get(format!("{base}/api/query/{id}/status?wait=30s"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let done = json_of(http.get(format!("{base}/api/query/{id}/status?wait=30s"))).await;
         assert_eq!(done["status"], "completed", "{done}");
         let api_ms = t.elapsed().as_secs_f64() * 1000.0;
         let t = Instant::now();
@@ -82,15 +57,7 @@ pub async fn openai(b: &mut Bench) {
             "model": model, "user": user.to_string(),
             "messages": [{ "role": "user", "content": query }],
         });
-        let resp = http
-            .post(format!("{base}/v1/chat/completions"))
-            .bearer_auth(TOKEN)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert!(resp.status().is_success(), "{}", resp.status());
-        let answer: Value = resp.json().await.unwrap();
+        let answer = json_of(http.post(format!("{base}/v1/chat/completions")).json(&body)).await;
         assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer}");
         let chat_ms = t.elapsed().as_secs_f64() * 1000.0;
         if i >= 10 {
@@ -120,4 +87,14 @@ pub async fn openai(b: &mut Bench) {
         "openai_chat_e2e_p50 − api_query_e2e_p50, same run",
     );
     drop(d);
+}
+
+/// The JSON answer of `rb` sent with the bench's token; a failure stops
+/// the run, naming the status and body.
+async fn json_of(rb: reqwest::RequestBuilder) -> Value {
+    let resp = rb.bearer_auth(TOKEN).send().await.unwrap();
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    assert!(status.is_success(), "{status}: {body}");
+    body
 }

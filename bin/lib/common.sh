@@ -209,24 +209,33 @@ fetch_model_wheel() {
 # had: those tests skip then.
 MCP_CLIENT_PACKAGE=mcp==2.3.0
 ensure_mcp_client() {
-    local venv="$MAAS_ROOT/target/mcp-venv"
-    if [[ -x $venv/bin/python ]] && "$venv/bin/python" -c 'import mcp' 2>/dev/null; then
+    ensure_venv "$MAAS_ROOT/target/mcp-venv" "$MCP_CLIENT_PACKAGE" mcp "the MCP client"
+}
+
+# A private venv at $1 holding the pinned PyPI package $2 (importable as $3),
+# installed when missing or pinned otherwise, for the tests of $4. Prints
+# the venv's python; returns 1, with a message, where it cannot be had.
+ensure_venv() {
+    local venv=$1 package=$2 module=$3 what=$4
+    if [[ -x $venv/bin/python && -f $venv/.installed && $(cat "$venv/.installed") == "$package" ]] \
+        && "$venv/bin/python" -c "import $module" 2>/dev/null; then
         printf '%s\n' "$venv/bin/python"
         return 0
     fi
-    command -v python3 >/dev/null 2>&1 || { say "python3 is needed for the MCP client tests"; return 1; }
-    say "installing the MCP client ($MCP_CLIENT_PACKAGE) into $venv"
+    command -v python3 >/dev/null 2>&1 || { say "python3 is needed for $what tests"; return 1; }
+    say "installing $what ($package) into $venv"
     rm -rf "$venv"
     if ! python3 -m venv "$venv" >&2; then
         say "python3 -m venv failed (Debian: apt-get install python3-venv)"
         rm -rf "$venv"
         return 1
     fi
-    if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$MCP_CLIENT_PACKAGE" >&2; then
-        say "pip could not install $MCP_CLIENT_PACKAGE"
+    if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$package" >&2; then
+        say "pip could not install $package"
         rm -rf "$venv"
         return 1
     fi
+    printf '%s\n' "$package" >"$venv/.installed"
     printf '%s\n' "$venv/bin/python"
 }
 
@@ -267,27 +276,7 @@ ensure_mcp_conformance() {
 # returns 1, with a message, where it cannot be had: those tests skip then.
 OPENAI_PY_PACKAGE=openai==3.57.0
 ensure_openai_client() {
-    local venv="$MAAS_ROOT/target/openai-venv"
-    if [[ -x $venv/bin/python && -f $venv/.installed && $(cat "$venv/.installed") == "$OPENAI_PY_PACKAGE" ]] \
-        && "$venv/bin/python" -c 'import openai' 2>/dev/null; then
-        printf '%s\n' "$venv/bin/python"
-        return 0
-    fi
-    command -v python3 >/dev/null 2>&1 || { say "python3 is needed for the OpenAI client tests"; return 1; }
-    say "installing the OpenAI Python client ($OPENAI_PY_PACKAGE) into $venv"
-    rm -rf "$venv"
-    if ! python3 -m venv "$venv" >&2; then
-        say "python3 -m venv failed (Debian: apt-get install python3-venv)"
-        rm -rf "$venv"
-        return 1
-    fi
-    if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$OPENAI_PY_PACKAGE" >&2; then
-        say "pip could not install $OPENAI_PY_PACKAGE"
-        rm -rf "$venv"
-        return 1
-    fi
-    printf '%s\n' "$OPENAI_PY_PACKAGE" >"$venv/.installed"
-    printf '%s\n' "$venv/bin/python"
+    ensure_venv "$MAAS_ROOT/target/openai-venv" "$OPENAI_PY_PACKAGE" openai "the OpenAI Python client"
 }
 
 # The official OpenAI client SDK for Node (npm `openai`), under target/ with

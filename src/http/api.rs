@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::input::parse_id;
-use super::live::{Chunks, Stream};
+use super::live::{Chunks, STREAM_QUEUE, Stream, answer_chunks};
 use crate::app::caller;
 use crate::app::follow::{Cursor, Follower, Frame, RequestState, Target, until_end};
 use crate::app::submit::{MAX_KEY_LEN, enqueue};
@@ -32,8 +32,6 @@ pub use super::input::MAX_QUERY_CHARS;
 pub(super) const REQUEST_QUEUE: usize = 16;
 /// Queue of a stream that follows a user.
 const USER_QUEUE: usize = 256;
-/// Queue of a stream that follows one request's answer piece by piece.
-pub(super) const STREAM_QUEUE: usize = 128;
 
 /// An over-long body is read and dropped up to this many bytes, for at most
 /// [`DRAIN_TIME`], before the 413 goes out (see [`read_body`]).
@@ -110,17 +108,11 @@ pub async fn submit(
     }
     let mut resp = match place {
         Some(place) => {
-            let sub = app.hub.subscribe_streaming(Target::Request(id), STREAM_QUEUE);
-            let mut follower = Follower::new(app.pool.clone(), sub)
-                .for_tenant(who.tenant)
-                .with_deltas(None);
-            let mut first: Vec<Frame> = follower.current().await?.into_iter().map(Frame::State).collect();
-            first.extend(follower.catch_up().await);
             let opts = Chunks {
                 model: "maas".to_owned(),
                 usage_for: None,
             };
-            Stream::new(&app, caller, follower, first, "sse", place).chat_chunks(id, opts)
+            answer_chunks(&app, caller, who.tenant, id, place, opts).await?
         }
         None => accepted(id),
     };

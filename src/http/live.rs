@@ -207,6 +207,31 @@ pub fn completion_id(id: Uuid) -> String {
     format!("chatcmpl-{id}")
 }
 
+/// Request `id`'s answer as OpenAI's chunk stream ([`Stream::chat_chunks`])
+/// for `caller` of `tenant`, holding `place`: the follower subscribes to
+/// the answer's pieces, then reads the current state and what it missed.
+/// The stream of `POST /api/query`'s `"stream": true` and of a streamed
+/// chat completion.
+pub async fn answer_chunks(
+    app: &AppState,
+    caller: Caller,
+    tenant: Uuid,
+    id: Uuid,
+    place: Pass,
+    opts: Chunks,
+) -> Result<Response, crate::db::Error> {
+    let sub = app.hub.subscribe_streaming(Target::Request(id), STREAM_QUEUE);
+    let mut follower = Follower::new(app.pool.clone(), sub)
+        .for_tenant(tenant)
+        .with_deltas(None);
+    let mut first: Vec<Frame> = follower.current().await?.into_iter().map(Frame::State).collect();
+    first.extend(follower.catch_up().await);
+    Ok(Stream::new(app, caller, follower, first, "sse", place).chat_chunks(id, opts))
+}
+
+/// Queue of a stream that follows one request's answer piece by piece.
+pub(super) const STREAM_QUEUE: usize = 128;
+
 /// One `chat.completion.chunk` of request `id`'s answer.
 fn chunk(id: Uuid, head: &Head, delta: serde_json::Value, finish: Option<&str>) -> serde_json::Value {
     json!({

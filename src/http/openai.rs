@@ -49,9 +49,9 @@ use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use super::AppState;
-use super::api::{REQUEST_QUEUE, STREAM_QUEUE, check_json_content_type, idempotency_key, read_body};
-use super::live::{Chunks, Stream, completion_id, usage_json};
-use crate::app::follow::{Follower, Frame, Target, until_end};
+use super::api::{REQUEST_QUEUE, check_json_content_type, idempotency_key, read_body};
+use super::live::{Chunks, answer_chunks, completion_id, usage_json};
+use crate::app::follow::{Follower, Target, until_end};
 use crate::app::input::{check_text, query_text};
 use crate::app::{AppError, Caller, Code, Kind, Principal, memory, submit};
 use crate::model::Status;
@@ -340,17 +340,11 @@ pub async fn chat(
     };
     let (id, replayed) = submit::enqueue_conversation(&app, &who, &req, key, user, &talk.earlier).await?;
     let mut resp = if chat.stream {
-        let sub = app.hub.subscribe_streaming(Target::Request(id), STREAM_QUEUE);
-        let mut follower = Follower::new(app.pool.clone(), sub)
-            .for_tenant(who.tenant)
-            .with_deltas(None);
-        let mut first: Vec<Frame> = follower.current().await?.into_iter().map(Frame::State).collect();
-        first.extend(follower.catch_up().await);
         let opts = Chunks {
             model: chat.model,
             usage_for: chat.include_usage.then_some(who.tenant),
         };
-        Stream::new(&app, caller, follower, first, "sse", place).chat_chunks(id, opts)
+        answer_chunks(&app, caller, who.tenant, id, place, opts).await?
     } else {
         let _place = place;
         completion(&app, id, who.tenant, &chat.model).await?

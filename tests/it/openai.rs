@@ -33,28 +33,10 @@ fn client_from(var: &str, what: &str) -> Option<String> {
     }
 }
 
-/// Runs `program script` with `plan` on its standard input; its report.
+/// Runs `program tests/openai/script` with `plan`; its report.
 async fn run(program: &str, script: &str, plan: Value) -> Vec<Value> {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(program)
-        .arg(format!("{}/tests/openai/{script}", env!("CARGO_MANIFEST_DIR")))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-        panic!(
-            "{script}'s output is not a JSON list ({e}): {text}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    let report = crate::support::run_client(program, &format!("tests/openai/{script}"), &plan).await;
+    serde_json::from_value(report).expect("the report is a list")
 }
 
 /// A daemon whose responder is `fake` (the analyzer stays offline), with
