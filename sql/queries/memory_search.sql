@@ -14,7 +14,7 @@
 -- $1 user_id (uuid)
 -- $2 query (the request's query, plus the analysis' search_keywords; empty: no long-term search)
 -- $3 hits (most matching turns, e.g. 40; 0: no long-term turns)
--- $4 window (same-thread neighbours each side of a hit; 2 measured best)
+-- $4 window (same-thread neighbours each side of each of the five strongest hits; 2 measured best)
 -- $5 records (most matching records; 0 for none)
 -- $6 thread_id (the request's thread; NULL: no short-term turns)
 -- $7 thread_turns (newest turns of that thread)

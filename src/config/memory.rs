@@ -21,7 +21,8 @@ pub struct MemoryConfig {
     pub thread_turns: usize,
     /// Most matching turns of the long-term search. Default 40.
     pub hits: usize,
-    /// Same-thread neighbours each side of a hit. Default 2.
+    /// Same-thread neighbours each side of each of the five strongest
+    /// hits (the other hits come alone). Default 2.
     pub window: usize,
     /// Most matching records (`lsm_storage`). Default 0 (the offline
     /// archivist's summaries never helped; 1 with a model's summaries).

@@ -64,7 +64,7 @@ pub struct MemorySearch<'a> {
     pub query: &'a str,
     /// Most matching turns.
     pub hits: usize,
-    /// Same-thread neighbours each side of a hit.
+    /// Same-thread neighbours each side of each of the five strongest hits.
     pub window: usize,
     /// Most matching records.
     pub records: usize,

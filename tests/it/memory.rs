@@ -547,3 +547,85 @@ async fn the_embedder_looks_only_at_users_with_new_turns_between_full_passes() {
     every_turn_embedded_within(&c, old, "offline-hash-384", soon).await;
     every_turn_embedded_within(&c, third, "offline-hash-384", soon).await;
 }
+
+/// Sessions of [`scattered_hits`], each with one turn about the kayak.
+const KAYAK_SESSIONS: usize = 16;
+
+/// The hits that bring their neighbours (`memory_search_items.sql`).
+const STRONGEST: usize = 5;
+
+/// `KAYAK_SESSIONS` chats of `user`, each a turn about the kayak between
+/// two long turns about other things each side (about 55 tokens each,
+/// sharing no word with the question), a day apart, and a record; returns
+/// the chats.
+async fn scattered_hits(c: &Client, user: Uuid) -> Vec<Uuid> {
+    let mut chats = Vec::new();
+    for s in 0..KAYAK_SESSIONS {
+        let chat = Uuid::new_v4();
+        let days = i32::try_from(KAYAK_SESSIONS - s).unwrap();
+        for i in 0..5 {
+            let content = if i == 2 {
+                format!("Dana: we paddled the kayak across lake number {s}")
+            } else {
+                format!(
+                    "Dana: the coastal weather report said fog all morning and bright sun by noon, the ferry \
+                     schedule moved twice because of repairs on the pier, note {s}-{i}"
+                )
+            };
+            c.execute(
+                "INSERT INTO raw_logs (user_id, thread_id, message_type, content, created_at)
+                 VALUES ($1, $2, 'user_query', $3, now() - make_interval(days => $4) + make_interval(mins => $5))",
+                &[&user, &chat, &content, &days, &i],
+            )
+            .await
+            .unwrap();
+        }
+        chats.push(chat);
+    }
+    a_record(c, user, "kayak", "Dana talks about the kayak").await;
+    chats
+}
+
+/// Packing that prefers coverage: a question whose hits are many and
+/// scattered over sessions gets every session's hit within the budget;
+/// only the strongest few hits bring their neighbours. (With every hit
+/// bringing two neighbours each side, the long turns around the first
+/// hits spend the budget and half the sessions are left out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scattered_hits_come_as_single_turns_from_every_session() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    let chats = scattered_hits(&c, user).await;
+    let api = start(&db).await;
+    let id = api.ask(user, None, "Where did Dana paddle the kayak?").await;
+    let state = api.status_with(id, "include=context").await;
+    let context = state["context"].as_str().unwrap_or_default();
+    let sources = state["context_sources"].as_array().cloned().unwrap_or_default();
+    let ids = |why: &str| -> Vec<i64> {
+        sources
+            .iter()
+            .filter(|s| s["kind"] == "turn" && s["why"] == why)
+            .filter_map(|s| s["id"].as_i64())
+            .collect()
+    };
+    let (hits, neighbours) = (ids("hit"), ids("neighbour"));
+    let sessions: i64 = c
+        .query_one(
+            "SELECT count(DISTINCT thread_id) FROM raw_logs WHERE id = ANY($1) AND content LIKE '%kayak%'",
+            &[&hits],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        usize::try_from(sessions).unwrap(),
+        chats.len(),
+        "every session's kayak turn is in the context: {context}"
+    );
+    assert!(
+        !neighbours.is_empty() && neighbours.len() <= STRONGEST * 4,
+        "neighbours only around the {STRONGEST} strongest hits ({} of them): {context}",
+        neighbours.len()
+    );
+}
