@@ -5,7 +5,7 @@
 //! `POST /api/query` is: the same tokens, tenants, scope (submit), limits,
 //! caps, body cap, idempotency keys and `Origin` rules, one submission
 //! ([`submit::enqueue_conversation`]), one follower, one stream
-//! ([`Stream::chat_chunks`]).
+//! ([`super::live::Stream::chat_chunks`]).
 //!
 //! A chat completion is a pipeline request:
 //! - **user**: the token's bound user; else `X-Maas-User`, else the
