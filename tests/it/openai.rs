@@ -213,7 +213,7 @@ async fn the_python_sdk_remembers_across_conversations_and_tenants_stay_apart() 
 }
 
 #[tokio::test]
-async fn the_node_sdk_streams_a_chat() {
+async fn the_node_sdk_remembers_across_two_conversations() {
     let Some(node) = client_from("MAAS_OPENAI_NODE", "Node for the OpenAI npm SDK") else {
         return;
     };
@@ -227,18 +227,27 @@ async fn the_node_sdk_streams_a_chat() {
     let key = token(&c, "openai-node", "app", "submit").await;
     let models = run(&node, "client.mjs", plan(&api, &key, json!([{ "kind": "models" }]))).await;
     let model = models[0]["ids"][0].as_str().expect("a model is offered").to_owned();
-    let mut step = chat(&model, "bo", &[("user", "Hello, I am Bo.")]);
-    step["kind"] = json!("stream");
-    step["include_usage"] = json!(true);
-    let report = run(&node, "client.mjs", plan(&api, &key, json!([step]))).await;
-    let r = &report[0];
+    // Two conversations: a fact told in the first (not streamed), asked
+    // for in the second (streamed, with usage).
+    let told = chat(
+        &model,
+        "bo",
+        &[("user", "My brother Tomas works in Oslo; remember that.")],
+    );
+    let mut asked = chat(&model, "bo", &[("user", "Where does my brother work?")]);
+    asked["kind"] = json!("stream");
+    asked["include_usage"] = json!(true);
+    let report = run(&node, "client.mjs", plan(&api, &key, json!([told, asked]))).await;
+    assert_eq!(report[0]["ok"], true, "{report:#?}");
+    assert_eq!(report[0]["content"], "fake reply", "{report:#?}");
+    let r = &report[1];
     assert_eq!(r["ok"], true, "{report:#?}");
     assert_eq!(r["content"], "fake reply", "{r}");
     assert_eq!(r["finish_reason"], "stop", "{r}");
     assert!(r["usage"]["total_tokens"].as_i64().unwrap() >= 15, "{r}");
-    let id = r["ids"][0].as_str().unwrap();
-    let (code, out, _) = maasctl(&db.url, &["requests", "show", id, "--json"]);
-    assert_eq!(code, 0, "maasctl finds the completion's request: {out}");
+    assert_eq!(r["ids"].as_array().map(Vec::len), Some(1), "{r}");
+    let ctx = context_of(&db, r["ids"][0].as_str().unwrap());
+    assert!(ctx.contains("Oslo"), "the second conversation's context: {ctx}");
 }
 
 #[tokio::test]
