@@ -93,6 +93,8 @@ pub struct HttpConfig {
     /// `/v1/models`) offers besides the responder's own model: aliases an
     /// application may send unchanged (`gpt-4o-mini`), each answered by
     /// maas's pipeline. Default none.
+    /// `MAAS_HTTP__OPENAI_MODELS=gpt-4o-mini,gpt-4o`.
+    #[serde(deserialize_with = "super::netallow::list")]
     pub openai_models: Vec<String>,
 }
 

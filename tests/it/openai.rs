@@ -47,7 +47,8 @@ async fn daemon(db: &TestDb, fake: &FakeLlm) -> Api {
         Opts::default()
             .env("MAAS_LLM__RESPONDER__PROVIDER", "openai")
             .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
-            .env("OPENAI_API_KEY", "fake-key"),
+            .env("OPENAI_API_KEY", "fake-key")
+            .env("MAAS_HTTP__OPENAI_MODELS", "gpt-4o-mini, my-alias"),
     )
     .await
 }
@@ -87,6 +88,22 @@ async fn the_python_sdk_remembers_across_conversations_and_tenants_stay_apart() 
 
     let models = run(&py, "client.py", plan(&api, &ours, json!([{ "kind": "models" }]))).await;
     let model = models[0]["ids"][0].as_str().expect("a model is offered").to_owned();
+    // The responder's model first, then the configured aliases, each served.
+    assert_eq!(
+        models[0]["ids"].as_array().unwrap()[1..],
+        [json!("gpt-4o-mini"), json!("my-alias")]
+    );
+    let alias = run(
+        &py,
+        "client.py",
+        plan(&api, &ours, json!([chat("my-alias", "al", &[("user", "hi")])])),
+    )
+    .await;
+    assert_eq!(
+        (alias[0]["ok"].as_bool(), alias[0]["model"].as_str()),
+        (Some(true), Some("my-alias")),
+        "{alias:?}"
+    );
 
     let first = chat(
         &model,
