@@ -37,6 +37,8 @@ mod cpu;
 mod mcp;
 #[path = "support/memory_scale.rs"]
 mod memory_scale;
+#[path = "support/openai.rs"]
+mod openai;
 #[path = "support/streaming.rs"]
 mod streaming;
 #[allow(
@@ -1168,6 +1170,9 @@ fn main() {
         }
         if want("streaming") {
             streaming::streaming(&mut b).await;
+        }
+        if want("openai") {
+            openai::openai(&mut b).await;
         }
         let values: HashMap<String, f64> = b
             .results

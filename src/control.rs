@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use crate::archivist::{Archivist, ArchivistError, Progress, RunOptions, RunReport, Trigger};
 use crate::db;
-use crate::model::{PromptRole, StageKind, Status, UnknownPromptRole};
+use crate::model::{OperatorAction, PromptRole, StageKind, Status, UnknownPromptRole};
 use crate::repo::{self, GenericClient, audit, prompts, requests};
 
 pub mod tenants;
@@ -240,7 +240,7 @@ pub async fn set_prompt(
     };
     let mut detail = change.detail();
     detail["chars"] = json!(text.chars().count());
-    audit::record(&tx, "prompt_set", actor, reason, &detail).await?;
+    audit::record(&tx, OperatorAction::PromptSet, actor, reason, &detail).await?;
     tx.commit().await.map_err(db::Error::from)?;
     Ok(change)
 }
@@ -266,7 +266,7 @@ pub async fn activate_prompt(
         version,
         previous,
     };
-    audit::record(&tx, "prompt_activate", actor, reason, &change.detail()).await?;
+    audit::record(&tx, OperatorAction::PromptActivate, actor, reason, &change.detail()).await?;
     tx.commit().await.map_err(db::Error::from)?;
     Ok(Some(change))
 }
@@ -304,7 +304,7 @@ pub async fn archive_now(
     // A user forgotten while the run went on keeps no row about it.
     let mut client = archivist.pool().get().await.map_err(db::Error::from)?;
     let tx = client.transaction().await?;
-    audit::record_about_user(&tx, "archive_run", actor, reason, &detail, user).await?;
+    audit::record_about_user(&tx, OperatorAction::ArchiveRun, actor, reason, &detail, user).await?;
     tx.commit().await?;
     tracing::info!(user_id = %user, actor, outcome = ?u.map(|u| u.outcome), turns = report.logs,
         records = report.records, "archive now");

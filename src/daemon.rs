@@ -198,19 +198,18 @@ pub async fn run(
     );
     // The API's own pool: HTTP traffic never takes the engine's connections.
     let api_pool = db::connect_api_pool(&cfg, "maasd-api")?;
-    let server = crate::http::start(
-        bound,
+    let (app, hub) = crate::app::App::new(
         cfg.clone(),
         api_pool,
         notifier.clone(),
-        stats.clone(),
-        crate::http::MemoryServices {
+        crate::app::MemoryServices {
             embedder: embedder.clone(),
             archivist: archivist.clone(),
         },
-        crate::mcp::http::router,
         shutdown.clone(),
-    )?;
+    );
+    let mcp = crate::mcp::http::router(&app);
+    let server = crate::http::start(bound, crate::http::state(app, stats.clone())?, mcp);
     let mut services: Vec<Arc<dyn Service>> = vec![
         Arc::new(Sweep::new(engine.clone())),
         Arc::new(Callbacks::new(pool.clone(), cfg.clone(), &notifier)),
@@ -242,6 +241,7 @@ pub async fn run(
     engine.run(shutdown).await;
     crate::systemd::notify_stopping();
     server.stop(cfg.grace()).await;
+    let _ = tokio::time::timeout(cfg.grace(), hub.wait()).await;
     services.wait().await;
     Ok(())
 }

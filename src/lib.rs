@@ -24,6 +24,9 @@
 //!   recorded as a row of `pipeline_steps` ([`repo::steps`]). A result of
 //!   an attempt that a newer claim of its row replaced is *superseded*
 //!   (never "a run": a request is not a run, whatever its table is called).
+//!   An attempt's **result** ([`repo::Finished`]) either succeeded, with
+//!   its stage's **output** (analysis, context or answer), or did not, as
+//!   its decision says (retrying, deferred, failed, released).
 //! - **debug request** — a request submitted with `debug`: it rests in
 //!   `ANALYZED` and `READY` until an operator continues it.
 //! - **claim** — taking due requests of a stage as leases, with
@@ -44,13 +47,13 @@
 //!   stage, numbered `seq` from 1 per attempt, or a restart; a row of
 //!   `answer_deltas` and an SSE `delta` event, only for a request that
 //!   asked to stream (`pipeline_runs.stream`; [`dispatcher::publish`],
-//!   `http::live::deltas`).
+//!   `app::follow::deltas`).
 //! - Three things flow piece by piece; each has one name:
 //!   - **streamed answer** — an answer sent as deltas while the respond
 //!     stage runs (the request's `stream` flag; see *delta*);
 //!   - **live push** — the events a client follows: SSE (`/events`), the
-//!     WebSocket (`/api/ws`) and an MCP session's event stream
-//!     (`http::live`);
+//!     WebSocket (`/api/ws`) and an MCP session's event stream, fed by
+//!     one follower ([`app::follow`]; the HTTP streams `http::live`);
 //!   - **provider stream** — a model's reply read as it is generated
 //!     (`llm::stream`).
 //! - **turn** — one message of a conversation, the user's or the
@@ -72,7 +75,11 @@
 //!   callback secret: a row of `tenants` (`sql/0012_tenants.sql`). Every
 //!   request carries its `tenant_id`; the **default tenant** (nil id) is
 //!   the configured `api_tokens` and a call without a token on loopback.
-//!   See `http::tenancy`.
+//!   See [`app::caller`] and [`app::limits`].
+//! - **chat completion** — a request made through the OpenAI-compatible
+//!   endpoint (`POST /v1/chat/completions`, `http::openai`): the last user
+//!   message is its query, its id `chatcmpl-` and the request id (every
+//!   door and `maasctl` take it as the request's).
 //! - **MCP session** — a session of the MCP revisions before the current
 //!   one (`Mcp-Session-Id`), held in the memory of the daemon that began
 //!   it and bound to the API token that opened it (`mcp::sessions`); not a
@@ -147,14 +154,19 @@
 //!    token administration, [`control::tenants`]), one path for `maasctl`,
 //!    HTTP and the console; above the engine because "archive now" runs
 //!    the archivist. (Memory corrections are a user's data, in layer 6.)
-//! 9. Front ends: [`http`] (submit, status, long-poll, SSE, WebSocket,
-//!    health, metrics, OpenAPI; the operator console, `http::console`),
-//!    [`systemd`] (readiness, watchdog).
-//! 10. [`mcp`] — the Model Context Protocol server (tools and resources
-//!     for agents), a front end over `http`'s state and doors: the same
-//!     tokens, scopes, caps and shared functions; mounted at `/mcp` by the
-//!     daemon, served over stdio by `maasctl mcp`.
-//! 11. [`cli`] (`maasctl`), above `mcp` for `maasctl mcp`.
+//! 9. [`app`] — the application layer below every door, knowing no wire:
+//!    who calls (tenant, scope, bound user), the caps and the tenant's
+//!    limits, the rules of text, submitting a request, following requests
+//!    to their end, a user's memory; one error type ([`app::AppError`])
+//!    that each door maps to its wire.
+//! 10. Doors, each an adapter over `app` and never over another door:
+//!     [`http`] (submit, status, long-poll, SSE, WebSocket, health,
+//!     metrics, OpenAPI; the operator console, `http::console`; the
+//!     OpenAI-compatible endpoint, `http::openai`), [`mcp`]
+//!     (the Model Context Protocol server: tools and resources for agents,
+//!     mounted at `/mcp` by the daemon, served over stdio by
+//!     `maasctl mcp`), [`systemd`] (readiness, watchdog).
+//! 11. [`cli`] (`maasctl`), above the doors for `maasctl mcp`.
 //! 12. [`daemon`] — wires it all into `maasd`: one list of services.
 //!
 //! Beyond the order: `repo` never uses `llm` (the data layer takes
@@ -173,20 +185,27 @@
 //!   settings and defaults in `llm/config.rs`, its failures mapped in
 //!   `llm/error.rs`.
 //! - A background job → a [`service::Service`] listed in `daemon.rs`.
-//! - A route → `http/` (and its entry in `http/openapi.rs`).
+//! - A route → `http/` (and its entry in `http/openapi.rs`), calling the
+//!   function of [`app`] its twins on the other doors call.
+//! - A **new door** (a protocol) → a module beside `http` and `mcp` that
+//!   reads its wire, asks [`app::caller`] who calls and what it may do,
+//!   calls [`app`] (and `control`, `users`), and maps [`app::AppError`]'s
+//!   kind to its wire; served on the daemon's listener as `mcp::http`
+//!   is (a router given to `http::start`). See `docs/contributing.md`.
 //! - A **new console page** → its handler in `http/console/pages.rs`, its
 //!   route in `http/console/mod.rs`, its template in
 //!   `http/console/templates/` (extending `base.html`); reads through
 //!   `repo`, actions through `control`.
 //! - A **new tenant limit** → a column of `tenants` in a new migration in
 //!   `sql/`, its count in `sql/queries/tenants_limit_counts.sql` and
-//!   `repo/tenants.rs`, its check in `http/tenancy.rs` (`check_limits`),
+//!   `repo/tenants.rs`, its check in `app/limits.rs` (`check_limits`),
 //!   its setting in `cli/tenants.rs` (`maasctl tenants`).
 //! - An operator action → `control.rs`, then its command in `cli/`, its
 //!   route in `http/` and its button in `http/console/`.
 //! - A new module → a line in the map above, in the lowest layer above
 //!   everything it uses.
 
+pub mod app;
 pub mod archivist;
 pub mod backoff;
 pub mod callbacks;

@@ -326,8 +326,8 @@ pub fn observe_result(f: &Finished, created_at: DateTime<Utc>, now: DateTime<Utc
     let stage_secs = f
         .latency_ms
         .map_or_else(|| secs(f.started_at), |ms| f64::from(ms.max(0)) / 1000.0);
-    record_stage(f.stage, f.outcome, stage_secs);
-    let outcome = match (f.stage, f.outcome) {
+    record_stage(f.stage, f.outcome(), stage_secs);
+    let outcome = match (f.stage, f.outcome()) {
         (StageKind::Respond, Outcome::Succeeded) => Some("completed"),
         (_, Outcome::Failed) => Some("failed"),
         _ => None,

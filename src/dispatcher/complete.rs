@@ -38,7 +38,7 @@ use uuid::Uuid;
 use super::lease::Slot;
 use super::{Engine, WRITERS, bump, millis};
 use crate::model::{Outcome, StageKind, Status};
-use crate::repo::{self, Claimed, Finished};
+use crate::repo::{self, Claimed, Ended, Finished, Output, Unsuccessful};
 use crate::sanitize::{
     self, MAX_ANALYSIS_BYTES, MAX_ANSWER_CHARS, MAX_CONTEXT_CHARS, MAX_ERROR_CHARS, MAX_MODEL_CHARS, Poison, Sanitised,
 };
@@ -109,7 +109,7 @@ impl Engine {
             let stale = current.is_some_and(|t| t != f.lease_token);
             // (counted as a lost lease when the newer claim started)
             if stale {
-                tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome.as_str(),
+                tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome().as_str(),
                     lease_token = f.lease_token, current_token = current,
                     "result of an attempt a newer claim superseded; discarded, the row is unchanged");
             }
@@ -271,7 +271,7 @@ impl Engine {
             if f.stage == StageKind::Analyze
                 && !applied.get(&(f.id, f.lease_token)).is_some_and(|d| {
                     d.fused
-                        && f.outcome == Outcome::Succeeded
+                        && f.outcome() == Outcome::Succeeded
                         && matches!(d.chained, Some((StageKind::Respond, _)) | None)
                 })
             {
@@ -279,13 +279,13 @@ impl Engine {
             }
             let Some(done) = applied.get(&(f.id, f.lease_token)) else {
                 bump(&self.stats.lease_lost);
-                tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome.as_str(),
+                tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = f.attempt, outcome = f.outcome().as_str(),
                     "lease lost before the result was written; result discarded, the row is unchanged");
                 continue;
             };
             crate::metrics::observe_result(f, done.created_at, now);
             let next = self.count_fused(f, done, now);
-            if f.outcome != Outcome::Succeeded {
+            if f.outcome() != Outcome::Succeeded {
                 self.count_unsuccessful(f);
                 continue;
             }
@@ -317,7 +317,7 @@ impl Engine {
     /// Counts a fused assemble that was written with its analysis; the
     /// stage whose rows the result made due.
     fn count_fused(&self, f: &Finished, done: &repo::Applied, now: chrono::DateTime<chrono::Utc>) -> Option<StageKind> {
-        let Some(fused) = f.fused.as_ref().filter(|_| done.fused) else {
+        let Some(fused) = f.fused().filter(|_| done.fused) else {
             return f.stage.next();
         };
         let respond = fused.respond.as_ref().filter(|_| done.responded);
@@ -341,15 +341,15 @@ impl Engine {
     /// Counts a written result other than a success; a retry wakes its
     /// stage after its delay.
     fn count_unsuccessful(self: &Arc<Self>, f: &Finished) {
-        match f.outcome {
+        match f.outcome() {
             Outcome::Retrying | Outcome::Deferred => {
                 bump(&self.stats.retried[f.stage.index()]);
-                crate::metrics::stage_failure(f.stage, f.outcome, f.error_class.as_deref());
-                self.wake_later(f.stage, f.delay);
+                crate::metrics::stage_failure(f.stage, f.outcome(), f.error_class());
+                self.wake_later(f.stage, f.delay());
             }
             Outcome::Failed => {
                 bump(&self.stats.failed);
-                crate::metrics::stage_failure(f.stage, f.outcome, f.error_class.as_deref());
+                crate::metrics::stage_failure(f.stage, f.outcome(), f.error_class());
             }
             Outcome::Succeeded | Outcome::Released | Outcome::LeaseExpired => {}
         }
@@ -426,7 +426,7 @@ impl Engine {
             return (chains, permits);
         }
         for f in batch {
-            if f.outcome == Outcome::Succeeded
+            if f.outcome() == Outcome::Succeeded
                 && let Some(next) = f.next_stage()
             {
                 chains.insert((f.id, f.lease_token), next);
@@ -504,60 +504,64 @@ fn sanitise(f: &mut Finished) {
 /// Sanitises every text and JSON value of a stage result with the bounds
 /// of [`crate::sanitize`]; an analysis still over [`MAX_ANALYSIS_BYTES`]
 /// serialised, or not a JSON object, is refused ([`Sanitised::refused`]).
-/// The result is otherwise unchanged; when it is refused the caller must
-/// not write its outputs.
+/// The result is otherwise unchanged (its values are cleaned in place, its
+/// outcome kept); when it is refused the caller must not write its outputs.
 pub fn sanitise_result(f: &mut Finished) -> Sanitised {
     let mut out = Sanitised::default();
-    for (s, max) in [
-        (f.answer.as_mut(), MAX_ANSWER_CHARS),
-        (f.context.as_mut(), MAX_CONTEXT_CHARS),
-        (f.model.as_mut(), MAX_MODEL_CHARS),
-        (f.error_class.as_mut(), MAX_ERROR_CHARS),
-        (f.error_message.as_mut(), MAX_ERROR_CHARS),
-    ] {
-        if let Some(s) = s {
-            sanitize::text(s, max, &mut out);
+    if let Some(model) = f.usage.model.as_mut() {
+        sanitize::text(model, MAX_MODEL_CHARS, &mut out);
+    }
+    match &mut f.ended {
+        Ended::Unsuccessful(u) => {
+            sanitize::text(&mut u.error_class, MAX_ERROR_CHARS, &mut out);
+            sanitize::text(&mut u.error_message, MAX_ERROR_CHARS, &mut out);
         }
-    }
-    if let Some(fused) = f.fused.as_mut() {
-        sanitize::text(&mut fused.context, MAX_CONTEXT_CHARS, &mut out);
-        if let Some(v) = fused.context_sources.as_mut() {
-            sanitize::json(v, &mut out);
+        Ended::Succeeded(Output::Answer(answer)) => sanitize::text(answer, MAX_ANSWER_CHARS, &mut out),
+        Ended::Succeeded(Output::Context { context, sources }) => {
+            sanitize::text(context, MAX_CONTEXT_CHARS, &mut out);
+            if let Some(v) = sources.as_mut() {
+                sanitize::json(v, &mut out);
+            }
         }
-    }
-    if let Some(v) = f.context_sources.as_mut() {
-        sanitize::json(v, &mut out);
-    }
-    if let Some(v) = f.analysis.as_mut() {
-        sanitize::json(v, &mut out);
-        let size = serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
-        if size > MAX_ANALYSIS_BYTES {
-            out.note(Poison::Refused);
-            out.refused = Some(format!(
-                "the analysis is {size} bytes as JSON, more than the {MAX_ANALYSIS_BYTES} that are stored"
-            ));
-        } else if !v.is_object() {
-            out.note(Poison::Refused);
-            out.refused = Some("the analysis is not a JSON object".to_owned());
+        Ended::Succeeded(Output::Analysis { analysis, fused }) => {
+            if let Some(fused) = fused.as_mut() {
+                sanitize::text(&mut fused.context, MAX_CONTEXT_CHARS, &mut out);
+                if let Some(v) = fused.context_sources.as_mut() {
+                    sanitize::json(v, &mut out);
+                }
+            }
+            sanitise_analysis(analysis, &mut out);
         }
     }
     out
 }
 
+/// Sanitises an analysis, and refuses one that cannot be stored.
+fn sanitise_analysis(v: &mut serde_json::Value, out: &mut Sanitised) {
+    sanitize::json(v, out);
+    let size = serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
+    if size > MAX_ANALYSIS_BYTES {
+        out.note(Poison::Refused);
+        out.refused = Some(format!(
+            "the analysis is {size} bytes as JSON, more than the {MAX_ANALYSIS_BYTES} that are stored"
+        ));
+    } else if !v.is_object() {
+        out.note(Poison::Refused);
+        out.refused = Some("the analysis is not a JSON object".to_owned());
+    }
+}
+
 /// Turns `f` into a permanent failure of its request with `reason`, its
 /// outputs dropped.
 fn fail_unstorable(f: &mut Finished, class: &str, reason: String) {
-    f.outcome = Outcome::Failed;
-    f.new_status = Status::Failed;
-    f.analysis = None;
-    f.context = None;
-    f.context_sources = None;
-    f.answer = None;
-    f.fused = None;
-    f.delay = Duration::ZERO;
-    f.error_class = Some(class.to_owned());
     let mut message = reason;
     let mut ignored = Sanitised::default();
     sanitize::text(&mut message, MAX_ERROR_CHARS, &mut ignored);
-    f.error_message = Some(message);
+    f.fail_instead(Unsuccessful {
+        outcome: Outcome::Failed,
+        new_status: Status::Failed,
+        delay: Duration::ZERO,
+        error_class: class.to_owned(),
+        error_message: message,
+    });
 }

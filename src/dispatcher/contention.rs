@@ -37,8 +37,8 @@ use super::Engine;
 use super::policy::{ClaimFacts, StageOutcome, decide};
 use crate::db;
 use crate::error::Disposition;
-use crate::model::{Outcome, StageKind};
-use crate::repo::{self, Finished};
+use crate::model::Outcome;
+use crate::repo::{self, Finished, Unsuccessful};
 
 /// Lock timeouts in a row after which an answer is no longer logged.
 pub(super) const LOG_TRIES: u32 = 3;
@@ -107,31 +107,34 @@ pub(super) fn give_up_logging(engine: &Engine, f: &mut Finished, e: &db::Error) 
         max_attempts: None,
     };
     let decision = decide(f.stage, &claim, &StageOutcome::Failed(retry), &engine.policy);
-    f.outcome = decision.outcome();
-    f.new_status = decision.status();
-    f.delay = decision.delay();
-    f.answer = None;
-    f.error_class = Some("contention".into());
+    let (outcome, delay) = (decision.outcome(), decision.delay());
     let why = format!(
         "the answer could not be logged: the user's turns stayed locked by another transaction \
          ({LOG_TRIES} lock timeouts of {} ms; {e})",
         engine.cfg.db.lock_timeout_ms
     );
-    f.error_message = Some(match f.outcome {
+    let error_message = match outcome {
         Outcome::Failed => format!("{} failed after {attempts} attempts (contention): {why}", f.stage),
         _ => format!(
             "{} attempt {attempts} failed (contention): {why}; retrying in {} ms",
             f.stage,
-            f.delay.as_millis()
+            delay.as_millis()
         ),
+    };
+    f.fail_instead(Unsuccessful {
+        outcome,
+        new_status: decision.status(),
+        delay,
+        error_class: "contention".into(),
+        error_message,
     });
-    tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = attempts, outcome = f.outcome.as_str(),
+    tracing::warn!(request.id = %f.id, stage = %f.stage, attempt = attempts, outcome = outcome.as_str(),
         "answer not logged: the user's turns stayed locked by another transaction");
 }
 
 /// Drops the respond stage fused into `f`, if any (see the module docs).
 pub(super) fn unfuse_respond(f: &mut Finished) {
-    if f.fused.as_mut().and_then(|a| a.respond.take()).is_some() {
+    if f.drop_fused_respond() {
         tracing::warn!(request.id = %f.id,
             "the fused answer's log is locked by another transaction; the respond stage runs on its own");
     }
@@ -140,7 +143,7 @@ pub(super) fn unfuse_respond(f: &mut Finished) {
 /// True when writing `f` inserts a turn (the answer), which locks its
 /// user's `archive_marks` row.
 pub(super) fn logs_a_turn(f: &Finished) -> bool {
-    f.stage == StageKind::Respond && f.outcome == Outcome::Succeeded && f.answer.is_some()
+    f.answer().is_some()
 }
 
 /// The parts a contended batch is written in (see the module docs); each

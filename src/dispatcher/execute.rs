@@ -45,8 +45,8 @@ use tracing::Instrument;
 use super::policy::{ClaimFacts, Decision, StageOutcome, decide};
 use super::{Engine, bump, millis};
 use crate::llm::embed::Embedder;
-use crate::model::{Outcome, Prompts, StageKind};
-use crate::repo::{self, Claimed, Finished};
+use crate::model::{Prompts, StageKind};
+use crate::repo::{self, Claimed, Finished, Output, StepUsage, Unsuccessful};
 use crate::stage::{StageError, StageInput, StageOutput, StageSuccess, analysis, memory};
 
 /// What a stage attempt of `row` is given (no sink for pieces: see
@@ -178,19 +178,15 @@ impl Engine {
             Some(Ok(ok)) => Attempt::Succeeded(ok),
         };
         let mut finished = self.record(stage, &row, result, latency);
-        self.tenant_names.count(
-            &self.pool,
-            row.tenant_id,
-            finished.prompt_tokens,
-            finished.completion_tokens,
-        );
-        if stage == StageKind::Analyze && finished.outcome == Outcome::Succeeded && !row.debug {
+        let usage = &finished.usage;
+        self.tenant_names
+            .count(&self.pool, row.tenant_id, usage.prompt_tokens, usage.completion_tokens);
+        if let Some(analysis) = finished.analysis().filter(|_| !row.debug).cloned() {
             let fused = tracing::info_span!("stage", request.id = %row.id, stage = %StageKind::Assemble, fused = true);
             let respond = !row.stream;
-            finished.fused = self
-                .fuse(input, finished.analysis.clone(), respond)
-                .instrument(fused)
-                .await;
+            if let Some(assembled) = self.fuse(input, Some(analysis), respond).instrument(fused).await {
+                finished.fuse(assembled);
+            }
             if let Some(r) = finished.fused_respond() {
                 self.tenant_names
                     .count(&self.pool, row.tenant_id, r.prompt_tokens, r.completion_tokens);
@@ -498,34 +494,31 @@ impl Engine {
     /// message an operator reads, and the model's usage.
     fn record(&self, stage: StageKind, row: &Claimed, attempt: Attempt, latency: Duration) -> Finished {
         let latency_ms = Some(i32::try_from(latency.as_millis()).unwrap_or(i32::MAX));
-        let mut f = Finished::succeeded(stage, row, latency_ms);
-        let usage = match attempt {
+        match attempt {
             Attempt::Succeeded(StageSuccess {
                 output,
                 usage,
                 context_sources,
             }) => {
-                match (stage, output) {
-                    (StageKind::Analyze, StageOutput::Analysis(v)) => f.analysis = Some(v),
-                    (StageKind::Assemble, StageOutput::Context(c)) => {
-                        f.context = Some(c);
-                        f.context_sources = context_sources;
-                    }
-                    (StageKind::Respond, StageOutput::Answer(a)) => f.answer = Some(a),
+                let output = match (stage, output) {
+                    (StageKind::Analyze, StageOutput::Analysis(analysis)) => Output::Analysis { analysis, fused: None },
+                    (StageKind::Assemble, StageOutput::Context(context)) => Output::Context {
+                        context,
+                        sources: context_sources,
+                    },
+                    (StageKind::Respond, StageOutput::Answer(answer)) => Output::Answer(answer),
                     (_, other) => {
+                        let wrong = format!("{stage} produced the wrong kind of output: {other:?}");
                         return self.record(
                             stage,
                             row,
-                            Attempt::Failed(StageError::fail(
-                                "internal",
-                                format!("{stage} produced the wrong kind of output: {other:?}"),
-                            )),
+                            Attempt::Failed(StageError::fail("internal", wrong)),
                             latency,
                         );
                     }
-                }
+                };
                 tracing::debug!(request.id = %row.id, %stage, attempt = row.attempt, "stage succeeded");
-                usage
+                Finished::succeeded(row, output, step_usage(usage), latency_ms)
             }
             Attempt::Released => {
                 let claim = ClaimFacts {
@@ -533,69 +526,80 @@ impl Engine {
                     jitter: 1.0,
                 };
                 let decision = decide(stage, &claim, &StageOutcome::Released, &self.policy);
-                f.outcome = decision.outcome();
-                f.new_status = decision.status();
-                f.error_class = Some("shutdown".into());
-                f.error_message = Some("released at shutdown before the stage finished".into());
                 bump(&self.stats.released);
-                return f;
+                let how = Unsuccessful {
+                    outcome: decision.outcome(),
+                    new_status: decision.status(),
+                    delay: Duration::ZERO,
+                    error_class: "shutdown".into(),
+                    error_message: "released at shutdown before the stage finished".into(),
+                };
+                Finished::unsuccessful(stage, row, how, StepUsage::default(), latency_ms)
             }
-            Attempt::Failed(e) => self.failed(stage, row, e, &mut f),
-        };
-        f.model = usage.model;
-        f.prompt_tokens = usage.prompt_tokens.and_then(|t| i32::try_from(t).ok());
-        f.completion_tokens = usage.completion_tokens.and_then(|t| i32::try_from(t).ok());
-        f
+            Attempt::Failed(mut e) => {
+                let usage = step_usage(std::mem::take(&mut e.usage));
+                Finished::unsuccessful(stage, row, self.failed(stage, row, e), usage, latency_ms)
+            }
+        }
     }
 
-    /// What [`decide`] makes of a failed attempt, in the record `f` and its
-    /// message; the model's usage.
-    fn failed(&self, stage: StageKind, row: &Claimed, e: StageError, f: &mut Finished) -> crate::stage::Usage {
+    /// What [`decide`] makes of a failed attempt, with the message an
+    /// operator reads.
+    fn failed(&self, stage: StageKind, row: &Claimed, e: StageError) -> Unsuccessful {
         let attempts = u32::try_from(row.attempt).unwrap_or(u32::MAX);
-        f.error_class = Some(e.class.to_string());
         let claim = ClaimFacts {
             attempt: attempts,
             jitter: crate::backoff::jitter(),
         };
         let decision = decide(stage, &claim, &StageOutcome::Failed(e.disposition), &self.policy);
-        f.outcome = decision.outcome();
-        f.new_status = decision.status();
-        f.delay = decision.delay();
-        match decision {
+        let delay = decision.delay();
+        let error_message = match decision {
             Decision::Defer { after, .. } => {
-                f.error_message = Some(format!(
+                tracing::info!(request.id = %row.id, %stage, class = %e.class, retry_in_ms = millis(after),
+                    "stage deferred");
+                format!(
                     "{stage} deferred ({}): {}; trying again in {} ms without spending an attempt",
                     e.class,
                     e.message,
                     after.as_millis()
-                ));
-                tracing::info!(request.id = %row.id, %stage, class = %e.class, retry_in_ms = millis(after),
-                    "stage deferred");
+                )
             }
             Decision::Retry { limit, .. } => {
-                f.error_message = Some(format!(
+                tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
+                    error = %e.message, retry_in_ms = millis(delay), "stage failed; will retry");
+                format!(
                     "{stage} attempt {attempts} of {limit} failed ({}): {}; retrying in {} ms",
                     e.class,
                     e.message,
-                    f.delay.as_millis()
-                ));
-                tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
-                    error = %e.message, retry_in_ms = millis(f.delay), "stage failed; will retry");
+                    delay.as_millis()
+                )
             }
             Decision::Fail { exhausted: Some(_) } => {
-                f.error_message = Some(format!(
-                    "{stage} failed after {attempts} attempts ({}): {}",
-                    e.class, e.message
-                ));
                 tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
                     error = %e.message, "stage failed; attempts exhausted");
+                format!("{stage} failed after {attempts} attempts ({}): {}", e.class, e.message)
             }
             Decision::Fail { exhausted: None } | Decision::Advance { .. } | Decision::Release { .. } => {
-                f.error_message = Some(format!("{stage} failed ({}): {}", e.class, e.message));
                 tracing::warn!(request.id = %row.id, %stage, attempt = attempts, class = %e.class,
                     error = %e.message, "stage failed permanently");
+                format!("{stage} failed ({}): {}", e.class, e.message)
             }
+        };
+        Unsuccessful {
+            outcome: decision.outcome(),
+            new_status: decision.status(),
+            delay,
+            error_class: e.class.to_string(),
+            error_message,
         }
-        e.usage
+    }
+}
+
+/// A stage's usage as the step history records it.
+fn step_usage(usage: crate::stage::Usage) -> StepUsage {
+    StepUsage {
+        model: usage.model,
+        prompt_tokens: usage.prompt_tokens.and_then(|t| i32::try_from(t).ok()),
+        completion_tokens: usage.completion_tokens.and_then(|t| i32::try_from(t).ok()),
     }
 }

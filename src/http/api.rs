@@ -14,30 +14,24 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::AppState;
-use super::error::ApiError;
 use super::input::parse_id;
-use super::limits::Caller;
-use super::live::{Cursor, Follower, Frame, RequestState, Stream, Target};
-use super::tenancy::{self, Need, Principal};
+use super::live::{Chunks, STREAM_QUEUE, Stream, answer_chunks};
+use crate::app::caller;
+use crate::app::follow::{Cursor, Follower, Frame, RequestState, Target, until_end};
+use crate::app::submit::{MAX_KEY_LEN, enqueue};
+use crate::app::{AppError, Caller, Code, Kind, Need, Principal};
 use crate::metrics::StreamGauge;
-use crate::repo::GenericClient;
-use crate::repo::idempotency;
-use crate::repo::requests::{self as q, NewRequest};
+use crate::repo::requests::NewRequest;
 
 pub use super::input::MAX_QUERY_CHARS;
-/// Longest `Idempotency-Key`.
-pub const MAX_KEY_LEN: usize = 255;
 /// Queue of a long-poll or single-request stream; a request changes status
 /// about seven times.
-const REQUEST_QUEUE: usize = 16;
+pub(super) const REQUEST_QUEUE: usize = 16;
 /// Queue of a stream that follows a user.
 const USER_QUEUE: usize = 256;
-/// Queue of a stream that follows one request's answer piece by piece.
-const STREAM_QUEUE: usize = 128;
 
 /// An over-long body is read and dropped up to this many bytes, for at most
 /// [`DRAIN_TIME`], before the 413 goes out (see [`read_body`]).
@@ -48,13 +42,13 @@ const DRAIN_TIME: Duration = Duration::from_secs(5);
 /// (read and dropped, within [`DRAIN_CAP`] and [`DRAIN_TIME`]) before the
 /// error is returned: a connection closed with unread data is reset by TCP,
 /// and the client may then lose the 413 it was sent.
-async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, AppError> {
     use futures_util::StreamExt;
     let mut stream = body.into_data_stream();
     let mut buf: Vec<u8> = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk =
-            chunk.map_err(|e| ApiError::bad_request("unreadable_body", format!("cannot read the body: {e}")))?;
+            chunk.map_err(|e| AppError::bad_request(Code::UnreadableBody, format!("cannot read the body: {e}")))?;
         if buf.len() + chunk.len() <= max {
             buf.extend_from_slice(&chunk);
             continue;
@@ -67,9 +61,9 @@ async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, ApiError
                 _ => break,
             }
         }
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+        return Err(AppError::new(
+            Kind::TooLarge,
+            Code::BodyTooLarge,
             format!("the body is larger than {max} bytes"),
         ));
     }
@@ -85,7 +79,7 @@ pub async fn submit(
     Extension(who): Extension<Principal>,
     headers: HeaderMap,
     body: axum::body::Body,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AppError> {
     check_json_content_type(&headers)?;
     let body = read_body(body, app.cfg.http.max_body_bytes).await?;
     let key = idempotency_key(&headers)?;
@@ -114,13 +108,11 @@ pub async fn submit(
     }
     let mut resp = match place {
         Some(place) => {
-            let sub = app.hub.subscribe_streaming(Target::Request(id), STREAM_QUEUE);
-            let mut follower = Follower::new(app.pool.clone(), sub)
-                .for_tenant(who.tenant)
-                .with_deltas(None);
-            let mut first: Vec<Frame> = follower.current().await?.into_iter().map(Frame::State).collect();
-            first.extend(follower.catch_up().await);
-            Stream::new(&app, caller, follower, first, "sse", place).chat_chunks(id)
+            let opts = Chunks {
+                model: "maas".to_owned(),
+                usage_for: None,
+            };
+            answer_chunks(&app, caller, who.tenant, id, place, opts).await?
         }
         None => accepted(id),
     };
@@ -162,12 +154,12 @@ fn accepts_event_stream(headers: &HeaderMap) -> bool {
 /// The position after which a reconnecting client wants the pieces of the
 /// answer (`Last-Event-ID`, or `?after=`); a value that is not one is
 /// refused.
-fn resume_from(raw: Option<&str>, name: &str) -> Result<Option<Cursor>, ApiError> {
+fn resume_from(raw: Option<&str>, name: &str) -> Result<Option<Cursor>, AppError> {
     raw.filter(|r| !r.trim().is_empty())
         .map(|r| {
             Cursor::parse(r).ok_or_else(|| {
-                ApiError::bad_request(
-                    "invalid_cursor",
+                AppError::bad_request(
+                    Code::InvalidCursor,
                     format!(
                         "{name}={}: expected ATTEMPT.SEQ, the id of the last piece received",
                         super::input::shown(r)
@@ -178,75 +170,7 @@ fn resume_from(raw: Option<&str>, name: &str) -> Result<Option<Cursor>, ApiError
         .transpose()
 }
 
-/// Submits `req` for caller `who`: checks the tenant's limits and inserts
-/// (under the idempotency key, when given) in one transaction; its id, and
-/// whether it was an earlier request's replay. The one submission of
-/// `POST /api/query` and of the MCP tool `ask`.
-pub async fn enqueue(
-    app: &AppState,
-    who: &Principal,
-    req: &NewRequest<'_>,
-    key: Option<&str>,
-) -> Result<(Uuid, bool), ApiError> {
-    let mut client = app.pool.get().await?;
-    if !who.limited {
-        return insert(app, &client, req, key).await;
-    }
-    // Counted and inserted under the tenant's row lock (tenancy).
-    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-    tenancy::check_limits(&tx, who, tenancy::Usage::Request).await?;
-    let done = insert(app, &tx, req, key).await?;
-    tx.commit().await.map_err(crate::db::Error::from)?;
-    Ok(done)
-}
-
-/// Inserts `req` (under the idempotency key, when given): its id, and
-/// whether it was an earlier request's replay.
-async fn insert(
-    app: &AppState,
-    client: &impl GenericClient,
-    req: &NewRequest<'_>,
-    key: Option<&str>,
-) -> Result<(Uuid, bool), ApiError> {
-    let Some(key) = key else {
-        return Ok((q::submit_request(client, req).await.map_err(refused)?, false));
-    };
-    let fp = fingerprint(req);
-    let ttl = app.cfg.http.idempotency_ttl();
-    // A second round only if the key expired and was deleted between the
-    // two statements.
-    for _ in 0..3 {
-        if let Some(id) = idempotency::submit(client, req, key, &fp, ttl).await.map_err(refused)? {
-            return Ok((id, false));
-        }
-        match idempotency::find(client, req.user_id, key, req.tenant_id).await? {
-            Some(k) if k.fingerprint == fp => return Ok((k.request_id, true)),
-            Some(_) => {
-                return Err(ApiError::unprocessable(
-                    "idempotency_key_reused",
-                    "this Idempotency-Key was used for a different request",
-                ));
-            }
-            None => continue,
-        }
-    }
-    Err(ApiError::unavailable("idempotency_conflict", "try again"))
-}
-
-/// A request for a forgotten user is refused (410); other errors as usual.
-fn refused(e: crate::db::Error) -> ApiError {
-    if crate::users::is_refusal(&e) {
-        ApiError::new(
-            StatusCode::GONE,
-            "user_forgotten",
-            "this user was forgotten; requests for it are refused",
-        )
-    } else {
-        e.into()
-    }
-}
-
-fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn check_json_content_type(headers: &HeaderMap) -> Result<(), AppError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -255,9 +179,9 @@ fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     if media.eq_ignore_ascii_case("application/json") {
         Ok(())
     } else {
-        Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+        Err(AppError::new(
+            Kind::UnsupportedMedia,
+            Code::UnsupportedMediaType,
             format!(
                 "expected Content-Type: application/json, got {}",
                 if ct.is_empty() { "none" } else { ct }
@@ -266,13 +190,13 @@ fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, AppError> {
     let Some(v) = headers.get("idempotency-key") else {
         return Ok(None);
     };
     let bad = || {
-        ApiError::bad_request(
-            "invalid_idempotency_key",
+        AppError::bad_request(
+            Code::InvalidIdempotencyKey,
             format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} visible ASCII characters"),
         )
     };
@@ -281,28 +205,6 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
         return Err(bad());
     }
     Ok(Some(key))
-}
-
-/// What tells a retry from a different request under the same key (the
-/// user is part of the key itself).
-fn fingerprint(req: &NewRequest<'_>) -> String {
-    let mut h = Sha256::new();
-    h.update(req.thread_id.map(|t| t.to_string()).unwrap_or_default());
-    h.update([0u8]);
-    h.update(req.query.as_bytes());
-    h.update([0u8]);
-    h.update(req.callback_url.unwrap_or_default().as_bytes());
-    h.update([0u8, u8::from(req.debug)]);
-    // Only when given, so a key's fingerprint from before `metadata` holds.
-    if let Some(m) = req.metadata {
-        h.update([0u8]);
-        h.update(m.to_string().as_bytes());
-    }
-    // Likewise only when asked for.
-    if req.stream {
-        h.update(b"\0stream");
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Parses a wait: `30s`, `500ms`, `2m`, or plain seconds (`30`, `1.5`).
@@ -337,15 +239,15 @@ pub async fn status(
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, AppError> {
     let id = parse_id(&id, "request")?;
-    let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let Query(params) = query.map_err(|e| AppError::bad_request(Code::InvalidQuery, e.body_text()))?;
     let with_context = match params.get("include").map(String::as_str) {
         None => false,
         Some("context") => true,
         Some(other) => {
-            return Err(ApiError::bad_request(
-                "invalid_include",
+            return Err(AppError::bad_request(
+                Code::InvalidInclude,
                 format!("include={}: the only value is context", super::input::shown(other)),
             ));
         }
@@ -356,7 +258,7 @@ pub async fn status(
     let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);
     let state = state_after_wait(&app, caller, &who, id, &params).await?;
     let mut body = serde_json::to_value(&state)
-        .map_err(|e| ApiError::from(crate::db::Error::Unexpected(format!("status of {id}: {e}"))))?;
+        .map_err(|e| AppError::from(crate::db::Error::Unexpected(format!("status of {id}: {e}"))))?;
     let client = app.pool.get().await?;
     if let Some(obj) = body.as_object_mut()
         && let Some(Some(metadata)) = crate::repo::requests::metadata_of(&client, id).await?
@@ -382,13 +284,13 @@ async fn state_after_wait(
     who: &Principal,
     id: Uuid,
     params: &HashMap<String, String>,
-) -> Result<RequestState, ApiError> {
+) -> Result<RequestState, AppError> {
     let wait = match params.get("wait") {
         None => Duration::ZERO,
         Some(w) => parse_wait(w)
             .ok_or_else(|| {
-                ApiError::bad_request(
-                    "invalid_wait",
+                AppError::bad_request(
+                    Code::InvalidWait,
                     format!("wait={}: expected e.g. 30s, 500ms or 2m", super::input::shown(w)),
                 )
             })?
@@ -399,11 +301,11 @@ async fn state_after_wait(
     let mut follower = Follower::new(app.pool.clone(), sub)
         .for_tenant(who.tenant)
         .for_user(bound_user(app, who).await?);
-    let mut state = follower
+    let state = follower
         .current()
         .await?
         .pop()
-        .ok_or_else(|| ApiError::not_found(format!("no request {id}")))?;
+        .ok_or_else(|| AppError::not_found(format!("no request {id}")))?;
     if state.is_terminal() || wait.is_zero() {
         return Ok(state);
     }
@@ -412,28 +314,7 @@ async fn state_after_wait(
     let _place = app.long_polls.enter(caller)?;
     let _waiting = StreamGauge::long_poll();
     let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => break,
-            _ = app.shutdown.cancelled() => break,
-            next = follower.next() => match next {
-                None => break,
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(frames)) => {
-                    if let Some(last) = frames.into_iter().rev().find_map(|f| match f {
-                        Frame::State(s) => Some(s),
-                        _ => None,
-                    }) {
-                        state = last;
-                    }
-                    if state.is_terminal() {
-                        break;
-                    }
-                }
-            },
-        }
-    }
-    Ok(state)
+    Ok(until_end(&mut follower, state, deadline, &app.shutdown).await?)
 }
 
 /// `GET /api/query/{id}/events`: Server-Sent Events, one `data:` JSON per
@@ -447,7 +328,7 @@ pub async fn events(
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     headers: HeaderMap,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AppError> {
     let id = parse_id(&id, "request")?;
     let last_id = headers.get("last-event-id").and_then(|v| v.to_str().ok());
     let after = resume_from(last_id, "Last-Event-ID")?;
@@ -460,24 +341,24 @@ pub async fn events(
         .with_deltas(after);
     let first = first_frames(&mut follower, after.is_some()).await?;
     if first.is_empty() {
-        return Err(ApiError::not_found(format!("no request {id}")));
+        return Err(AppError::not_found(format!("no request {id}")));
     }
     Ok(Stream::new(&app, caller, follower, first, "sse", place).sse())
 }
 
 /// The stored id of the user `who`'s token is bound to, if it is
 /// ([`tenancy::bound_user`]).
-async fn bound_user(app: &AppState, who: &Principal) -> Result<Option<Uuid>, ApiError> {
+async fn bound_user(app: &AppState, who: &Principal) -> Result<Option<Uuid>, AppError> {
     if who.user.is_none() {
         return Ok(None);
     }
     let client = app.pool.get().await?;
-    tenancy::bound_user(&client, who).await
+    caller::bound_user(&client, who).await
 }
 
 /// The current state(s), then, for a client that resumes, the pieces it
 /// missed.
-async fn first_frames(follower: &mut Follower, resumes: bool) -> Result<Vec<Frame>, ApiError> {
+async fn first_frames(follower: &mut Follower, resumes: bool) -> Result<Vec<Frame>, AppError> {
     let mut first: Vec<Frame> = follower.current().await?.into_iter().map(Frame::State).collect();
     if resumes && !first.is_empty() {
         first.extend(follower.catch_up().await);
@@ -500,9 +381,9 @@ pub async fn ws(
     headers: HeaderMap,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AppError> {
     super::local_guard::browser_origin(&headers)?;
-    let Query(params) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let Query(params) = query.map_err(|e| AppError::bad_request(Code::InvalidQuery, e.body_text()))?;
     let target = ws_target(&app, &who, &params).await?;
     let after = match target {
         Target::Request(_) => resume_from(params.get("after").map(String::as_str), "after")?,
@@ -523,12 +404,12 @@ pub async fn ws(
     if let Target::Request(id) = target
         && first.is_empty()
     {
-        return Err(ApiError::not_found(format!("no request {id}")));
+        return Err(AppError::not_found(format!("no request {id}")));
     }
     let upgrade = upgrade.map_err(|e| {
-        ApiError::new(
-            StatusCode::UPGRADE_REQUIRED,
-            "websocket_required",
+        AppError::new(
+            Kind::UpgradeRequired,
+            Code::WebsocketRequired,
             format!("this route speaks WebSocket: {}", e.body_text()),
         )
     })?;
@@ -542,7 +423,7 @@ pub async fn ws(
 
 /// What a WebSocket follows: `request_id` (scope of the route) or
 /// `user_id` (a user's memory and stream: [`Need::ReadUser`]).
-async fn ws_target(app: &AppState, who: &Principal, params: &HashMap<String, String>) -> Result<Target, ApiError> {
+async fn ws_target(app: &AppState, who: &Principal, params: &HashMap<String, String>) -> Result<Target, AppError> {
     match (params.get("request_id"), params.get("user_id")) {
         (Some(r), None) => Ok(Target::Request(parse_id(r, "request")?)),
         (None, Some(u)) => {
@@ -550,10 +431,10 @@ async fn ws_target(app: &AppState, who: &Principal, params: &HashMap<String, Str
             let user = parse_id(u, "user")?;
             who.acts_for(user, "user_id")?;
             let client = app.pool.get().await?;
-            Ok(Target::User(tenancy::stored_user(&client, who, user).await?))
+            Ok(Target::User(caller::stored_user(&client, who, user).await?))
         }
-        _ => Err(ApiError::bad_request(
-            "invalid_query",
+        _ => Err(AppError::bad_request(
+            Code::InvalidQuery,
             "give exactly one of request_id and user_id",
         )),
     }
@@ -574,62 +455,5 @@ mod tests {
         for bad in ["", "soon", "-1s", "5h", "s", "NaNs", "1e400s"] {
             assert_eq!(parse_wait(bad), None, "{bad}");
         }
-    }
-
-    #[test]
-    fn the_fingerprint_tells_requests_apart() {
-        let t = Uuid::new_v4();
-        let a = NewRequest {
-            user_id: Uuid::nil(),
-            thread_id: None,
-            query: "q",
-            callback_url: None,
-            debug: false,
-            tenant_id: Uuid::nil(),
-            metadata: None,
-            stream: false,
-        };
-        let b = NewRequest {
-            thread_id: Some(t),
-            ..a.clone()
-        };
-        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
-        assert_ne!(fingerprint(&a), fingerprint(&b));
-        assert_ne!(
-            fingerprint(&a),
-            fingerprint(&NewRequest {
-                query: "q2",
-                ..a.clone()
-            })
-        );
-        assert_ne!(
-            fingerprint(&a),
-            fingerprint(&NewRequest {
-                debug: true,
-                ..a.clone()
-            })
-        );
-        assert_ne!(
-            fingerprint(&a),
-            fingerprint(&NewRequest {
-                callback_url: Some("https://x.example/h"),
-                ..a.clone()
-            })
-        );
-        let m = serde_json::json!({"order": 7});
-        assert_ne!(
-            fingerprint(&a),
-            fingerprint(&NewRequest {
-                metadata: Some(&m),
-                ..a.clone()
-            })
-        );
-        assert_ne!(
-            fingerprint(&a),
-            fingerprint(&NewRequest {
-                stream: true,
-                ..a.clone()
-            })
-        );
     }
 }

@@ -12,8 +12,8 @@
 //!   `submit_fields` (a 400 naming it otherwise).
 //!   Unknown fields are ignored, as they always were: clients may send
 //!   more than this version reads.
-//! - Every other text field that reaches the database ([`check_field`]) is
-//!   refused with a 400 naming it when it holds a NUL.
+//! - Every other text field that reaches the database is refused with a
+//!   400 naming it when it holds a NUL (`crate::app::input`).
 //! - [`parse_id`] and [`crate::http::api::parse_wait`] read a path or query
 //!   value, and a refusal echoes at most [`ECHO_CHARS`] characters of it.
 //! - [`json_errors`] turns every error answer the framework makes by itself
@@ -29,11 +29,10 @@ use axum::response::Response;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::error::ApiError;
+pub use crate::app::input::{MAX_QUERY_CHARS, check_field};
+use crate::app::input::{check_text, query_text};
+use crate::app::{AppError, Code};
 
-/// Longest query accepted, in characters (the `pipeline_runs_query_size`
-/// bound, `triggers/0007_request_bounds.sql`).
-pub const MAX_QUERY_CHARS: usize = 100_000;
 /// Most characters of a refused value repeated in the error message.
 pub const ECHO_CHARS: usize = 64;
 /// Most bytes of a framework error body kept in the JSON message.
@@ -56,12 +55,12 @@ pub struct Submission {
 }
 
 /// Reads a submit body (see the module's guarantees).
-pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
+pub fn parse_submission(body: &[u8]) -> Result<Submission, AppError> {
     let body: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
+        .map_err(|e| AppError::bad_request(Code::MalformedJson, format!("the body is not valid JSON: {e}")))?;
     let Value::Object(mut fields) = body else {
-        return Err(ApiError::bad_request(
-            "malformed_json",
+        return Err(AppError::bad_request(
+            Code::MalformedJson,
             "the body must be a JSON object",
         ));
     };
@@ -70,7 +69,7 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
     let query = match fields.remove("query") {
         None | Some(Value::Null) => return Err(missing("query")),
         Some(Value::String(s)) => s,
-        Some(_) => return Err(ApiError::unprocessable("invalid_field", "query must be a string")),
+        Some(_) => return Err(AppError::unprocessable(Code::InvalidField, "query must be a string")),
     };
     query_text("query", &query)?;
     let callback_url = super::submit_fields::callback_url(&fields)?.map(str::to_owned);
@@ -91,82 +90,36 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, ApiError> {
     })
 }
 
-/// The text of a query or a turn, named `field`: not blank, at most
-/// [`MAX_QUERY_CHARS`] characters, no NUL; else a 422 naming the field
-/// (`empty_field`, `field_too_long`, `invalid_text`). The one check of
-/// `POST /api/query` and of the MCP tools' texts.
-pub fn query_text(field: &str, s: &str) -> Result<(), ApiError> {
-    if s.trim().is_empty() {
-        return Err(ApiError::unprocessable(
-            "empty_field",
-            format!("{field} must not be empty"),
-        ));
-    }
-    if s.chars().count() > MAX_QUERY_CHARS {
-        return Err(ApiError::unprocessable(
-            "field_too_long",
-            format!("{field} is longer than {MAX_QUERY_CHARS} characters"),
-        ));
-    }
-    check_text(field, s)
+fn missing(field: &str) -> AppError {
+    AppError::unprocessable(Code::MissingField, format!("{field} is required"))
 }
 
-/// Refuses text the database cannot store: a NUL character (U+0000), a
-/// 422 `invalid_text` naming the field (the submit body's answer).
-pub fn check_text(field: &str, s: &str) -> Result<(), ApiError> {
-    nul_free(field, s).map_err(|m| ApiError::unprocessable("invalid_text", m))
-}
-
-/// [`check_text`] as a 400 `invalid_text`: for every other text field
-/// (a summary, a reason, an actor, a query parameter).
-pub fn check_field(field: &str, s: &str) -> Result<(), ApiError> {
-    nul_free(field, s).map_err(|m| ApiError::bad_request("invalid_text", m))
-}
-
-/// A form or query field's text, refused when it holds a NUL (the
-/// framework answers with a 4xx naming the field): for the console's forms
-/// (`#[serde(default, deserialize_with = "…")]`).
-pub fn text_without_nul<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    let s = <String as serde::Deserialize>::deserialize(d)?;
-    nul_free("the text", &s).map_err(serde::de::Error::custom)?;
-    Ok(s)
-}
-
-fn nul_free(field: &str, s: &str) -> Result<(), String> {
-    match s.chars().position(|c| c == '\0') {
-        None => Ok(()),
-        Some(at) => Err(format!(
-            "{field} contains a NUL character (U+0000) at character {at}; text cannot hold it"
-        )),
-    }
-}
-
-fn missing(field: &str) -> ApiError {
-    ApiError::unprocessable("missing_field", format!("{field} is required"))
-}
-
-fn uuid_field(fields: &serde_json::Map<String, Value>, name: &str) -> Result<Option<Uuid>, ApiError> {
+fn uuid_field(fields: &serde_json::Map<String, Value>, name: &str) -> Result<Option<Uuid>, AppError> {
     match fields.get(name) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.trim().is_empty() => Err(ApiError::unprocessable(
-            "empty_field",
+        Some(Value::String(s)) if s.trim().is_empty() => Err(AppError::unprocessable(
+            Code::EmptyField,
             format!("{name} must not be empty"),
         )),
         Some(Value::String(s)) => s
             .parse::<Uuid>()
             .map(Some)
-            .map_err(|_| ApiError::bad_request("invalid_id", format!("{name} {} is not a UUID", shown(s)))),
-        Some(_) => Err(ApiError::bad_request(
-            "invalid_id",
+            .map_err(|_| AppError::bad_request(Code::InvalidId, format!("{name} {} is not a UUID", shown(s)))),
+        Some(_) => Err(AppError::bad_request(
+            Code::InvalidId,
             format!("{name} must be a UUID string"),
         )),
     }
 }
 
-/// Reads the id of a `what` ("request", "user") from a path or query value.
-pub fn parse_id(raw: &str, what: &str) -> Result<Uuid, ApiError> {
-    raw.parse::<Uuid>()
-        .map_err(|_| ApiError::bad_request("invalid_id", format!("{} is not a {what} id (a UUID)", shown(raw))))
+/// Reads the id of a `what` ("request", "user") from a path or query value;
+/// a request's may be its chat completion's id (`chatcmpl-…`).
+pub fn parse_id(raw: &str, what: &str) -> Result<Uuid, AppError> {
+    let id = match what {
+        "request" => crate::app::input::request_id(raw),
+        _ => raw.parse::<Uuid>().ok(),
+    };
+    id.ok_or_else(|| AppError::bad_request(Code::InvalidId, format!("{} is not a {what} id (a UUID)", shown(raw))))
 }
 
 /// `raw` quoted, cut to [`ECHO_CHARS`] characters.
@@ -180,17 +133,17 @@ pub fn shown(raw: &str) -> String {
 }
 
 /// The `code` of a framework error answer with this status.
-fn code_of(status: StatusCode) -> &'static str {
+fn code_of(status: StatusCode) -> Code {
     match status {
-        StatusCode::BAD_REQUEST => "bad_request",
-        StatusCode::NOT_FOUND => "no_route",
-        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
-        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
-        StatusCode::UNPROCESSABLE_ENTITY => "unprocessable",
-        StatusCode::TOO_MANY_REQUESTS => "too_many_requests",
-        s if s.is_server_error() => "internal",
-        _ => "http_error",
+        StatusCode::BAD_REQUEST => Code::BadRequest,
+        StatusCode::NOT_FOUND => Code::NoRoute,
+        StatusCode::METHOD_NOT_ALLOWED => Code::MethodNotAllowed,
+        StatusCode::PAYLOAD_TOO_LARGE => Code::BodyTooLarge,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => Code::UnsupportedMediaType,
+        StatusCode::UNPROCESSABLE_ENTITY => Code::Unprocessable,
+        StatusCode::TOO_MANY_REQUESTS => Code::TooManyRequests,
+        s if s.is_server_error() => Code::Internal,
+        _ => Code::HttpError,
     }
 }
 
@@ -240,7 +193,7 @@ mod tests {
     fn code(body: &str) -> &'static str {
         match parse_submission(body.as_bytes()) {
             Ok(_) => "ok",
-            Err(e) => e.code,
+            Err(e) => e.code.as_str(),
         }
     }
 

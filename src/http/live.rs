@@ -1,811 +1,371 @@
-//! Live push: one fan-out of the daemon's own LISTEN session to every HTTP
-//! subscriber (long-polls, WebSockets, SSE streams) of this process.
+//! The streams of the live push over HTTP: an SSE stream or a WebSocket
+//! that sends what a [`Follower`] reads (`crate::app::follow`), and ends on
+//! the terminal state (of a request), on shutdown, or when its token is
+//! revoked ([`Access`]): a revoked WebSocket closes with 1008 (policy
+//! violation) and reason `token revoked`; a revoked SSE stream sends a last
+//! `revoked` event (`{"code":"token_revoked",…}`) and ends. Every write has
+//! the send timeout of the connection (`serve`), a WebSocket message also
+//! its own.
 //!
-//! - The [`Hub`] takes every notification from the listener's broadcast
-//!   (`Notifier::subscribe`), so there is still one LISTEN session per process.
-//!   Subscribers register by request id or by user id; a notification
-//!   nobody subscribed to costs nothing (no lookup).
-//! - A notification carries only `{id, status, operation}`. For a terminal
-//!   status the hub reads the row (answer, error) — once per batch of
-//!   notifications, in one query, whoever is subscribed. For subscribers by
-//!   user it needs the user of every notification: it looks the request up
-//!   (same batched query) and caches `request → user` until the request is
-//!   terminal; the cache is bounded.
-//! - The hub never waits for a subscriber: each has a small bounded queue;
-//!   when it is full the subscriber is marked lagged and re-reads its state
-//!   from the database when it catches up. When the hub itself lags behind
-//!   the broadcast, or the listener reconnects (notifications may have been
-//!   lost meanwhile), every subscriber is told to re-read.
-//! - Intermediate statuses are pushed in the order of the notifications;
-//!   one that passed while a subscriber was re-reading may be skipped. The
-//!   terminal state is always delivered: it is read from the table.
-//!
-//! Streams ([`Stream`]): an SSE stream or a WebSocket sends the states a
-//! [`Follower`] reads, and ends on the terminal state (of a request), on
-//! shutdown, or when its token is revoked: a stream opened with a database
-//! token checks it again every [`TOKEN_TTL`] ([`Access`]; the check goes
-//! through the token cache, so a revoked token's stream ends within two
-//! cache periods). A revoked WebSocket closes with 1008 (policy
-//! violation) and reason `token revoked`; a revoked SSE stream sends a
-//! last `revoked` event (`{"code":"token_revoked",…}`) and ends. Every
-//! write has the send timeout of the connection (`serve`), a WebSocket
-//! message also its own.
-//!
-//! Streamed answers (`deltas.rs`): a subscriber that asked for them
-//! ([`Hub::subscribe_streaming`]) also gets the pieces of the answers of
-//! the requests it follows, from the listener's second broadcast
-//! ([`Notifier::subscribe_deltas`]); for a subscriber by user the hub
-//! looks the request's user up as for a status notification (once, cached
-//! until the request ends). The
-//! [`Follower`] puts them in order per request ([`deltas::Cursors`]), reads
-//! what it missed from `answer_deltas`, shows an explicit restart when a
-//! new attempt writes, and shows nothing of a request after its terminal
-//! state.
+//! [`Stream::chat_chunks`] shows the same frames in the shape of OpenAI's
+//! `chat.completion.chunk` stream, for `POST /api/query` with
+//! `"stream": true` and `Accept: text/event-stream`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
-use serde::Serialize;
-use tokio::sync::{broadcast, mpsc};
-use tokio_util::sync::{CancellationToken, DropGuard};
+use serde_json::json;
 use uuid::Uuid;
 
 use super::AppState;
-use super::limits::{Caller, Pass};
-use super::tenancy::TOKEN_TTL;
-use crate::db::Pool;
-use crate::listener::{DeltaNote, Event, Notifier};
+use crate::app::Caller;
+use crate::app::caps::Pass;
+use crate::app::follow::{Access, Follower, Frame, Target};
 use crate::metrics::StreamGauge;
 use crate::model::Status;
-use crate::repo::requests::{RequestStatus, request_state_of_tenant, request_states, user_states};
 
-pub mod deltas;
-mod stream;
-pub use deltas::{Cursor, Frame};
-use stream::End;
-pub use stream::{Access, Stream, revoked_event};
-
-/// Most requests a subscriber by user is shown on (re)subscribing.
-const USER_STATES_LIMIT: i64 = 100;
-/// Most `request → user` entries the hub caches.
-const USER_CACHE_LIMIT: usize = 100_000;
-/// Most notifications handled (and looked up) together.
-const BATCH: usize = 1024;
-
-/// A change of one request, as pushed to subscribers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
-    pub id: Uuid,
-    pub status: Status,
-    pub answer: Option<String>,
-    pub error: Option<String>,
-}
-
-impl From<RequestStatus> for Change {
-    fn from(r: RequestStatus) -> Change {
-        Change {
-            id: r.id,
-            status: r.status,
-            answer: r.answer,
-            error: r.error,
-        }
-    }
-}
-
-/// The JSON every endpoint shows of a request (docs/http-api.md, "Status shapes"):
-/// `status` is `processing`, `completed` (with `answer`) or `failed` (with
-/// `error`); `stage` is the pipeline status (`NEW` … `COMPLETED`, `FAILED`,
-/// `CANCELLED`). A cancelled request shows as `failed` with stage
-/// `CANCELLED` and an error that says so.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RequestState {
-    pub request_id: Uuid,
-    pub status: &'static str,
-    pub stage: Status,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub answer: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl RequestState {
-    pub fn of(c: &Change) -> RequestState {
-        let (status, answer, error) = match c.status {
-            Status::Completed => ("completed", Some(c.answer.clone().unwrap_or_default()), None),
-            Status::Failed => (
-                "failed",
-                None,
-                Some(c.error.clone().unwrap_or_else(|| "the request failed".into())),
-            ),
-            Status::Cancelled => (
-                "failed",
-                None,
-                Some(match &c.error {
-                    Some(e) if !e.is_empty() => format!("cancelled: {e}"),
-                    _ => "cancelled".into(),
-                }),
-            ),
-            _ => ("processing", None, None),
-        };
-        RequestState {
-            request_id: c.id,
-            status,
-            stage: c.status,
-            answer,
-            error,
-        }
-    }
-
-    pub fn is_terminal(&self) -> bool {
-        self.stage.is_terminal()
-    }
-}
-
-/// What a subscriber follows.
+/// Why a stream ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    Request(Uuid),
-    User(Uuid),
+enum End {
+    /// The request reached its terminal state.
+    Finished,
+    Shutdown,
+    Revoked,
+    /// The hub stopped or the state could not be read.
+    Lost,
 }
 
-/// A message to one subscriber.
-#[derive(Debug, Clone)]
-pub enum Push {
-    Change(Arc<Change>),
-    /// Notifications may have been missed: re-read from the database.
-    Resync,
-    /// A piece of a streamed answer (only to subscribers that asked).
-    Delta(Arc<DeltaNote>),
+/// The last SSE event of a stream whose token was revoked.
+pub fn revoked_event() -> SseEvent {
+    SseEvent::default()
+        .event("revoked")
+        .data(r#"{"code":"token_revoked","error":"the token of this stream was revoked; the stream ends"}"#)
 }
 
-struct Sink {
-    id: u64,
-    tx: mpsc::Sender<Push>,
-    lagged: Arc<AtomicBool>,
-    /// Takes the pieces of streamed answers.
-    deltas: bool,
+/// One stream's progress: states to send, then changes until terminal (for
+/// a request), shutdown or revocation.
+pub struct Stream {
+    app: AppState,
+    follower: Follower,
+    queued: VecDeque<Frame>,
+    end: Option<End>,
+    access: Access,
+    _gauge: StreamGauge,
+    /// Its place under the stream caps, given back when it ends.
+    _place: Pass,
 }
 
-impl Sink {
-    /// Never waits: a full queue marks the subscriber lagged instead.
-    fn offer(&self, push: Push) {
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(push) {
-            self.lagged.store(true, Ordering::Relaxed);
-        }
-    }
-}
-
-#[derive(Default)]
-struct Subs {
-    by_request: HashMap<Uuid, Vec<Sink>>,
-    by_user: HashMap<Uuid, Vec<Sink>>,
-}
-
-/// The in-memory fan-out of notifications to HTTP subscribers.
-pub struct Hub {
-    subs: Mutex<Subs>,
-    next_id: AtomicU64,
-}
-
-/// One subscriber's registration; unregisters when dropped.
-pub struct Subscription {
-    hub: Arc<Hub>,
-    target: Target,
-    id: u64,
-    rx: mpsc::Receiver<Push>,
-    lagged: Arc<AtomicBool>,
-}
-
-impl Subscription {
-    pub fn target(&self) -> Target {
-        self.target
-    }
-
-    /// The next push; `None` when the hub stopped. Cancel-safe.
-    pub async fn recv(&mut self) -> Option<Push> {
-        self.rx.recv().await
-    }
-
-    /// True (once) when pushes were dropped since the last call.
-    pub fn take_lagged(&self) -> bool {
-        self.lagged.swap(false, Ordering::Relaxed)
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        self.hub.remove(self.target, self.id);
-    }
-}
-
-impl Hub {
-    pub fn new() -> Arc<Hub> {
-        Arc::new(Hub {
-            subs: Mutex::new(Subs::default()),
-            next_id: AtomicU64::new(1),
-        })
-    }
-
-    /// Registers a subscriber with a queue of `capacity` pushes. Register
-    /// before reading the current state, so no change slips in between.
-    pub fn subscribe(self: &Arc<Self>, target: Target, capacity: usize) -> Subscription {
-        self.register(target, capacity, false)
-    }
-
-    /// [`Hub::subscribe`], with the pieces of streamed answers too.
-    pub fn subscribe_streaming(self: &Arc<Self>, target: Target, capacity: usize) -> Subscription {
-        self.register(target, capacity, true)
-    }
-
-    fn register(self: &Arc<Self>, target: Target, capacity: usize, deltas: bool) -> Subscription {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
-        let lagged = Arc::new(AtomicBool::new(false));
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let sink = Sink {
-            id,
-            tx,
-            lagged: lagged.clone(),
-            deltas,
-        };
-        if let Ok(mut subs) = self.subs.lock() {
-            match target {
-                Target::Request(r) => subs.by_request.entry(r).or_default().push(sink),
-                Target::User(u) => subs.by_user.entry(u).or_default().push(sink),
-            }
-        }
-        Subscription {
-            hub: self.clone(),
-            target,
-            id,
-            rx,
-            lagged,
+impl Stream {
+    /// A stream of `kind` (`sse`, `websocket`) that sends `first`, then
+    /// what `follower` reads, holding `place`; `caller`'s token is checked
+    /// again while it runs.
+    pub fn new(
+        app: &AppState,
+        caller: Caller,
+        follower: Follower,
+        first: Vec<Frame>,
+        kind: &'static str,
+        place: Pass,
+    ) -> Stream {
+        Stream {
+            access: Access::watch(&app.app, caller),
+            app: app.clone(),
+            follower,
+            queued: first.into(),
+            end: None,
+            _gauge: StreamGauge::stream(kind),
+            _place: place,
         }
     }
 
-    fn remove(&self, target: Target, id: u64) {
-        let Ok(mut subs) = self.subs.lock() else { return };
-        let (map, key) = match target {
-            Target::Request(r) => (&mut subs.by_request, r),
-            Target::User(u) => (&mut subs.by_user, u),
-        };
-        if let Some(v) = map.get_mut(&key) {
-            v.retain(|s| s.id != id);
-            if v.is_empty() {
-                map.remove(&key);
-            }
-        }
-    }
-
-    /// Whether anyone follows a user.
-    fn follows_users(&self) -> bool {
-        self.subs.lock().is_ok_and(|s| !s.by_user.is_empty())
-    }
-
-    /// Subscribers by request and by user.
-    pub fn counts(&self) -> (usize, usize) {
-        self.subs
-            .lock()
-            .map(|s| {
-                (
-                    s.by_request.values().map(Vec::len).sum(),
-                    s.by_user.values().map(Vec::len).sum(),
-                )
-            })
-            .unwrap_or((0, 0))
-    }
-
-    /// Tells every subscriber to re-read from the database.
-    pub fn resync_all(&self, reason: &'static str) {
-        let Ok(subs) = self.subs.lock() else { return };
-        let mut n = 0;
-        for sink in subs.by_request.values().chain(subs.by_user.values()).flatten() {
-            sink.offer(Push::Resync);
-            n += 1;
-        }
-        if n > 0 {
-            tracing::info!(subscribers = n, reason, "live: subscribers re-read their state");
-        }
-    }
-
-    /// Which ids of `events` need a row read: terminal ones someone follows,
-    /// and, when anyone follows a user, those whose user is not cached.
-    fn plan(&self, events: &[Event], users: &HashMap<Uuid, Uuid>) -> Vec<Uuid> {
-        let Ok(subs) = self.subs.lock() else {
-            return Vec::new();
-        };
-        let by_user = !subs.by_user.is_empty();
-        let mut ids: Vec<Uuid> = events
-            .iter()
-            .filter(|e| {
-                let user = users.get(&e.id);
-                let followed = subs.by_request.contains_key(&e.id)
-                    || (by_user && user.is_none_or(|u| subs.by_user.contains_key(u)));
-                (e.status.is_terminal() && followed) || (by_user && user.is_none())
-            })
-            .map(|e| e.id)
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
-    }
-
-    /// Delivers a batch of notifications; `rows` are the rows read for it.
-    fn deliver(&self, events: &[Event], rows: &HashMap<Uuid, RequestStatus>, users: &mut HashMap<Uuid, Uuid>) {
-        for row in rows.values() {
-            users.insert(row.id, row.user_id);
-        }
-        let Ok(subs) = self.subs.lock() else { return };
-        for e in events {
-            let user = users.get(&e.id).copied();
-            let req_sinks = subs.by_request.get(&e.id);
-            let user_sinks = user.and_then(|u| subs.by_user.get(&u));
-            if req_sinks.is_some() || user_sinks.is_some() {
-                // Terminal states come from the table (answer, error);
-                // others from the notification, in its order.
-                let change = match rows.get(&e.id) {
-                    Some(row) if e.status.is_terminal() => Change::from(row.clone()),
-                    _ => Change {
-                        id: e.id,
-                        status: e.status,
-                        answer: None,
-                        error: None,
-                    },
-                };
-                let change = Arc::new(change);
-                for sink in req_sinks.into_iter().flatten().chain(user_sinks.into_iter().flatten()) {
-                    sink.offer(Push::Change(change.clone()));
+    /// The next frame to send; `None` ends the stream (`end` says why).
+    async fn next(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(s) = self.queued.pop_front() {
+                if matches!(self.follower.target(), Target::Request(_)) && s.is_terminal() {
+                    self.end = Some(End::Finished);
+                    self.queued.clear();
                 }
+                return Some(s);
             }
-            if e.status.is_terminal() {
-                users.remove(&e.id);
+            if self.end.is_some() {
+                return None;
             }
-        }
-        if users.len() > USER_CACHE_LIMIT {
-            users.clear();
-        }
-    }
-
-    /// Offers a piece of a streamed answer to the subscribers that take
-    /// them: those of its request, and those of its user when cached.
-    fn deliver_delta(&self, note: DeltaNote, users: &HashMap<Uuid, Uuid>) {
-        let Ok(subs) = self.subs.lock() else { return };
-        let req_sinks = subs.by_request.get(&note.id);
-        let user_sinks = users.get(&note.id).and_then(|u| subs.by_user.get(u));
-        if req_sinks.is_none() && user_sinks.is_none() {
-            return;
-        }
-        let note = Arc::new(note);
-        for sink in req_sinks.into_iter().flatten().chain(user_sinks.into_iter().flatten()) {
-            if sink.deltas {
-                sink.offer(Push::Delta(note.clone()));
-            }
-        }
-    }
-}
-
-/// Runs the hub until `shutdown`: takes notifications from `events` (the
-/// listener's broadcast, subscribed before the engine started) and fans them
-/// out. Ends every subscription when it returns.
-pub async fn run_hub(
-    hub: Arc<Hub>,
-    pool: Pool,
-    notifier: Arc<Notifier>,
-    mut events: broadcast::Receiver<Event>,
-    shutdown: CancellationToken,
-) {
-    let mut users: HashMap<Uuid, Uuid> = HashMap::new();
-    let mut deltas = notifier.subscribe_deltas();
-    let mut connects = notifier.connects();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let first = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = events.recv() => r,
-            d = deltas.recv() => {
-                // A piece missed here is read from the table by the
-                // follower that sees the gap; the terminal state has all.
-                match d {
-                    Ok(note) => deliver_note(&hub, &pool, note, &mut users).await,
-                    Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(broadcast::error::RecvError::Closed) => break,
-                }
-                continue;
-            }
-            _ = tick.tick() => {
-                // A (re)connected listener: notifications sent before it
-                // listened are gone, so everyone re-reads (after the first
-                // connect too: a subscriber may have read the table before).
-                let now = notifier.connects();
-                if now != connects {
-                    connects = now;
-                    hub.resync_all("listener reconnected");
-                    crate::metrics::live_resync("listener_reconnected");
-                }
-                continue;
-            }
-        };
-        let mut batch = Vec::new();
-        let mut lagged = false;
-        match first {
-            Ok(e) => batch.push(e),
-            Err(broadcast::error::RecvError::Lagged(n)) => {
-                tracing::warn!(missed = n, "live: fell behind the notifications");
-                lagged = true;
-            }
-            Err(broadcast::error::RecvError::Closed) => break,
-        }
-        while batch.len() < BATCH {
-            match events.try_recv() {
-                Ok(e) => batch.push(e),
-                Err(broadcast::error::TryRecvError::Lagged(n)) => {
-                    tracing::warn!(missed = n, "live: fell behind the notifications");
-                    lagged = true;
-                }
-                Err(_) => break,
-            }
-        }
-        if lagged {
-            users.clear();
-            hub.resync_all("hub lagged");
-            crate::metrics::live_resync("hub_lagged");
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        deliver_batch(&hub, &pool, &batch, &mut users).await;
-    }
-    // Dropping the sinks ends every subscriber's queue.
-    if let Ok(mut subs) = hub.subs.lock() {
-        subs.by_request.clear();
-        subs.by_user.clear();
-    }
-}
-
-/// Delivers a piece of a streamed answer; when someone follows a user and
-/// the request's user is not cached (a subscriber that joined mid-answer),
-/// it is looked up first (once: it stays cached until the request ends).
-async fn deliver_note(hub: &Hub, pool: &Pool, note: DeltaNote, users: &mut HashMap<Uuid, Uuid>) {
-    if !users.contains_key(&note.id) && hub.follows_users() {
-        match read_states(pool, &[note.id]).await {
-            Ok(rows) => users.extend(rows.into_iter().map(|r| (r.id, r.user_id))),
-            Err(e) => tracing::debug!(error = %e, "live: could not look up the user of a streamed answer"),
-        }
-    }
-    hub.deliver_delta(note, users);
-}
-
-/// Reads the rows a batch of notifications needs ([`Hub::plan`]) and
-/// delivers it; when the rows cannot be read, every subscriber re-reads
-/// once the database answers again.
-async fn deliver_batch(hub: &Hub, pool: &Pool, batch: &[Event], users: &mut HashMap<Uuid, Uuid>) {
-    let ids = hub.plan(batch, users);
-    let mut rows = HashMap::new();
-    if !ids.is_empty() {
-        match read_states(pool, &ids).await {
-            Ok(found) => rows.extend(found.into_iter().map(|r| (r.id, r))),
-            Err(e) => {
-                tracing::warn!(error = %e, "live: could not read request states; subscribers will re-read");
-                hub.resync_all("lookup failed");
-                crate::metrics::live_resync("lookup_failed");
-                return;
-            }
-        }
-    }
-    hub.deliver(batch, &rows, users);
-}
-
-async fn read_states(pool: &Pool, ids: &[Uuid]) -> Result<Vec<RequestStatus>, crate::db::Error> {
-    let client = pool.get().await?;
-    request_states(&client, ids).await
-}
-
-/// Follows one target for a stream: the current state first, then each
-/// change, skipping repeats; re-reads from the database when told to or
-/// when pushes were dropped.
-pub struct Follower {
-    pool: Pool,
-    sub: Subscription,
-    last: HashMap<Uuid, Status>,
-    /// For a user: re-reads show requests changed since then.
-    since: DateTime<Utc>,
-    /// A re-read was asked for and not yet done (cancel safety).
-    resync: bool,
-    /// Reads a request only if it is this tenant's (a user target is a
-    /// stored user id, the tenant's by construction).
-    tenant: Option<Uuid>,
-    /// Reads a request only if it is this (stored) user's: a token bound
-    /// to one user (`maasctl tokens create … --user`).
-    user: Option<Uuid>,
-    /// What was shown of each streamed answer (`None`: pieces are not
-    /// followed).
-    cursors: Option<deltas::Cursors>,
-}
-
-impl Follower {
-    pub fn new(pool: Pool, sub: Subscription) -> Follower {
-        Follower {
-            pool,
-            sub,
-            last: HashMap::new(),
-            since: Utc::now(),
-            resync: false,
-            tenant: None,
-            user: None,
-            cursors: None,
-        }
-    }
-
-    /// Shows the pieces of streamed answers too (the subscription must
-    /// take them: [`Hub::subscribe_streaming`]); for a request, `after` is
-    /// the last piece the client has (a reconnect), whose successors
-    /// [`Follower::catch_up`] reads.
-    pub fn with_deltas(mut self, after: Option<Cursor>) -> Follower {
-        let mut cursors = deltas::Cursors::default();
-        if let (Target::Request(id), Some(after)) = (self.sub.target(), after) {
-            cursors.set(id, after);
-        }
-        self.cursors = Some(cursors);
-        self
-    }
-
-    /// Shows a request only to tenant `tenant`: another tenant's reads as
-    /// absent.
-    pub fn for_tenant(mut self, tenant: Uuid) -> Follower {
-        self.tenant = Some(tenant);
-        self
-    }
-
-    /// Shows a request only when it is stored user `user`'s (when given):
-    /// another user's reads as absent.
-    pub fn for_user(mut self, user: Option<Uuid>) -> Follower {
-        self.user = user;
-        self
-    }
-
-    pub fn target(&self) -> Target {
-        self.sub.target()
-    }
-
-    /// Reads the current state: the request (none if it does not exist) or
-    /// the user's unfinished requests.
-    pub async fn current(&mut self) -> Result<Vec<RequestState>, crate::db::Error> {
-        let now = Utc::now();
-        let client = self.pool.get().await?;
-        let rows = match self.sub.target() {
-            Target::Request(id) => match self.tenant {
-                Some(t) => request_state_of_tenant(&client, id, t).await?,
-                None => request_states(&client, &[id]).await?,
-            },
-            Target::User(u) => {
-                // Requests changed since the last read (a margin covers clock
-                // skew with the database); repeats are skipped below.
-                let since = if self.last.is_empty() && !self.resync {
-                    None
-                } else {
-                    Some(self.since - chrono::Duration::seconds(5))
-                };
-                let mut rows = user_states(&client, u, since, USER_STATES_LIMIT).await?;
-                rows.reverse(); // oldest first
-                rows
-            }
-        };
-        self.since = now;
-        self.resync = false;
-        let user = self.user;
-        Ok(rows
-            .into_iter()
-            .filter(|r| user.is_none_or(|u| r.user_id == u))
-            .map(Change::from)
-            .filter_map(|c| self.fresh(&c))
-            .collect())
-    }
-
-    /// Remembers `c` and returns its state unless it repeats the last one
-    /// pushed for that request.
-    fn fresh(&mut self, c: &Change) -> Option<RequestState> {
-        if self.last.get(&c.id) == Some(&c.status) {
+            let end = tokio::select! {
+                _ = self.app.shutdown.cancelled() => End::Shutdown,
+                _ = self.access.revoked() => End::Revoked,
+                next = self.follower.next() => match next {
+                    None => End::Lost,
+                    Some(Ok(frames)) => {
+                        self.queued.extend(frames);
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "live: stream could not re-read its state; ending it");
+                        End::Lost
+                    }
+                },
+            };
+            self.end = Some(end);
             return None;
         }
-        if self.last.len() > 10_000 {
-            self.last.clear();
-        }
-        self.last.insert(c.id, c.status);
-        Some(RequestState::of(c))
     }
 
-    /// Waits for the next changes and pieces (never an empty list); `None`
-    /// when the hub stopped. Cancel-safe: a re-read interrupted is done
-    /// next time (a piece lost so is read with the next one).
-    pub async fn next(&mut self) -> Option<Result<Vec<Frame>, crate::db::Error>> {
-        loop {
-            if self.resync || self.sub.take_lagged() {
-                self.resync = true;
-                crate::metrics::live_resync("subscriber");
-                match self.current().await {
-                    Ok(v) => {
-                        let mut frames: Vec<Frame> = v.into_iter().map(Frame::State).collect();
-                        frames.extend(self.catch_up().await);
-                        if !frames.is_empty() {
-                            return Some(Ok(frames));
-                        }
-                    }
-                    Err(e) => return Some(Err(e)),
-                }
+    /// Server-Sent Events, one `data:` JSON per state, `delta` and
+    /// `restart` events for the pieces of a streamed answer
+    /// ([`sse`]); a last `revoked` event when the token was revoked.
+    pub fn sse(self) -> Response {
+        let keepalive = self.app.cfg.http.stream_keepalive();
+        let events = futures_util::stream::unfold(Some(self), |st| async move {
+            let mut st = st?;
+            match st.next().await {
+                Some(frame) => Some((Ok::<_, Infallible>(sse(&frame)), Some(st))),
+                None if st.end == Some(End::Revoked) => Some((Ok(revoked_event()), None)),
+                None => None,
             }
-            match self.sub.recv().await? {
-                Push::Change(c) => {
-                    if let Some(state) = self.fresh(&c) {
-                        return Some(Ok(vec![Frame::State(state)]));
-                    }
-                }
-                Push::Resync => self.resync = true,
-                Push::Delta(note) => {
-                    let frames = self.delta(&note).await;
-                    if !frames.is_empty() {
-                        return Some(Ok(frames));
-                    }
-                }
+        });
+        Sse::new(events)
+            .keep_alive(KeepAlive::new().interval(keepalive))
+            .into_response()
+    }
+
+    /// Runs a WebSocket: the states as JSON text messages, pings every
+    /// keep-alive, and a close frame saying why it ended.
+    pub async fn websocket(mut self, mut socket: WebSocket) {
+        let send_timeout = self.app.cfg.http.stream_send_timeout();
+        let mut ping = tokio::time::interval(self.app.cfg.http.stream_keepalive());
+        ping.tick().await;
+        let close = loop {
+            let msg = tokio::select! {
+                next = self.next() => match next {
+                    Some(frame) => match frame.json() {
+                        Some(text) => Message::Text(text.into()),
+                        None => continue,
+                    },
+                    None => break Some(match self.end {
+                        Some(End::Finished) => (close_code::NORMAL, "request finished"),
+                        Some(End::Revoked) => (close_code::POLICY, "token revoked"),
+                        Some(End::Shutdown) => (close_code::AWAY, "server shutting down"),
+                        _ => (close_code::AWAY, "subscription ended"),
+                    }),
+                },
+                incoming = socket.recv() => match incoming {
+                    // Pings are answered by the protocol layer; text is ignored.
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
+                    Some(Ok(_)) => continue,
+                },
+                _ = ping.tick() => Message::Ping(Bytes::new()),
+            };
+            match tokio::time::timeout(send_timeout, socket.send(msg)).await {
+                Ok(Ok(())) => {}
+                // A client that does not take its messages is dropped; the
+                // daemon never waits for it beyond the send timeout.
+                _ => break None,
             }
-        }
-    }
-
-    /// Whether `id` was shown in its terminal state.
-    fn finished(&self, id: Uuid) -> bool {
-        self.last.get(&id).is_some_and(|s| s.is_terminal())
-    }
-
-    /// What a piece shows: nothing once its request was shown finished or
-    /// when pieces are not followed; what was missed before it is read.
-    async fn delta(&mut self, note: &DeltaNote) -> Vec<Frame> {
-        if self.finished(note.id) {
-            return Vec::new();
-        }
-        let Some(cursors) = self.cursors.as_mut() else {
-            return Vec::new();
         };
-        match cursors.take(note) {
-            Ok(frames) => frames,
-            Err(after) => {
-                let rows = deltas::read(&self.pool, note.id, after).await;
-                cursors.apply(note.id, rows)
-            }
+        if let Some((code, reason)) = close {
+            let frame = CloseFrame {
+                code,
+                reason: reason.into(),
+            };
+            let _ = tokio::time::timeout(send_timeout, socket.send(Message::Close(Some(frame)))).await;
         }
-    }
-
-    /// The pieces of the followed request's answer after the last one
-    /// shown, read from the table (after a reconnect or a re-read); none
-    /// for a user, or once the request was shown finished.
-    pub async fn catch_up(&mut self) -> Vec<Frame> {
-        let Target::Request(id) = self.sub.target() else {
-            return Vec::new();
-        };
-        if self.finished(id) {
-            return Vec::new();
-        }
-        let Some(cursors) = self.cursors.as_mut() else {
-            return Vec::new();
-        };
-        let rows = deltas::read(&self.pool, id, cursors.get(id)).await;
-        cursors.apply(id, rows)
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn access_fires_once_the_check_says_no() {
-        let period = Duration::from_millis(20);
-        let calls = Arc::new(AtomicU64::new(0));
-        let counted = calls.clone();
-        let access = Access::watch_with(
-            period,
-            Some(move || {
-                let n = counted.fetch_add(1, Ordering::Relaxed);
-                async move { n < 2 }
-            }),
-        );
-        let within = Duration::from_secs(5);
-        assert!(
-            tokio::time::timeout(within, access.revoked()).await.is_ok(),
-            "not revoked"
-        );
-        assert_eq!(calls.load(Ordering::Relaxed), 3, "checked until it said no");
-        let never = Access::watch_with(period, None::<fn() -> std::future::Ready<bool>>);
-        assert!(tokio::time::timeout(period * 5, never.revoked()).await.is_err());
+/// A frame as an SSE event: a state is a plain `data:` line of its JSON; a
+/// piece is `event: delta` with its position as `id`; a restart is
+/// `event: restart`.
+pub fn sse(frame: &Frame) -> SseEvent {
+    let event = match frame {
+        Frame::State(s) => SseEvent::default().json_data(s),
+        Frame::Delta(d) => SseEvent::default().event("delta").json_data(d),
+        Frame::Restart(r) => SseEvent::default().event("restart").json_data(r),
+    };
+    let event = event.unwrap_or_else(|_| SseEvent::default().comment("unserializable frame"));
+    match frame.cursor() {
+        Some(c) => event.id(c.to_string()),
+        None => event,
     }
+}
 
-    fn ev(id: Uuid, status: Status) -> Event {
-        Event {
-            id,
-            status,
-            operation: "UPDATE".into(),
-            passed: false,
+/// How a stream of chunks is shown: the model it names, and whether a
+/// usage chunk (the request's tokens) comes before `[DONE]` (OpenAI's
+/// `stream_options.include_usage`; the tokens are read for `tenant`).
+pub struct Chunks {
+    pub model: String,
+    pub usage_for: Option<Uuid>,
+}
+
+/// The id of request `id`'s completion (`maasctl requests show` and the
+/// console take it as the request's id).
+pub fn completion_id(id: Uuid) -> String {
+    format!("chatcmpl-{id}")
+}
+
+/// Request `id`'s answer as OpenAI's chunk stream ([`Stream::chat_chunks`])
+/// for `caller` of `tenant`, holding `place`: the follower subscribes to
+/// the answer's pieces, then reads the current state and what it missed.
+/// The stream of `POST /api/query`'s `"stream": true` and of a streamed
+/// chat completion.
+pub async fn answer_chunks(
+    app: &AppState,
+    caller: Caller,
+    tenant: Uuid,
+    id: Uuid,
+    place: Pass,
+    opts: Chunks,
+) -> Result<Response, crate::db::Error> {
+    let sub = app.hub.subscribe_streaming(Target::Request(id), STREAM_QUEUE);
+    let mut follower = Follower::new(app.pool.clone(), sub)
+        .for_tenant(tenant)
+        .with_deltas(None);
+    let mut first: Vec<Frame> = follower.current().await?.into_iter().map(Frame::State).collect();
+    first.extend(follower.catch_up().await);
+    Ok(Stream::new(app, caller, follower, first, "sse", place).chat_chunks(id, opts))
+}
+
+/// Queue of a stream that follows one request's answer piece by piece.
+pub(super) const STREAM_QUEUE: usize = 128;
+
+/// One `chat.completion.chunk` of request `id`'s answer.
+fn chunk(id: Uuid, head: &Head, delta: serde_json::Value, finish: Option<&str>) -> serde_json::Value {
+    json!({
+        "id": completion_id(id),
+        "object": "chat.completion.chunk",
+        "created": head.created,
+        "model": head.model,
+        "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
+    })
+}
+
+/// What every chunk of one stream repeats.
+struct Head {
+    created: i64,
+    model: String,
+}
+
+/// The usage chunk of request `id`: no choices, the tokens it used.
+async fn usage_chunk(app: &AppState, id: Uuid, tenant: Uuid, head: &Head) -> SseEvent {
+    let usage = async {
+        let client = app.pool.get().await?;
+        crate::repo::requests::usage_of(&client, id, tenant).await
+    };
+    let u = usage.await.unwrap_or_else(|e| {
+        tracing::warn!(request.id = %id, error = %e, "http: cannot read a request's token usage");
+        crate::repo::requests::Usage::default()
+    });
+    let body = json!({
+        "id": completion_id(id),
+        "object": "chat.completion.chunk",
+        "created": head.created,
+        "model": head.model,
+        "choices": [],
+        "usage": usage_json(u),
+    });
+    SseEvent::default().data(body.to_string())
+}
+
+/// OpenAI's `usage` object of a request's tokens.
+pub fn usage_json(u: crate::repo::requests::Usage) -> serde_json::Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    })
+}
+
+/// The chunks a frame makes, given the text sent of the current attempt.
+fn chunks_of(frame: Frame, id: Uuid, head: &Head, sent: &mut String) -> Vec<SseEvent> {
+    let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
+    match frame {
+        Frame::Delta(d) => {
+            sent.push_str(&d.text);
+            vec![data(chunk(id, head, json!({ "content": d.text }), None))]
         }
-    }
-
-    #[test]
-    fn cancelled_shows_as_failed_with_its_stage() {
-        let id = Uuid::new_v4();
-        let s = RequestState::of(&Change {
-            id,
-            status: Status::Cancelled,
-            answer: None,
-            error: Some("by operator".into()),
-        });
-        assert_eq!(
-            (s.status, s.stage, s.error.as_deref()),
-            ("failed", Status::Cancelled, Some("cancelled: by operator"))
-        );
-        let s = RequestState::of(&Change {
-            id,
-            status: Status::Responding,
-            answer: None,
-            error: Some("an earlier retry".into()),
-        });
-        assert_eq!((s.status, s.error.as_deref()), ("processing", None));
-        let json = serde_json::to_value(&s).unwrap_or_default();
-        assert_eq!(json["stage"], "RESPONDING");
-        assert!(json.get("answer").is_none());
-    }
-
-    #[tokio::test]
-    async fn a_full_subscriber_is_marked_lagged_and_never_blocks_the_hub() {
-        let hub = Hub::new();
-        let id = Uuid::new_v4();
-        let sub = hub.subscribe(Target::Request(id), 2);
-        let mut users = HashMap::new();
-        let events: Vec<Event> = (0..100).map(|_| ev(id, Status::Analyzing)).collect();
-        assert!(
-            hub.plan(&events, &users).is_empty(),
-            "no lookup for non-terminal events"
-        );
-        hub.deliver(&events, &HashMap::new(), &mut users);
-        assert!(sub.take_lagged());
-        assert!(!sub.take_lagged());
-        assert_eq!(hub.counts(), (1, 0));
-        drop(sub);
-        assert_eq!(hub.counts(), (0, 0));
-    }
-
-    #[tokio::test]
-    async fn terminal_events_carry_the_row_and_reach_user_subscribers() {
-        let hub = Hub::new();
-        let (id, user) = (Uuid::new_v4(), Uuid::new_v4());
-        let mut by_user = hub.subscribe(Target::User(user), 8);
-        let mut by_req = hub.subscribe(Target::Request(id), 8);
-        let mut users = HashMap::new();
-        let events = [ev(id, Status::Analyzed), ev(id, Status::Completed)];
-        assert_eq!(hub.plan(&events, &users), vec![id], "user unknown: one lookup");
-        let row = RequestStatus {
-            id,
-            user_id: user,
-            status: Status::Completed,
-            answer: Some("42".into()),
-            error: None,
-        };
-        hub.deliver(&events, &HashMap::from([(id, row)]), &mut users);
-        for sub in [&mut by_user, &mut by_req] {
-            let Some(Push::Change(a)) = sub.recv().await else {
-                panic!("first push")
-            };
-            assert_eq!(a.status, Status::Analyzed);
-            let Some(Push::Change(b)) = sub.recv().await else {
-                panic!("second push")
-            };
-            assert_eq!((b.status, b.answer.as_deref()), (Status::Completed, Some("42")));
+        Frame::Restart(r) => {
+            // Not part of OpenAI's shape: a client that knows it clears
+            // what it has; the final chunk carries the rest of the answer.
+            sent.clear();
+            let mut c = chunk(id, head, json!({}), None);
+            c["maas_restart"] = json!({ "attempt": r.attempt });
+            vec![data(c)]
         }
-        assert!(users.is_empty(), "a terminal request leaves the cache");
+        Frame::State(s) if s.stage == Status::Completed => {
+            let answer = s.answer.unwrap_or_default();
+            let rest = answer.strip_prefix(sent.as_str()).unwrap_or_default();
+            let mut out = Vec::new();
+            if !rest.is_empty() {
+                out.push(data(chunk(id, head, json!({ "content": rest }), None)));
+            }
+            out.push(data(chunk(id, head, json!({}), Some("stop"))));
+            out.push(SseEvent::default().data("[DONE]"));
+            out
+        }
+        Frame::State(s) if s.is_terminal() => {
+            let error = s.error.unwrap_or_default();
+            vec![
+                data(json!({ "error": { "message": error, "type": "request_failed", "code": s.stage } })),
+                SseEvent::default().data("[DONE]"),
+            ]
+        }
+        Frame::State(_) => Vec::new(),
+    }
+}
+
+impl Stream {
+    /// The stream as OpenAI's `chat.completion.chunk` events of request
+    /// `id`: a first chunk with the role, a chunk per piece, the rest of
+    /// the final answer and `finish_reason: "stop"` at the end, then
+    /// `data: [DONE]` (after a usage chunk when `opts` asks for one); a
+    /// failed request ends with `data: {"error": …}`.
+    pub fn chat_chunks(self, id: Uuid, opts: Chunks) -> Response {
+        let keepalive = self.app.cfg.http.stream_keepalive();
+        let head = std::sync::Arc::new(Head {
+            created: chrono::Utc::now().timestamp(),
+            model: opts.model,
+        });
+        let first =
+            SseEvent::default().data(chunk(id, &head, json!({ "role": "assistant", "content": "" }), None).to_string());
+        let start = futures_util::stream::iter([Ok::<_, Infallible>(first)]);
+        let usage_for = opts.usage_for;
+        let rest = futures_util::stream::unfold(Some((self, String::new())), move |st| {
+            let head = head.clone();
+            async move {
+                let (mut st, mut sent) = st?;
+                let events = match st.next().await {
+                    Some(frame) => {
+                        let completed = matches!(&frame, Frame::State(s) if s.stage == Status::Completed);
+                        let mut events = chunks_of(frame, id, &head, &mut sent);
+                        if let (true, Some(tenant)) = (completed, usage_for) {
+                            let usage = usage_chunk(&st.app, id, tenant, &head).await;
+                            events.insert(events.len().saturating_sub(1), usage);
+                        }
+                        events
+                    }
+                    None if st.end == Some(End::Finished) => return None,
+                    None => {
+                        let why = if st.end == Some(End::Revoked) {
+                            "the token of this stream was revoked"
+                        } else {
+                            "the stream ended before the answer"
+                        };
+                        let error = json!({ "error": { "message": why, "type": "stream_ended" } });
+                        return Some((vec![SseEvent::default().data(error.to_string())], None));
+                    }
+                };
+                Some((events, Some((st, sent))))
+            }
+        });
+        let rest = futures_util::StreamExt::flat_map(rest, |events| {
+            futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>))
+        });
+        Sse::new(futures_util::StreamExt::chain(start, rest))
+            .keep_alive(KeepAlive::new().interval(keepalive))
+            .into_response()
     }
 }

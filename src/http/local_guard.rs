@@ -27,18 +27,27 @@ use std::net::IpAddr;
 
 use axum::Extension;
 use axum::extract::Request;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use super::error::ApiError;
+use crate::app::{AppError, Code};
 
 /// The middleware: without configured tokens, [`check`] before any route.
 pub async fn layer(Extension(app): Extension<AppState>, req: Request, next: Next) -> Response {
-    if app.tokens.is_empty()
+    if !app.has_configured_tokens()
         && let Err(refused) = check(req.headers())
     {
+        return refused.into_response();
+    }
+    next.run(req).await
+}
+
+/// The middleware of the doors mounted beside `/api` (`/mcp`): a browser's
+/// `Origin` must be this server's ([`browser_origin`]).
+pub async fn origin_layer(req: Request, next: Next) -> Response {
+    if let Err(refused) = browser_origin(req.headers()) {
         return refused.into_response();
     }
     next.run(req).await
@@ -67,26 +76,24 @@ pub fn same_origin(headers: &HeaderMap) -> Result<(), String> {
 /// must come from this server's own pages ([`same_origin`]); a page on
 /// another site, or on another port of the loopback, is refused with 403
 /// `forbidden_origin`. A request without `Origin` (not a browser's) passes.
-pub fn browser_origin(headers: &HeaderMap) -> Result<(), ApiError> {
+pub fn browser_origin(headers: &HeaderMap) -> Result<(), AppError> {
     if !headers.contains_key(header::ORIGIN) {
         return Ok(());
     }
     same_origin(headers).map_err(|why| {
-        ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden_origin",
+        AppError::forbidden(
+            Code::ForbiddenOrigin,
             format!("{why}; a page of another origin may not open this route"),
         )
     })
 }
 
 /// Checks `Host` and `Origin` of a request served without tokens.
-pub fn check(headers: &HeaderMap) -> Result<(), ApiError> {
+pub fn check(headers: &HeaderMap) -> Result<(), AppError> {
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
     if !is_loopback_authority(host) {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden_host",
+        return Err(AppError::forbidden(
+            Code::ForbiddenHost,
             format!("Host `{host}` is not a loopback name; without api_tokens only requests to localhost are served"),
         ));
     }
@@ -97,9 +104,8 @@ pub fn check(headers: &HeaderMap) -> Result<(), ApiError> {
             .or_else(|| origin.strip_prefix("https://"))
             .unwrap_or("");
         if authority.contains('/') || !is_loopback_authority(authority) {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden_origin",
+            return Err(AppError::forbidden(
+                Code::ForbiddenOrigin,
                 format!(
                     "Origin `{origin}` is not a loopback origin; without api_tokens a web page may not call this API"
                 ),
@@ -170,7 +176,7 @@ mod tests {
             "[::1]x",
         ] {
             let e = check(&headers(host, None)).unwrap_err();
-            assert!(format!("{e:?}").contains("forbidden_host"), "{host}: {e:?}");
+            assert_eq!(e.code, Code::ForbiddenHost, "{host}: {e:?}");
         }
         for origin in [
             "http://evil.example",
@@ -193,7 +199,7 @@ mod tests {
             "http://evil.example",
         ] {
             let e = browser_origin(&headers("localhost:8080", Some(origin))).unwrap_err();
-            assert_eq!(e.code, "forbidden_origin", "{origin}");
+            assert_eq!(e.code, Code::ForbiddenOrigin, "{origin}");
         }
     }
 

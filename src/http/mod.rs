@@ -1,9 +1,12 @@
 //! The HTTP server of `maasd` (axum on hyper): submit, status and long-poll,
 //! live push over SSE and WebSocket, health, readiness, metrics, OpenAPI.
+//! A door: its handlers read the wire and call the application layer
+//! ([`crate::app`]), whose errors [`error`] maps to statuses.
 //!
-//! - Gets a pool, the [`Notifier`] and the daemon's counters, never the
-//!   engine: live push is the one LISTEN session's broadcast fanned out in
-//!   memory ([`live`]); readiness reads the notifier's health.
+//! - Gets the application ([`App`]: a pool, the notifier, the hub) and the
+//!   daemon's counters, never the engine: live push is the one LISTEN
+//!   session's broadcast fanned out in memory (`app::follow`, streamed by
+//!   [`live`]); readiness reads the notifier's health.
 //! - Its background upkeep (metrics refresh, idempotency key expiry) runs
 //!   as daemon services ([`housekeeping`]), started by the daemon.
 //! - Every response is produced within `http.request_timeout_secs` (a
@@ -30,7 +33,7 @@
 //!   (`maasctl tokens`) carry a tenant and a scope ([`tenancy`]); a caller
 //!   sees only its tenant's requests, streams and users.
 //! - `/mcp` is the Model Context Protocol server (`crate::mcp`), mounted by
-//!   the daemon ([`Mount`]) behind the same tokens, guards and caps, and
+//!   the daemon beside the `/api` routes, behind the same tokens, guards and caps, and
 //!   outside the OpenAPI document.
 //! - `/console` is the operator console ([`console`]): HTML pages behind
 //!   the same tokens (a login form and a session cookie), outside the
@@ -47,6 +50,7 @@ pub mod input;
 pub mod limits;
 pub mod live;
 pub mod local_guard;
+pub mod openai;
 pub mod openapi;
 pub mod operate;
 pub mod ops;
@@ -66,18 +70,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
+use crate::app::{App, AppError, Caller, Code, Kind, Principal};
 use crate::config::{Config, HttpAddr, exposed_without_tokens, is_loopback};
-use crate::db::Pool;
-use crate::listener::Notifier;
 use crate::metrics::{MetricsError, Stats};
-use error::ApiError;
-use live::Hub;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
@@ -93,43 +91,31 @@ pub enum HttpError {
     Metrics(#[from] MetricsError),
 }
 
-/// Everything a handler needs.
+/// What a handler needs: the application every door shares, and what
+/// only the HTTP transport holds.
 #[derive(Clone)]
 pub struct AppState(Arc<Inner>);
 
 pub struct Inner {
-    pub cfg: Arc<Config>,
-    pub pool: Pool,
-    /// The LISTEN session's broadcast and health.
-    pub notifier: Arc<Notifier>,
+    pub app: App,
     /// The daemon's counters, copied into `/metrics` at every scrape.
     pub stats: Arc<Stats>,
-    pub hub: Arc<Hub>,
     pub metrics: PrometheusHandle,
-    pub shutdown: CancellationToken,
-    /// SHA-256 of each accepted token (compared in constant time).
-    tokens: Vec<[u8; 32]>,
-    /// The database's tokens (tenants), looked up by hash and cached briefly.
-    pub db_tokens: tenancy::TokenCache,
-    /// Caps of long-polls and of streams (SSE, WebSocket).
-    pub long_polls: Arc<limits::Gate>,
-    pub streams: Arc<limits::Gate>,
-    /// Caps of memory searches (`?q=`) and exports per token.
-    pub searches: Arc<limits::Gate>,
-    pub exports: Arc<limits::Gate>,
     /// Failed authentications per peer address.
     pub auth_failures: limits::AuthFailures,
-    /// The embedder of `[llm.embedding]`, for searching a user's memory as
-    /// the pipeline does (`None`: embeddings are off).
-    pub embedder: Option<crate::llm::embed::Embedder>,
-    /// The daemon's archivist, for "archive now" from the console.
-    pub archivist: Arc<crate::archivist::Archivist>,
 }
 
 impl std::ops::Deref for AppState {
     type Target = Inner;
     fn deref(&self) -> &Inner {
         &self.0
+    }
+}
+
+impl std::ops::Deref for Inner {
+    type Target = App;
+    fn deref(&self) -> &App {
+        &self.app
     }
 }
 
@@ -195,7 +181,9 @@ pub fn routes() -> Routes {
         .post("/api/query/{id}/cancel", operate::act::<operate::Cancel>)
         .post("/api/query/{id}/retry", operate::act::<operate::Retry>)
         .get("/api/query/{id}/events", api::events)
-        .get("/api/ws", api::ws);
+        .get("/api/ws", api::ws)
+        .post("/v1/chat/completions", openai::chat)
+        .get("/v1/models", openai::models);
     let api = Routes {
         router: api.router.route_layer(middleware::from_fn(auth)),
         list: api.list,
@@ -208,24 +196,26 @@ pub fn routes() -> Routes {
         .merge(api)
 }
 
-/// Routes of a door built above this module (the MCP server,
-/// `crate::mcp::http`), given the state: they are served behind the same
-/// authentication and middleware as the `/api` routes.
-pub type Mount = fn(&AppState) -> Router<AppState>;
-
-/// The application with its middleware and state, and the routes of `mount`.
-pub fn app(state: AppState, mount: Mount) -> Router {
-    let door = mount(&state).route_layer(middleware::from_fn(auth));
+/// The application with its middleware and state, and the routes of the
+/// doors built beside this module (`doors`: the MCP server's `/mcp`),
+/// served behind the same authentication and middleware as the `/api`
+/// routes and the browser `Origin` check of a stream
+/// ([`local_guard::browser_origin`]).
+pub fn app(state: AppState, doors: Router<AppState>) -> Router {
+    let doors = doors
+        .route_layer(middleware::from_fn(local_guard::origin_layer))
+        .route_layer(middleware::from_fn(auth));
     routes()
         .router
-        .merge(door)
+        .merge(doors)
         .merge(console::router())
-        .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .fallback(|| async { AppError::new(Kind::NotFound, Code::NoRoute, "no such route") })
         .layer(middleware::from_fn(input::json_errors))
         .layer(middleware::from_fn(local_guard::layer))
         .layer(DefaultBodyLimit::max(state.cfg.http.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(middleware::from_fn_with_state(state.clone(), hsts))
+        .layer(middleware::from_fn(openai::reshape))
         .layer(Extension(state.clone()))
         .with_state(state)
 }
@@ -267,8 +257,8 @@ async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, mut req: 
         .map(str::trim);
     let (caller, principal) = match given {
         // Loopback-only mode (`local_guard` has checked Host and Origin).
-        None if app.tokens.is_empty() => (limits::Caller::ANONYMOUS, tenancy::Principal::default_admin("local")),
-        None => return ApiError::unauthorized("missing Authorization: Bearer token").into_response(),
+        None if !app.has_configured_tokens() => (Caller::ANONYMOUS, Principal::default_admin("local")),
+        None => return AppError::unauthorized("missing Authorization: Bearer token").into_response(),
         Some(given) => match authenticate(&app, given, peer_ip(&req)).await {
             Ok(found) => found,
             Err(refused) => return refused.into_response(),
@@ -276,7 +266,7 @@ async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, mut req: 
     };
     let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
     if let Some(route) = route
-        && let Err(refused) = principal.require(tenancy::Need::of_route(req.method(), &route))
+        && let Err(refused) = principal.require(tenancy::need_of_route(req.method(), &route))
     {
         return refused.into_response();
     }
@@ -285,34 +275,24 @@ async fn auth(Extension(app): Extension<AppState>, headers: HeaderMap, mut req: 
     next.run(req).await
 }
 
-/// The caller and principal of bearer token `given`: a configured token,
-/// or a database one (cached). A peer past its failed attempts is refused
-/// (429) before any lookup, unless the token is a known right one.
+/// The caller and principal of bearer token `given` ([`App::authenticate`]).
+/// A peer past its failed attempts is refused (429) before any lookup,
+/// unless the token is a known right one.
 async fn authenticate(
     app: &AppState,
     given: &str,
     peer: Option<std::net::IpAddr>,
-) -> Result<(limits::Caller, tenancy::Principal), ApiError> {
-    let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-    // Compare every token in full, so timing tells nothing.
-    let configured = app.tokens.iter().fold(false, |acc, t| {
-        acc | (t.iter().zip(digest.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
-    });
-    let principal = if configured {
-        tenancy::Principal::default_admin("config")
-    } else if let Some(p) = app.db_tokens.cached(&digest) {
-        p
-    } else {
+) -> Result<(Caller, Principal), AppError> {
+    if !app.known(given) {
         app.auth_failures.check(peer)?;
-        match app.db_tokens.lookup(&app.pool, digest).await? {
-            Some(p) => p,
-            None => {
-                app.auth_failures.failed(peer);
-                return Err(ApiError::unauthorized("wrong or revoked bearer token"));
-            }
+    }
+    match app.app.authenticate(given).await? {
+        Some(found) => Ok(found),
+        None => {
+            app.auth_failures.failed(peer);
+            Err(AppError::unauthorized("wrong or revoked bearer token"))
         }
-    };
-    Ok((limits::Caller(digest), principal))
+    }
 }
 
 /// The request timeout and the per-route HTTP metrics.
@@ -322,7 +302,7 @@ async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Respo
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let mut limit = app.cfg.http.request_timeout();
-    if route == "/api/query/{id}/status" {
+    if route == "/api/query/{id}/status" || route == "/v1/chat/completions" {
         limit += app.cfg.http.max_wait();
     }
     let started = Instant::now();
@@ -330,7 +310,7 @@ async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Respo
         Ok(resp) => resp,
         Err(_) => {
             tracing::warn!(route, timeout_secs = limit.as_secs(), "http: request timed out");
-            ApiError::unavailable("timeout", format!("no response within {} s", limit.as_secs())).into_response()
+            AppError::unavailable(Code::Timeout, format!("no response within {} s", limit.as_secs())).into_response()
         }
     };
     crate::metrics::http_request(&route, resp.status().as_u16(), started.elapsed().as_secs_f64());
@@ -403,95 +383,30 @@ pub async fn bind(cfg: &Config) -> Result<Bound, HttpError> {
 /// The running server and its helpers.
 pub struct Server {
     server: JoinHandle<()>,
-    helpers: TaskTracker,
     metrics: PrometheusHandle,
 }
 
-/// What the server uses of the daemon's memory services.
-pub struct MemoryServices {
-    /// The embedder of `[llm.embedding]` (`None`: embeddings are off).
-    pub embedder: Option<crate::llm::embed::Embedder>,
-    /// The archivist, for "archive now" (built whether or not the schedule runs).
-    pub archivist: Arc<crate::archivist::Archivist>,
-}
-
-/// The server's state and its helper tasks (the live hub), without a
-/// listener: what [`start`] serves, and what `maasctl mcp` serves over
-/// stdio. Installs the metrics recorder.
-pub fn state(
-    cfg: Arc<Config>,
-    pool: Pool,
-    notifier: Arc<Notifier>,
-    stats: Arc<Stats>,
-    memory: MemoryServices,
-    shutdown: CancellationToken,
-) -> Result<(AppState, TaskTracker), HttpError> {
+/// The server's state over `app`: installs the metrics recorder.
+pub fn state(app: App, stats: Arc<Stats>) -> Result<AppState, HttpError> {
     let handle = crate::metrics::install()?;
-    crate::metrics::register_llm_provider(&cfg.llm_provider);
+    crate::metrics::register_llm_provider(&app.cfg.llm_provider);
     crate::metrics::register_http();
-    let hub = Hub::new();
-    let helpers = TaskTracker::new();
-    helpers.spawn(live::run_hub(
-        hub.clone(),
-        pool.clone(),
-        notifier.clone(),
-        notifier.subscribe(),
-        shutdown.clone(),
-    ));
-    helpers.close();
-    let tokens = cfg
-        .api_tokens
-        .iter()
-        .map(|t| Sha256::digest(t.expose().as_bytes()).into())
-        .collect();
-    let state = AppState(Arc::new(Inner {
-        cfg: cfg.clone(),
-        pool,
-        notifier,
+    let auth_failures = limits::AuthFailures::new(app.cfg.http.max_auth_failures_per_minute);
+    Ok(AppState(Arc::new(Inner {
+        app,
         stats,
-        hub,
-        metrics: handle.clone(),
-        shutdown: shutdown.clone(),
-        tokens,
-        db_tokens: tenancy::TokenCache::default(),
-        long_polls: limits::Gate::new("long-polls", cfg.http.max_long_polls, cfg.http.max_long_polls_per_token),
-        streams: limits::Gate::new("streams", cfg.http.max_streams, cfg.http.max_streams_per_token),
-        searches: limits::Gate::coded(
-            "memory searches",
-            "too_many_searches",
-            usize::MAX,
-            cfg.http.max_searches_per_token.max(1),
-        ),
-        exports: limits::Gate::coded(
-            "exports",
-            "too_many_exports",
-            usize::MAX,
-            cfg.http.max_exports_per_token.max(1),
-        ),
-        auth_failures: limits::AuthFailures::new(cfg.http.max_auth_failures_per_minute),
-        embedder: memory.embedder,
-        archivist: memory.archivist,
-    }));
-    Ok((state, helpers))
+        metrics: handle,
+        auth_failures,
+    })))
 }
 
-/// Starts serving on `bound`: the live hub and the server, with the routes
-/// of `mount` (the MCP server). Call before the engine runs, so the hub
-/// sees every notification.
-#[allow(clippy::too_many_arguments)]
-pub fn start(
-    bound: Bound,
-    cfg: Arc<Config>,
-    pool: Pool,
-    notifier: Arc<Notifier>,
-    stats: Arc<Stats>,
-    memory: MemoryServices,
-    mount: Mount,
-    shutdown: CancellationToken,
-) -> Result<Server, HttpError> {
-    let (state, helpers) = state(cfg.clone(), pool, notifier, stats, memory, shutdown.clone())?;
+/// Starts serving `state` on `bound`, with the routes of `doors` (the MCP
+/// server) beside the `/api` routes.
+pub fn start(bound: Bound, state: AppState, doors: Router<AppState>) -> Server {
+    let cfg = state.cfg.clone();
+    let shutdown = state.shutdown.clone();
     let handle = state.metrics.clone();
-    let router = app(state, mount);
+    let router = app(state, doors);
     let opts = serve::Options {
         header_read_timeout: cfg.http.header_read_timeout(),
         send_timeout: cfg.http.stream_send_timeout(),
@@ -506,11 +421,10 @@ pub fn start(
     let server = tokio::spawn(async move {
         serve::serve(bound.listener, router, opts, shutdown).await;
     });
-    Ok(Server {
+    Server {
         server,
-        helpers,
         metrics: handle,
-    })
+    }
 }
 
 impl Server {
@@ -522,14 +436,11 @@ impl Server {
     /// Waits for the server to drain (it started on the shutdown token),
     /// at most `grace`; then drops what is left.
     pub async fn stop(self, grace: Duration) {
-        let Server {
-            mut server, helpers, ..
-        } = self;
+        let Server { mut server, .. } = self;
         if tokio::time::timeout(grace, &mut server).await.is_err() {
             tracing::warn!("http: connections still open after the grace period; closing them");
             server.abort();
         }
-        let _ = tokio::time::timeout(grace, helpers.wait()).await;
         tracing::info!("http: stopped");
     }
 }

@@ -106,6 +106,7 @@ fn base_document() -> Value {
         user_paths(),
         stream_paths(),
         probe_paths(),
+        super::openai::openapi_paths(),
     ] {
         if let Value::Object(group) = group {
             paths.extend(group);

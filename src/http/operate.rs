@@ -13,57 +13,55 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::AppState;
-use super::error::ApiError;
 use super::input::parse_id;
-use super::tenancy::Principal;
+use crate::app::{AppError, Code, Principal};
 use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
 
 const ACTOR: &str = "http";
 const MAX_REASON_CHARS: usize = 1000;
 
 /// The `reason` of a body `{"reason": "…"}`.
-fn reason(body: &[u8]) -> Result<String, ApiError> {
-    let missing = || ApiError::unprocessable("missing_field", "reason is required: {\"reason\": \"…\"}");
+fn reason(body: &[u8]) -> Result<String, AppError> {
+    let missing = || AppError::unprocessable(Code::MissingField, "reason is required: {\"reason\": \"…\"}");
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(missing());
     }
     let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request("malformed_json", format!("the body is not valid JSON: {e}")))?;
+        .map_err(|e| AppError::bad_request(Code::MalformedJson, format!("the body is not valid JSON: {e}")))?;
     match v.get("reason") {
         None | Some(Value::Null) => Err(missing()),
         Some(Value::String(s)) if s.trim().is_empty() => {
-            Err(ApiError::unprocessable("empty_field", "reason must not be empty"))
+            Err(AppError::unprocessable(Code::EmptyField, "reason must not be empty"))
         }
-        Some(Value::String(s)) if s.chars().count() > MAX_REASON_CHARS => Err(ApiError::unprocessable(
-            "field_too_long",
+        Some(Value::String(s)) if s.chars().count() > MAX_REASON_CHARS => Err(AppError::unprocessable(
+            Code::FieldTooLong,
             format!("reason is longer than {MAX_REASON_CHARS} characters"),
         )),
         Some(Value::String(s)) => {
             super::input::check_field("reason", s)?;
             Ok(s.trim().to_owned())
         }
-        Some(_) => Err(ApiError::unprocessable("invalid_field", "reason must be a string")),
+        Some(_) => Err(AppError::unprocessable(Code::InvalidField, "reason must be a string")),
     }
 }
 
-fn db_error(e: impl std::fmt::Display) -> ApiError {
-    ApiError::unavailable("database", format!("database error: {e}"))
+fn db_error(e: impl std::fmt::Display) -> AppError {
+    AppError::unavailable(Code::Database, format!("database error: {e}"))
 }
 
-fn not_found(id: Uuid) -> ApiError {
-    ApiError::not_found(format!("no request {id}"))
+fn not_found(id: Uuid) -> AppError {
+    AppError::not_found(format!("no request {id}"))
 }
 
 /// What an action's outcome answers: the 200 body, or a 409 (code,
 /// message); `None` when there is no such request (404).
-type Answer = Option<Result<Value, (&'static str, String)>>;
+type Answer = Option<Result<Value, (Code, String)>>;
 
 /// One operator action on a request over HTTP: its [`crate::control`]
 /// call, and the answer its outcome makes.
@@ -87,11 +85,11 @@ pub async fn act<A: Action>(
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AppError> {
     let id = parse_id(&id, "request")?;
     let reason = if A::REASON { Some(reason(&body)?) } else { None };
     let client = app.pool.get().await.map_err(db_error)?;
-    let of_caller = match super::tenancy::bound_user(&client, &who).await? {
+    let of_caller = match crate::app::caller::bound_user(&client, &who).await? {
         None => crate::repo::requests::is_of_tenant(&client, id, who.tenant).await,
         Some(user) => crate::repo::requests::request_state_of_tenant(&client, id, who.tenant)
             .await
@@ -103,7 +101,7 @@ pub async fn act<A: Action>(
     let outcome = A::run(&client, id, reason.as_deref()).await.map_err(db_error)?;
     match A::answer(outcome, id) {
         Some(Ok(body)) => Ok(Json(body).into_response()),
-        Some(Err((code, message))) => Err(ApiError::new(StatusCode::CONFLICT, code, message)),
+        Some(Err((code, message))) => Err(AppError::conflict(code, message)),
         None => Err(not_found(id)),
     }
 }
@@ -127,7 +125,10 @@ impl Action for Cancel {
         let was = match outcome {
             CancelOutcome::Cancelled { was } => was,
             CancelOutcome::AlreadyFinished { status } => {
-                return Some(Err(("already_finished", format!("request {id} is already {status}"))));
+                return Some(Err((
+                    Code::AlreadyFinished,
+                    format!("request {id} is already {status}"),
+                )));
             }
             CancelOutcome::NotFound => return None,
         };
@@ -158,7 +159,7 @@ impl Action for Retry {
                 Ok(json!({"request_id": id, "status": status.as_str(), "stage": stage.as_str()}))
             }
             RetryOutcome::NotFailed { status } => Err((
-                "not_failed",
+                Code::NotFailed,
                 format!("request {id} is {status}; only FAILED requests are retried"),
             )),
             RetryOutcome::NotFound => return None,
@@ -198,6 +199,6 @@ impl Action for Continue {
         } else {
             format!("request {id} is not a debug request (status {status})")
         };
-        Some(Err(("not_held", why)))
+        Some(Err((Code::NotHeld, why)))
     }
 }

@@ -7,14 +7,14 @@
 //! levels deep, no NUL character in any key or string: stored and shown,
 //! never read by the engine). A refusal of `metadata` is a 400 naming it.
 //! `stream` (a boolean): send the answer's pieces while the model writes
-//! them (`http::live::deltas`); false pays nothing.
+//! them (`app::follow::deltas`); false pays nothing.
 //!
 //! Where a callback may go is decided at delivery, on the address
 //! connected to (`callbacks::guard`), not here.
 
 use serde_json::{Map, Value};
 
-use super::error::ApiError;
+use crate::app::{AppError, Code};
 
 const MAX_URL_CHARS: usize = 2048;
 /// Most bytes of `metadata`, as compact JSON.
@@ -22,18 +22,23 @@ pub const MAX_METADATA_BYTES: usize = 4096;
 /// Deepest nesting of `metadata`: the object itself is level 1.
 pub const MAX_METADATA_DEPTH: usize = 8;
 
-pub(super) fn callback_url(fields: &Map<String, Value>) -> Result<Option<&str>, ApiError> {
+pub(super) fn callback_url(fields: &Map<String, Value>) -> Result<Option<&str>, AppError> {
     let url = match fields.get("callback_url") {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) => s.as_str(),
         Some(_) => {
-            return Err(ApiError::unprocessable(
-                "invalid_field",
+            return Err(AppError::unprocessable(
+                Code::InvalidField,
                 "callback_url must be a string",
             ));
         }
     };
-    let bad = |why: &str| Err(ApiError::unprocessable("invalid_field", format!("callback_url {why}")));
+    let bad = |why: &str| {
+        Err(AppError::unprocessable(
+            Code::InvalidField,
+            format!("callback_url {why}"),
+        ))
+    };
     if url.chars().count() > MAX_URL_CHARS {
         return bad(&format!("is longer than {MAX_URL_CHARS} characters"));
     }
@@ -49,22 +54,22 @@ pub(super) fn callback_url(fields: &Map<String, Value>) -> Result<Option<&str>, 
     }
 }
 
-pub(super) fn debug(fields: &Map<String, Value>) -> Result<bool, ApiError> {
+pub(super) fn debug(fields: &Map<String, Value>) -> Result<bool, AppError> {
     flag(fields, "debug")
 }
 
-pub(super) fn stream(fields: &Map<String, Value>) -> Result<bool, ApiError> {
+pub(super) fn stream(fields: &Map<String, Value>) -> Result<bool, AppError> {
     flag(fields, "stream")
 }
 
 /// A boolean field: absent or null is false; anything but a boolean is a
 /// 422 naming it.
-fn flag(fields: &Map<String, Value>, name: &str) -> Result<bool, ApiError> {
+fn flag(fields: &Map<String, Value>, name: &str) -> Result<bool, AppError> {
     match fields.get(name) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::unprocessable(
-            "invalid_field",
+        Some(_) => Err(AppError::unprocessable(
+            Code::InvalidField,
             format!("{name} must be true or false"),
         )),
     }
@@ -72,8 +77,8 @@ fn flag(fields: &Map<String, Value>, name: &str) -> Result<bool, ApiError> {
 
 /// `metadata`: absent or null is none; anything but an object within the
 /// bounds is refused (400, code `invalid_metadata`, naming the field).
-pub(super) fn metadata(fields: &Map<String, Value>) -> Result<Option<Value>, ApiError> {
-    let bad = |why: String| Err(ApiError::bad_request("invalid_metadata", format!("metadata {why}")));
+pub(super) fn metadata(fields: &Map<String, Value>) -> Result<Option<Value>, AppError> {
+    let bad = |why: String| Err(AppError::bad_request(Code::InvalidMetadata, format!("metadata {why}")));
     let value = match fields.get("metadata") {
         None | Some(Value::Null) => return Ok(None),
         Some(v @ Value::Object(_)) => v,

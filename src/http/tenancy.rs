@@ -1,397 +1,41 @@
-//! Who calls the API: the tenant and scope of a bearer token, the scope
-//! each route needs, and the per-tenant submission limits.
-//!
-//! Tokens:
-//! - A configured token (`api_tokens`) is the default tenant with scope
-//!   `admin`, as before tenants existed. Without configured tokens the
-//!   server binds only loopback and a call without a token is the default
-//!   tenant with scope `admin` (a token, when one is sent, is checked).
-//! - A database token (`maasctl tokens create`) is looked up by its
-//!   SHA-256. A found token is kept in memory for at most [`TOKEN_TTL`]: a
-//!   revoked token is refused within that time. One lookup (a read) and
-//!   one stamp of `last_used_at` per token per period, none per request.
-//!   An unknown one is remembered apart, for [`UNKNOWN_TTL`], in a table
-//!   of its own that wrong tokens can fill without pushing out a right
-//!   one; it costs a read, never a write (and the peer's failed attempts
-//!   are rate limited, `limits::AuthFailures`).
-//!
-//! Scopes (what each allows; each route needs one [`Need`]):
+//! What each HTTP route needs of its caller (the rules themselves are the
+//! application layer's, `crate::app::caller`).
 //!
 //! | route                                          | need         | submit | read | operate | admin |
 //! |------------------------------------------------|--------------|--------|------|---------|-------|
-//! | `POST /api/query`                              | submit       | yes    | –    | yes     | yes   |
+//! | `POST /api/query`, `POST /v1/chat/completions` | submit       | yes    | –    | yes     | yes   |
 //! | `GET /api/query/{id}/status`, `/events`, `GET /api/ws?request_id=` | read request | yes | yes | yes | yes |
 //! | `GET /api/ws?user_id=`, `GET /api/users/{id}/memory`, `/memory/search`, `/export`, `GET /api/query/{id}/status?include=context` | read user | – | yes | yes | yes |
 //! | `POST /api/query/{id}/cancel`, `/retry`, `/continue`; `PUT`/`DELETE /api/users/{id}/memory/{record}`, `DELETE /api/users/{id}/turns/{turn}` | operate | – | – | yes | yes |
 //! | `DELETE /api/users/{id}` (forget)              | admin        | –      | –    | –       | yes   |
 //!
 //! `/mcp` needs any valid token; each MCP tool asks for the need of its
-//! HTTP twin (`crate::mcp`).
-//!
-//! User binding: a token made with `--user U` ([`Principal::user`]) acts
-//! for that one user of its tenant; every door checks a user id it is
-//! given with [`Principal::acts_for`] (403 `user_not_allowed`).
-//!
-//! A refusal is 403 `scope_required` naming the scope needed. The
-//! console's rows of the table are in `docs/deploying.md`, which
-//! `tests/it/scopes.rs` walks route by route.
-//!
-//! Isolation: every statement that reads a request by id takes the
-//! caller's tenant (`WHERE id = $1 AND tenant_id = $2`): another tenant's
-//! request is 404. A user id in a path is mapped to the stored one by
-//! `maas_tenant_user` in SQL ([`stored_user`]).
-//!
-//! Limits ([`check_limits`]): a tenant with `requests_per_minute` or
-//! `max_in_flight` set is counted in PostgreSQL under a lock on its
-//! `tenants` row, in the transaction that inserts the request (or stores
-//! the turn of MCP `remember`, which counts against `requests_per_minute`
-//! as a request does), so the limits hold across any number of daemons;
-//! over one the answer is 429 with `Retry-After` naming the limit (an MCP
-//! tool's error carries the same code). A tenant without limits (the
-//! default tenant always) pays nothing: the limits come with the cached
-//! token, so a change takes effect within [`TOKEN_TTL`]. The limits are
-//! checked before the idempotency key: over a limit, a replay is 429 too
-//! (it gets its first request once under the limit again).
+//! HTTP twin (`crate::mcp`). A refusal is 403 `scope_required` naming the
+//! scope needed; a user id a user-bound token may not name is 403
+//! `user_not_allowed`. The console's rows of the table are in
+//! `docs/deploying.md`, which `tests/it/scopes.rs` walks route by route.
+//! A tenant over a limit (`crate::app::limits`) is 429 with `Retry-After`
+//! naming the limit.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use axum::http::Method;
 
-use crate::repo::GenericClient;
-use axum::http::{Method, StatusCode};
-use uuid::Uuid;
+use crate::app::Need;
 
-use super::error::ApiError;
-use crate::db::Pool;
-use crate::repo::tenants::{self, TokenRow};
-
-/// How long a found token is trusted (and how often an open stream checks
-/// its token again).
-pub const TOKEN_TTL: Duration = Duration::from_secs(5);
-/// How long an unknown (or revoked) token is remembered as such.
-pub const UNKNOWN_TTL: Duration = Duration::from_secs(2);
-/// Most cached lookups of found tokens; the cache is emptied when full.
-const CACHE_LIMIT: usize = 10_000;
-/// Most remembered unknown tokens; expired ones go first when full, then
-/// all of them.
-const UNKNOWN_LIMIT: usize = 4096;
-/// `Retry-After` when over `max_in_flight` (when a request finishes is
-/// not known).
-const IN_FLIGHT_RETRY_SECS: u64 = 2;
-
-pub use crate::model::Scope;
-
-impl Scope {
-    /// The matrix of the module docs.
-    pub fn allows(self, need: Need) -> bool {
-        match self {
-            Scope::Admin => true,
-            Scope::Operate => need != Need::Admin,
-            Scope::Read => matches!(need, Need::ReadRequest | Need::ReadUser),
-            Scope::Submit => matches!(need, Need::Submit | Need::ReadRequest),
+/// What the route `method path` (as routed) needs. `GET /api/ws` needs
+/// [`Need::ReadRequest`] here; its handler asks for [`Need::ReadUser`]
+/// when it follows a user.
+pub fn need_of_route(method: &Method, path: &str) -> Need {
+    match (method.as_str(), path) {
+        ("POST", "/api/query" | "/v1/chat/completions") => Need::Submit,
+        ("GET", "/api/users/{id}/memory" | "/api/users/{id}/memory/search" | "/api/users/{id}/export") => {
+            Need::ReadUser
         }
+        // Any scope reaches the MCP server; each tool asks for its own.
+        (_, "/mcp") => Need::ReadRequest,
+        ("GET", _) => Need::ReadRequest,
+        ("DELETE", "/api/users/{id}") => Need::Admin,
+        _ => Need::Operate,
     }
-}
-
-/// What a route needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Need {
-    Submit,
-    /// A request by id (its status and stream).
-    ReadRequest,
-    /// A user's memory and stream.
-    ReadUser,
-    Operate,
-    Admin,
-}
-
-impl Need {
-    /// The least scope that allows it, for the refusal.
-    fn least(self) -> &'static str {
-        match self {
-            Need::Submit => "submit",
-            Need::ReadRequest => "submit or read",
-            Need::ReadUser => "read",
-            Need::Operate => "operate",
-            Need::Admin => "admin",
-        }
-    }
-
-    /// What the route `method path` (as routed) needs. `GET /api/ws` needs
-    /// [`Need::ReadRequest`] here; its handler asks for [`Need::ReadUser`]
-    /// when it follows a user.
-    pub fn of_route(method: &Method, path: &str) -> Need {
-        match (method.as_str(), path) {
-            ("POST", "/api/query") => Need::Submit,
-            ("GET", "/api/users/{id}/memory" | "/api/users/{id}/memory/search" | "/api/users/{id}/export") => {
-                Need::ReadUser
-            }
-            // Any scope reaches the MCP server; each tool asks for its own.
-            (_, "/mcp") => Need::ReadRequest,
-            ("GET", _) => Need::ReadRequest,
-            ("DELETE", "/api/users/{id}") => Need::Admin,
-            _ => Need::Operate,
-        }
-    }
-}
-
-/// The caller of an `/api` route, put in the request's extensions by the
-/// authentication.
-#[derive(Debug, Clone)]
-pub struct Principal {
-    pub tenant: Uuid,
-    pub tenant_name: Arc<str>,
-    pub scope: Scope,
-    /// The token's name (`config` for a configured token, `local` without).
-    pub token: Arc<str>,
-    /// The tenant has a limit set (as of the cached lookup).
-    pub limited: bool,
-    /// The database token's id (`None` for a configured token).
-    pub token_id: Option<i64>,
-    /// The console shows this caller every tenant (a configured token, the
-    /// loopback mode, or a database token made with `--operator`); the
-    /// JSON API ignores it.
-    pub operator: bool,
-    /// The one user this caller acts for (the tenant's own id; a token
-    /// made with `--user`): any other user id is refused on every door.
-    pub user: Option<Uuid>,
-}
-
-impl Principal {
-    /// A configured token, or the loopback mode.
-    pub fn default_admin(token: &str) -> Principal {
-        Principal {
-            tenant: tenants::DEFAULT,
-            tenant_name: Arc::from("default"),
-            scope: Scope::Admin,
-            token: Arc::from(token),
-            limited: false,
-            token_id: None,
-            operator: true,
-            user: None,
-        }
-    }
-
-    fn of_row(r: &TokenRow) -> Option<Principal> {
-        Some(Principal {
-            tenant: r.tenant_id,
-            tenant_name: Arc::from(r.tenant_name.as_str()),
-            scope: r.scope,
-            token: Arc::from(r.name.as_str()),
-            limited: r.requests_per_minute.is_some() || r.max_in_flight.is_some(),
-            token_id: Some(r.id),
-            operator: r.operator,
-            user: r.user_id,
-        })
-    }
-
-    pub fn is_default(&self) -> bool {
-        self.tenant == tenants::DEFAULT
-    }
-
-    /// 403 `user_not_allowed` naming `field` when this caller is bound to
-    /// a user other than `user` (the tenant's own id).
-    pub fn acts_for(&self, user: Uuid, field: &str) -> Result<(), ApiError> {
-        match self.user {
-            Some(bound) if bound != user => Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "user_not_allowed",
-                format!("{field}: token `{}` acts for user {bound} only, not {user}", self.token),
-            )),
-            _ => Ok(()),
-        }
-    }
-
-    /// 403 naming the scope needed unless this caller's scope allows `need`.
-    pub fn require(&self, need: Need) -> Result<(), ApiError> {
-        if self.scope.allows(need) {
-            return Ok(());
-        }
-        Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "scope_required",
-            format!(
-                "this needs a token with scope {}; token `{}` has scope {}",
-                need.least(),
-                self.token,
-                self.scope.as_str()
-            ),
-        ))
-    }
-}
-
-/// A database token found by id: its SHA-256 and principal.
-type ById = Option<([u8; 32], Principal)>;
-
-/// Database tokens by SHA-256 (and by id, for console sessions): found
-/// ones trusted for [`TOKEN_TTL`], unknown ones remembered apart for
-/// [`UNKNOWN_TTL`].
-#[derive(Default)]
-pub struct TokenCache {
-    found: Mutex<HashMap<[u8; 32], (Instant, Principal)>>,
-    unknown: Mutex<HashMap<[u8; 32], Instant>>,
-    by_id: Mutex<HashMap<i64, (Instant, ById)>>,
-}
-
-impl TokenCache {
-    /// The live token with id `id`: its SHA-256 and principal (`None` when
-    /// unknown or revoked).
-    pub async fn by_id(&self, pool: &Pool, id: i64) -> Result<ById, ApiError> {
-        if let Ok(entries) = self.by_id.lock()
-            && let Some((at, found)) = entries.get(&id)
-            && at.elapsed() < TOKEN_TTL
-        {
-            return Ok(found.clone());
-        }
-        let client = pool.get().await?;
-        let found = tenants::token_by_id(&client, id).await?.and_then(|r| {
-            let digest: [u8; 32] = r.token_sha256.as_slice().try_into().ok()?;
-            Some((digest, Principal::of_row(&r)?))
-        });
-        if let Ok(mut entries) = self.by_id.lock() {
-            if entries.len() >= CACHE_LIMIT {
-                entries.clear();
-            }
-            entries.insert(id, (Instant::now(), found.clone()));
-        }
-        Ok(found)
-    }
-
-    /// The principal of a found token still trusted from the cache, with
-    /// no lookup.
-    pub fn cached(&self, digest: &[u8; 32]) -> Option<Principal> {
-        let entries = self.found.lock().ok()?;
-        let (at, p) = entries.get(digest)?;
-        (at.elapsed() < TOKEN_TTL).then(|| p.clone())
-    }
-
-    /// The principal of the token with SHA-256 `digest`, `None` for an
-    /// unknown or revoked token.
-    pub async fn lookup(&self, pool: &Pool, digest: [u8; 32]) -> Result<Option<Principal>, ApiError> {
-        if let Some(p) = self.cached(&digest) {
-            return Ok(Some(p));
-        }
-        if let Ok(unknown) = self.unknown.lock()
-            && unknown.get(&digest).is_some_and(|at| at.elapsed() < UNKNOWN_TTL)
-        {
-            return Ok(None);
-        }
-        let client = pool.get().await?;
-        let found = tenants::token_by_hash(&client, &digest)
-            .await?
-            .and_then(|r| Principal::of_row(&r));
-        match &found {
-            Some(p) => {
-                if let Some(id) = p.token_id
-                    && let Err(e) = tenants::touch_token(&client, id).await
-                {
-                    tracing::warn!(token = %p.token, error = %e, "http: cannot stamp the token's last use");
-                }
-                if let Ok(mut entries) = self.found.lock() {
-                    if entries.len() >= CACHE_LIMIT {
-                        entries.clear();
-                    }
-                    entries.insert(digest, (Instant::now(), p.clone()));
-                }
-            }
-            None => {
-                if let Ok(mut unknown) = self.unknown.lock() {
-                    if unknown.len() >= UNKNOWN_LIMIT {
-                        unknown.retain(|_, at| at.elapsed() < UNKNOWN_TTL);
-                        if unknown.len() >= UNKNOWN_LIMIT {
-                            unknown.clear();
-                        }
-                    }
-                    unknown.insert(digest, Instant::now());
-                }
-                if let Ok(mut entries) = self.found.lock() {
-                    entries.remove(&digest);
-                }
-            }
-        }
-        Ok(found)
-    }
-}
-
-/// The stored user id of the caller's user `user` (the same id for the
-/// default tenant, without a round trip, unless it is a version-8 id: see
-/// `maas_tenant_user`).
-pub async fn stored_user(client: &impl GenericClient, p: &Principal, user: Uuid) -> Result<Uuid, ApiError> {
-    if p.is_default() && user.get_version_num() != 8 {
-        return Ok(user);
-    }
-    Ok(tenants::stored_user(client, p.tenant, user).await?)
-}
-
-/// The stored id of the one user the caller's token is bound to
-/// (`maasctl tokens create … --user`); `None` for a token of every user.
-/// A bound caller sees only that user's requests on every route that names
-/// a request by id (another user's reads as absent, as another tenant's).
-pub async fn bound_user(client: &impl GenericClient, p: &Principal) -> Result<Option<Uuid>, ApiError> {
-    match p.user {
-        Some(user) => Ok(Some(stored_user(client, p, user).await?)),
-        None => Ok(None),
-    }
-}
-
-/// What a write adds to a tenant's usage ([`check_limits`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Usage {
-    /// A request (`POST /api/query`, MCP `ask`): counted against both
-    /// limits (it is the row counted).
-    Request,
-    /// A turn stored outside a request (MCP `remember`): counted against
-    /// `requests_per_minute` only (it is never in flight), as a row of
-    /// `tenant_turns` written here.
-    Turn,
-}
-
-/// Checks a limited tenant's limits inside the writing transaction (its
-/// `tenants` row stays locked until that commits): 429 with `Retry-After`
-/// over one. A [`Usage::Turn`] within them is counted here. The one check
-/// of every door that writes for a tenant.
-pub async fn check_limits(client: &impl GenericClient, p: &Principal, usage: Usage) -> Result<(), ApiError> {
-    let Some(tenants::Limits {
-        requests_per_minute: rpm,
-        max_in_flight,
-    }) = tenants::lock_limits(client, p.tenant).await?
-    else {
-        return Ok(());
-    };
-    let in_flight = max_in_flight.filter(|_| usage == Usage::Request);
-    if rpm.is_none() && in_flight.is_none() {
-        return Ok(());
-    }
-    let c = tenants::limit_counts(client, p.tenant, rpm, in_flight).await?;
-    if let Some(rpm) = rpm
-        && c.last_minute >= i64::from(rpm)
-    {
-        let secs = u64::try_from(c.window_frees_in).unwrap_or(1).max(1);
-        return Err(ApiError::too_many(
-            "requests_per_minute",
-            format!(
-                "tenant `{}` is over its limit of {rpm} requests per minute (requests_per_minute); retry in {secs} s",
-                p.tenant_name
-            ),
-        )
-        .retry_after(secs));
-    }
-    if let Some(max) = in_flight
-        && c.in_flight >= i64::from(max)
-    {
-        return Err(ApiError::too_many(
-            "max_in_flight",
-            format!(
-                "tenant `{}` has {max} requests in flight, its limit (max_in_flight)",
-                p.tenant_name
-            ),
-        )
-        .retry_after(IN_FLIGHT_RETRY_SECS));
-    }
-    if usage == Usage::Turn && rpm.is_some() {
-        tenants::count_turn(client, p.tenant).await?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -399,34 +43,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_scope_matrix_holds() {
-        use Need::*;
-        let all = [Submit, ReadRequest, ReadUser, Operate, Admin];
-        let allowed = |s: Scope| all.iter().filter(|n| s.allows(**n)).copied().collect::<Vec<_>>();
-        assert_eq!(allowed(Scope::Submit), vec![Submit, ReadRequest]);
-        assert_eq!(allowed(Scope::Read), vec![ReadRequest, ReadUser]);
-        assert_eq!(allowed(Scope::Operate), vec![Submit, ReadRequest, ReadUser, Operate]);
-        assert_eq!(allowed(Scope::Admin), all.to_vec());
-    }
-
-    #[test]
     fn routes_need_what_the_docs_say() {
-        assert_eq!(Need::of_route(&Method::POST, "/api/query"), Need::Submit);
-        assert_eq!(
-            Need::of_route(&Method::GET, "/api/query/{id}/status"),
-            Need::ReadRequest
-        );
-        assert_eq!(
-            Need::of_route(&Method::GET, "/api/query/{id}/events"),
-            Need::ReadRequest
-        );
-        assert_eq!(Need::of_route(&Method::GET, "/api/users/{id}/export"), Need::ReadUser);
-        assert_eq!(Need::of_route(&Method::POST, "/api/query/{id}/cancel"), Need::Operate);
-        assert_eq!(Need::of_route(&Method::POST, "/api/query/{id}/continue"), Need::Operate);
-        assert_eq!(
-            Need::of_route(&Method::DELETE, "/api/users/{id}/memory/{record}"),
-            Need::Operate
-        );
-        assert_eq!(Need::of_route(&Method::DELETE, "/api/users/{id}"), Need::Admin);
+        let need = |m: &Method, p: &str| need_of_route(m, p);
+        assert_eq!(need(&Method::POST, "/api/query"), Need::Submit);
+        assert_eq!(need(&Method::GET, "/api/query/{id}/status"), Need::ReadRequest);
+        assert_eq!(need(&Method::GET, "/api/query/{id}/events"), Need::ReadRequest);
+        assert_eq!(need(&Method::GET, "/api/users/{id}/export"), Need::ReadUser);
+        assert_eq!(need(&Method::POST, "/api/query/{id}/cancel"), Need::Operate);
+        assert_eq!(need(&Method::POST, "/api/query/{id}/continue"), Need::Operate);
+        assert_eq!(need(&Method::DELETE, "/api/users/{id}/memory/{record}"), Need::Operate);
+        assert_eq!(need(&Method::DELETE, "/api/users/{id}"), Need::Admin);
     }
 }

@@ -13,7 +13,7 @@
 //! runs, 404 `not_found` for a record or turn the user does not have.
 //!
 //! Caps, so that one client cannot take the API pool: a search's `q` is at
-//! most [`MAX_SEARCH_CHARS`] characters (400 `invalid_query` naming `q`);
+//! most [`MAX_SEARCH_CHARS`](memory::MAX_SEARCH_CHARS) characters (400 `invalid_query` naming `q`);
 //! searches and exports running at once are capped per token
 //! (`http.max_searches_per_token`, `http.max_exports_per_token`; 429
 //! `too_many_searches` / `too_many_exports` with `Retry-After`). An export
@@ -30,91 +30,65 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::AppState;
-use super::error::ApiError;
-use super::input::check_field;
-use super::limits::Caller;
-use super::tenancy::{self, Principal};
+use crate::app::caps::Pass;
+use crate::app::input::check_field;
+use crate::app::memory;
+use crate::app::{AppError, Caller, Code, Kind, Principal};
 use crate::users::{self, Correction, Page, UserError, UserKey, Why};
 
 /// Most records (and pending turns) per page, and the default.
 pub const MAX_LIMIT: usize = 500;
 const DEFAULT_LIMIT: usize = 50;
-/// Longest memory search (`?q=`), in characters.
-pub const MAX_SEARCH_CHARS: usize = 2000;
-
-impl From<UserError> for ApiError {
-    fn from(e: UserError) -> ApiError {
-        match e {
-            UserError::Unknown(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_user", e.to_string()),
-            UserError::Forgotten { .. } => ApiError::new(StatusCode::NOT_FOUND, "user_forgotten", e.to_string()),
-            UserError::Erasing(_) => ApiError::new(StatusCode::CONFLICT, "erase_running", e.to_string()),
-            UserError::NoSuch { .. } => ApiError::not_found(e.to_string()),
-            UserError::Db(d) => ApiError::from(d),
-        }
-    }
-}
 
 /// A 404 for a user with nothing held still carries the user and version 0.
 fn user_error(user: Uuid, e: UserError) -> Response {
-    refusal(user, ApiError::from(e))
+    refusal(user, AppError::from(e))
 }
 
 /// [`user_error`] of an error already mapped.
-fn refusal(user: Uuid, e: ApiError) -> Response {
-    if e.status == StatusCode::NOT_FOUND && e.code != "not_found" {
+fn refusal(user: Uuid, e: AppError) -> Response {
+    if e.kind == Kind::NotFound && e.code != Code::NotFound {
         let body = json!({ "error": e.message, "code": e.code, "user_id": user, "memory_version": 0 });
-        return (e.status, Json(body)).into_response();
+        return (StatusCode::NOT_FOUND, Json(body)).into_response();
     }
     e.into_response()
 }
 
 /// The caller's user `raw`, mapped to the stored user id in SQL
 /// ([`tenancy::stored_user`]): a tenant reaches only its own users.
-async fn user_key(app: &AppState, who: &Principal, raw: &str) -> Result<UserKey, ApiError> {
+async fn user_key(app: &AppState, who: &Principal, raw: &str) -> Result<UserKey, AppError> {
     let shown = raw
         .parse::<Uuid>()
-        .map_err(|_| ApiError::bad_request("invalid_id", format!("{raw:?} is not a user id (a UUID)")))?;
-    who.acts_for(shown, "the user id in the path")?;
-    user_of(app, who, shown).await
+        .map_err(|_| AppError::bad_request(Code::InvalidId, format!("{raw:?} is not a user id (a UUID)")))?;
+    memory::user(app, who, shown, "the user id in the path").await
 }
 
-/// The caller's user `shown` as a [`UserKey`] (stored id mapped in SQL for
-/// a tenant); the caller's user binding is the caller's to check first.
-pub async fn user_of(app: &AppState, who: &Principal, shown: Uuid) -> Result<UserKey, ApiError> {
-    if who.is_default() && shown.get_version_num() != 8 {
-        return Ok(UserKey::new(shown));
-    }
-    let client = app.pool.get().await?;
-    Ok(UserKey::of_tenant(
-        tenancy::stored_user(&client, who, shown).await?,
-        shown,
-    ))
-}
-
-fn parse_row_id(raw: &str, what: &str) -> Result<i64, ApiError> {
-    raw.parse::<i64>()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| ApiError::bad_request("invalid_id", format!("{raw:?} is not a {what} id (a positive integer)")))
+fn parse_row_id(raw: &str, what: &str) -> Result<i64, AppError> {
+    raw.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+        AppError::bad_request(
+            Code::InvalidId,
+            format!("{raw:?} is not a {what} id (a positive integer)"),
+        )
+    })
 }
 
 /// The query's parameters; one holding a NUL is a 400 naming it.
-fn params(query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<HashMap<String, String>, ApiError> {
+fn params(query: Result<Query<HashMap<String, String>>, QueryRejection>) -> Result<HashMap<String, String>, AppError> {
     let params = query
         .map(|Query(p)| p)
-        .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+        .map_err(|e| AppError::bad_request(Code::InvalidQuery, e.body_text()))?;
     for (k, v) in &params {
         check_field(k, v)?;
     }
     Ok(params)
 }
 
-fn int_param(params: &HashMap<String, String>, name: &str) -> Result<Option<i64>, ApiError> {
+fn int_param(params: &HashMap<String, String>, name: &str) -> Result<Option<i64>, AppError> {
     params
         .get(name)
         .map(|v| {
             v.parse::<i64>()
-                .map_err(|_| ApiError::bad_request("invalid_query", format!("{name}={v:?}: expected an integer")))
+                .map_err(|_| AppError::bad_request(Code::InvalidQuery, format!("{name}={v:?}: expected an integer")))
         })
         .transpose()
 }
@@ -148,7 +122,7 @@ type UserParts = (
 /// parameters of a route on one user.
 async fn user_call(
     (State(app), Extension(who), Path(id), query): UserParts,
-) -> Result<(AppState, UserKey, HashMap<String, String>), ApiError> {
+) -> Result<(AppState, UserKey, HashMap<String, String>), AppError> {
     let user = user_key(&app, &who, &id).await?;
     Ok((app, user, params(query)?))
 }
@@ -156,7 +130,7 @@ async fn user_call(
 /// `GET /api/users/{id}/memory[?before=&turns_before=&limit=]`: a page of the
 /// user's records (newest first) and pending turns; with `?q=TEXT` instead
 /// the hits of the pipeline's retrieval for TEXT, with scores.
-pub async fn memory(caller: Option<Extension<Caller>>, parts: UserParts) -> Result<Response, ApiError> {
+pub async fn memory(caller: Option<Extension<Caller>>, parts: UserParts) -> Result<Response, AppError> {
     let (app, user, params) = user_call(parts).await?;
     if let Some(q) = params.get("q") {
         let place = searching(&app, caller)?;
@@ -164,7 +138,7 @@ pub async fn memory(caller: Option<Extension<Caller>>, parts: UserParts) -> Resu
             query: q,
             ..Default::default()
         };
-        return Ok(match search(&app, user, s, place).await {
+        return Ok(match memory::search(&app, user, s, place).await {
             Ok(v) => Json(v).into_response(),
             Err(e) => refusal(user.shown, e),
         });
@@ -174,7 +148,9 @@ pub async fn memory(caller: Option<Extension<Caller>>, parts: UserParts) -> Resu
         Some(n) => usize::try_from(n)
             .ok()
             .filter(|n| (1..=MAX_LIMIT).contains(n))
-            .ok_or_else(|| ApiError::bad_request("invalid_query", format!("limit={n}: expected 1 to {MAX_LIMIT}")))?,
+            .ok_or_else(|| {
+                AppError::bad_request(Code::InvalidQuery, format!("limit={n}: expected 1 to {MAX_LIMIT}"))
+            })?,
     };
     let page = Page {
         before: int_param(&params, "before")?,
@@ -192,12 +168,12 @@ pub async fn memory(caller: Option<Extension<Caller>>, parts: UserParts) -> Resu
 /// hits of the pipeline's retrieval for TEXT, dated, with their sources and
 /// scores; items inside the period `when` names (`last week`, `in May
 /// 2023`) first; at most `limit` (1 to [`MAX_LIMIT`]). The MCP tool
-/// `recall` runs the same [`search`].
-pub async fn memory_search(caller: Option<Extension<Caller>>, parts: UserParts) -> Result<Response, ApiError> {
+/// `recall` runs the same [`memory::search`].
+pub async fn memory_search(caller: Option<Extension<Caller>>, parts: UserParts) -> Result<Response, AppError> {
     let (app, user, params) = user_call(parts).await?;
     let q = params
         .get("q")
-        .ok_or_else(|| ApiError::bad_request("invalid_query", "q is required"))?;
+        .ok_or_else(|| AppError::bad_request(Code::InvalidQuery, "q is required"))?;
     let limit = match int_param(&params, "limit")? {
         None => None,
         Some(n) => Some(
@@ -205,7 +181,7 @@ pub async fn memory_search(caller: Option<Extension<Caller>>, parts: UserParts) 
                 .ok()
                 .filter(|n| (1..=MAX_LIMIT).contains(n))
                 .ok_or_else(|| {
-                    ApiError::bad_request("invalid_query", format!("limit={n}: expected 1 to {MAX_LIMIT}"))
+                    AppError::bad_request(Code::InvalidQuery, format!("limit={n}: expected 1 to {MAX_LIMIT}"))
                 })?,
         ),
     };
@@ -215,63 +191,15 @@ pub async fn memory_search(caller: Option<Extension<Caller>>, parts: UserParts) 
         when: params.get("when").map(String::as_str),
         limit,
     };
-    Ok(match search(&app, user, s, place).await {
+    Ok(match memory::search(&app, user, s, place).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => refusal(user.shown, e),
     })
 }
 
 /// A place among the caller's running searches (`http.max_searches_per_token`).
-pub fn searching(app: &AppState, caller: Option<Extension<Caller>>) -> Result<super::limits::Pass, ApiError> {
+pub fn searching(app: &AppState, caller: Option<Extension<Caller>>) -> Result<Pass, AppError> {
     app.searches.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))
-}
-
-/// Searches `user`'s memory as the pipeline does ([`users::search`]),
-/// holding `place` meanwhile: the one search of the HTTP route and of the
-/// MCP tool `recall`. `q` must be 1 to [`MAX_SEARCH_CHARS`] characters.
-pub async fn search(
-    app: &AppState,
-    user: UserKey,
-    s: users::Search<'_>,
-    place: super::limits::Pass,
-) -> Result<users::SearchView, ApiError> {
-    let _place = place;
-    if s.query.trim().is_empty() {
-        return Err(ApiError::bad_request("invalid_query", "q must not be empty"));
-    }
-    if s.query.chars().count() > MAX_SEARCH_CHARS {
-        return Err(ApiError::bad_request(
-            "invalid_query",
-            format!("q is longer than {MAX_SEARCH_CHARS} characters"),
-        ));
-    }
-    let client = app.pool.get().await?;
-    Ok(users::search(&client, &app.cfg, user, s, app.embedder.as_ref()).await?)
-}
-
-/// Stores `content` as what `user` said, a turn of `thread` (a new thread
-/// when `None`), counted against the caller's tenant's
-/// `requests_per_minute` as a request is ([`tenancy::check_limits`], in
-/// the transaction that stores it): the one write of the MCP tool
-/// `remember`. `content` is checked as a query is
-/// ([`super::input::query_text`]).
-pub async fn remember(
-    app: &AppState,
-    who: &Principal,
-    user: UserKey,
-    thread: Option<Uuid>,
-    content: &str,
-) -> Result<crate::repo::users::Remembered, ApiError> {
-    super::input::query_text("content", content)?;
-    let mut client = app.pool.get().await?;
-    if !who.limited {
-        return Ok(users::remember(&client, user, thread, content).await?);
-    }
-    let tx = client.transaction().await.map_err(crate::db::Error::from)?;
-    tenancy::check_limits(&tx, who, tenancy::Usage::Turn).await?;
-    let turn = users::remember(&tx, user, thread, content).await?;
-    tx.commit().await.map_err(crate::db::Error::from)?;
-    Ok(turn)
 }
 
 /// The user and the row of a `DELETE` of a record or turn, and its query.
@@ -283,12 +211,12 @@ type DeleteParts = (
 );
 
 /// `DELETE /api/users/{id}/memory/{record}[?reason=&actor=]`.
-pub async fn delete_record(parts: DeleteParts) -> Result<Response, ApiError> {
+pub async fn delete_record(parts: DeleteParts) -> Result<Response, AppError> {
     delete(parts, "record", Correction::DeleteRecord).await
 }
 
 /// `DELETE /api/users/{id}/turns/{turn}[?reason=&actor=]`.
-pub async fn delete_turn(parts: DeleteParts) -> Result<Response, ApiError> {
+pub async fn delete_turn(parts: DeleteParts) -> Result<Response, AppError> {
     delete(parts, "turn", Correction::DeleteTurn).await
 }
 
@@ -297,7 +225,7 @@ async fn delete(
     (State(app), Extension(who), Path((id, row)), query): DeleteParts,
     what: &str,
     correction: fn(i64) -> Correction<'static>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AppError> {
     let user = user_key(&app, &who, &id).await?;
     let row = parse_row_id(&row, what)?;
     let params = params(query)?;
@@ -311,15 +239,15 @@ pub async fn replace_summary(
     Extension(who): Extension<Principal>,
     Path((id, record)): Path<(String, String)>,
     body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AppError> {
     let user = user_key(&app, &who, &id).await?;
     let record = parse_row_id(&record, "record")?;
-    let Json(body) = body.map_err(|e| ApiError::bad_request("malformed_json", e.body_text()))?;
+    let Json(body) = body.map_err(|e| AppError::bad_request(Code::MalformedJson, e.body_text()))?;
     let summary = match body.get("summary") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.as_str(),
-        Some(Value::String(_)) => return Err(ApiError::unprocessable("empty_field", "summary must not be empty")),
-        Some(_) => return Err(ApiError::unprocessable("invalid_field", "summary must be a string")),
-        None => return Err(ApiError::unprocessable("missing_field", "summary is required")),
+        Some(Value::String(_)) => return Err(AppError::unprocessable(Code::EmptyField, "summary must not be empty")),
+        Some(_) => return Err(AppError::unprocessable(Code::InvalidField, "summary must be a string")),
+        None => return Err(AppError::unprocessable(Code::MissingField, "summary is required")),
     };
     check_field("summary", summary)?;
     let mut params = HashMap::new();
@@ -337,7 +265,7 @@ async fn apply(
     user: UserKey,
     c: Correction<'_>,
     params: &HashMap<String, String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AppError> {
     let who = actor(params);
     let client = app.pool.get().await?;
     Ok(match users::correct(&client, user, c, why(&who, params)).await {
@@ -352,7 +280,7 @@ async fn apply(
 /// the erase started (it runs in the daemon; `GET …/memory` answers 409
 /// until it has finished, then 404 `user_forgotten`); 409 while an erase
 /// of the user runs.
-pub async fn forget(parts: UserParts) -> Result<Response, ApiError> {
+pub async fn forget(parts: UserParts) -> Result<Response, AppError> {
     let (app, user, params) = user_call(parts).await?;
     let who = actor(&params);
     if let Err(e) = users::forget_in_background(&app.pool, user, why(&who, &params)).await {
@@ -373,7 +301,7 @@ pub async fn export(
     caller: Option<Extension<Caller>>,
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AppError> {
     let user = user_key(&app, &who, &id).await?;
     let place = app.exports.enter(caller.map_or(Caller::ANONYMOUS, |Extension(c)| c))?;
     if let Err(e) = users::export::check(&app.pool, user).await {

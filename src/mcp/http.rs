@@ -1,6 +1,6 @@
-//! The streamable-HTTP transport at `/mcp`: rmcp's tower service, nested in
-//! the server's router by [`crate::http::start`], so it sits behind the
-//! same middleware as every route (bearer authentication with scopes and
+//! The streamable-HTTP transport at `/mcp`: rmcp's tower service, mounted
+//! by the daemon beside the HTTP server's `/api` routes, so it sits behind
+//! the same middleware as every route (bearer authentication with scopes and
 //! tenants, the request timeout, body cap and metrics, and the loopback
 //! guard of `local_guard` when no token is configured).
 //!
@@ -10,7 +10,8 @@
 //! - Origin: the specification asks every server to check it (DNS
 //!   rebinding), and a browser reaches `/mcp`'s streams without CORS: with
 //!   tokens or not, a request carrying an `Origin` must name this server
-//!   (`local_guard::browser_origin`, 403 `forbidden_origin`), so no page of
+//!   (checked by the HTTP server for every door mounted beside `/api`, 403
+//!   `forbidden_origin`), so no page of
 //!   another site — nor of another port of the loopback — drives it.
 //! - Sessions: the current revision has none (each request stands alone);
 //!   for clients of the revisions before it rmcp keeps each session in
@@ -25,11 +26,11 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 
 use super::Server;
 use super::sessions::{self, Door, Manager};
-use crate::http::AppState;
+use crate::app::App;
 
 /// The route `/mcp` (every method: POST, GET, DELETE), for the server's
-/// router.
-pub fn router(app: &AppState) -> Router<AppState> {
+/// router (whatever its state: this route keeps its own).
+pub fn router<S: Clone + Send + Sync + 'static>(app: &App) -> Router<S> {
     let state = app.clone();
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()

@@ -19,8 +19,8 @@
 //! | tool       | scope  | does                                                        |
 //! |------------|--------|-------------------------------------------------------------|
 //! | `remember` | submit | stores a turn in `raw_logs` ([`crate::users::remember`])     |
-//! | `recall`   | read   | the pipeline's retrieval ([`crate::http::users::search`])    |
-//! | `ask`      | submit | submits ([`crate::http::api::enqueue`]) and waits the answer |
+//! | `recall`   | read   | the pipeline's retrieval ([`crate::app::memory::search`])    |
+//! | `ask`      | submit | submits ([`crate::app::submit::enqueue`]) and waits the answer |
 //! | `correct`  | operate| [`crate::users::correct`], as `PUT`/`DELETE …/memory/{record}`, `DELETE …/turns/{turn}` |
 //! | `forget`   | admin  | [`crate::users::forget_in_background`], as `DELETE /api/users/{id}` |
 //!
@@ -50,10 +50,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool_handler};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::http::AppState;
-use crate::http::error::ApiError;
-use crate::http::limits::Caller;
-use crate::http::tenancy::{Need, Principal};
+use crate::app::{App, AppError, Caller, Code, Kind, Need, Principal};
 use crate::users::UserKey;
 
 /// What the server tells a client about itself at the start.
@@ -63,18 +60,18 @@ anything that may depend on what the user said before (names, plans, preferences
 analyzer, retrieval and model) and returns its answer with the memory it used. Items are dated and \
 carry their source (`turn` or `record` and its id), which `correct` takes.";
 
-/// The MCP server of one caller: the HTTP server's state, and for stdio
+/// The MCP server of one caller: the application, and for stdio
 /// the caller fixed for the process (over HTTP it comes with each request).
 #[derive(Clone)]
 pub struct Server {
-    app: AppState,
+    app: App,
     local: Option<Arc<Principal>>,
     tool_router: ToolRouter<Server>,
 }
 
 impl Server {
     /// A server for the HTTP transport: each request carries its caller.
-    pub fn new(app: AppState) -> Server {
+    pub fn new(app: App) -> Server {
         Server {
             app,
             local: None,
@@ -83,7 +80,7 @@ impl Server {
     }
 
     /// A server for stdio: acts as `who` (whose `user` is the one user).
-    pub fn local(app: AppState, who: Principal) -> Server {
+    pub fn local(app: App, who: Principal) -> Server {
         Server {
             app,
             local: Some(Arc::new(who)),
@@ -93,7 +90,7 @@ impl Server {
 
     /// The caller of a request: the principal the HTTP authentication put
     /// on it (and its key for the per-token caps), or the stdio caller.
-    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<(Principal, Caller), Refusal> {
+    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<(Principal, Caller), AppError> {
         if let Some(who) = &self.local {
             return Ok(((**who).clone(), Caller::ANONYMOUS));
         }
@@ -102,12 +99,16 @@ impl Server {
         let key = parts.and_then(|p| p.extensions.get::<Caller>()).copied();
         match who {
             Some(who) => Ok((who.clone(), key.unwrap_or(Caller::ANONYMOUS))),
-            None => Err(Refusal::new("unauthenticated", "no caller on this request")),
+            None => Err(AppError::new(
+                Kind::Unauthenticated,
+                Code::Unauthenticated,
+                "no caller on this request",
+            )),
         }
     }
 
     /// The caller, refused unless its scope allows `need`.
-    fn caller_for(&self, ctx: &RequestContext<RoleServer>, need: Need) -> Result<(Principal, Caller), Refusal> {
+    fn caller_for(&self, ctx: &RequestContext<RoleServer>, need: Need) -> Result<(Principal, Caller), AppError> {
         let (who, key) = self.caller(ctx)?;
         who.require(need)?;
         Ok((who, key))
@@ -115,71 +116,41 @@ impl Server {
 
     /// The user a call acts on: `given` (a UUID, the tenant's own id) or
     /// the caller's bound user; a bound caller naming another is refused.
-    async fn user(&self, who: &Principal, given: Option<&str>) -> Result<UserKey, Refusal> {
+    async fn user(&self, who: &Principal, given: Option<&str>) -> Result<UserKey, AppError> {
         let shown = match (given.map(str::trim).filter(|g| !g.is_empty()), who.user) {
             (None, Some(bound)) => bound,
             (None, None) => {
-                return Err(Refusal::new(
-                    "missing_argument",
+                return Err(AppError::bad_request(
+                    Code::MissingArgument,
                     "user_id is required: this token is not bound to a user",
                 ));
             }
             (Some(raw), _) => raw.parse::<Uuid>().map_err(|_| {
-                Refusal::new(
-                    "invalid_argument",
+                AppError::bad_request(
+                    Code::InvalidArgument,
                     format!("user_id: {raw:?} is not a user id (a UUID)"),
                 )
             })?,
         };
-        who.acts_for(shown, "user_id")?;
-        Ok(crate::http::users::user_of(&self.app, who, shown).await?)
+        crate::app::memory::user(&self.app, who, shown, "user_id").await
     }
 }
 
-/// Why a tool call was refused: a code and a message naming the problem,
-/// given to the model as the tool's error result.
-#[derive(Debug)]
-pub struct Refusal {
-    code: String,
-    message: String,
+/// A refused tool call as the tool's error result: the code and the
+/// message naming the problem, given to the model as JSON text.
+fn tool_error(e: &AppError) -> CallToolResult {
+    let body = json!({ "error": e.message, "code": e.code });
+    CallToolResult::error(vec![ContentBlock::text(body.to_string())])
 }
 
-impl Refusal {
-    fn new(code: &str, message: impl Into<String>) -> Refusal {
-        Refusal {
-            code: code.to_owned(),
-            message: message.into(),
-        }
-    }
-
-    fn result(&self) -> CallToolResult {
-        let body = json!({ "error": self.message, "code": self.code });
-        CallToolResult::error(vec![ContentBlock::text(body.to_string())])
-    }
-
-    fn protocol(&self) -> ErrorData {
-        ErrorData::invalid_params(format!("{} ({})", self.message, self.code), None)
-    }
-}
-
-impl From<ApiError> for Refusal {
-    fn from(e: ApiError) -> Refusal {
-        Refusal {
-            code: e.code.to_string(),
-            message: e.message.to_string(),
-        }
-    }
-}
-
-impl From<crate::users::UserError> for Refusal {
-    fn from(e: crate::users::UserError) -> Refusal {
-        ApiError::from(e).into()
-    }
+/// A refusal outside a tool (a resource, a list) as a protocol error.
+fn protocol(e: &AppError) -> ErrorData {
+    ErrorData::invalid_params(format!("{} ({})", e.message, e.code), None)
 }
 
 /// A tool's result: its JSON as text (what every client shows a model) and
 /// as structured content; a refusal as the tool's error result.
-fn answer(done: Result<Value, Refusal>) -> CallToolResult {
+fn answer(done: Result<Value, AppError>) -> CallToolResult {
     match done {
         Ok(v) => {
             let mut r = CallToolResult::success(vec![ContentBlock::text(
@@ -188,7 +159,7 @@ fn answer(done: Result<Value, Refusal>) -> CallToolResult {
             r.structured_content = Some(v);
             r
         }
-        Err(refusal) => refusal.result(),
+        Err(refusal) => tool_error(&refusal),
     }
 }
 
@@ -206,7 +177,7 @@ impl ServerHandler for Server {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        let (who, _) = self.caller_for(&ctx, Need::ReadUser).map_err(|r| r.protocol())?;
+        let (who, _) = self.caller_for(&ctx, Need::ReadUser).map_err(|r| protocol(&r))?;
         Ok(ListResourcesResult::with_all_items(resources::list(&who)))
     }
 
@@ -215,9 +186,9 @@ impl ServerHandler for Server {
         request: ReadResourceRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        let (who, _) = self.caller_for(&ctx, Need::ReadUser).map_err(|r| r.protocol())?;
+        let (who, _) = self.caller_for(&ctx, Need::ReadUser).map_err(|r| protocol(&r))?;
         let read = resources::read(self, &who, &request.uri).await;
-        read.map(Into::into).map_err(|r| r.protocol())
+        read.map(Into::into).map_err(|r| protocol(&r))
     }
 }
 

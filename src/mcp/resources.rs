@@ -5,9 +5,8 @@
 
 use rmcp::model::{ReadResourceResult, Resource, ResourceContents};
 
-use super::{Refusal, Server};
-use crate::http::error::ApiError;
-use crate::http::tenancy::Principal;
+use super::Server;
+use crate::app::{AppError, Principal};
 use crate::users::{self, Page};
 
 /// Records per read of the memory resource.
@@ -34,15 +33,15 @@ pub fn list(who: &Principal) -> Vec<Resource> {
 }
 
 /// Reads resource `uri` for the caller.
-pub async fn read(server: &Server, who: &Principal, uri: &str) -> Result<ReadResourceResult, Refusal> {
+pub async fn read(server: &Server, who: &Principal, uri: &str) -> Result<ReadResourceResult, AppError> {
     let rest = uri
         .strip_prefix("maas://users/")
-        .ok_or_else(|| Refusal::new("not_found", format!("no resource {uri}")))?;
+        .ok_or_else(|| AppError::not_found(format!("no resource {uri}")))?;
     let (id, what) = rest
         .split_once('/')
-        .ok_or_else(|| Refusal::new("not_found", format!("no resource {uri}")))?;
+        .ok_or_else(|| AppError::not_found(format!("no resource {uri}")))?;
     let user = server.user(who, Some(id)).await?;
-    let client = server.app.pool.get().await.map_err(ApiError::from)?;
+    let client = server.app.pool.get().await.map_err(AppError::from)?;
     let body = match what {
         "memory" => {
             let page = Page {
@@ -55,9 +54,9 @@ pub async fn read(server: &Server, who: &Principal, uri: &str) -> Result<ReadRes
             "user_id": user,
             "threads": users::threads(&client, user, THREADS).await?,
         })),
-        _ => return Err(Refusal::new("not_found", format!("no resource {uri}"))),
+        _ => return Err(AppError::not_found(format!("no resource {uri}"))),
     }
-    .map_err(|e| Refusal::new("internal", e.to_string()))?;
+    .map_err(|e| AppError::internal(e.to_string()))?;
     Ok(ReadResourceResult::new(vec![
         ResourceContents::text(body, uri).with_mime_type("application/json"),
     ]))

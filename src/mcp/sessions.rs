@@ -37,10 +37,9 @@ use rmcp::transport::streamable_http_server::session::{ServerSseMessage, Session
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::http::AppState;
-use crate::http::error::ApiError;
-use crate::http::limits::{Caller, Gate, Pass};
-use crate::http::live::Access;
+use crate::app::caps::{Gate, Pass};
+use crate::app::follow::Access;
+use crate::app::{App, AppError, Caller, Code, Kind};
 
 /// The header naming a session.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -76,7 +75,7 @@ impl Manager {
     pub fn new(total: usize, per_token: usize) -> Manager {
         Manager {
             local: LocalSessionManager::default(),
-            gate: Gate::coded("MCP sessions", "too_many_sessions", total.max(1), per_token.max(1)),
+            gate: Gate::coded("MCP sessions", Code::TooManySessions, total.max(1), per_token.max(1)),
             owners: Mutex::new(HashMap::new()),
             replays: Mutex::new(HashMap::new()),
         }
@@ -91,7 +90,7 @@ impl Manager {
 
     /// Records `caller` as the owner of the new session `id`, in a place
     /// of the caps, watching its token; the refusal when over a cap.
-    fn admit(self: &Arc<Self>, app: &AppState, id: SessionId, caller: Caller) -> Result<(), ApiError> {
+    fn admit(self: &Arc<Self>, app: &App, id: SessionId, caller: Caller) -> Result<(), AppError> {
         let place = self.gate.enter(caller)?;
         let access = Access::watch(app, caller);
         let (revoked, ended) = (access.token(), CancellationToken::new());
@@ -103,7 +102,7 @@ impl Manager {
         };
         self.owners
             .lock()
-            .map_err(|_| ApiError::unavailable("internal", "MCP sessions unavailable"))?
+            .map_err(|_| AppError::unavailable(Code::Internal, "MCP sessions unavailable"))?
             .insert(id.clone(), owner);
         let manager = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -355,23 +354,20 @@ impl futures_util::Stream for Events {
 #[derive(Clone)]
 pub struct Door {
     pub manager: Arc<Manager>,
-    pub app: AppState,
+    pub app: App,
 }
 
-/// The middleware of `/mcp` (after authentication): a browser's `Origin`
-/// must be this server's; a named session must be the caller's; a new
+/// The middleware of `/mcp` (after authentication and the server's
+/// `Origin` check): a named session must be the caller's; a new
 /// session is recorded in the caps or closed; a `DELETE` that ended a
 /// session answers 200.
 pub async fn guard(State(door): State<Door>, req: Request, next: Next) -> Response {
-    if let Err(refused) = crate::http::local_guard::browser_origin(req.headers()) {
-        return refused.into_response();
-    }
     let caller = req.extensions().get::<Caller>().copied().unwrap_or(Caller::ANONYMOUS);
     if let Some(id) = session_of(req.headers().get(SESSION_HEADER)) {
         if !door.manager.owned_by(&id, caller) {
-            return ApiError::new(
-                StatusCode::NOT_FOUND,
-                "session_not_found",
+            return AppError::new(
+                Kind::NotFound,
+                Code::SessionNotFound,
                 format!(
                     "no MCP session {id} for this token (Mcp-Session-Id): it ended or was never this token's; \
                      start one with initialize"

@@ -12,12 +12,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::{Refusal, Server, answer};
-use crate::http::error::ApiError;
-use crate::http::input::{check_field, query_text};
-use crate::http::limits::Caller;
-use crate::http::live::{Access, Follower, RequestState, Target};
-use crate::http::tenancy::Need;
+use super::{Server, answer};
+use crate::app::follow::{Access, Follower, Frame, RequestState, Target};
+use crate::app::input::{check_field, query_text};
+use crate::app::{AppError, Caller, Code, Kind, Need};
 use crate::model::MemoryItem;
 use crate::repo::requests::NewRequest;
 use crate::users::{self, Correction, Why};
@@ -112,12 +110,12 @@ pub struct CorrectArgs {
 }
 
 /// A UUID argument named `field`, if given.
-fn uuid_arg(field: &str, raw: Option<&str>) -> Result<Option<Uuid>, Refusal> {
+fn uuid_arg(field: &str, raw: Option<&str>) -> Result<Option<Uuid>, AppError> {
     raw.map(str::trim)
         .filter(|r| !r.is_empty())
         .map(|r| {
             r.parse::<Uuid>()
-                .map_err(|_| Refusal::new("invalid_argument", format!("{field}: {r:?} is not a UUID")))
+                .map_err(|_| AppError::bad_request(Code::InvalidArgument, format!("{field}: {r:?} is not a UUID")))
         })
         .transpose()
 }
@@ -158,7 +156,7 @@ async fn progress(ctx: &RequestContext<RoleServer>, step: f64, state: &RequestSt
 }
 
 /// The actor of an MCP action: `mcp:TOKEN`.
-fn actor(who: &crate::http::tenancy::Principal) -> String {
+fn actor(who: &crate::app::Principal) -> String {
     format!("mcp:{}", who.token)
 }
 
@@ -239,11 +237,11 @@ impl Server {
         Server::tool_router()
     }
 
-    async fn do_remember(&self, a: RememberArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
+    async fn do_remember(&self, a: RememberArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, AppError> {
         let (who, _) = self.caller_for(ctx, Need::Submit)?;
         let thread = uuid_arg("thread_id", a.thread_id.as_deref())?;
         let user = self.user(&who, a.user_id.as_deref()).await?;
-        let turn = crate::http::users::remember(&self.app, &who, user, thread, &a.content).await?;
+        let turn = crate::app::memory::remember(&self.app, &who, user, thread, &a.content).await?;
         Ok(json!({
             "user_id": user,
             "turn_id": turn.id,
@@ -252,14 +250,14 @@ impl Server {
         }))
     }
 
-    async fn do_recall(&self, a: RecallArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
+    async fn do_recall(&self, a: RecallArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, AppError> {
         let (who, key) = self.caller_for(ctx, Need::ReadUser)?;
         let limit = match a.limit {
             None => None,
             Some(n @ 1..) if (n as usize) <= RECALL_MAX => Some(n as usize),
             Some(n) => {
-                return Err(Refusal::new(
-                    "invalid_argument",
+                return Err(AppError::bad_request(
+                    Code::InvalidArgument,
                     format!("limit: {n} is not 1 to {RECALL_MAX}"),
                 ));
             }
@@ -274,7 +272,7 @@ impl Server {
             when: a.when.as_deref(),
             limit,
         };
-        let found = crate::http::users::search(&self.app, user, s, place).await?;
+        let found = crate::app::memory::search(&self.app, user, s, place).await?;
         Ok(json!({
             "user_id": found.user_id,
             "query": found.query,
@@ -284,7 +282,7 @@ impl Server {
         }))
     }
 
-    async fn do_ask(&self, a: AskArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
+    async fn do_ask(&self, a: AskArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, AppError> {
         let (who, key) = self.caller_for(ctx, Need::Submit)?;
         query_text("query", &a.query)?;
         let thread = uuid_arg("thread_id", a.thread_id.as_deref())?;
@@ -306,16 +304,16 @@ impl Server {
         // The wait takes its place before the request exists (over a cap,
         // the request is not made), as a long-poll's does.
         let _place = self.app.long_polls.enter(key)?;
-        let (id, _) = crate::http::api::enqueue(&self.app, &who, &req, None).await?;
+        let (id, _) = crate::app::submit::enqueue(&self.app, &who, &req, None).await?;
         let state = self.follow(id, who.tenant, key, wait, ctx).await?;
         // The context is the user's memory: only with what its HTTP twin
         // (`?include=context`) needs.
         let sources = match state.is_terminal() && who.scope.allows(Need::ReadUser) {
             true => {
-                let client = self.app.pool.get().await.map_err(ApiError::from)?;
+                let client = self.app.pool.get().await.map_err(AppError::from)?;
                 crate::repo::requests::context_of(&client, id, who.tenant)
                     .await
-                    .map_err(ApiError::from)?
+                    .map_err(AppError::from)?
                     .and_then(|r| r.context_sources)
             }
             false => None,
@@ -342,7 +340,7 @@ impl Server {
         key: Caller,
         wait: Duration,
         ctx: &RequestContext<RoleServer>,
-    ) -> Result<RequestState, Refusal> {
+    ) -> Result<RequestState, AppError> {
         // The token is checked again as an HTTP stream's is: a revoked
         // token's wait ends with `token_revoked`.
         let access = Access::watch(&self.app, key);
@@ -351,9 +349,9 @@ impl Server {
         let mut state = follower
             .current()
             .await
-            .map_err(ApiError::from)?
+            .map_err(AppError::from)?
             .pop()
-            .ok_or_else(|| Refusal::new("not_found", format!("no request {id}")))?;
+            .ok_or_else(|| AppError::not_found(format!("no request {id}")))?;
         let deadline = tokio::time::Instant::now() + wait;
         let mut step = 0.0;
         loop {
@@ -366,16 +364,15 @@ impl Server {
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = self.app.shutdown.cancelled() => break,
                 _ = ctx.ct.cancelled() => break,
-                _ = access.revoked() => return Err(Refusal::new(
-                    "token_revoked",
+                _ = access.revoked() => return Err(AppError::new(Kind::Forbidden, Code::TokenRevoked,
                     format!("the token of this call was revoked; request {id} goes on without this wait"),
                 )),
                 next = follower.next() => match next {
                     None => break,
-                    Some(Err(e)) => return Err(ApiError::from(e).into()),
+                    Some(Err(e)) => return Err(AppError::from(e)),
                     Some(Ok(states)) => {
                         let newest = states.into_iter().rev().find_map(|f| match f {
-                            crate::http::live::Frame::State(s) => Some(s),
+                            Frame::State(s) => Some(s),
                             _ => None,
                         });
                         if let Some(last) = newest {
@@ -388,7 +385,7 @@ impl Server {
         Ok(state)
     }
 
-    async fn do_forget(&self, a: ForgetArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
+    async fn do_forget(&self, a: ForgetArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, AppError> {
         let (who, _) = self.caller_for(ctx, Need::Admin)?;
         let user = self.user(&who, a.user_id.as_deref()).await?;
         if let Some(r) = &a.reason {
@@ -403,11 +400,14 @@ impl Server {
         Ok(json!({ "user_id": user, "status": "erasing" }))
     }
 
-    async fn do_correct(&self, a: CorrectArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, Refusal> {
+    async fn do_correct(&self, a: CorrectArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, AppError> {
         let (who, _) = self.caller_for(ctx, Need::Operate)?;
         let user = self.user(&who, a.user_id.as_deref()).await?;
         if a.id <= 0 {
-            return Err(Refusal::new("invalid_argument", "id must be a positive integer"));
+            return Err(AppError::bad_request(
+                Code::InvalidArgument,
+                "id must be a positive integer",
+            ));
         }
         let c = match (a.action, a.summary.as_deref()) {
             (CorrectAction::ReplaceSummary, Some(summary)) => {
@@ -415,8 +415,8 @@ impl Server {
                 Correction::ReplaceSummary { record: a.id, summary }
             }
             (CorrectAction::ReplaceSummary, None) => {
-                return Err(Refusal::new(
-                    "missing_argument",
+                return Err(AppError::bad_request(
+                    Code::MissingArgument,
                     "summary is required for replace_summary",
                 ));
             }
@@ -431,7 +431,7 @@ impl Server {
             actor: &by,
             reason: a.reason.as_deref(),
         };
-        let client = self.app.pool.get().await.map_err(ApiError::from)?;
+        let client = self.app.pool.get().await.map_err(AppError::from)?;
         let done = users::correct(&client, user, c, why).await?;
         Ok(json!({ "user_id": user, "id": done.id, "memory_version": done.memory_version }))
     }

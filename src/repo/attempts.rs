@@ -135,32 +135,85 @@ pub async fn claim_next(
 }
 
 /// The result of one stage attempt, to be written by [`finish_batch`].
+///
+/// Built by one constructor per way an attempt ends
+/// ([`Finished::succeeded`] with the stage's [`Output`],
+/// [`Finished::unsuccessful`] with what the attempt policy decided), and
+/// changed afterwards only by its transitions: [`Finished::fuse`],
+/// [`Finished::drop_fused_respond`] and [`Finished::fail_instead`]. What an
+/// outcome writes lives in its variant of [`Ended`], so a result cannot
+/// carry an output and a failure at once.
 #[derive(Debug, Clone)]
 pub struct Finished {
     pub id: Uuid,
     pub lease_token: i64,
     pub stage: StageKind,
-    pub outcome: Outcome,
-    /// Status the row moves to.
-    pub new_status: Status,
     pub attempt: i32,
     pub started_at: DateTime<Utc>,
-    pub analysis: Option<Value>,
-    pub context: Option<String>,
-    /// The memory the context holds (`pipeline_runs.context_sources`).
-    pub context_sources: Option<Value>,
-    pub answer: Option<String>,
-    pub error_class: Option<String>,
-    pub error_message: Option<String>,
-    /// For `Retrying`: how long the row waits before it is due again.
-    pub delay: Duration,
+    pub latency_ms: Option<i32>,
+    /// The model's usage in this attempt, a failed one's included.
+    pub usage: StepUsage,
+    /// How the attempt ended, with what that writes.
+    pub ended: Ended,
+}
+
+/// The model's usage in one attempt, as `pipeline_steps` records it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepUsage {
     pub model: Option<String>,
     pub prompt_tokens: Option<i32>,
     pub completion_tokens: Option<i32>,
-    pub latency_ms: Option<i32>,
-    /// A successful analyze result whose assemble stage already ran, in the
-    /// same task (see `finish.sql`).
-    pub fused: Option<FusedAssemble>,
+}
+
+/// How a stage attempt ended.
+#[derive(Debug, Clone)]
+pub enum Ended {
+    /// The stage produced its output: the row moves to the stage's done
+    /// status (or further, see `finish.sql`).
+    Succeeded(Output),
+    /// It did not: what the attempt policy made of it.
+    Unsuccessful(Unsuccessful),
+}
+
+/// What a successful attempt produced: one variant per stage.
+#[derive(Debug, Clone)]
+pub enum Output {
+    /// The analyzer's analysis, and the assemble stage run right after it
+    /// in the same task, if it was (see `finish.sql`).
+    Analysis {
+        analysis: Value,
+        fused: Option<FusedAssemble>,
+    },
+    /// The assembler's context and the memory it holds
+    /// (`pipeline_runs.context_sources`).
+    Context { context: String, sources: Option<Value> },
+    /// The responder's answer.
+    Answer(String),
+}
+
+impl Output {
+    /// The stage that produces this output.
+    pub fn stage(&self) -> StageKind {
+        match self {
+            Output::Analysis { .. } => StageKind::Analyze,
+            Output::Context { .. } => StageKind::Assemble,
+            Output::Answer(_) => StageKind::Respond,
+        }
+    }
+}
+
+/// An attempt that did not succeed, as the attempt policy decided it.
+#[derive(Debug, Clone)]
+pub struct Unsuccessful {
+    /// `retrying`, `deferred`, `failed` or `released`; never `succeeded`.
+    pub outcome: Outcome,
+    /// The status the row moves to.
+    pub new_status: Status,
+    /// How long the row waits before it is due again (retrying, deferred).
+    pub delay: Duration,
+    pub error_class: String,
+    /// What an operator reads (`pipeline_runs.error`, the step's message).
+    pub error_message: String,
 }
 
 /// The assemble stage, run right after a successful analyze on the memory
@@ -190,42 +243,159 @@ pub struct FusedRespond {
 }
 
 impl Finished {
-    /// A successful attempt of `stage` on `row`, with no output yet: the
-    /// caller fills in what the stage produced (or turns it into a failure).
-    pub fn succeeded(stage: StageKind, row: &Claimed, latency_ms: Option<i32>) -> Finished {
+    /// The attempt on `row` of the stage that produced `output`.
+    pub fn succeeded(row: &Claimed, output: Output, usage: StepUsage, latency_ms: Option<i32>) -> Finished {
+        Finished::ended(output.stage(), row, Ended::Succeeded(output), usage, latency_ms)
+    }
+
+    /// An attempt of `stage` on `row` that did not succeed.
+    pub fn unsuccessful(
+        stage: StageKind,
+        row: &Claimed,
+        how: Unsuccessful,
+        usage: StepUsage,
+        latency_ms: Option<i32>,
+    ) -> Finished {
+        Finished::ended(stage, row, Ended::Unsuccessful(how), usage, latency_ms)
+    }
+
+    fn ended(stage: StageKind, row: &Claimed, ended: Ended, usage: StepUsage, latency_ms: Option<i32>) -> Finished {
         Finished {
             id: row.id,
             lease_token: row.lease_token,
             stage,
-            outcome: Outcome::Succeeded,
-            new_status: stage.done_status(),
             attempt: row.attempt,
             started_at: row.claimed_at,
-            analysis: None,
-            context: None,
-            context_sources: None,
-            answer: None,
-            error_class: None,
-            error_message: None,
-            delay: Duration::ZERO,
-            model: None,
-            prompt_tokens: None,
-            completion_tokens: None,
             latency_ms,
-            fused: None,
+            usage,
+            ended,
+        }
+    }
+
+    /// Adds the assemble stage run right after this successful analysis;
+    /// any other result is left as it is.
+    pub fn fuse(&mut self, fused: FusedAssemble) {
+        if let Ended::Succeeded(Output::Analysis { fused: slot, .. }) = &mut self.ended {
+            *slot = Some(fused);
+        }
+    }
+
+    /// Drops the respond stage fused into this result; true if there was one.
+    pub fn drop_fused_respond(&mut self) -> bool {
+        match &mut self.ended {
+            Ended::Succeeded(Output::Analysis { fused: Some(a), .. }) => a.respond.take().is_some(),
+            _ => false,
+        }
+    }
+
+    /// Makes this attempt unsuccessful after all (its outputs are dropped,
+    /// its usage kept): a result that cannot be written as it is.
+    pub fn fail_instead(&mut self, how: Unsuccessful) {
+        self.ended = Ended::Unsuccessful(how);
+    }
+
+    /// How the attempt ended, for the step history.
+    pub fn outcome(&self) -> Outcome {
+        match &self.ended {
+            Ended::Succeeded(_) => Outcome::Succeeded,
+            Ended::Unsuccessful(u) => u.outcome,
+        }
+    }
+
+    /// The status the row moves to (before fusing and chaining, which
+    /// `finish.sql` decides).
+    pub fn new_status(&self) -> Status {
+        match &self.ended {
+            Ended::Succeeded(_) => self.stage.done_status(),
+            Ended::Unsuccessful(u) => u.new_status,
+        }
+    }
+
+    /// How long the row waits before it is due again.
+    pub fn delay(&self) -> Duration {
+        match &self.ended {
+            Ended::Succeeded(_) => Duration::ZERO,
+            Ended::Unsuccessful(u) => u.delay,
+        }
+    }
+
+    /// What the policy decided, for an attempt that did not succeed.
+    fn how_unsuccessful(&self) -> Option<&Unsuccessful> {
+        match &self.ended {
+            Ended::Unsuccessful(u) => Some(u),
+            Ended::Succeeded(_) => None,
+        }
+    }
+
+    pub fn error_class(&self) -> Option<&str> {
+        self.how_unsuccessful().map(|u| u.error_class.as_str())
+    }
+
+    pub fn error_message(&self) -> Option<&str> {
+        self.how_unsuccessful().map(|u| u.error_message.as_str())
+    }
+
+    /// The output of a successful attempt.
+    pub fn output(&self) -> Option<&Output> {
+        match &self.ended {
+            Ended::Succeeded(o) => Some(o),
+            Ended::Unsuccessful(_) => None,
+        }
+    }
+
+    /// A successful analyze attempt's analysis.
+    pub fn analysis(&self) -> Option<&Value> {
+        match self.output()? {
+            Output::Analysis { analysis, .. } => Some(analysis),
+            _ => None,
+        }
+    }
+
+    /// The context this result writes: an assemble attempt's, or the fused
+    /// assemble stage's.
+    pub fn context(&self) -> Option<&str> {
+        match self.output()? {
+            Output::Context { context, .. } => Some(context),
+            Output::Analysis { fused, .. } => fused.as_ref().map(|a| a.context.as_str()),
+            Output::Answer(_) => None,
+        }
+    }
+
+    /// The memory the written context holds.
+    pub fn context_sources(&self) -> Option<&Value> {
+        match self.output()? {
+            Output::Context { sources, .. } => sources.as_ref(),
+            Output::Analysis { fused, .. } => fused.as_ref().and_then(|a| a.context_sources.as_ref()),
+            Output::Answer(_) => None,
+        }
+    }
+
+    /// A successful respond attempt's answer (not a fused one's).
+    pub fn answer(&self) -> Option<&str> {
+        match self.output()? {
+            Output::Answer(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The assemble stage fused with this result, if any.
+    pub fn fused(&self) -> Option<&FusedAssemble> {
+        match self.output()? {
+            Output::Analysis { fused, .. } => fused.as_ref(),
+            _ => None,
         }
     }
 
     /// The respond stage fused with this result, if any.
     pub fn fused_respond(&self) -> Option<&FusedRespond> {
-        self.fused.as_ref().and_then(|a| a.respond.as_ref())
+        self.fused().and_then(|a| a.respond.as_ref())
     }
 
     /// The stage this result leads to when it succeeds.
     pub fn next_stage(&self) -> Option<StageKind> {
         if self.fused_respond().is_some() {
             StageKind::Respond.next()
-        } else if self.fused.is_some() {
+        } else if self.fused().is_some() {
             StageKind::Assemble.next()
         } else {
             self.stage.next()
@@ -234,9 +404,10 @@ impl Finished {
 }
 
 super::statement_params! {
-    /// The inputs of `finish.sql`, `$1` to `$25` in field order: one array
-    /// per column of the batch, then the worker, the lease of a chained
-    /// claim, the fused assemble results and the context's sources.
+    /// The inputs of `finish.sql`, `$1` to `$30` in field order (the
+    /// statement's doc comment says what each is): one array per column of
+    /// the batch, with two scalars among them (the worker, the lease of a
+    /// chained claim).
     struct FinishParams<'a> {
         id: Vec<Uuid>,
         token: Vec<i64>,
@@ -279,66 +450,46 @@ impl<'a> FinishParams<'a> {
         lease: Duration,
     ) -> Self {
         FinishParams {
-            id: batch.iter().map(|f| f.id).collect(),
-            token: batch.iter().map(|f| f.lease_token).collect(),
-            stage: batch.iter().map(|f| f.stage).collect(),
-            in_flight: batch.iter().map(|f| f.stage.in_flight_status()).collect(),
-            new_status: batch.iter().map(|f| f.new_status).collect(),
-            outcome: batch.iter().map(|f| f.outcome).collect(),
-            attempt: batch.iter().map(|f| f.attempt).collect(),
-            started_at: batch.iter().map(|f| f.started_at).collect(),
-            analysis: batch.iter().map(|f| f.analysis.as_ref()).collect(),
-            context: batch
-                .iter()
-                .map(|f| f.context.as_deref().or(f.fused.as_ref().map(|a| a.context.as_str())))
-                .collect(),
-            answer: batch.iter().map(|f| f.answer.as_deref()).collect(),
-            error_class: batch.iter().map(|f| f.error_class.as_deref()).collect(),
-            error_message: batch.iter().map(|f| f.error_message.as_deref()).collect(),
-            delay_ms: batch
-                .iter()
-                .map(|f| i64::try_from(f.delay.as_millis()).unwrap_or(i64::MAX))
-                .collect(),
-            model: batch.iter().map(|f| f.model.as_deref()).collect(),
-            prompt_tokens: batch.iter().map(|f| f.prompt_tokens).collect(),
-            completion_tokens: batch.iter().map(|f| f.completion_tokens).collect(),
-            latency_ms: batch.iter().map(|f| f.latency_ms).collect(),
+            id: each(batch, |f| f.id),
+            token: each(batch, |f| f.lease_token),
+            stage: each(batch, |f| f.stage),
+            in_flight: each(batch, |f| f.stage.in_flight_status()),
+            new_status: each(batch, Finished::new_status),
+            outcome: each(batch, Finished::outcome),
+            attempt: each(batch, |f| f.attempt),
+            started_at: each(batch, |f| f.started_at),
+            analysis: each(batch, Finished::analysis),
+            context: each(batch, Finished::context),
+            answer: each(batch, Finished::answer),
+            error_class: each(batch, Finished::error_class),
+            error_message: each(batch, Finished::error_message),
+            delay_ms: each(batch, |f| i64::try_from(f.delay().as_millis()).unwrap_or(i64::MAX)),
+            model: each(batch, |f| f.usage.model.as_deref()),
+            prompt_tokens: each(batch, |f| f.usage.prompt_tokens),
+            completion_tokens: each(batch, |f| f.usage.completion_tokens),
+            latency_ms: each(batch, |f| f.latency_ms),
             worker,
             chain_to: batch
                 .iter()
                 .map(|f| chain(f).map(StageKind::in_flight_status))
                 .collect(),
             lease_secs: secs(lease),
-            fused_in: batch.iter().map(|f| f.fused.is_some()).collect(),
-            fused_tokens: batch.iter().map(|f| f.fused.as_ref().and_then(|a| a.tokens)).collect(),
-            fused_latency_ms: batch.iter().map(|f| f.fused.as_ref().map(|a| a.latency_ms)).collect(),
-            context_sources: batch
-                .iter()
-                .map(|f| {
-                    f.context_sources
-                        .as_ref()
-                        .or(f.fused.as_ref().and_then(|a| a.context_sources.as_ref()))
-                })
-                .collect(),
-            fused_answer: batch
-                .iter()
-                .map(|f| f.fused_respond().map(|r| r.answer.as_str()))
-                .collect(),
-            fused_model: batch
-                .iter()
-                .map(|f| f.fused_respond().and_then(|r| r.model.as_deref()))
-                .collect(),
-            fused_prompt_tokens: batch
-                .iter()
-                .map(|f| f.fused_respond().and_then(|r| r.prompt_tokens))
-                .collect(),
-            fused_completion_tokens: batch
-                .iter()
-                .map(|f| f.fused_respond().and_then(|r| r.completion_tokens))
-                .collect(),
-            fused_respond_latency_ms: batch.iter().map(|f| f.fused_respond().map(|r| r.latency_ms)).collect(),
+            fused_in: each(batch, |f| f.fused().is_some()),
+            fused_tokens: each(batch, |f| f.fused().and_then(|a| a.tokens)),
+            fused_latency_ms: each(batch, |f| f.fused().map(|a| a.latency_ms)),
+            context_sources: each(batch, Finished::context_sources),
+            fused_answer: each(batch, |f| f.fused_respond().map(|r| r.answer.as_str())),
+            fused_model: each(batch, |f| f.fused_respond().and_then(|r| r.model.as_deref())),
+            fused_prompt_tokens: each(batch, |f| f.fused_respond().and_then(|r| r.prompt_tokens)),
+            fused_completion_tokens: each(batch, |f| f.fused_respond().and_then(|r| r.completion_tokens)),
+            fused_respond_latency_ms: each(batch, |f| f.fused_respond().map(|r| r.latency_ms)),
         }
     }
+}
+
+/// `f` of each result of `batch`, in order: one array of `finish.sql`.
+fn each<'a, T>(batch: &'a [Finished], f: impl Fn(&'a Finished) -> T) -> Vec<T> {
+    batch.iter().map(f).collect()
 }
 
 /// A result that was applied: the row's creation time (for the request
@@ -431,12 +582,4 @@ pub async fn reclaim_expired(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::params_check::check;
-    use super::*;
-
-    #[test]
-    fn finish_params_are_in_the_order_the_sql_documents() {
-        check(FINISH, FinishParams::NAMES);
-    }
-}
+mod tests;

@@ -10,6 +10,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::db::Error;
+use crate::model::OperatorAction;
 
 super::statements! {
     RECORD = "record_action",
@@ -23,7 +24,7 @@ super::statements! {
 /// Records an operator action that concerns no single request.
 pub async fn record(
     client: &impl GenericClient,
-    action: &str,
+    action: OperatorAction,
     actor: &str,
     reason: Option<&str>,
     detail: &Value,
@@ -38,7 +39,7 @@ pub async fn record(
 /// begins meanwhile waits for it and erases the row.
 pub async fn record_about_user(
     client: &impl GenericClient,
-    action: &str,
+    action: OperatorAction,
     actor: &str,
     reason: Option<&str>,
     detail: &Value,
@@ -52,7 +53,7 @@ super::row_struct! {
     /// One operator action on a request.
     #[derive(Debug, Clone, Serialize)]
     pub struct Action {
-        pub action: String,
+        pub action: OperatorAction,
         pub actor: String,
         pub reason: Option<String>,
         pub from_status: Option<String>,

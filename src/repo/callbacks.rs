@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use super::{as_limit, secs};
 use crate::db::Error;
+use crate::model::DeliveryState;
 
 super::statements! {
     CLAIM = "callbacks_claim",
@@ -70,7 +71,7 @@ super::statement_params! {
         last_status: Option<i32>,
         last_error: &'a str,
         retry_secs: f64,
-        dead: bool,
+        state: DeliveryState,
     }
 }
 
@@ -89,7 +90,11 @@ pub async fn failed(
         last_status: status,
         last_error: error,
         retry_secs: if dead { 0.0 } else { secs(retry_in) },
-        dead,
+        state: if dead {
+            DeliveryState::Dead
+        } else {
+            DeliveryState::Pending
+        },
     };
     super::execute(client, FAILED, &params.params()).await?;
     Ok(())
@@ -102,7 +107,7 @@ super::row_struct! {
         pub id: i64,
         pub event: String,
         pub url: String,
-        pub state: String,
+        pub state: DeliveryState,
         pub attempts: i32,
         pub next_attempt_at: DateTime<Utc>,
         pub last_status: Option<i32>,

@@ -1,8 +1,8 @@
 //! Reading rows by column name: [`column()`], the [`row_struct!`] that
 //! declares a row type with it, and the vocabulary types of
-//! [`crate::model`] ([`Status`], [`StageKind`], [`Outcome`], [`PromptRole`])
-//! read straight from their text columns, so a row struct declares them as
-//! they are. A value that is not one of a type's names is an error naming
+//! [`crate::model`] ([`Status`], [`StageKind`], [`Outcome`], [`PromptRole`],
+//! [`OperatorAction`], [`DeliveryState`], …) read straight from their text
+//! columns, so a row struct declares them as they are. A value that is not one of a type's names is an error naming
 //! the value and the column, never a panic nor a string passed on.
 
 use bytes::BytesMut;
@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 
 use crate::db::Error;
-use crate::model::{Outcome, PromptRole, Scope, StageKind, Status};
+use crate::model::{DeliveryState, FoundAs, MemoryKind, OperatorAction, Outcome, PromptRole, Scope, StageKind, Status};
 
 /// Column `name` of `r` as a `T`. A vocabulary value the program does not
 /// know (see [`UnknownName`]) is an [`Error::Unexpected`] naming the column
@@ -29,7 +29,7 @@ pub(crate) fn column<'a, T: FromSql<'a>>(r: &'a Row, name: &str) -> Result<T, Er
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {what} {value:?}")]
 pub struct UnknownName {
-    /// What the column holds: `status`, `stage`, `outcome`, `prompt role`.
+    /// What the column holds: `status`, `stage`, `outcome`, `prompt role`, ….
     pub what: &'static str,
     /// The value read (at most 64 characters of it).
     pub value: String,
@@ -75,6 +75,10 @@ text_columns! {
     Outcome = "outcome",
     PromptRole = "prompt role",
     Scope = "scope",
+    MemoryKind = "memory kind",
+    FoundAs = "reason a memory item was found",
+    OperatorAction = "operator action",
+    DeliveryState = "callback delivery state",
 }
 
 /// Declares a row type and its [`super::FromRow`] from one field list: each field

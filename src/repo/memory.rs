@@ -116,9 +116,9 @@ impl FromRow for MemoryItem {
     /// A row of the memory search.
     fn from_row(r: &Row) -> Result<MemoryItem, Error> {
         Ok(MemoryItem {
-            kind: r.try_get("kind")?,
+            kind: super::column(r, "kind")?,
             id: r.try_get("id")?,
-            why: r.try_get("why")?,
+            why: super::column(r, "why")?,
             score: r.try_get("score")?,
             hit_id: r.try_get("hit_id")?,
             thread_id: r.try_get("thread_id")?,

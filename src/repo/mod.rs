@@ -74,8 +74,8 @@ pub mod users;
 
 // The dispatcher's statements, at the paths it calls them by.
 pub use attempts::{
-    Applied, Claimed, Finished, FusedAssemble, FusedRespond, Reclaimed, claim_next, claim_sql, extend_leases,
-    finish_batch, reclaim_expired,
+    Applied, Claimed, Ended, Finished, FusedAssemble, FusedRespond, Output, Reclaimed, StepUsage, Unsuccessful,
+    claim_next, claim_sql, extend_leases, finish_batch, reclaim_expired,
 };
 pub use prompts::active_prompts;
 pub use requests::{due_counts, ring_due};

@@ -40,6 +40,7 @@ super::statements! {
     OF_TENANT = "request_of_tenant": "SELECT id FROM pipeline_runs WHERE id = $1 AND tenant_id = $2",
     USER_STATES = "user_states",
     CONTEXT = "request_context",
+    USAGE = "request_usage",
     STATUS = "request_status",
     FAILED_IDS = "failed_ids",
     CANCEL = "cancel_request",
@@ -147,6 +148,20 @@ super::row_struct! {
 /// request of another tenant than `tenant`.
 pub async fn context_of(client: &impl GenericClient, id: Uuid, tenant: Uuid) -> Result<Option<RequestContext>, Error> {
     super::query_opt_as(client, CONTEXT, &[&id, &tenant]).await
+}
+
+super::row_struct! {
+    /// The model tokens a request used, over every attempt of every stage.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct Usage {
+        pub prompt_tokens: i64,
+        pub completion_tokens: i64,
+    }
+}
+
+/// The tokens request `id` of `tenant` used (none for another tenant's).
+pub async fn usage_of(client: &impl GenericClient, id: Uuid, tenant: Uuid) -> Result<Usage, Error> {
+    super::query_one_as(client, USAGE, &[&id, &tenant]).await
 }
 
 /// True when request `id` exists and is tenant `tenant`'s.

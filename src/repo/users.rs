@@ -44,6 +44,7 @@ super::statements! {
     EXPORT_TURNS = "users_export_turns",
     EXPORT_RECORDS = "users_export_records",
     REMEMBER = "users_remember",
+    LOG_CONVERSATION = "users_log_conversation",
     THREADS = "users_threads",
 }
 
@@ -418,6 +419,25 @@ pub async fn remember(
     content: &str,
 ) -> Result<Option<Remembered>, Error> {
     super::query_opt_as(client, REMEMBER, &[&user.user_id, &thread, &content]).await
+}
+
+/// Logs the turns of a conversation a client sent (`(message_type,
+/// content)`, in order) that `thread` of `user` does not hold yet; a turn
+/// already there is recognised, not logged twice. How many were logged.
+pub async fn log_conversation(
+    client: &impl GenericClient,
+    user: UserKey,
+    thread: Uuid,
+    turns: &[(&str, &str)],
+) -> Result<i64, Error> {
+    let (types, contents): (Vec<&str>, Vec<&str>) = turns.iter().copied().unzip();
+    super::query_one_value(
+        client,
+        LOG_CONVERSATION,
+        &[&user.user_id, &thread, &types, &contents],
+        "logged",
+    )
+    .await
 }
 
 super::row_struct! {

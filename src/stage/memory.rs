@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{Analysis, StageInput};
-use crate::model::MemoryItem;
+use crate::model::{FoundAs, MemoryItem};
 
 /// What to retrieve for one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,7 +52,7 @@ impl MemoryPlan {
             let end = i.period_end.unwrap_or(i.created_at);
             i.created_at <= to && end >= from
         };
-        let (thread, rest): (Vec<_>, Vec<_>) = items.into_iter().partition(|i| i.why == MemoryItem::THREAD);
+        let (thread, rest): (Vec<_>, Vec<_>) = items.into_iter().partition(|i| i.why == FoundAs::Thread);
         let (mut out, outside): (Vec<_>, Vec<_>) = rest.into_iter().partition(inside);
         let mut all = thread;
         all.append(&mut out);
@@ -98,6 +98,7 @@ pub fn plan_for(input: &StageInput, now: DateTime<Utc>) -> MemoryPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::MemoryKind;
 
     fn analysis(json: &str) -> Analysis {
         Analysis::parse(json).unwrap_or_else(|e| panic!("{e}"))
@@ -130,10 +131,10 @@ mod tests {
     #[test]
     fn a_time_range_moves_items_inside_it_first() {
         let at = |d: i64| DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::days(d);
-        let item = |id: i64, why: &str, day: i64| MemoryItem {
-            kind: "turn".into(),
+        let item = |id: i64, why: FoundAs, day: i64| MemoryItem {
+            kind: MemoryKind::Turn,
             id,
-            why: why.into(),
+            why,
             score: 1.0,
             hit_id: id,
             thread_id: None,
@@ -149,10 +150,10 @@ mod tests {
             time_range: Some((at(10), at(20))),
         };
         let got = p.arrange(vec![
-            item(1, "thread", 1),
-            item(2, "hit", 1),
-            item(3, "hit", 15),
-            item(4, "neighbour", 12),
+            item(1, FoundAs::Thread, 1),
+            item(2, FoundAs::Hit, 1),
+            item(3, FoundAs::Hit, 15),
+            item(4, FoundAs::Neighbour, 12),
         ]);
         let ids: Vec<i64> = got.iter().map(|i| i.id).collect();
         assert_eq!(ids, [1, 3, 4, 2]);

@@ -214,3 +214,20 @@ fn slugs_follow_github() {
         BTreeSet::from(["a".to_owned(), "run".to_owned(), "run-1".to_owned()])
     );
 }
+
+#[test]
+fn every_error_code_is_in_the_http_api_page() {
+    let page = std::fs::read_to_string(root().join("docs/http-api.md")).unwrap();
+    let table = page
+        .split("### Error codes")
+        .nth(1)
+        .expect("docs/http-api.md has a section \"Error codes\"");
+    let documented: BTreeSet<&str> = table
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.strip_prefix("| `")?.split_once('`').map(|(code, _)| code))
+        .collect();
+    let codes: BTreeSet<&str> = maas::app::Code::NAMES.into_iter().collect();
+    assert_eq!(documented, codes, "docs/http-api.md's error codes and `Code` differ");
+}

@@ -313,7 +313,7 @@ mod props {
                     prop_assert!(s.query.chars().count() <= MAX_QUERY_CHARS);
                 }
                 Err(e) => {
-                    prop_assert!(e.status.is_client_error(), "{e:?}");
+                    prop_assert!(maas::http::error::status(e.kind).is_client_error(), "{e:?}");
                     prop_assert!(!e.message.is_empty());
                 }
             }
@@ -326,7 +326,7 @@ mod props {
             match parse_submission(body.as_bytes()) {
                 Ok(s) => prop_assert_eq!(s.query, query),
                 Err(e) => prop_assert!(
-                    e.code == "empty_field" || (e.code == "invalid_text" && query.contains('\0')),
+                    e.code.as_str() == "empty_field" || (e.code.as_str() == "invalid_text" && query.contains('\0')),
                     "{e:?} for {query:?}"
                 ),
             }
@@ -373,7 +373,7 @@ mod props {
             match parse_id(&raw, "request") {
                 Ok(id) => prop_assert_eq!(id, raw.parse::<uuid::Uuid>().unwrap()),
                 Err(e) => {
-                    prop_assert_eq!(e.code, "invalid_id");
+                    prop_assert_eq!(e.code.as_str(), "invalid_id");
                     prop_assert!(e.message.chars().count() < ECHO_CHARS * 10 + 64, "{}", e.message);
                 }
             }

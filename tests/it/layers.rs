@@ -549,6 +549,30 @@ fn every_module_uses_only_lower_layers() {
     assert!(wrong.is_empty(), "the map of src/lib.rs is broken: {wrong:#?}");
 }
 
+/// The crates of a wire, which the application layer never names: a door
+/// maps `app`'s answers to its wire, never the other way round.
+const WIRE_CRATES: &[&str] = &["axum", "hyper", "rmcp", "tower", "tokio_tungstenite"];
+
+#[test]
+fn the_application_layer_knows_no_wire() {
+    let mut found = Vec::new();
+    for s in sources().iter().filter(|s| s.top() == "app") {
+        for (n, line) in s.code.lines().enumerate() {
+            let named = WIRE_CRATES
+                .iter()
+                .find(|c| line.contains(&format!("{c}::")) && !line.contains(&format!("_{c}::")));
+            if let Some(c) = named {
+                found.push(format!("{}:{}: `{c}`: {}", s.path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        sources().iter().any(|s| s.top() == "app"),
+        "no source of the application layer was read"
+    );
+    assert!(found.is_empty(), "the application layer names a wire: {found:#?}");
+}
+
 #[test]
 fn sql_runs_only_in_repo_and_db() {
     let mut found = Vec::new();

@@ -1,6 +1,7 @@
 //! One integration binary against a real PostgreSQL; a module per area.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
+mod app;
 mod archivist;
 mod callbacks;
 mod caps;
@@ -24,6 +25,7 @@ mod metadata;
 mod neighbours;
 mod newcomer;
 mod observability;
+mod openai;
 mod operate;
 mod orchestrator;
 mod poison;

@@ -35,29 +35,9 @@ fn python() -> Option<String> {
     None
 }
 
-/// Runs the client with `plan` (on its standard input: a plan may be
-/// larger than an argument may); its report.
+/// Runs the client with `plan`; its report.
 async fn client(py: &str, plan: Value) -> Value {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(py)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/client.py"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-        panic!(
-            "client output is not JSON ({e}): {text}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    crate::support::run_client(py, "tests/mcp/client.py", &plan).await
 }
 
 /// A plan for the HTTP transport of `api` with `token`.

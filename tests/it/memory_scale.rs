@@ -90,7 +90,11 @@ async fn hits(client: &deadpool_postgres::Client, user: Uuid, embedding: &[f32])
         }),
     };
     let items = maas::repo::memory::search(client, &s).await.unwrap();
-    items.iter().filter(|i| i.why == "hit").map(|i| i.id).collect()
+    items
+        .iter()
+        .filter(|i| i.why == maas::model::FoundAs::Hit)
+        .map(|i| i.id)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,7 +275,7 @@ async fn text_hits(client: &deadpool_postgres::Client, user: Uuid, query: &str) 
     let items = maas::repo::memory::search(client, &s).await.unwrap();
     items
         .iter()
-        .filter(|i| i.why == "hit")
+        .filter(|i| i.why == maas::model::FoundAs::Hit)
         .map(|i| (i.id, format!("{:?}", i.score)))
         .collect()
 }

@@ -232,10 +232,22 @@ async fn submit_twenty(api: &Api) -> Vec<Uuid> {
 /// The scheduled archivist of both daemons archives every turn, once, and
 /// two runs never overlap.
 async fn assert_the_schedule_archives_every_turn_once(c: &Client) {
-    wait_until(GENEROUS, "the schedule archives every turn", || async {
-        count(c, "SELECT count(*) FROM archive_marks WHERE archived_seq < logged_seq").await == 0
-            && count(c, "SELECT count(*) FROM archive_marks").await > 0
-    })
+    // A run's row is written when the run ends, after its users' marks:
+    // wait for both.
+    wait_until(
+        GENEROUS,
+        "the schedule archives every turn and records its run",
+        || async {
+            count(c, "SELECT count(*) FROM archive_marks WHERE archived_seq < logged_seq").await == 0
+                && count(c, "SELECT count(*) FROM archive_marks").await > 0
+                && count(
+                    c,
+                    "SELECT count(*) FROM archive_runs WHERE trigger = 'cron' AND logs > 0",
+                )
+                .await
+                    > 0
+        },
+    )
     .await;
     assert_no_overlapping_cron_runs(c).await;
     let double = count(

@@ -307,28 +307,53 @@ fn has_nul(v: &Value) -> bool {
     }
 }
 
-fn finished(analysis: Value, answer: String, model: String, context: String) -> maas::repo::Finished {
-    maas::repo::Finished {
+/// A claim of a request to record results for.
+fn claimed() -> maas::repo::Claimed {
+    maas::repo::Claimed {
         id: uuid::Uuid::nil(),
-        lease_token: 1,
-        stage: maas::model::StageKind::Analyze,
-        outcome: maas::model::Outcome::Succeeded,
-        new_status: maas::model::Status::Analyzed,
+        user_id: uuid::Uuid::nil(),
+        thread_id: None,
+        user_query: String::new(),
         attempt: 1,
-        started_at: chrono::Utc::now(),
-        analysis: Some(analysis),
-        context: Some(context),
-        context_sources: None,
-        answer: Some(answer),
-        error_class: None,
-        error_message: None,
-        delay: Duration::ZERO,
-        model: Some(model),
-        prompt_tokens: None,
-        completion_tokens: None,
-        latency_ms: None,
-        fused: None,
+        lease_token: 1,
+        analysis: None,
+        context: None,
+        debug: false,
+        tenant_id: uuid::Uuid::nil(),
+        stream: false,
+        claimed_at: chrono::Utc::now(),
+        due_for: Duration::ZERO,
+        memory: Vec::new(),
+        earlier_turns: 0,
     }
+}
+
+/// One successful result of each stage carrying these values (the analysis
+/// with its assemble stage fused), each with `model`'s usage.
+fn finished(analysis: Value, answer: String, model: String, context: String) -> Vec<maas::repo::Finished> {
+    use maas::repo::{Finished, FusedAssemble, Output, StepUsage};
+    let usage = StepUsage {
+        model: Some(model),
+        ..StepUsage::default()
+    };
+    let fused = FusedAssemble {
+        context: context.clone(),
+        context_sources: None,
+        tokens: None,
+        latency_ms: 1,
+        respond: None,
+    };
+    [
+        Output::Analysis {
+            analysis,
+            fused: Some(fused),
+        },
+        Output::Context { context, sources: None },
+        Output::Answer(answer),
+    ]
+    .into_iter()
+    .map(|output| Finished::succeeded(&claimed(), output, usage.clone(), None))
+    .collect()
 }
 
 proptest! {
@@ -345,18 +370,18 @@ proptest! {
         context in poisoned_text(),
     ) {
         use maas::sanitize;
-        let mut f = finished(analysis, answer, model, context);
-        let _ = maas::dispatcher::sanitise_result(&mut f);
-        let a = f.analysis.clone().unwrap_or(Value::Null);
-        prop_assert!(!has_nul(&a));
-        prop_assert!(depth(&a) <= sanitize::MAX_DEPTH + 1);
-        for s in [&f.answer, &f.model, &f.context] {
-            let s = s.as_deref().unwrap_or("");
-            prop_assert!(!s.contains('\0'));
+        for mut f in finished(analysis, answer, model, context) {
+            let _ = maas::dispatcher::sanitise_result(&mut f);
+            let a = f.analysis().cloned().unwrap_or(Value::Null);
+            prop_assert!(!has_nul(&a));
+            prop_assert!(depth(&a) <= sanitize::MAX_DEPTH + 1);
+            for s in [f.answer(), f.usage.model.as_deref(), f.context()] {
+                prop_assert!(!s.unwrap_or("").contains('\0'));
+            }
+            prop_assert!(f.usage.model.as_deref().unwrap_or("").chars().count() <= sanitize::MAX_MODEL_CHARS);
+            let again = maas::dispatcher::sanitise_result(&mut f);
+            prop_assert!(again.found.is_empty(), "sanitising twice found {:?}", again.found);
         }
-        prop_assert!(f.model.as_deref().unwrap_or("").chars().count() <= sanitize::MAX_MODEL_CHARS);
-        let again = maas::dispatcher::sanitise_result(&mut f);
-        prop_assert!(again.found.is_empty(), "sanitising twice found {:?}", again.found);
     }
 
     /// The analysis parser accepts a valid analysis whatever its strings

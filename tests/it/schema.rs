@@ -378,10 +378,14 @@ async fn a_stale_writer_is_fenced_out() {
     let b = claim_analyze(&client, 10, "worker-b").await;
     assert_eq!(b.len(), 1);
     assert_eq!(b[0].attempt, 2, "the expired attempt was counted");
-    let result = |row: &repo::Claimed, text: &str| repo::Finished {
-        analysis: Some(serde_json::json!({"by": text})),
-        latency_ms: None,
-        ..analyzed(row)
+    let result = |row: &repo::Claimed, text: &str| {
+        let analysis = serde_json::json!({"by": text});
+        repo::Finished::succeeded(
+            row,
+            repo::Output::Analysis { analysis, fused: None },
+            Default::default(),
+            None,
+        )
     };
     // A wakes up and writes late: nothing changes.
     let applied = repo::finish_batch(&client, "worker-a", &[result(&a[0], "a")], |_| None, LEASE)
@@ -636,10 +640,13 @@ async fn a_requests_producer_bounds_are_checked_where_they_are_written() {
 
 /// The result of one successful analyze attempt of `row`.
 fn analyzed(row: &repo::Claimed) -> repo::Finished {
-    repo::Finished {
-        analysis: Some(serde_json::json!({"needs_context": false})),
-        ..repo::Finished::succeeded(maas::model::StageKind::Analyze, row, Some(3))
-    }
+    let analysis = serde_json::json!({"needs_context": false});
+    repo::Finished::succeeded(
+        row,
+        repo::Output::Analysis { analysis, fused: None },
+        Default::default(),
+        Some(3),
+    )
 }
 
 /// Chaining: the statement that records a success claims the row for its
@@ -788,22 +795,23 @@ async fn deleting_runs_deletes_their_steps() {
 fn fused(claimed: &[repo::Claimed]) -> Vec<repo::Finished> {
     claimed
         .iter()
-        .map(|r| repo::Finished {
-            fused: Some(repo::FusedAssemble {
+        .map(|r| {
+            let mut f = analyzed(r);
+            f.fuse(repo::FusedAssemble {
                 context: format!("context of {}", r.id),
                 context_sources: None,
                 tokens: Some(12),
                 latency_ms: 1,
                 respond: None,
-            }),
-            ..analyzed(r)
+            });
+            f
         })
         .collect()
 }
 
 /// `f`, a fused analyze result, with its respond stage's answer fused too.
 fn answered(mut f: repo::Finished) -> repo::Finished {
-    if let Some(a) = f.fused.as_mut() {
+    if let Some(mut a) = f.fused().cloned() {
         a.respond = Some(repo::FusedRespond {
             answer: format!("answer of {}", f.id),
             model: Some("m-respond".into()),
@@ -811,6 +819,7 @@ fn answered(mut f: repo::Finished) -> repo::Finished {
             completion_tokens: Some(7),
             latency_ms: 2,
         });
+        f.fuse(a);
     }
     f
 }
@@ -994,7 +1003,7 @@ async fn a_fused_respond_completes_the_request_in_one_statement() {
 /// at the first row that carries it.
 #[tokio::test]
 async fn the_vocabulary_matches_the_check_constraints() {
-    use maas::model::{Outcome, PromptRole, Scope, StageKind, Status};
+    use maas::model::{DeliveryState, OperatorAction, Outcome, PromptRole, Scope, StageKind, Status};
     let db = TestDb::new().await;
     let c = db.client().await;
     let listed = |constraint: &'static str| {
@@ -1022,4 +1031,12 @@ async fn the_vocabulary_matches_the_check_constraints() {
     assert_eq!(listed("pipeline_steps_outcome_valid").await, sorted(&Outcome::NAMES));
     assert_eq!(listed("system_prompts_role_valid").await, sorted(&PromptRole::NAMES));
     assert_eq!(listed("api_tokens_scope_known").await, sorted(&Scope::NAMES));
+    assert_eq!(
+        listed("operator_actions_action_valid").await,
+        sorted(&OperatorAction::NAMES)
+    );
+    assert_eq!(
+        listed("callback_outbox_state_valid").await,
+        sorted(&DeliveryState::NAMES)
+    );
 }

@@ -75,6 +75,15 @@ fn probes() -> Vec<Probe> {
             body: Some(json!({ "user_id": Uuid::new_v4(), "query": "walk" })),
             ..probe("`POST /api/query`", M::POST, "/api/query")
         },
+        Probe {
+            // Streamed, so the answer's headers come at once.
+            body: Some(json!({
+                "model": "offline", "user": "walk", "stream": true,
+                "messages": [{ "role": "user", "content": "walk" }],
+            })),
+            ..probe("`POST /v1/chat/completions`", M::POST, "/v1/chat/completions")
+        },
+        probe("`GET /v1/models`", M::GET, "/v1/models"),
         probe(api_read, M::GET, "/api/query/{req}/status"),
         probe(api_read, M::GET, "/api/query/{req}/events"),
         probe(api_read, M::GET, "/api/ws?request_id={req}"),

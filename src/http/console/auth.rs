@@ -15,7 +15,7 @@
 //!   HTTPS, for [`SESSION`].
 //! - A session ends on every daemon at once when its owner logs out (the
 //!   row's `ended_at`), and within the token cache period
-//!   (`http::tenancy::TOKEN_TTL`) when its token is revoked (or removed
+//!   (`app::caller::TOKEN_TTL`) when its token is revoked (or removed
 //!   from the configuration, or the secret changes).
 //! - Scopes (the same tokens as the API): a database token needs `read` to
 //!   log in and view, `operate` to act and `admin` to activate a prompt; a
@@ -52,9 +52,9 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::{Fail, fail, render};
+use crate::app::{Caller, Need, Principal};
 use crate::http::AppState;
-use crate::http::limits::Caller;
-use crate::http::tenancy::{Need, Principal, Scope};
+use crate::model::Scope;
 use crate::repo::tenants;
 
 /// How long a session lasts.

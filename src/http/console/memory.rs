@@ -57,7 +57,7 @@ fn user_fail(e: UserError) -> Fail {
 /// `next_before` / `next_turns_before` of the page before).
 #[derive(Debug, Default, Deserialize)]
 pub struct UserQuery {
-    #[serde(default, deserialize_with = "crate::http::input::text_without_nul")]
+    #[serde(default, deserialize_with = "crate::app::input::text_without_nul")]
     q: String,
     #[serde(default)]
     before: String,
@@ -86,7 +86,7 @@ async fn user_key(c: &super::pages::Client, s: &Session, id: &str) -> Result<Use
     if s.tenant().is_none() {
         return Ok(UserKey::new(shown));
     }
-    let stored = crate::http::tenancy::stored_user(c, &s.who, shown)
+    let stored = crate::app::caller::stored_user(c, &s.who, shown)
         .await
         .map_err(|e| db_fail("user", e.message))?;
     Ok(UserKey::of_tenant(stored, shown))

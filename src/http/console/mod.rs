@@ -49,6 +49,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::live;
+use crate::app::follow::{Access, Follower, Frame, Target};
 
 /// Longest time between a notification and the `change` event it causes;
 /// notifications within it become one event.
@@ -152,14 +153,14 @@ async fn htmx() -> Response {
 /// `GET /console/events`: a `change` event whenever requests changed
 /// (coalesced), `refresh` when notifications may have been lost; capped
 /// like the API's streams, and ended with a `revoked` event once the
-/// session's token is revoked (`http::live::Access`). A session limited to
+/// session's token is revoked (`crate::app::follow::Access`). A session limited to
 /// a tenant hears only of its tenant's requests.
 async fn events(State(app): State<AppState>, Extension(s): Extension<auth::Session>) -> Result<Response, Fail> {
     let place = app
         .streams
         .enter(s.caller)
-        .map_err(|e| Fail(e.status, format!("console: {}", e.message)))?;
-    let access = live::Access::watch(&app, s.caller);
+        .map_err(|e| Fail(super::error::status(e.kind), format!("console: {}", e.message)))?;
+    let access = Access::watch(&app.app, s.caller);
     let revoked = access.token();
     let rx = app.notifier.subscribe();
     let tenant = s.tenant();
@@ -206,9 +207,9 @@ async fn answer(
     let place = app
         .streams
         .enter(s.caller)
-        .map_err(|e| Fail(e.status, format!("console: {}", e.message)))?;
-    let sub = app.hub.subscribe_streaming(live::Target::Request(id), ANSWER_QUEUE);
-    let mut follower = live::Follower::new(app.pool.clone(), sub).with_deltas(None);
+        .map_err(|e| Fail(super::error::status(e.kind), format!("console: {}", e.message)))?;
+    let sub = app.hub.subscribe_streaming(Target::Request(id), ANSWER_QUEUE);
+    let mut follower = Follower::new(app.pool.clone(), sub).with_deltas(None);
     if let Some(tenant) = s.tenant() {
         follower = follower.for_tenant(tenant);
     }
@@ -219,7 +220,7 @@ async fn answer(
     if states.is_empty() {
         return Err(fail(StatusCode::NOT_FOUND, &format!("console: no request {id}")));
     }
-    let mut first: Vec<live::Frame> = states.into_iter().map(live::Frame::State).collect();
+    let mut first: Vec<Frame> = states.into_iter().map(Frame::State).collect();
     first.extend(follower.catch_up().await);
     Ok(live::Stream::new(&app, s.caller, follower, first, "sse", place).sse())
 }

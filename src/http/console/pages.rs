@@ -126,7 +126,7 @@ pub struct ListQuery {
     user: String,
     #[serde(default)]
     thread: String,
-    #[serde(default, deserialize_with = "crate::http::input::text_without_nul")]
+    #[serde(default, deserialize_with = "crate::app::input::text_without_nul")]
     text: String,
     /// Created at or after (RFC 3339, or `YYYY-MM-DDTHH:MM` from a form, UTC).
     #[serde(default)]
@@ -202,7 +202,7 @@ async fn rows_data(app: &AppState, s: &Session, q: &ListQuery) -> Result<minijin
         f.tenant = Some(tenant);
         if let Some(user) = f.user_id {
             f.user_id = Some(
-                crate::http::tenancy::stored_user(&c, &s.who, user)
+                crate::app::caller::stored_user(&c, &s.who, user)
                     .await
                     .map_err(|e| db_fail("user", e.message))?,
             );
@@ -324,7 +324,7 @@ pub async fn request_body(
 pub struct ActionForm {
     #[serde(default)]
     pub(super) csrf: String,
-    #[serde(default, deserialize_with = "crate::http::input::text_without_nul")]
+    #[serde(default, deserialize_with = "crate::app::input::text_without_nul")]
     pub(super) reason: String,
 }
 

@@ -35,10 +35,12 @@ fn the_groups_give_every_operation_and_its_key_answers() {
             "GET /metrics",
             "GET /openapi.json",
             "GET /readyz",
+            "GET /v1/models",
             "POST /api/query",
             "POST /api/query/{id}/cancel",
             "POST /api/query/{id}/continue",
             "POST /api/query/{id}/retry",
+            "POST /v1/chat/completions",
             "PUT /api/users/{id}/memory/{record}",
         ]
     );

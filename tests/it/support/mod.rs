@@ -237,3 +237,30 @@ pub async fn wait_analyzing(c: &Client, n: i64, what: &str) {
     })
     .await;
 }
+
+/// Runs a client of the tests, `program script` (`script` relative to the
+/// crate), with `plan` on its standard input (a plan may be larger than an
+/// argument may), and reads the one JSON document it prints: what a real
+/// client SDK (MCP's, OpenAI's) saw.
+pub async fn run_client(program: &str, script: &str, plan: &serde_json::Value) -> serde_json::Value {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(program)
+        .arg(format!("{}/{script}", env!("CARGO_MANIFEST_DIR")))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "{script}'s output is not JSON ({e}): {text}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}

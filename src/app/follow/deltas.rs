@@ -15,25 +15,16 @@
 //! - The position of a piece is its [`Cursor`] `attempt.seq`: the SSE
 //!   event id (`Last-Event-ID` on a reconnect) and the WebSocket's `id`
 //!   field (`?after=` on a reconnect).
-//!
-//! [`Stream::chat_chunks`] shows the same frames in the shape of OpenAI's
-//! `chat.completion.chunk` stream, for `POST /api/query` with
-//! `"stream": true` and `Accept: text/event-stream`.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::fmt;
 
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use serde_json::json;
 use uuid::Uuid;
 
-use super::{End, RequestState, Stream};
+use super::RequestState;
 use crate::db::Pool;
 use crate::listener::DeltaNote;
-use crate::model::Status;
 use crate::repo::deltas::DeltaRow;
 
 /// Most pieces read from the table at once.
@@ -103,7 +94,7 @@ impl Frame {
     }
 
     /// The frame's position, for a piece stored as a row.
-    fn cursor(&self) -> Option<Cursor> {
+    pub fn cursor(&self) -> Option<Cursor> {
         match self {
             Frame::Delta(d) => Some(Cursor {
                 attempt: d.attempt,
@@ -118,22 +109,6 @@ impl Frame {
                 seq: *seq,
             }),
             _ => None,
-        }
-    }
-
-    /// As an SSE event: a state is a plain `data:` line of its JSON; a
-    /// piece is `event: delta` with its position as `id`; a restart is
-    /// `event: restart`.
-    pub fn sse(&self) -> SseEvent {
-        let event = match self {
-            Frame::State(s) => SseEvent::default().json_data(s),
-            Frame::Delta(d) => SseEvent::default().event("delta").json_data(d),
-            Frame::Restart(r) => SseEvent::default().event("restart").json_data(r),
-        };
-        let event = event.unwrap_or_else(|_| SseEvent::default().comment("unserializable frame"));
-        match self.cursor() {
-            Some(c) => event.id(c.to_string()),
-            None => event,
         }
     }
 
@@ -266,92 +241,6 @@ pub async fn read(pool: &Pool, id: Uuid, after: Cursor) -> Vec<DeltaRow> {
         tracing::warn!(request.id = %id, error = %e, "live: could not read an answer's pieces");
         Vec::new()
     })
-}
-
-/// One `chat.completion.chunk` of request `id`'s answer.
-fn chunk(id: Uuid, created: i64, delta: serde_json::Value, finish: Option<&str>) -> serde_json::Value {
-    json!({
-        "id": format!("chatcmpl-{id}"),
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": "maas",
-        "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
-    })
-}
-
-/// The chunks a frame makes, given the text sent of the current attempt.
-fn chunks_of(frame: Frame, id: Uuid, created: i64, sent: &mut String) -> Vec<SseEvent> {
-    let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
-    match frame {
-        Frame::Delta(d) => {
-            sent.push_str(&d.text);
-            vec![data(chunk(id, created, json!({ "content": d.text }), None))]
-        }
-        Frame::Restart(r) => {
-            // Not part of OpenAI's shape: a client that knows it clears
-            // what it has; the final chunk carries the rest of the answer.
-            sent.clear();
-            let mut c = chunk(id, created, json!({}), None);
-            c["maas_restart"] = json!({ "attempt": r.attempt });
-            vec![data(c)]
-        }
-        Frame::State(s) if s.stage == Status::Completed => {
-            let answer = s.answer.unwrap_or_default();
-            let rest = answer.strip_prefix(sent.as_str()).unwrap_or_default();
-            let mut out = Vec::new();
-            if !rest.is_empty() {
-                out.push(data(chunk(id, created, json!({ "content": rest }), None)));
-            }
-            out.push(data(chunk(id, created, json!({}), Some("stop"))));
-            out.push(SseEvent::default().data("[DONE]"));
-            out
-        }
-        Frame::State(s) if s.is_terminal() => {
-            let error = s.error.unwrap_or_default();
-            vec![
-                data(json!({ "error": { "message": error, "type": "request_failed", "code": s.stage } })),
-                SseEvent::default().data("[DONE]"),
-            ]
-        }
-        Frame::State(_) => Vec::new(),
-    }
-}
-
-impl Stream {
-    /// The stream as OpenAI's `chat.completion.chunk` events of request
-    /// `id`: a first chunk with the role, a chunk per piece, the rest of
-    /// the final answer and `finish_reason: "stop"` at the end, then
-    /// `data: [DONE]`; a failed request ends with `data: {"error": …}`.
-    pub fn chat_chunks(self, id: Uuid) -> Response {
-        let keepalive = self.app.cfg.http.stream_keepalive();
-        let created = chrono::Utc::now().timestamp();
-        let first = SseEvent::default()
-            .data(chunk(id, created, json!({ "role": "assistant", "content": "" }), None).to_string());
-        let start = futures_util::stream::iter([Ok::<_, Infallible>(first)]);
-        let rest = futures_util::stream::unfold(Some((self, String::new())), move |st| async move {
-            let (mut st, mut sent) = st?;
-            let events = match st.next().await {
-                Some(frame) => chunks_of(frame, id, created, &mut sent),
-                None if st.end == Some(End::Finished) => return None,
-                None => {
-                    let why = if st.end == Some(End::Revoked) {
-                        "the token of this stream was revoked"
-                    } else {
-                        "the stream ended before the answer"
-                    };
-                    let error = json!({ "error": { "message": why, "type": "stream_ended" } });
-                    return Some((vec![SseEvent::default().data(error.to_string())], None));
-                }
-            };
-            Some((events, Some((st, sent))))
-        });
-        let rest = futures_util::StreamExt::flat_map(rest, |events| {
-            futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>))
-        });
-        Sse::new(futures_util::StreamExt::chain(start, rest))
-            .keep_alive(KeepAlive::new().interval(keepalive))
-            .into_response()
-    }
 }
 
 #[cfg(test)]
