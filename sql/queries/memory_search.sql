@@ -33,6 +33,19 @@
 -- of its lexemes (at most 32): an AND (plainto_tsquery) finds all words in
 -- one turn for 1 in 10 questions only. Ties: the newer turn first.
 --
+-- Speakers: a turn's speaker is its `Name: ` prefix, read as the
+-- assembler reads it (a name of at most three words starting with a
+-- letter, within the turn's first 42 characters); other turns have none.
+-- A question that names a speaker (a lexeme of the name is one of the
+-- query's: "What did Caroline paint?") asks mostly about that person's own
+-- words (on LoCoMo's development half, 94 % of the questions naming one
+-- speaker have every evidence turn said by that speaker), so a candidate
+-- said by a named speaker scores a tenth of the best score more: + 0.1 on
+-- the fused score's 0 to 1 scale, + 0.1 × the best BM25 score with full
+-- text alone (chosen, not fitted). Cost: a prefix match on the first 42
+-- characters of each row the search reads anyway, and the lexemes of each
+-- distinct speaker among the candidates; nothing on the insert path.
+--
 -- Bounded work, whatever the size of the user's history: one GIN lookup per
 -- lexeme (none for a lexeme the user's `common_lexemes` lists) reads at
 -- most 256 of its turns, which gives its document frequency
@@ -67,11 +80,13 @@ WITH q AS (
     SELECT c.lexeme FROM common_lexemes c
     WHERE c.user_id = $1::uuid AND c.lexeme IN (SELECT q.lexeme FROM q)
 ), m AS MATERIALIZED (
-    -- Each other lexeme's turns, at most 256 (one GIN lookup each).
-    SELECT q.lexeme, r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.request_id
+    -- Each other lexeme's turns, at most 256 (one GIN lookup each), with
+    -- their speakers (see "Speakers" above).
+    SELECT q.lexeme, r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.speaker, r.request_id
     FROM q
     CROSS JOIN LATERAL (
-        SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.request_id
+        SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search,
+               substring(left(r.content, 42) from '^([[:alpha:]][[:alnum:]._-]*(?: +[[:alnum:]._-]+){0,2}): ') AS speaker, r.request_id
         FROM raw_logs r
         WHERE $3::int > 0 AND r.user_id = $1::uuid AND r.search @@ q.tq
         LIMIT 256) r
@@ -97,15 +112,16 @@ WITH q AS (
 ), anyq AS (
     SELECT string_agg(quote_literal(w.lexeme), ' | ')::tsquery AS tq FROM w
 ), rare AS MATERIALIZED (
-    SELECT DISTINCT ON (m.id) m.id, m.thread_id, m.user_seq, m.created_at, m.search
+    SELECT DISTINCT ON (m.id) m.id, m.thread_id, m.user_seq, m.created_at, m.search, m.speaker
     FROM m JOIN w ON w.lexeme = m.lexeme AND w.turns < 256
     WHERE m.request_id IS DISTINCT FROM $8::uuid
 ), common AS (
     -- (the user's newest turns walked backwards, at most 4,096: a bitmap
     -- of every turn matching any lexeme read 35,000 turns of a user of
     -- 100,000 to keep the newest 256)
-    SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search
-    FROM (SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.request_id
+    SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.speaker
+    FROM (SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search,
+                 substring(left(r.content, 42) from '^([[:alpha:]][[:alnum:]._-]*(?: +[[:alnum:]._-]+){0,2}): ') AS speaker, r.request_id
           FROM raw_logs r
           WHERE (SELECT count(*) FROM rare) < 40 AND r.user_id = $1::uuid
           ORDER BY r.user_seq DESC

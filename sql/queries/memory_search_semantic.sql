@@ -92,17 +92,24 @@
 ), span AS (
     SELECT min(d.cosine) AS lo, greatest(max(d.cosine) - min(d.cosine), 1e-9) AS width FROM dense d
 ), near AS (
-    SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search
+    SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.speaker
     FROM (SELECT d.id FROM dense d ORDER BY d.cosine DESC LIMIT 100) d
     -- (a lookup by key each: with a generic plan, a join was seen to read
     -- all of a large user's turns)
     CROSS JOIN LATERAL (
-        SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search FROM raw_logs r
+        SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search,
+               substring(left(r.content, 42) from '^([[:alpha:]][[:alnum:]._-]*(?: +[[:alnum:]._-]+){0,2}): ') AS speaker
+        FROM raw_logs r
         WHERE r.id = d.id AND r.user_id = $1::uuid AND r.request_id IS DISTINCT FROM $8::uuid
         LIMIT 1) r
 ), candidates AS (
     SELECT DISTINCT ON (u.id) u.*
     FROM (SELECT * FROM rare UNION ALL SELECT * FROM common UNION ALL SELECT * FROM near) u
+), named AS (
+    -- The candidates' speakers the query names (see "Speakers" in
+    -- memory_search.sql).
+    SELECT s.speaker FROM (SELECT DISTINCT c.speaker FROM candidates c WHERE c.speaker IS NOT NULL) s
+    WHERE to_tsvector('maas_memory', s.speaker) @@ (SELECT anyq.tq FROM anyq)
 ), scored AS MATERIALIZED (
     -- (materialized: hits reads the score twice, and an inlined subquery
     -- would run twice per candidate). A candidate's BM25 score: the idf of the query lexemes it holds, over
@@ -111,12 +118,14 @@
     -- to sort the candidates with their tsvectors (BENCHMARKS.md, session 7).
     SELECT c.id, c.thread_id, c.user_seq, c.created_at,
            coalesce((SELECT sum(w.idf_turn) FROM w WHERE c.search @@ w.tq), 0) * 2.2::float8
-               / (1.3::float8 + 0.9::float8 * length(c.search) / 13) AS bm25
+               / (1.3::float8 + 0.9::float8 * length(c.search) / 13) AS bm25,
+           c.speaker IN (SELECT n.speaker FROM named n) AS named
     FROM candidates c
 ), hits AS (
     SELECT s.id, s.thread_id, s.user_seq, s.created_at,
            (1 - $11::float8) * s.bm25 / greatest(max(s.bm25) OVER (), 1e-9)
-               + $11::float8 * coalesce((d.cosine - span.lo) / span.width, 0) AS score
+               + $11::float8 * coalesce((d.cosine - span.lo) / span.width, 0)
+               + CASE WHEN s.named THEN 0.1::float8 ELSE 0 END AS score
     FROM scored s
     CROSS JOIN span
     LEFT JOIN dense d ON d.id = s.id

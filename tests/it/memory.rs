@@ -629,3 +629,30 @@ async fn scattered_hits_come_as_single_turns_from_every_session() {
         neighbours.len()
     );
 }
+
+/// A question that names a speaker prefers that speaker's own words: of two
+/// turns that match it equally (the same words, the same length), the one
+/// said by the person the question names is the hit, though the other is
+/// newer (which breaks a tie otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_naming_a_speaker_prefers_that_speakers_turns() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (user, chat) = (Uuid::new_v4(), Uuid::new_v4());
+    log_turn(&c, user, chat, "user_query", "Caroline: we adopted a pet dog").await;
+    log_turn(&c, user, chat, "assistant_response", "Melanie: Caroline adopted pet?").await;
+    a_record(&c, user, "pets", "Caroline and Melanie talk about pets").await;
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_MEMORY__HITS", "1")
+            .env("MAAS_MEMORY__WINDOW", "0"),
+    )
+    .await;
+    let id = api.ask(user, None, "Which pet did Caroline adopt?").await;
+    let state = api.status_with(id, "include=context").await;
+    let context = state["context"].as_str().unwrap_or_default();
+    assert!(context.contains("we adopted a pet dog"), "{context}");
+    assert!(!context.contains("Caroline adopted pet?"), "{context}");
+}
