@@ -182,6 +182,13 @@ pub struct Caller(pub [u8; 32]);
 
 impl Caller {
     pub const ANONYMOUS: Caller = Caller([0; 32]);
+
+    /// The caller of bearer token `given`: its SHA-256, hashed once per
+    /// request and used for the lookup, the caps and the token watch.
+    pub fn of_token(given: &str) -> Caller {
+        use sha2::{Digest, Sha256};
+        Caller(Sha256::digest(given.as_bytes()).into())
+    }
 }
 
 /// A database token found by id: its SHA-256 and principal.

@@ -142,9 +142,12 @@ impl App {
         (app, helpers)
     }
 
-    /// Whether the caller's token is one of `api_tokens` (never revoked).
+    /// Whether the caller's token is one of `api_tokens` (never revoked),
+    /// compared with every one in full, so timing tells nothing.
     pub fn is_configured(&self, caller: Caller) -> bool {
-        self.tokens.contains(&caller.0)
+        self.tokens.iter().fold(false, |acc, t| {
+            acc | (t.iter().zip(caller.0.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
+        })
     }
 
     /// Whether tokens are configured at all (without them, only loopback
@@ -153,28 +156,21 @@ impl App {
         !self.tokens.is_empty()
     }
 
-    /// The caller of bearer token `given`: a configured token, or a
-    /// database one (cached); `None` for a wrong or revoked token. A
-    /// door counts a `None` against the peer's failure budget.
-    pub async fn authenticate(&self, given: &str) -> Result<Option<(Caller, Principal)>, AppError> {
-        let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-        // Compare every token in full, so timing tells nothing.
-        let configured = self.tokens.iter().fold(false, |acc, t| {
-            acc | (t.iter().zip(digest.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
-        });
-        let principal = if configured {
-            Some(Principal::default_admin("config"))
-        } else {
-            self.db_tokens.lookup(&self.pool, digest).await?
-        };
-        Ok(principal.map(|p| (Caller(digest), p)))
+    /// The principal of `caller` (a bearer token's [`Caller::of_token`]):
+    /// a configured token, or a database one (cached); `None` for a wrong
+    /// or revoked token. A door counts a `None` against the peer's failure
+    /// budget.
+    pub async fn authenticate(&self, caller: Caller) -> Result<Option<Principal>, AppError> {
+        if self.is_configured(caller) {
+            return Ok(Some(Principal::default_admin("config")));
+        }
+        self.db_tokens.lookup(&self.pool, caller.0).await
     }
 
-    /// The principal of a database token still trusted from the cache, or
-    /// of a configured one, with no lookup: a door may let such a caller
+    /// Whether `caller`'s token is configured or a database token still
+    /// trusted from the cache, with no lookup: a door may let such a caller
     /// past its failure budget.
-    pub fn known(&self, given: &str) -> bool {
-        let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-        self.tokens.contains(&digest) || self.db_tokens.cached(&digest).is_some()
+    pub fn known(&self, caller: Caller) -> bool {
+        self.is_configured(caller) || self.db_tokens.cached(&caller.0).is_some()
     }
 }

@@ -103,6 +103,8 @@ pub struct Inner {
     pub metrics: PrometheusHandle,
     /// Failed authentications per peer address.
     pub auth_failures: limits::AuthFailures,
+    /// The models the OpenAI-compatible endpoint offers, resolved once.
+    pub models: Vec<String>,
 }
 
 impl std::ops::Deref for AppState {
@@ -283,11 +285,12 @@ async fn authenticate(
     given: &str,
     peer: Option<std::net::IpAddr>,
 ) -> Result<(Caller, Principal), AppError> {
-    if !app.known(given) {
+    let caller = Caller::of_token(given);
+    if !app.known(caller) {
         app.auth_failures.check(peer)?;
     }
-    match app.app.authenticate(given).await? {
-        Some(found) => Ok(found),
+    match app.app.authenticate(caller).await? {
+        Some(principal) => Ok((caller, principal)),
         None => {
             app.auth_failures.failed(peer);
             Err(AppError::unauthorized("wrong or revoked bearer token"))
@@ -392,11 +395,13 @@ pub fn state(app: App, stats: Arc<Stats>) -> Result<AppState, HttpError> {
     crate::metrics::register_llm_provider(&app.cfg.llm_provider);
     crate::metrics::register_http();
     let auth_failures = limits::AuthFailures::new(app.cfg.http.max_auth_failures_per_minute);
+    let models = openai::offered(&app.cfg);
     Ok(AppState(Arc::new(Inner {
         app,
         stats,
         metrics: handle,
         auth_failures,
+        models,
     })))
 }
 

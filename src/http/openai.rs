@@ -227,16 +227,16 @@ fn chat_user(who: &Principal, headers: &HeaderMap, body_user: Option<&str>) -> R
 }
 
 /// The models the deployment offers: the responder's, then the aliases of
-/// `http.openai_models`.
-pub fn offered(app: &AppState) -> Vec<String> {
+/// `http.openai_models` (resolved once, when the server's state is made).
+pub fn offered(cfg: &crate::config::Config) -> Vec<String> {
     let mut models = Vec::new();
-    match app.cfg.llm.resolve(&app.cfg.llm_provider, &|k| std::env::var(k).ok()) {
+    match cfg.llm.resolve(&cfg.llm_provider, &|k| std::env::var(k).ok()) {
         Ok(llm) => models.push(llm.role(crate::llm::Role::Responder).model.clone()),
         Err(e) => {
             tracing::warn!(error = %e, "http: the responder's model is unknown; /v1/models lists the aliases only")
         }
     }
-    for alias in &app.cfg.http.openai_models {
+    for alias in &cfg.http.openai_models {
         if !models.contains(alias) {
             models.push(alias.clone());
         }
@@ -246,8 +246,9 @@ pub fn offered(app: &AppState) -> Vec<String> {
 
 /// `GET /v1/models`: what the deployment offers.
 pub async fn models(State(app): State<AppState>) -> Json<Value> {
-    let data: Vec<Value> = offered(&app)
-        .into_iter()
+    let data: Vec<Value> = app
+        .models
+        .iter()
         .map(|id| json!({ "id": id, "object": "model", "created": 0, "owned_by": "maas" }))
         .collect();
     Json(json!({ "object": "list", "data": data }))
@@ -311,7 +312,7 @@ pub async fn chat(
     let body = read_body(body, app.cfg.http.max_body_bytes).await?;
     let key = idempotency_key(&headers)?;
     let chat = parse_chat(&body)?;
-    if !offered(&app).contains(&chat.model) {
+    if !app.models.contains(&chat.model) {
         return Err(AppError::new(
             Kind::NotFound,
             Code::ModelNotFound,

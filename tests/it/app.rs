@@ -59,7 +59,9 @@ fn app_on(db: &TestDb, shutdown: &CancellationToken) -> App {
 
 /// The caller of `tok`, as every door authenticates it.
 async fn caller(app: &App, tok: &str) -> (maas::app::Caller, Principal) {
-    app.authenticate(tok).await.unwrap().expect("a live token is known")
+    let caller = maas::app::Caller::of_token(tok);
+    let who = app.authenticate(caller).await.unwrap().expect("a live token is known");
+    (caller, who)
 }
 
 fn refused<T: std::fmt::Debug>(r: Result<T, AppError>) -> AppError {
@@ -114,7 +116,12 @@ async fn the_application_layer_serves_a_caller_with_no_door() {
     // Who calls, and what it may do.
     let (_, who) = caller(&app, &submitter).await;
     assert_eq!((who.scope, who.user, who.limited), (Scope::Submit, Some(user), true));
-    assert!(app.authenticate("maas_not_a_token").await.unwrap().is_none());
+    assert!(
+        app.authenticate(maas::app::Caller::of_token("maas_not_a_token"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     let e = refused(who.require(Need::ReadUser));
     assert_eq!((e.kind, e.code.as_str()), (Kind::Forbidden, "scope_required"));
     let e = refused(memory::user(&app, &who, Uuid::new_v4(), "user_id").await);

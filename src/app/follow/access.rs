@@ -22,7 +22,7 @@ impl Access {
     /// cache) while the returned value lives. A failed lookup keeps the
     /// stream (the next period tries again).
     pub fn watch(app: &App, caller: Caller) -> Access {
-        let configured = app.tokens.contains(&caller.0);
+        let configured = app.is_configured(caller);
         if caller == Caller::ANONYMOUS || configured {
             return Access::watch_with(TOKEN_TTL, None::<fn() -> std::future::Ready<bool>>);
         }
