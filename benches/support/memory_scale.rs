@@ -26,7 +26,7 @@
 //!
 //! Measured, searches interleaved between the two databases so that the
 //! machine's noise falls on both alike: p50/p99 of `repo::memory::search`
-//! (the daemon's statement and settings, semantic part on, weight 0.5) per
+//! (the daemon's statement and settings, semantic part on, the default weight) per
 //! user; rows and bytes the statement reads (EXPLAIN (ANALYZE, BUFFERS));
 //! the exact scan's p50 at 100,000 turns (`maas.memory_exact_turns` set
 //! above the user's size); recall@10 and @40 of the approximate hits against
@@ -402,7 +402,7 @@ async fn latencies(
 ) -> (Vec<f64>, Vec<f64>) {
     let (mut a, mut b) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
     for i in 0..rounds + 10 {
-        let s = p.search(i, 0.5);
+        let s = p.search(i, maas::config::MemoryConfig::default().semantic_weight);
         let (x, _) = timed(small, &s).await;
         let (y, _) = timed(large, &s).await;
         if i >= 10 {

@@ -40,9 +40,10 @@
 -- query's: "What did Caroline paint?") asks mostly about that person's own
 -- words (on LoCoMo's development half, 94 % of the questions naming one
 -- speaker have every evidence turn said by that speaker), so a candidate
--- said by a named speaker scores a tenth of the best score more: + 0.1 on
--- the fused score's 0 to 1 scale, + 0.1 × the best BM25 score with full
--- text alone (chosen, not fitted). Cost: a prefix match on the first 42
+-- said by a named speaker scores more: + 0.15 on the fused score's 0 to 1
+-- scale (fitted with the semantic weight, leave one conversation out:
+-- BENCHMARKS.md, session 27), + 0.1 × the best BM25 score with full text
+-- alone (chosen, not fitted: the full-text path was not measured). Cost: a prefix match on the first 42
 -- characters of each row the search reads anyway, and the lexemes of each
 -- distinct speaker among the candidates; nothing on the insert path.
 --

@@ -18,8 +18,8 @@
            c.speaker IN (SELECT n.speaker FROM named n) AS named
     FROM candidates c
 ), hits AS (
-    -- (a named speaker's turn: a tenth of the best score more, as in the
-    -- semantic part, where the full-text score is over the best one)
+    -- (a named speaker's turn: a tenth of the best score more; the
+    -- semantic part, whose scores are over the best one, adds 0.15)
     SELECT s.id, s.thread_id, s.user_seq, s.created_at,
            s.bm25 + CASE WHEN s.named THEN 0.1::float8 * max(s.bm25) OVER () ELSE 0 END AS score
     FROM scored s

@@ -3,7 +3,8 @@
 --
 -- $9 embedding (real[], unit length: the query's embedding)
 -- $10 model (the model of $9; only turn embeddings of that model are compared)
--- $11 weight (of the semantic part in a hit's score, 0 to 1; 0.5 measured best)
+-- $11 weight (of the semantic part in a hit's score, 0 to 1; the default
+--     0.6 fitted leave-one-conversation-out: BENCHMARKS.md, session 27)
 --
 -- The cosine of the query's embedding with each of the user's turn
 -- embeddings (turn_embeddings_list_idx, never another user's rows); the
@@ -125,7 +126,7 @@
     SELECT s.id, s.thread_id, s.user_seq, s.created_at,
            (1 - $11::float8) * s.bm25 / greatest(max(s.bm25) OVER (), 1e-9)
                + $11::float8 * coalesce((d.cosine - span.lo) / span.width, 0)
-               + CASE WHEN s.named THEN 0.1::float8 ELSE 0 END AS score
+               + CASE WHEN s.named THEN 0.15::float8 ELSE 0 END AS score
     FROM scored s
     CROSS JOIN span
     LEFT JOIN dense d ON d.id = s.id
