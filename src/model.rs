@@ -100,6 +100,12 @@ named_enum! {
         Assembling = "ASSEMBLING",
         Ready = "READY",
         Responding = "RESPONDING",
+        /// Waits for the user's reply to its question (`question`): no
+        /// lease, not dispatchable, not terminal.
+        WaitingUserInput = "WAITING_USER_INPUT",
+        /// Its answer waits for an operator's review: no lease, not
+        /// dispatchable, not terminal.
+        AwaitingReview = "AWAITING_REVIEW",
         Completed = "COMPLETED",
         Failed = "FAILED",
         Cancelled = "CANCELLED",
@@ -130,6 +136,13 @@ impl Status {
 
     pub fn is_terminal(self) -> bool {
         matches!(self, Status::Completed | Status::Failed | Status::Cancelled)
+    }
+
+    /// A wait for a person (WAITING_USER_INPUT, AWAITING_REVIEW): the row
+    /// holds no lease and no daemon works on it; a reply, a review, a
+    /// cancel or the sweep's expiry ends it.
+    pub fn is_waiting(self) -> bool {
+        matches!(self, Status::WaitingUserInput | Status::AwaitingReview)
     }
 }
 

@@ -576,13 +576,14 @@ fn request_state_schema() -> Value {
     json!({
         "type": "object",
         "required": ["request_id", "status", "stage"],
-        "description": "processing; completed with answer; failed with error. A cancelled request is failed with stage CANCELLED.",
+        "description": "processing; waiting_user_input with question; awaiting_review; completed with answer; failed with error. A cancelled request is failed with stage CANCELLED.",
         "properties": {
             "request_id": { "type": "string", "format": "uuid" },
-            "status": { "enum": ["processing", "completed", "failed"] },
-            "stage": { "enum": ["NEW", "ANALYZING", "ANALYZED", "ASSEMBLING", "READY", "RESPONDING", "COMPLETED", "FAILED", "CANCELLED"] },
+            "status": { "enum": ["processing", "waiting_user_input", "awaiting_review", "completed", "failed"] },
+            "stage": { "enum": crate::model::Status::NAMES },
             "answer": { "type": "string" },
             "error": { "type": "string" },
+            "question": { "type": "string", "description": "waiting_user_input only: the question the request waits on for the user's reply" },
             "metadata": { "type": "object", "description": "GET /api/query/{id}/status only: the metadata given at submit, when it was" },
             "context": { "type": ["string", "null"], "description": "With include=context: the assembled context (null before the assemble stage)" },
             "context_sources": {

@@ -40,7 +40,8 @@
 //! the metrics), [`users`] (one user's data: view, corrections, export
 //! pages, erase batches, `forgotten_users`), [`tenants`] (`tenants`,
 //! `api_tokens`: tokens, limits, stored user ids), [`deltas`]
-//! (`answer_deltas`: the pieces of streamed answers).
+//! (`answer_deltas`: the pieces of streamed answers), [`waits`] (requests
+//! waiting for a person: the sweep's expiries).
 
 use std::time::Duration;
 
@@ -71,6 +72,7 @@ pub mod stats;
 pub mod steps;
 pub mod tenants;
 pub mod users;
+pub mod waits;
 
 // The dispatcher's statements, at the paths it calls them by.
 pub use attempts::{
@@ -364,6 +366,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         gauges::STATEMENTS,
         users::STATEMENTS,
         tenants::STATEMENTS,
+        waits::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

@@ -219,6 +219,8 @@ pub struct RequestStatus {
     pub status: Status,
     pub answer: Option<String>,
     pub error: Option<String>,
+    /// The question it waits on (WAITING_USER_INPUT only).
+    pub question: Option<String>,
 }
 
 impl RequestStatus {
@@ -233,6 +235,7 @@ impl RequestStatus {
             status,
             answer: r.try_get("final_answer")?,
             error: r.try_get("error")?,
+            question: r.try_get("question")?,
         }))
     }
 

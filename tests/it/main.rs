@@ -13,6 +13,7 @@ mod docs;
 mod engine;
 mod failover;
 mod health;
+mod hitl;
 mod hostile;
 mod http;
 mod https;
