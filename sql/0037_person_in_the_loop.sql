@@ -82,3 +82,113 @@ SELECT r.id,
        r.wait_expires_at
 FROM pipeline_runs r
 WHERE r.tenant_id = (SELECT maas_role_tenant(current_user));
+
+-- The user's reply to the question request `run` of tenant `tenant` waits
+-- on: one path for every door (the HTTP API and maasctl call it through
+-- sql/queries/reply.sql; the SQL door's trigger below calls it). In one
+-- statement's transaction: the request goes back to the analyzer (NEW, due
+-- now) with its question and wait cleared, and the reply is logged as the
+-- user's turn of the thread, once per request. Guarded by the status: of
+-- two replies at once, the second finds the row no longer waiting (it
+-- waits for the first's lock, then reads the row again). Returns the
+-- status the request was in: 'WAITING_USER_INPUT' when the reply was
+-- applied, any other status when it was not; NULL when there is no such
+-- request of that tenant. A reply that is empty or over 100,000
+-- characters is refused, naming the limit.
+CREATE FUNCTION maas_reply(run uuid, tenant uuid, reply text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    asker record;
+BEGIN
+    IF reply IS NULL OR btrim(reply) = '' THEN
+        RAISE EXCEPTION 'the reply to request % is empty', run
+            USING ERRCODE = '22023', COLUMN = 'text', HINT = 'send the user''s reply as non-empty text';
+    END IF;
+    IF length(reply) > 100000 THEN
+        RAISE EXCEPTION 'the reply to request % has % characters, over the limit of 100000', run, length(reply)
+            USING ERRCODE = '22001', COLUMN = 'text';
+    END IF;
+    UPDATE pipeline_runs p
+    SET status          = 'NEW',
+        question        = NULL,
+        wait_expires_at = NULL,
+        attempt         = 0,
+        run_after       = now(),
+        updated_at      = now()
+    WHERE p.id = run AND p.tenant_id = tenant AND p.status = 'WAITING_USER_INPUT'
+    RETURNING p.user_id, p.thread_id INTO asker;
+    IF FOUND THEN
+        INSERT INTO raw_logs (user_id, request_id, thread_id, message_type, content)
+        VALUES (asker.user_id, run, asker.thread_id, 'user_reply', reply)
+        ON CONFLICT (request_id, message_type) WHERE request_id IS NOT NULL DO NOTHING;
+        RETURN 'WAITING_USER_INPUT';
+    END IF;
+    RETURN (SELECT p.status FROM pipeline_runs p WHERE p.id = run AND p.tenant_id = tenant);
+END
+$$;
+
+-- The SQL door for replies: a producer role answers its request's
+-- question with `INSERT INTO pipeline_replies (run_id, text) VALUES (…)`
+-- (grant it INSERT on the table; docs/deploying.md, "Producer roles").
+-- The insert applies the reply through maas_reply, or fails saying why: no
+-- such request of the role's tenant, or the status it is in. The tenant is
+-- the inserting role's, by the rules of pipeline_runs
+-- (triggers/0006_assign_tenant.sql): a role mapped to no tenant replies to
+-- nothing; a trusted role (one that may UPDATE pipeline_runs) replies for
+-- the request's own tenant. The row is deleted once applied: the reply
+-- lives on as the user's turn in raw_logs, which retention, forget and
+-- export cover; the table holds nothing.
+CREATE TABLE pipeline_replies (
+    id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id     uuid        NOT NULL,
+    text       text        NOT NULL,
+    tenant_id  uuid        NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000',
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Runs as the inserting role: its tenant, which it cannot choose.
+CREATE FUNCTION assign_reply_tenant() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF has_table_privilege('pipeline_runs'::regclass, 'UPDATE') THEN
+        NEW.tenant_id := coalesce((SELECT p.tenant_id FROM pipeline_runs p WHERE p.id = NEW.run_id), NEW.tenant_id);
+    ELSE
+        NEW.tenant_id := producer_tenant(TG_TABLE_NAME);
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+-- Runs as its owner (a producer holds INSERT on pipeline_replies alone):
+-- applies the reply for the tenant the row names, or refuses it.
+CREATE FUNCTION apply_reply() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    was text := maas_reply(NEW.run_id, NEW.tenant_id, NEW.text);
+BEGIN
+    IF was IS NULL THEN
+        RAISE EXCEPTION 'request % is not a request of this role''s tenant', NEW.run_id
+            USING ERRCODE = 'P0002', COLUMN = 'run_id', TABLE = TG_TABLE_NAME;
+    ELSIF was <> 'WAITING_USER_INPUT' THEN
+        RAISE EXCEPTION 'request % is %, not WAITING_USER_INPUT: it takes a reply only while it waits for one', NEW.run_id, was
+            USING ERRCODE = '55000', COLUMN = 'run_id', TABLE = TG_TABLE_NAME;
+    END IF;
+    DELETE FROM pipeline_replies WHERE id = NEW.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER pipeline_replies_assign_tenant
+    BEFORE INSERT ON pipeline_replies
+    FOR EACH ROW EXECUTE FUNCTION assign_reply_tenant();
+CREATE TRIGGER pipeline_replies_apply
+    AFTER INSERT ON pipeline_replies
+    FOR EACH ROW EXECUTE FUNCTION apply_reply();
+
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION maas_reply(uuid, uuid, text) SET search_path = pg_catalog, %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION assign_reply_tenant() SET search_path = pg_catalog, %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION apply_reply() SET search_path = pg_catalog, %I, pg_temp', current_schema());
+END
+$$;

@@ -146,6 +146,22 @@ impl Status {
     }
 }
 
+/// Whether the analyzer of a request may ask its user a question, and what
+/// was asked already (the claim reads it for the analyzer: `claim.sql`).
+/// A request asks at most once: its question is logged once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Clarify {
+    /// Asking is off for this request (its `clarify` flag, else its
+    /// tenant's `hitl_clarify`): the analyzer never asks.
+    #[default]
+    Off,
+    /// Asking is on and the request has not asked yet.
+    MayAsk,
+    /// The request asked `question`; `reply` is the user's reply, `None`
+    /// when the wait expired without one.
+    Asked { question: String, reply: Option<String> },
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("unknown status {0:?}")]
 pub struct UnknownStatus(pub String);

@@ -36,7 +36,12 @@
 -- `earlier_turns`: how many turns the user logged besides this request's
 -- query (the archive mark's sequence, one primary-key read; the query was
 -- logged when the request was inserted), so that a newcomer's analysis can
--- ask for the search over turns before any archive run.
+-- ask for the search over turns before any archive run. And `clarify`,
+-- for the analyzer only: whether it may ask the user (the request's flag,
+-- else its tenant's `hitl_clarify`; one primary-key read of `tenants`),
+-- and where it may, `exchange`: the question it asked already and the
+-- reply, from this request's turns (sql/0037_person_in_the_loop.sql).
+-- For the other stages both lookups fold away with the literal {ready}.
 WITH picked AS (
     SELECT id, ctid AS at, greatest(updated_at, run_after) AS due_since
     FROM pipeline_runs
@@ -70,7 +75,7 @@ claimed AS (
     -- is left as it is, for the next claim.
     WHERE r.ctid = picked.at AND r.id = picked.id
     RETURNING r.id, r.user_id, r.thread_id, r.user_query, r.attempt, r.lease_token,
-              r.analysis_result, r.final_context_payload, r.debug, r.tenant_id, r.stream, now() AS claimed_at,
+              r.analysis_result, r.final_context_payload, r.debug, r.tenant_id, r.stream, r.clarify, now() AS claimed_at,
               (extract(epoch FROM (now() - picked.due_since)) * 1000)::float8 AS due_for_ms
 )
 SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
@@ -88,6 +93,18 @@ SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
        CASE
            WHEN {ready} = 'NEW' THEN (
                SELECT greatest(m.logged_seq - 1, 0) FROM archive_marks m WHERE m.user_id = c.user_id)
-       END AS earlier_turns
+       END AS earlier_turns,
+       k.clarify,
+       CASE
+           WHEN k.clarify THEN (
+               SELECT jsonb_object_agg(l.message_type, l.content)
+               FROM raw_logs l
+               WHERE l.request_id = c.id AND l.message_type IN ('assistant_question', 'user_reply'))
+       END AS exchange
 FROM claimed c
+LEFT JOIN LATERAL (
+    SELECT coalesce(c.clarify, t.hitl_clarify) AS clarify
+    FROM tenants t
+    WHERE {ready} = 'NEW' AND t.id = c.tenant_id
+) k ON true
 CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS lazy_commit

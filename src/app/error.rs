@@ -79,6 +79,8 @@ named_enum! {
         NotFound = "not_found",
         /// Continue: the request does not rest between stages.
         NotHeld = "not_held",
+        /// Reply: the request does not wait for its user's reply.
+        NotWaiting = "not_waiting",
         /// The request ended failed or cancelled (its error says why).
         RequestFailed = "request_failed",
         /// The tenant is over its requests per minute.

@@ -149,6 +149,13 @@ impl RequestState {
     pub fn is_terminal(&self) -> bool {
         self.stage.is_terminal()
     }
+
+    /// Terminal, or waiting for its user's reply: what a caller that waits
+    /// for an answer must be shown (the question is the answer for now).
+    /// An answer under review is not: it is delivered once approved.
+    pub fn needs_caller(&self) -> bool {
+        self.is_terminal() || self.stage == Status::WaitingUserInput
+    }
 }
 
 /// Whether a change to `status` is shown with what the row holds (answer,

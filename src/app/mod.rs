@@ -27,6 +27,7 @@ pub mod follow;
 pub mod input;
 pub mod limits;
 pub mod memory;
+pub mod reply;
 pub mod submit;
 
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! `maasctl requests ...`: find requests, see why they failed, retry,
-//! cancel, and step debug requests through their stages.
+//! cancel, step debug requests through their stages, and reply for a user
+//! to the question a request waits on.
 
 use clap::Subcommand;
 use uuid::Uuid;
@@ -60,6 +61,15 @@ pub enum RequestsCommand {
         #[arg(long)]
         reason: String,
     },
+    /// Reply for its user to the question a request waits on
+    /// (WAITING_USER_INPUT): the request goes back to the analyzer with the
+    /// reply, as `POST /api/query/{id}/reply` does.
+    Reply {
+        /// The request id (uuid).
+        id: String,
+        /// The user's reply.
+        text: String,
+    },
     /// Debug mode: release a debug request resting in ANALYZED or READY to
     /// its next stage.
     Continue {
@@ -88,6 +98,7 @@ pub async fn run(cfg: &Config, cmd: RequestsCommand, actor: &str, json: bool) ->
         } => retry(cfg, &ids, all_failed, actor, &reason, json).await,
         RequestsCommand::Cancel { ids, reason } => cancel(cfg, &ids, actor, &reason, json).await,
         RequestsCommand::Continue { ids, reason } => continue_(cfg, &ids, actor, reason.as_deref(), json).await,
+        RequestsCommand::Reply { id, text } => reply(cfg, &id, actor, &text, json).await,
     }
 }
 
@@ -501,4 +512,41 @@ async fn continue_(
         |outcome| matches!(outcome, ContinueOutcome::Released { .. }),
     )
     .await
+}
+
+/// `maasctl requests reply ID TEXT`: [`crate::app::reply::reply`] as an
+/// administrator of the request's own tenant. A refusal (not waiting, an
+/// empty text) is a finding that says why.
+async fn reply(cfg: &Config, id: &str, actor: &str, text: &str, json: bool) -> Result<Outcome, CliError> {
+    let id = request_id(id)?;
+    let client = connect(cfg).await?;
+    let Some(tenant) = requests::tenant_of(&client, id).await? else {
+        eprintln!("no request {id}");
+        return Ok(Outcome::Finding);
+    };
+    let who = crate::app::Principal {
+        tenant,
+        ..crate::app::Principal::default_admin(actor)
+    };
+    let (applied, message) = match crate::app::reply::reply(&client, &who, id, text).await {
+        Ok(()) => (
+            true,
+            format!("replied to {id}: the analyzer picks it up with the reply"),
+        ),
+        Err(e) if matches!(e.kind, crate::app::Kind::Unavailable | crate::app::Kind::Internal) => {
+            return Err(CliError::Usage(e.message));
+        }
+        Err(e) => (false, format!("not replied {id}: {}", e.message)),
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"id": id, "replied": applied, "message": message})
+        );
+    } else if applied {
+        println!("{message}");
+    } else {
+        eprintln!("{message}");
+    }
+    Ok(if applied { Outcome::Ok } else { Outcome::Finding })
 }

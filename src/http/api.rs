@@ -93,6 +93,7 @@ pub async fn submit(
         tenant_id: who.tenant,
         metadata: sub.metadata.as_ref(),
         stream: sub.stream,
+        clarify: sub.clarify,
     };
     // A stream takes its place before the request exists (over a cap, the
     // request is not made).
@@ -306,7 +307,7 @@ async fn state_after_wait(
         .await?
         .pop()
         .ok_or_else(|| AppError::not_found(format!("no request {id}")))?;
-    if state.is_terminal() || wait.is_zero() {
+    if state.needs_caller() || wait.is_zero() {
         return Ok(state);
     }
     // A long-poll holds a place until it answers; over a cap it answers

@@ -101,6 +101,7 @@ fn base_document() -> Value {
     for group in [
         submit_paths(),
         action_paths(),
+        reply_paths(),
         memory_paths(),
         search_paths(),
         user_paths(),
@@ -186,6 +187,42 @@ fn submit_paths() -> Value {
                     "404": error_response("No such request"),
                     "429": error_response("A long-poll over this token's cap (http.max_long_polls_per_token); see Retry-After"),
                     "503": error_response("A long-poll over the daemon's cap (http.max_long_polls); see Retry-After")
+                }
+            }
+        }
+    })
+}
+
+/// The user's reply to the question a request waits on.
+fn reply_paths() -> Value {
+    json!({
+        "/api/query/{id}/reply": {
+            "post": {
+                "summary": "Reply to the question a request waits on (waiting_user_input): the request goes back to the analyzer with the reply",
+                "security": secured(),
+                "parameters": [id_param()],
+                "requestBody": {
+                    "required": true,
+                    "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["text"],
+                        "properties": { "text": { "type": "string", "description": "The user's reply: not empty, at most 100000 characters, no NUL" } }
+                    } } }
+                },
+                "responses": {
+                    "200": object_response(
+                        "Applied: the request is processing again, at the analyzer",
+                        json!({
+                            "request_id": { "type": "string", "format": "uuid" },
+                            "status": { "type": "string", "enum": ["processing"] },
+                            "stage": { "type": "string", "enum": ["NEW"] }
+                        })
+                    ),
+                    "400": error_response("Malformed id or body"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "403": error_response("The token's scope is not submit, operate or admin"),
+                    "404": error_response("No such request for this caller"),
+                    "409": error_response("not_waiting: the request does not wait for a reply; the message names its status"),
+                    "422": error_response("A missing, empty or too long text, or one holding a NUL character")
                 }
             }
         }
@@ -522,6 +559,10 @@ fn components() -> Value {
                     "stream": {
                         "type": ["boolean", "null"],
                         "description": "Send the answer's pieces on the request's streams while the model writes (delta and restart events); with Accept: text/event-stream the submit answers with the OpenAI chunk stream"
+                    },
+                    "clarify": {
+                        "type": ["boolean", "null"],
+                        "description": "true: the analyzer may ask the user a question first (the request then waits in waiting_user_input with question; answer with POST /api/query/{id}/reply); false: never; absent or null: the tenant's hitl_clarify"
                     }
                 }
             },

@@ -68,6 +68,11 @@ pub struct AskArgs {
     /// How long to wait for the answer, in seconds (default 120, at most
     /// 600); past it the result says `processing` with the request id.
     pub timeout_secs: Option<u32>,
+    /// May maas ask the user a question first (true), or never (false)?
+    /// Leave out for the tenant's setting. When it asks, the result says
+    /// `waiting_user_input` with the `question`; the user answers it with
+    /// `POST /api/query/{id}/reply` (or `maasctl requests reply`).
+    pub clarify: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -300,6 +305,7 @@ impl Server {
             tenant_id: who.tenant,
             metadata: None,
             stream: false,
+            clarify: a.clarify,
         };
         // The wait takes its place before the request exists (over a cap,
         // the request is not made), as a long-poll's does.
@@ -327,6 +333,10 @@ impl Server {
         });
         if let (Some(obj), Some(sources)) = (done.as_object_mut(), sources) {
             obj.insert("context_sources".into(), sources);
+        }
+        // Asked back: the question is this call's result.
+        if let (Some(obj), Some(q)) = (done.as_object_mut(), state.question) {
+            obj.insert("question".into(), json!(q));
         }
         Ok(done)
     }
@@ -357,7 +367,7 @@ impl Server {
         loop {
             step += 1.0;
             progress(ctx, step, &state).await;
-            if state.is_terminal() {
+            if state.needs_caller() {
                 break;
             }
             tokio::select! {

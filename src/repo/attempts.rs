@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::{FromRow, secs};
 use crate::db::Error;
-use crate::model::{MemoryRecord, Outcome, StageKind, Status};
+use crate::model::{Clarify, MemoryRecord, Outcome, StageKind, Status};
 
 const CLAIM: &str = include_str!("../../sql/queries/claim.sql");
 const FINISH: &str = include_str!("../../sql/queries/finish.sql");
@@ -72,6 +72,9 @@ pub struct Claimed {
     /// The user's logged turns besides this request's query, for the
     /// analyzer (`claim.sql`); 0 for the other stages.
     pub earlier_turns: i64,
+    /// Whether the analyzer may ask the user, and what it asked already
+    /// (`claim.sql`); `Off` for the other stages.
+    pub clarify: Clarify,
 }
 
 impl Claimed {
@@ -95,6 +98,7 @@ impl Claimed {
             due_for: Duration::ZERO,
             memory: memory.and_then(|m| serde_json::from_value(m).ok()).unwrap_or_default(),
             earlier_turns: 0,
+            clarify: Clarify::Off,
         })
     }
 }
@@ -106,8 +110,29 @@ impl FromRow for Claimed {
         Ok(Claimed {
             due_for: Duration::try_from_secs_f64(due_ms.max(0.0) / 1000.0).unwrap_or_default(),
             earlier_turns: r.try_get::<_, Option<i64>>("earlier_turns")?.unwrap_or(0),
+            clarify: clarify_of(r.try_get("clarify")?, r.try_get("exchange")?),
             ..Claimed::from_columns(r)?
         })
+    }
+}
+
+/// The analyzer's [`Clarify`] from the claim's `clarify` and `exchange`
+/// (`{"assistant_question": …, "user_reply": …}`, the request's turns).
+fn clarify_of(on: Option<bool>, exchange: Option<Value>) -> Clarify {
+    let text = |key: &str| {
+        exchange
+            .as_ref()
+            .and_then(|e| e.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    match (on, text("assistant_question")) {
+        (Some(true), Some(question)) => Clarify::Asked {
+            question,
+            reply: text("user_reply"),
+        },
+        (Some(true), None) => Clarify::MayAsk,
+        _ => Clarify::Off,
     }
 }
 

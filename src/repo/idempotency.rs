@@ -32,6 +32,7 @@ super::statement_params! {
         tenant_id: Uuid,
         metadata: Option<&'a Value>,
         stream: bool,
+        clarify: Option<bool>,
     }
 }
 
@@ -56,6 +57,7 @@ pub async fn submit(
         tenant_id: req.tenant_id,
         metadata: req.metadata,
         stream: req.stream,
+        clarify: req.clarify,
     };
     super::query_opt_value(client, SUBMIT, &params.params(), "id").await
 }

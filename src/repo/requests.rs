@@ -38,6 +38,7 @@ super::statements! {
     RECENTLY_FINISHED = "requests_recently_finished",
     PAGE = "requests_page",
     OF_TENANT = "request_of_tenant": "SELECT id FROM pipeline_runs WHERE id = $1 AND tenant_id = $2",
+    TENANT_OF = "request_tenant": "SELECT tenant_id FROM pipeline_runs WHERE id = $1",
     USER_STATES = "user_states",
     CONTEXT = "request_context",
     USAGE = "request_usage",
@@ -72,6 +73,9 @@ pub struct NewRequest<'a> {
     pub metadata: Option<&'a Value>,
     /// Send the answer's pieces while the model writes (`stream`).
     pub stream: bool,
+    /// May the analyzer ask the user a question (`clarify`)? `None`: as
+    /// the tenant's `hitl_clarify` says.
+    pub clarify: Option<bool>,
 }
 
 /// Inserts a request; returns its id. (With an idempotency key:
@@ -89,6 +93,7 @@ pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -
             &req.tenant_id,
             &req.metadata,
             &req.stream,
+            &req.clarify,
         ],
         "id",
     )
@@ -126,7 +131,16 @@ super::row_struct! {
         pub context_sources: Option<Value>,
         /// The client's own JSON object given at submit.
         pub metadata: Option<Value>,
+        /// The question it waits on (WAITING_USER_INPUT).
+        pub question: Option<String>,
+        /// When its wait for a person ends by itself.
+        pub wait_expires_at: Option<DateTime<Utc>>,
     }
+}
+
+/// The tenant of request `id`, `None` for an unknown id.
+pub async fn tenant_of(client: &impl GenericClient, id: Uuid) -> Result<Option<Uuid>, Error> {
+    super::query_opt_value(client, TENANT_OF, &[&id], "tenant_id").await
 }
 
 /// One request, `None` for an unknown id.

@@ -242,3 +242,334 @@ async fn a_cancelled_request_stops_waiting() {
         .unwrap();
     assert_eq!(expire_all_waits(&client, |_| {}).await.unwrap(), 0);
 }
+
+// ---- asking the user, over HTTP --------------------------------------------
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::api::Api;
+use crate::support::daemon::Opts;
+use crate::support::{GENEROUS, tenants};
+
+/// A query with no content word: the offline analyzer asks about it
+/// (`llm::offline::analyzer::vague`).
+const VAGUE: &str = "And that one?";
+/// The user's reply to the question about [`VAGUE`].
+const REPLY: &str = "the Lisbon trip in May";
+
+/// An SSE stream of one request, read event by event.
+struct Sse {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl Sse {
+    async fn open(api: &Api, tok: &str, id: Uuid) -> Sse {
+        let resp = api
+            .http
+            .get(api.url(&format!("/api/query/{id}/events")))
+            .bearer_auth(tok)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        Sse {
+            resp,
+            buf: String::new(),
+        }
+    }
+
+    /// The next state the stream sends (keep-alives left out); `None` when
+    /// it ended.
+    async fn next(&mut self) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + GENEROUS;
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let event: String = self.buf.drain(..end + 2).collect();
+                let data: Vec<&str> = event
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(str::trim_start)
+                    .collect();
+                if data.is_empty() {
+                    continue;
+                }
+                return Some(serde_json::from_str(&data.join("\n")).unwrap());
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.resp.chunk())
+                .await
+                .expect("an SSE chunk within the deadline")
+                .ok()??;
+            self.buf.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+
+    /// Reads until a state whose `status` is not `processing`.
+    async fn until_not_processing(&mut self) -> Value {
+        loop {
+            let s = self.next().await.expect("the stream ended early");
+            if s["status"] != "processing" {
+                return s;
+            }
+        }
+    }
+}
+
+/// Submits `body` (a user, a thread and [`VAGUE`] unless it says) with `tok`.
+async fn submit(api: &Api, tok: &str, body: Value) -> Uuid {
+    let mut full = json!({ "user_id": Uuid::new_v4(), "thread_id": Uuid::new_v4(), "query": VAGUE });
+    if let (Some(f), Some(b)) = (full.as_object_mut(), body.as_object()) {
+        f.extend(b.clone());
+    }
+    let (s, v, _) = tenants::submit(api, tok, full).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    v["request_id"].as_str().unwrap().parse().unwrap()
+}
+
+/// `POST /api/query/{id}/reply {"text"}` with `tok`: (status, body).
+async fn reply(api: &Api, tok: &str, id: Uuid, text: &str) -> (StatusCode, Value) {
+    let rb = api
+        .http
+        .post(api.url(&format!("/api/query/{id}/reply")))
+        .json(&json!({ "text": text }));
+    let (s, v, _) = tenants::send(tok, rb).await;
+    (s, v)
+}
+
+/// The state of request `id` once `done` holds of it, read with
+/// long-polls (which return at once while it waits for a reply); panics
+/// past [`GENEROUS`].
+async fn state_when(api: &Api, tok: &str, id: Uuid, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + GENEROUS;
+    loop {
+        let (s, v) = tenants::get(api, tok, &format!("/api/query/{id}/status?wait=5s")).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        if done(&v) {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The state of request `id` once it is terminal or waits for a reply.
+async fn settled(api: &Api, tok: &str, id: Uuid) -> Value {
+    state_when(api, tok, id, "the request to settle", |v| v["status"] != "processing").await
+}
+
+/// A tenant `name` with a submit token, its `hitl_clarify` as given.
+async fn tenant_token(c: &Client, name: &str, clarify: bool) -> String {
+    let tok = tenants::token(c, name, "app", "submit").await;
+    c.execute(
+        "UPDATE tenants SET hitl_clarify = $2 WHERE name = $1",
+        &[&name, &clarify],
+    )
+    .await
+    .unwrap();
+    tok
+}
+
+/// A vague question with `clarify` on: the stream shows the question, the
+/// reply sends the request back to the analyzer, the answer's context holds
+/// the reply, and the exchange is logged once each. A second reply is
+/// refused naming the status; another tenant cannot reply at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_the_question_is_streamed_and_the_reply_reaches_the_answer() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, Opts::default()).await;
+    let tok = tenant_token(&c, "shop", false).await;
+    let other = tenant_token(&c, "rival", false).await;
+    let id = submit(&api, &tok, json!({ "clarify": true })).await;
+    let mut sse = Sse::open(&api, &tok, id).await;
+    let asked = sse.until_not_processing().await;
+    assert_eq!(asked["status"], "waiting_user_input", "{asked}");
+    assert_eq!(asked["stage"], "WAITING_USER_INPUT", "{asked}");
+    let question = asked["question"].as_str().unwrap_or_default().to_owned();
+    assert!(question.contains(VAGUE), "{asked}");
+    assert_eq!(logged(&c, id, "assistant_question").await, vec![question.clone()]);
+    let (s, st) = tenants::get(&api, &tok, &format!("/api/query/{id}/status")).await;
+    assert_eq!((s, &st["question"]), (StatusCode::OK, &json!(question)), "{st}");
+
+    let (s, v) = reply(&api, &other, id, REPLY).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found")),
+        "{v}"
+    );
+    let (s, v) = reply(&api, &tok, id, "  ").await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("empty_field")),
+        "{v}"
+    );
+
+    let (s, v) = reply(&api, &tok, id, REPLY).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let done = sse.until_not_processing().await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let reader = tenants::token(&c, "shop", "reader", "read").await;
+    let (s, ctx) = tenants::get(&api, &reader, &format!("/api/query/{id}/status?include=context")).await;
+    assert_eq!(s, StatusCode::OK, "{ctx}");
+    let context = ctx["context"].as_str().unwrap_or_default();
+    // (the query block escapes quotes: the question's opening words suffice)
+    assert!(
+        context.contains(REPLY) && context.contains("What do you mean by"),
+        "{context}"
+    );
+    assert_eq!(logged(&c, id, "user_reply").await, vec![REPLY.to_owned()]);
+    assert_eq!(logged(&c, id, "assistant_question").await.len(), 1, "asked once");
+
+    let (s, v) = reply(&api, &tok, id, "again").await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::CONFLICT, Some("not_waiting")),
+        "{v}"
+    );
+    assert!(v["error"].as_str().unwrap_or_default().contains("COMPLETED"), "{v}");
+    assert_eq!(
+        logged(&c, id, "user_reply").await.len(),
+        1,
+        "the refused reply is not logged"
+    );
+}
+
+/// Asking is opt-in: off by default, on for a tenant that turns it on, and
+/// a request's own `clarify` overrides its tenant's either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waits_only_where_its_tenant_or_itself_turned_asking_on() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, Opts::default()).await;
+    let off = tenant_token(&c, "plain", false).await;
+    let on = tenant_token(&c, "curious", true).await;
+    let cases = [
+        (&off, json!({}), "completed"),
+        (&off, json!({ "clarify": false }), "completed"),
+        (&off, json!({ "clarify": true }), "waiting_user_input"),
+        (&on, json!({}), "waiting_user_input"),
+        (&on, json!({ "clarify": null }), "waiting_user_input"),
+        (&on, json!({ "clarify": false }), "completed"),
+        (&on, json!({ "query": "Where did we travel in May?" }), "completed"),
+    ];
+    for (tok, body, want) in cases {
+        let id = submit(&api, tok, body.clone()).await;
+        let got = settled(&api, tok, id).await;
+        assert_eq!(got["status"], want, "{body}: {got}");
+    }
+    let (s, v, _) = tenants::submit(
+        &api,
+        &on,
+        json!({ "user_id": Uuid::new_v4(), "query": VAGUE, "clarify": "yes" }),
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_field")),
+        "{v}"
+    );
+}
+
+/// Two replies at once: one applies, the other is refused naming the
+/// status the first left; the reply is logged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replies_at_once_apply_once() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, Opts::default()).await;
+    let tok = tenant_token(&c, "shop", true).await;
+    for _ in 0..3 {
+        let id = submit(&api, &tok, json!({})).await;
+        assert_eq!(settled(&api, &tok, id).await["status"], "waiting_user_input");
+        let (a, b) = tokio::join!(reply(&api, &tok, id, "first"), reply(&api, &tok, id, "second"));
+        let mut codes = [a.0, b.0];
+        codes.sort();
+        assert_eq!(codes, [StatusCode::OK, StatusCode::CONFLICT], "{a:?} {b:?}");
+        let refused = if a.0 == StatusCode::CONFLICT { a.1 } else { b.1 };
+        assert_eq!(refused["code"], "not_waiting", "{refused}");
+        assert_eq!(logged(&c, id, "user_reply").await.len(), 1);
+        assert_eq!(settled(&api, &tok, id).await["status"], "completed");
+    }
+}
+
+/// A wait past the tenant's user_reply_timeout ends on time through the
+/// daemon's sweep: 'answer' goes on without the reply (the context says
+/// so), 'fail' fails naming the limit. A cancelled request stops waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemons_sweep_ends_an_unanswered_question_as_the_tenant_chose() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(
+        &db,
+        Opts {
+            sweep_secs: 1,
+            ..Opts::default()
+        },
+    )
+    .await;
+    let patient = tenant_token(&c, "patient", true).await;
+    let strict = tenant_token(&c, "strict", true).await;
+    c.batch_execute(
+        "UPDATE tenants SET user_reply_timeout = interval '1 second', on_reply_timeout = 'answer' WHERE name = 'patient';
+         UPDATE tenants SET user_reply_timeout = interval '1 second', on_reply_timeout = 'fail' WHERE name = 'strict';",
+    )
+    .await
+    .unwrap();
+    let answered = submit(&api, &patient, json!({})).await;
+    let failed = submit(&api, &strict, json!({})).await;
+    for (tok, id) in [(&patient, answered), (&strict, failed)] {
+        let last = state_when(&api, tok, id, "the wait to expire", |v| {
+            v["status"] == "completed" || v["status"] == "failed"
+        })
+        .await;
+        assert!(last["question"].is_null(), "{last}");
+    }
+    let reader = tenants::token(&c, "patient", "reader", "read").await;
+    let (_, ctx) = tenants::get(&api, &reader, &format!("/api/query/{answered}/status?include=context")).await;
+    assert_eq!(ctx["status"], "completed", "{ctx}");
+    assert!(
+        ctx["context"].as_str().unwrap_or_default().contains("did not reply"),
+        "{ctx}"
+    );
+    assert!(logged(&c, answered, "user_reply").await.is_empty());
+    let (_, v) = tenants::get(&api, &strict, &format!("/api/query/{failed}/status")).await;
+    assert_eq!(v["status"], "failed", "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("user_reply_timeout of tenant strict"),
+        "{v}"
+    );
+
+    // Cancelled while waiting: it stops waiting, and a reply is refused.
+    c.execute(
+        "UPDATE tenants SET user_reply_timeout = NULL WHERE name = 'patient'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let id = submit(&api, &patient, json!({})).await;
+    assert_eq!(settled(&api, &patient, id).await["status"], "waiting_user_input");
+    let operator = tenants::token(&c, "patient", "operator", "operate").await;
+    let (s, v, _) = tenants::send(
+        &operator,
+        api.http
+            .post(api.url(&format!("/api/query/{id}/cancel")))
+            .json(&json!({ "reason": "the user left" })),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["was"], "WAITING_USER_INPUT", "{v}");
+    let (s, v) = reply(&api, &patient, id, REPLY).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::CONFLICT, Some("not_waiting")),
+        "{v}"
+    );
+    assert!(v["error"].as_str().unwrap_or_default().contains("CANCELLED"), "{v}");
+}

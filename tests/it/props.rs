@@ -325,6 +325,7 @@ fn claimed() -> maas::repo::Claimed {
         due_for: Duration::ZERO,
         memory: Vec::new(),
         earlier_turns: 0,
+        clarify: maas::model::Clarify::Off,
     }
 }
 

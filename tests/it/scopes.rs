@@ -84,6 +84,11 @@ fn probes() -> Vec<Probe> {
             ..probe("`POST /v1/chat/completions`", M::POST, "/v1/chat/completions")
         },
         probe("`GET /v1/models`", M::GET, "/v1/models"),
+        Probe {
+            // Not waiting: refused as such (409), past the scope check.
+            body: Some(json!({ "text": "walk" })),
+            ..probe("`POST /api/query/{id}/reply`", M::POST, "/api/query/{req}/reply")
+        },
         probe(api_read, M::GET, "/api/query/{req}/status"),
         probe(api_read, M::GET, "/api/query/{req}/events"),
         probe(api_read, M::GET, "/api/ws?request_id={req}"),

@@ -39,6 +39,7 @@ fn the_groups_give_every_operation_and_its_key_answers() {
             "POST /api/query",
             "POST /api/query/{id}/cancel",
             "POST /api/query/{id}/continue",
+            "POST /api/query/{id}/reply",
             "POST /api/query/{id}/retry",
             "POST /v1/chat/completions",
             "PUT /api/users/{id}/memory/{record}",

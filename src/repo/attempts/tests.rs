@@ -25,6 +25,7 @@ fn claimed() -> Claimed {
         due_for: Duration::ZERO,
         memory: Vec::new(),
         earlier_turns: 0,
+        clarify: crate::model::Clarify::Off,
     }
 }
 
