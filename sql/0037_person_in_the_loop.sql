@@ -192,3 +192,32 @@ BEGIN
     EXECUTE format('ALTER FUNCTION apply_reply() SET search_path = pg_catalog, %I, pg_temp', current_schema());
 END
 $$;
+
+-- The Analyzer prompt learns to ask. Its input says `"may_ask_user": true`
+-- where the request may ask its user (src/stage/analyzer.rs), and carries
+-- `clarification` for a request that asked already. Installed as the next
+-- version and activated only while the version 0021 installed is still the
+-- active one and nobody added a version since: an operator's own prompt
+-- stays (and asks nothing until it says how).
+DO $migration$
+DECLARE
+    v3 constant text := $prompt$You are the analyzer of a memory service. You receive the user's query, a list of summaries of the user's earlier conversations (LSM records, each with an id, a period, tags and a summary) and `earlier_turns`: how many messages the user has exchanged before this query, including those no record summarises yet. Decide whether answering needs that history.
+Set needs_context to true when there are records that bear on the query, and also when earlier_turns is above 0 and the query could use what the user said before: a personal reference ("my", "our", "мой", "наш"…), a question about the past, or a person or thing it names. Then the user's earlier messages are searched with the query and your search_keywords. Set it to false for a self-contained question.
+Only when the input says "may_ask_user": true, and the query cannot be answered or searched without knowing what the user means (it points at something it does not name, or could mean two different things), add "clarify": {"question": "<one short question to the user>"}; otherwise leave clarify out. When the input has "clarification", the user was asked that question already: use the reply (or, when it is null, do without it) and do not ask again.
+Reply with one JSON object and nothing else:
+{"needs_context": true|false,
+ "context_type": "none" | "recent" | "topic" | "period",
+ "time_scope": "a short description of the period the query refers to, or \"none\"",
+ "search_keywords": ["keyword", ...],
+ "context_found": {"lsm_record_id": <id of the most relevant record, or null>, "period": "<its period, or null>", "relevance": <0..1>},
+ "clarify": {"question": "..."} (only when asking)}$prompt$;
+BEGIN
+    IF EXISTS (SELECT 1 FROM system_prompts
+               WHERE role_name = 'Analyzer' AND version = 2 AND is_active
+                 AND prompt_template LIKE 'You are the analyzer of a memory service. You receive the user''s query, a list of summaries%')
+       AND NOT EXISTS (SELECT 1 FROM system_prompts WHERE role_name = 'Analyzer' AND version > 2) THEN
+        UPDATE system_prompts SET is_active = false WHERE role_name = 'Analyzer' AND version = 2;
+        INSERT INTO system_prompts (role_name, version, prompt_template) VALUES ('Analyzer', 3, v3);
+    END IF;
+END
+$migration$;

@@ -573,3 +573,158 @@ async fn the_daemons_sweep_ends_an_unanswered_question_as_the_tenant_chose() {
     );
     assert!(v["error"].as_str().unwrap_or_default().contains("CANCELLED"), "{v}");
 }
+
+// ---- asking the user, over SQL ---------------------------------------------
+
+/// A login role of its own (roles are shared by the cluster's databases)
+/// with the producer grants of docs/deploying.md, mapped to `tenant`;
+/// logged in.
+async fn producer(db: &TestDb, admin: &Client, tenant: &str) -> Client {
+    let role = format!("maas_replier_{}", &Uuid::new_v4().simple().to_string()[..10]);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             GRANT CONNECT ON DATABASE {db} TO {role};
+             GRANT USAGE ON SCHEMA public TO {role};
+             GRANT INSERT ON pipeline_runs, raw_logs, pipeline_replies TO {role};
+             GRANT SELECT ON maas_my_requests TO {role};
+             INSERT INTO tenant_roles (role, tenant_id) SELECT '{role}', id FROM tenants WHERE name = '{tenant}';",
+            db = db.name
+        ))
+        .await
+        .unwrap();
+    crate::support::db::connect(&db.url.replacen("://postgres@", &format!("://{role}@"), 1)).await
+}
+
+/// (status, question) of request `id` as producer `c` reads it, once
+/// `done` holds of the status; panics past [`GENEROUS`].
+async fn producer_state(c: &Client, id: Uuid, done: impl Fn(&str) -> bool) -> (String, Option<String>) {
+    let deadline = tokio::time::Instant::now() + GENEROUS;
+    loop {
+        let r = c
+            .query_one("SELECT status, question FROM maas_my_requests WHERE id = $1", &[&id])
+            .await
+            .unwrap();
+        let status: String = r.get("status");
+        if done(&status) {
+            return (status, r.get("question"));
+        }
+        assert!(tokio::time::Instant::now() < deadline, "request {id} stayed {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A producer inserts a vague question with `clarify`, reads the question
+/// from its view, and answers with an INSERT into pipeline_replies: the
+/// request completes with the reply in its context. A second reply, and
+/// another tenant's producer, are refused saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_sql_a_producer_reads_the_question_and_inserts_the_reply() {
+    use tokio_postgres::error::SqlState;
+    let db = TestDb::new().await;
+    if !crate::support::superuser_postgres(&db.url, "the SQL reply door's test") {
+        return;
+    }
+    let admin = db.client().await;
+    let _api = tenants::start(&db, Opts::default()).await;
+    for name in ["shop", "rival"] {
+        admin
+            .execute("INSERT INTO tenants (name) VALUES ($1)", &[&name])
+            .await
+            .unwrap();
+    }
+    let shop = producer(&db, &admin, "shop").await;
+    let rival = producer(&db, &admin, "rival").await;
+    // (a producer holds no SELECT on the table: it names the id itself)
+    let id = Uuid::new_v4();
+    shop.execute(
+        "INSERT INTO pipeline_runs (id, user_id, thread_id, user_query, clarify)
+         VALUES ($1, gen_random_uuid(), gen_random_uuid(), $2, true)",
+        &[&id, &VAGUE],
+    )
+    .await
+    .unwrap();
+    let (status, question) = producer_state(&shop, id, |s| s != "NEW" && !s.ends_with("ING")).await;
+    assert_eq!(status, "WAITING_USER_INPUT");
+    assert!(question.unwrap_or_default().contains(VAGUE));
+
+    let reply_sql = "INSERT INTO pipeline_replies (run_id, text) VALUES ($1, $2)";
+    let e = rival.execute(reply_sql, &[&id, &REPLY]).await.unwrap_err();
+    let db_err = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    assert_eq!(db_err.code(), &SqlState::NO_DATA_FOUND, "{db_err:?}");
+    assert!(
+        db_err.message().contains("not a request of this role's tenant"),
+        "{db_err:?}"
+    );
+
+    assert_eq!(shop.execute(reply_sql, &[&id, &REPLY]).await.unwrap(), 1);
+    let (status, question) = producer_state(&shop, id, |s| s == "COMPLETED" || s == "FAILED").await;
+    assert_eq!((status.as_str(), question), ("COMPLETED", None));
+    let context: String = value(
+        &admin,
+        "SELECT final_context_payload FROM pipeline_runs WHERE id = $1",
+        &[&id],
+    )
+    .await;
+    assert!(context.contains(REPLY), "{context}");
+    assert_eq!(logged(&admin, id, "user_reply").await, vec![REPLY.to_owned()]);
+    let kept: i64 = value(&admin, "SELECT count(*) FROM pipeline_replies", &[]).await;
+    assert_eq!(kept, 0, "the table keeps nothing: the reply is a turn");
+
+    let e = shop.execute(reply_sql, &[&id, &"again"]).await.unwrap_err();
+    let db_err = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    assert_eq!(db_err.code(), &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, "{db_err:?}");
+    assert!(
+        db_err.message().contains("is COMPLETED, not WAITING_USER_INPUT"),
+        "{db_err:?}"
+    );
+}
+
+/// The console's request page shows the question a request waits on, and
+/// how to reply; once replied, the question is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_the_question_a_request_waits_on() {
+    let db = TestDb::new().await;
+    let console = crate::support::console::Console::open(&db, Opts::default()).await;
+    let api = &console.api;
+    let id = api
+        .submit_accepted(&json!({ "user_id": Uuid::new_v4(), "query": VAGUE, "clarify": true }))
+        .await;
+    let deadline = tokio::time::Instant::now() + GENEROUS;
+    loop {
+        let v: Value = api
+            .get(&format!("/api/query/{id}/status?wait=5s"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if v["status"] == "waiting_user_input" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{v}");
+    }
+    let page = console.page(&format!("/console/requests/{id}")).await;
+    assert!(page.contains("id=\"question\""), "{page}");
+    assert!(page.contains("What do you mean by"), "{page}");
+    assert!(page.contains(&format!("maasctl requests reply {id}")), "{page}");
+    assert!(page.contains("st-WAITING_USER_INPUT"), "{page}");
+
+    let (code, out, err) = crate::support::cli::maasctl_async(
+        &db.url,
+        &["requests", "reply", &id.to_string(), REPLY],
+        crate::support::cli::NO_ENV,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("replied to"), "{out}");
+    let (code, _, err) = crate::support::cli::maasctl_async(
+        &db.url,
+        &["requests", "reply", &id.to_string(), "again"],
+        crate::support::cli::NO_ENV,
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(err.contains("not WAITING_USER_INPUT"), "{err}");
+    let page = console.page(&format!("/console/requests/{id}")).await;
+    assert!(!page.contains("id=\"question\""), "{page}");
+}
