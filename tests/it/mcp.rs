@@ -327,3 +327,38 @@ async fn a_bound_token_sees_only_its_users_requests_by_id() {
     .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
 }
+
+/// With `clarify`, `ask` of a vague query returns the question (status
+/// `waiting_user_input`), and the reply over HTTP lets the request answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn ask_with_clarify_returns_the_question() {
+    let Some(py) = python() else { return };
+    let db = TestDb::new().await;
+    let api = start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let tok = token(&db, "acme", "submit", Some(user)).await;
+    let steps = json!([call("ask", json!({ "query": "And that one?", "clarify": true }))]);
+    let r = client(&py, over_http(&api, &tok, steps)).await;
+    let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
+    let asked = &s[0]["structured"];
+    assert_eq!(asked["status"], "waiting_user_input", "{r}");
+    assert!(
+        asked["question"].as_str().is_some_and(|q| q.contains("And that one?")),
+        "{r}"
+    );
+    let id = asked["request_id"].as_str().unwrap().to_owned();
+    let (status, body, _) = crate::support::tenants::send(
+        &tok,
+        api.http
+            .post(api.url(&format!("/api/query/{id}/reply")))
+            .json(&json!({ "text": "the bees" })),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = get(&api, &tok, &format!("/api/query/{id}/status?wait=30s")).await;
+    assert_eq!(
+        (status, &body["status"]),
+        (StatusCode::OK, &json!("completed")),
+        "{body}"
+    );
+}
