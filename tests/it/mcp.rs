@@ -101,7 +101,7 @@ async fn a_client_lists_the_tools_and_remembers_recalls_and_asks_for_its_user() 
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     names.sort();
-    assert_eq!(names, ["ask", "correct", "forget", "recall", "remember"]);
+    assert_eq!(names, ["ask", "correct", "forget", "recall", "remember", "reply"]);
     for t in s[0]["tools"].as_array().unwrap() {
         assert!(t["description"].as_str().unwrap().len() > 80, "{t}");
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
@@ -248,7 +248,7 @@ async fn a_session_of_an_older_revision_and_a_foreign_origin() {
     let mut plan = over_http(&api, &tok, json!([{ "op": "list_tools" }]));
     plan["mode"] = json!("legacy");
     let r = client(&py, plan).await;
-    assert_eq!(r["steps"][0]["tools"].as_array().map(Vec::len), Some(5), "{r}");
+    assert_eq!(r["steps"][0]["tools"].as_array().map(Vec::len), Some(6), "{r}");
     let mut plan = over_http(&api, &tok, json!([{ "op": "list_tools" }]));
     plan["headers"] = json!({ "Origin": "http://evil.example" });
     let r = client(&py, plan).await;
@@ -329,9 +329,10 @@ async fn a_bound_token_sees_only_its_users_requests_by_id() {
 }
 
 /// With `clarify`, `ask` of a vague query returns the question (status
-/// `waiting_user_input`), and the reply over HTTP lets the request answer.
+/// `waiting_user_input`); `reply` answers it and returns the answer, whose
+/// context holds the reply; a second `reply` is refused (`not_waiting`).
 #[tokio::test(flavor = "multi_thread")]
-async fn ask_with_clarify_returns_the_question() {
+async fn ask_with_clarify_returns_the_question_and_reply_answers_it() {
     let Some(py) = python() else { return };
     let db = TestDb::new().await;
     let api = start(&db, Opts::default()).await;
@@ -346,19 +347,21 @@ async fn ask_with_clarify_returns_the_question() {
         asked["question"].as_str().is_some_and(|q| q.contains("And that one?")),
         "{r}"
     );
-    let id = asked["request_id"].as_str().unwrap().to_owned();
-    let (status, body, _) = crate::support::tenants::send(
-        &tok,
-        api.http
-            .post(api.url(&format!("/api/query/{id}/reply")))
-            .json(&json!({ "text": "the bees" })),
+    let id: Uuid = asked["request_id"].as_str().unwrap().parse().unwrap();
+    let steps = json!([
+        call("reply", json!({ "request_id": id, "text": "the bees" })),
+        call("reply", json!({ "request_id": id, "text": "again" })),
+    ]);
+    let r = client(&py, over_http(&api, &tok, steps)).await;
+    let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(s[0]["structured"]["status"], "completed", "{r}");
+    assert_eq!(refused(&s[1]), Some("not_waiting"), "{r}");
+    let c = db.client().await;
+    let context: String = crate::support::db::value(
+        &c,
+        "SELECT final_context_payload FROM pipeline_runs WHERE id = $1",
+        &[&id],
     )
     .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = get(&api, &tok, &format!("/api/query/{id}/status?wait=30s")).await;
-    assert_eq!(
-        (status, &body["status"]),
-        (StatusCode::OK, &json!("completed")),
-        "{body}"
-    );
+    assert!(context.contains("the bees"), "{context}");
 }
