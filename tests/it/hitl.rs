@@ -401,6 +401,28 @@ async fn over_http_the_question_is_streamed_and_the_reply_reaches_the_answer() {
         (StatusCode::NOT_FOUND, Some("not_found")),
         "{v}"
     );
+    // A token of the same tenant bound to another user cannot reply either,
+    // nor one whose scope does not submit.
+    let bound = tenants::token(&c, "shop", "bound", "submit").await;
+    c.execute(
+        "UPDATE api_tokens SET user_id = $1 WHERE name = 'bound'",
+        &[&Uuid::new_v4()],
+    )
+    .await
+    .unwrap();
+    let (s, v) = reply(&api, &bound, id, REPLY).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found")),
+        "{v}"
+    );
+    let reader = tenants::token(&c, "shop", "reader", "read").await;
+    let (s, v) = reply(&api, &reader, id, REPLY).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("scope_required")),
+        "{v}"
+    );
     let (s, v) = reply(&api, &tok, id, "  ").await;
     assert_eq!(
         (s, v["code"].as_str()),
@@ -412,7 +434,6 @@ async fn over_http_the_question_is_streamed_and_the_reply_reaches_the_answer() {
     assert_eq!(s, StatusCode::OK, "{v}");
     let done = sse.until_not_processing().await;
     assert_eq!(done["status"], "completed", "{done}");
-    let reader = tenants::token(&c, "shop", "reader", "read").await;
     let (s, ctx) = tenants::get(&api, &reader, &format!("/api/query/{id}/status?include=context")).await;
     assert_eq!(s, StatusCode::OK, "{ctx}");
     let context = ctx["context"].as_str().unwrap_or_default();
