@@ -141,6 +141,9 @@ fn fingerprint(req: &NewRequest<'_>) -> String {
     if req.stream {
         h.update(b"\0stream");
     }
+    if req.review {
+        h.update(b"\0review");
+    }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -160,6 +163,7 @@ mod tests {
             tenant_id: Uuid::nil(),
             metadata: None,
             stream: false,
+            review: false,
         };
         let b = NewRequest {
             thread_id: Some(t),
@@ -200,6 +204,13 @@ mod tests {
             fingerprint(&a),
             fingerprint(&NewRequest {
                 stream: true,
+                ..a.clone()
+            })
+        );
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&NewRequest {
+                review: true,
                 ..a.clone()
             })
         );

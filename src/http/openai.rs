@@ -332,6 +332,7 @@ pub async fn chat(
         tenant_id: who.tenant,
         metadata: Some(&metadata),
         stream: chat.stream,
+        review: false,
     };
     // The wait or the stream takes its place before the request exists.
     let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);

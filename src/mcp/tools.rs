@@ -68,6 +68,9 @@ pub struct AskArgs {
     /// How long to wait for the answer, in seconds (default 120, at most
     /// 600); past it the result says `processing` with the request id.
     pub timeout_secs: Option<u32>,
+    /// Ask for an operator's review of the answer before it is given (the
+    /// tenant may require it anyway); the wait then lasts until approved.
+    pub review: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -300,6 +303,7 @@ impl Server {
             tenant_id: who.tenant,
             metadata: None,
             stream: false,
+            review: a.review.unwrap_or(false),
         };
         // The wait takes its place before the request exists (over a cap,
         // the request is not made), as a long-poll's does.

@@ -72,6 +72,9 @@ pub struct NewRequest<'a> {
     pub metadata: Option<&'a Value>,
     /// Send the answer's pieces while the model writes (`stream`).
     pub stream: bool,
+    /// An operator reviews the answer before the user gets it (`review`;
+    /// false leaves it to the tenant's `hitl_review`).
+    pub review: bool,
 }
 
 /// Inserts a request; returns its id. (With an idempotency key:
@@ -89,6 +92,7 @@ pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -
             &req.tenant_id,
             &req.metadata,
             &req.stream,
+            &req.review,
         ],
         "id",
     )

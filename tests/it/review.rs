@@ -1,0 +1,384 @@
+//! Approving an answer before its user gets it: a request with review on
+//! (its own `review`, or its tenant's `hitl_review`) rests in
+//! AWAITING_REVIEW with its answer stored but not logged, not delivered and
+//! not called back; an operator approves, edits or rejects it
+//! (`app::review`, over HTTP here), once; the tenant's `review_timeout`
+//! ends a review nobody gave.
+
+use std::time::Duration;
+
+use maas::app::Principal;
+use maas::app::review::{self, Reviewer, Verdict};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use crate::support::api::Api;
+use crate::support::db::{TestDb, column, value};
+use crate::support::fake_llm::{Api as LlmApi, FakeLlm, Reply};
+use crate::support::ops::{fast, status_of, wait_status};
+use crate::support::tenants::{self, get, send, submit, token};
+
+/// The turns of type `kind` logged for request `id`.
+async fn logged(c: &Client, id: Uuid, kind: &str) -> Vec<String> {
+    column(
+        c,
+        "SELECT content FROM raw_logs WHERE request_id = $1 AND message_type = $2 ORDER BY id",
+        &[&id, &kind],
+    )
+    .await
+}
+
+/// POSTs a review `body` of request `id` with `tok`.
+async fn post_review(api: &Api, tok: &str, id: Uuid, body: Value) -> (StatusCode, Value) {
+    let (s, v, _) = send(
+        tok,
+        api.http.post(api.url(&format!("/api/query/{id}/review"))).json(&body),
+    )
+    .await;
+    (s, v)
+}
+
+/// A tenant `name` with a `submit` token (the user's application) and an
+/// `operate` token (its reviewer): (user's, reviewer's).
+async fn tenant_tokens(c: &Client, name: &str) -> (String, String) {
+    (
+        token(c, name, "app", "submit").await,
+        token(c, name, "reviewer", "operate").await,
+    )
+}
+
+/// Submits `query` with `review: true` and a callback URL (nothing listens
+/// there; the outbox row is what is checked); waits for AWAITING_REVIEW.
+async fn submit_for_review(api: &Api, c: &Client, tok: &str, query: &str) -> Uuid {
+    let (s, body, _) = submit(
+        api,
+        tok,
+        json!({"user_id": Uuid::new_v4(), "thread_id": Uuid::new_v4(), "query": query,
+               "review": true, "callback_url": "http://127.0.0.1:9/hook"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    let id: Uuid = body["request_id"].as_str().unwrap().parse().unwrap();
+    crate::support::wait_until(crate::support::GENEROUS, "the answer awaits review", || async {
+        ["AWAITING_REVIEW", "FAILED", "COMPLETED"].contains(&status_of(c, id).await.as_str())
+    })
+    .await;
+    let error: Option<String> = value(c, "SELECT error FROM pipeline_runs WHERE id = $1", &[&id]).await;
+    assert_eq!(status_of(c, id).await, "AWAITING_REVIEW", "{error:?}");
+    id
+}
+
+/// The callback outbox's events of request `id`.
+async fn callbacks(c: &Client, id: Uuid) -> Vec<String> {
+    column(
+        c,
+        "SELECT event FROM callback_outbox WHERE run_id = $1 ORDER BY id",
+        &[&id],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_reaches_its_user_only_once_approved() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, fast()).await;
+    let (user, reviewer) = tenant_tokens(&c, "acme").await;
+    let (_, stranger) = tenant_tokens(&c, "globex").await;
+    let id = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
+    let answer: String = value(&c, "SELECT final_answer FROM pipeline_runs WHERE id = $1", &[&id]).await;
+    assert!(!answer.is_empty());
+
+    // Resting: no lease, not logged, not called back, not shown to the user.
+    let leased: bool = value(
+        &c,
+        "SELECT lease_owner IS NOT NULL FROM pipeline_runs WHERE id = $1",
+        &[&id],
+    )
+    .await;
+    assert!(!leased, "a review wait holds no lease");
+    assert!(logged(&c, id, "assistant_response").await.is_empty());
+    assert!(callbacks(&c, id).await.is_empty(), "no callback before approval");
+    let (s, body) = get(&api, &user, &format!("/api/query/{id}/status?wait=1s")).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "awaiting_review", "{body}");
+    assert!(
+        body.get("answer").is_none(),
+        "the user sees no answer under review: {body}"
+    );
+    let (_, body) = get(&api, &reviewer, &format!("/api/query/{id}/status")).await;
+    assert_eq!(
+        (body["status"].as_str(), body["answer"].as_str()),
+        (Some("awaiting_review"), Some(answer.as_str())),
+        "the reviewer sees the answer under review"
+    );
+
+    // A long-poll waiting meanwhile gets the answer when it is approved.
+    let poll = {
+        let (http, url, tok) = (
+            api.http.clone(),
+            api.url(&format!("/api/query/{id}/status?wait=60s")),
+            user.clone(),
+        );
+        tokio::spawn(async move { send(&tok, http.get(url)).await })
+    };
+    // Who may not review: the user's token (scope), another tenant's operator.
+    let (s, body) = post_review(&api, &user, id, json!({"action": "approve"})).await;
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("scope_required")),
+        "{body}"
+    );
+    let (s, body) = post_review(&api, &stranger, id, json!({"action": "approve"})).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "another tenant's operator: {body}");
+    assert_eq!(status_of(&c, id).await, "AWAITING_REVIEW");
+    assert!(!poll.is_finished(), "the long-poll still waits");
+
+    let (s, body) = post_review(&api, &reviewer, id, json!({"action": "approve"})).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "COMPLETED", "{body}");
+    let (s, polled, _) = tokio::time::timeout(Duration::from_secs(30), poll)
+        .await
+        .expect("the long-poll ends with the approval")
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{polled}");
+    assert_eq!(
+        (polled["status"].as_str(), polled["answer"].as_str()),
+        (Some("completed"), Some(answer.as_str()))
+    );
+    assert_eq!(logged(&c, id, "assistant_response").await, vec![answer.clone()]);
+    assert_eq!(callbacks(&c, id).await, vec!["request.completed".to_owned()]);
+    let actions: Vec<String> = column(
+        &c,
+        "SELECT action || ' ' || actor FROM operator_actions WHERE run_id = $1",
+        &[&id],
+    )
+    .await;
+    assert_eq!(actions, vec!["review_approve http".to_owned()]);
+
+    // Once only: a second verdict is refused, naming the status.
+    let (s, body) = post_review(&api, &reviewer, id, json!({"action": "reject", "reason": "late"})).await;
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("not_awaiting_review")),
+        "{body}"
+    );
+    assert!(
+        body["error"].to_string().contains("COMPLETED") || body.to_string().contains("COMPLETED"),
+        "{body}"
+    );
+    // Refusals name the field.
+    let (s, body) = post_review(&api, &reviewer, id, json!({"action": "edit"})).await;
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("missing_field")),
+        "{body}"
+    );
+    assert!(body.to_string().contains("text"), "{body}");
+    let (s, body) = post_review(&api, &reviewer, id, json!({"action": "bless"})).await;
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_field")),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_is_what_the_user_gets_and_memory_keeps() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, fast()).await;
+    let (user, reviewer) = tenant_tokens(&c, "acme").await;
+    let id = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
+    let original: String = value(&c, "SELECT final_answer FROM pipeline_runs WHERE id = $1", &[&id]).await;
+    let edited = "You went to Lisbon in May, with your sister.";
+    let (s, body) = post_review(&api, &reviewer, id, json!({"action": "edit", "text": edited})).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let (_, body) = get(&api, &user, &format!("/api/query/{id}/status?wait=10s")).await;
+    assert_eq!(
+        (body["status"].as_str(), body["answer"].as_str()),
+        (Some("completed"), Some(edited)),
+        "{body}"
+    );
+    assert_eq!(logged(&c, id, "assistant_response").await, vec![edited.to_owned()]);
+    let audit = c
+        .query_one(
+            "SELECT action, detail ->> 'original' AS original, detail ->> 'edited' AS edited
+             FROM operator_actions WHERE run_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(audit.get::<_, String>("action"), "review_edit");
+    assert_eq!(audit.get::<_, Option<String>>("original"), Some(original));
+    assert_eq!(audit.get::<_, Option<String>>("edited").as_deref(), Some(edited));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_fails_the_request_with_its_reason() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, fast()).await;
+    let (user, reviewer) = tenant_tokens(&c, "acme").await;
+    let id = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
+    let (s, body) = post_review(
+        &api,
+        &reviewer,
+        id,
+        json!({"action": "reject", "reason": "it names the wrong city", "then": "fail"}),
+    )
+    .await;
+    assert_eq!((s, body["status"].as_str()), (StatusCode::OK, Some("FAILED")), "{body}");
+    let (_, body) = get(&api, &user, &format!("/api/query/{id}/status")).await;
+    assert_eq!(body["status"], "failed", "{body}");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("it names the wrong city"), "{body}");
+    assert!(
+        logged(&c, id, "assistant_response").await.is_empty(),
+        "a rejected answer is not memory"
+    );
+    assert_eq!(callbacks(&c, id).await, vec!["request.failed".to_owned()]);
+}
+
+/// Rejected with `then: redo`, the request goes back to the responder with
+/// the reviewer's note in its context (the model's second prompt holds
+/// it), and its new answer awaits review again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_can_send_the_answer_back_with_the_note() {
+    let fake = FakeLlm::start().await;
+    let analysis = json!({"needs_context": false, "context_type": "none", "time_scope": "none",
+                          "search_keywords": ["trip"], "context_found": null});
+    fake.push(LlmApi::OpenAi, Reply::text(analysis.to_string()));
+    fake.push(LlmApi::OpenAi, Reply::text("Paris."));
+    fake.push(LlmApi::OpenAi, Reply::text("Lisbon."));
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(
+        &db,
+        fast()
+            .env("MAAS_LLM_PROVIDER", "openai")
+            .env("OPENAI_BASE_URL", fake.openai_base_url())
+            .env("OPENAI_API_KEY", "sk-test"),
+    )
+    .await;
+    let (user, reviewer) = tenant_tokens(&c, "acme").await;
+    let id = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
+    let (s, body) = post_review(
+        &api,
+        &reviewer,
+        id,
+        json!({"action": "reject", "reason": "check the <May> trip: it was Lisbon", "then": "redo"}),
+    )
+    .await;
+    assert_eq!((s, body["status"].as_str()), (StatusCode::OK, Some("READY")), "{body}");
+    crate::support::wait_until(crate::support::GENEROUS, "the second answer awaits review", || async {
+        let again: Vec<Option<String>> = column(
+            &c,
+            "SELECT final_answer FROM pipeline_runs WHERE id = $1 AND status = 'AWAITING_REVIEW'",
+            &[&id],
+        )
+        .await;
+        again == [Some("Lisbon.".to_owned())]
+    })
+    .await;
+    let prompts = fake.requests_for(LlmApi::OpenAi);
+    assert_eq!(prompts.len(), 3, "analyzer, responder, responder again");
+    let second = prompts[2].body.to_string();
+    assert!(
+        second.contains("<review_note>") && second.contains("check the &lt;May&gt; trip: it was Lisbon"),
+        "the note, quoted, is in the responder's context: {second}"
+    );
+    assert!(!prompts[1].body.to_string().contains("<review_note>"));
+    assert!(logged(&c, id, "assistant_response").await.is_empty());
+}
+
+/// Two reviewers at once: one verdict applies, the other is refused, and
+/// the answer is logged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reviewers_at_once_apply_one_verdict() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let pool = db.pool();
+    for round in 0..5 {
+        let id: Uuid = value(
+            &c,
+            "INSERT INTO pipeline_runs (user_id, thread_id, user_query) VALUES (gen_random_uuid(), gen_random_uuid(), 'q')
+             RETURNING id",
+            &[],
+        )
+        .await;
+        c.execute(
+            "UPDATE pipeline_runs SET status = 'AWAITING_REVIEW', final_answer = 'the answer' WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+        let (a, b) = (pool.get().await.unwrap(), pool.get().await.unwrap());
+        let who = Principal::default_admin("test");
+        let approve = Verdict::Approve;
+        let edit = Verdict::Edit("an edit".into());
+        let (ra, rb) = tokio::join!(
+            review::review(&a, Reviewer::Caller(&who), "alice", id, &approve),
+            review::review(&b, Reviewer::Operator, "bob", id, &edit),
+        );
+        let oks = [ra.is_ok(), rb.is_ok()];
+        assert_eq!(oks.iter().filter(|o| **o).count(), 1, "round {round}: {ra:?} {rb:?}");
+        let refused = if ra.is_ok() { rb.unwrap_err() } else { ra.unwrap_err() };
+        assert_eq!(refused.code.as_str(), "not_awaiting_review", "{refused:?}");
+        assert!(refused.message.contains("COMPLETED"), "{refused:?}");
+        let logs = logged(&c, id, "assistant_response").await;
+        assert_eq!(logs.len(), 1, "round {round}: {logs:?}");
+        let actions: i64 = value(&c, "SELECT count(*) FROM operator_actions WHERE run_id = $1", &[&id]).await;
+        assert_eq!(actions, 1);
+    }
+}
+
+/// A review nobody gives ends with the tenant's `review_timeout`: failed
+/// naming the limit, or delivered as it was (and logged), as the tenant
+/// chose; the tenant's `hitl_review` turns review on for every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreviewed_answer_expires_as_its_tenant_chose() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, fast()).await;
+    let mut ids = Vec::new();
+    for (name, policy) in [("strict", "fail"), ("lenient", "answer")] {
+        let (user, _) = tenant_tokens(&c, name).await;
+        c.execute(
+            "UPDATE tenants SET hitl_review = true, review_timeout = interval '1 second', on_review_timeout = $2
+             WHERE name = $1",
+            &[&name, &policy],
+        )
+        .await
+        .unwrap();
+        let (s, body, _) = submit(
+            &api,
+            &user,
+            json!({"user_id": Uuid::new_v4(), "query": "Where did I travel in May?"}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+        ids.push(body["request_id"].as_str().unwrap().parse::<Uuid>().unwrap());
+    }
+    let (strict, lenient) = (ids[0], ids[1]);
+    wait_status(&c, strict, "FAILED").await;
+    wait_status(&c, lenient, "COMPLETED").await;
+    let error: String = value(&c, "SELECT error FROM pipeline_runs WHERE id = $1", &[&strict]).await;
+    assert!(error.contains("review_timeout"), "{error}");
+    assert!(logged(&c, strict, "assistant_response").await.is_empty());
+    let answer: String = value(&c, "SELECT final_answer FROM pipeline_runs WHERE id = $1", &[&lenient]).await;
+    assert_eq!(logged(&c, lenient, "assistant_response").await, vec![answer]);
+    // The delivered answer waited out the limit after the responder
+    // answered: it was not completed by the responder itself.
+    let waited: bool = value(
+        &c,
+        "SELECT r.updated_at - (s.started_at + s.latency_ms * interval '1 millisecond') >= interval '900 milliseconds'
+         FROM pipeline_runs r JOIN pipeline_steps s ON s.run_id = r.id AND s.stage = 'respond'
+         WHERE r.id = $1",
+        &[&lenient],
+    )
+    .await;
+    assert!(waited, "the answer was held for review until its limit");
+}
