@@ -97,6 +97,10 @@ fn probes() -> Vec<Probe> {
         act(M::DELETE, "/api/users/{user}/memory/1"),
         act(M::DELETE, "/api/users/{user}/turns/1"),
         act(M::POST, "/api/query/{req}/cancel"),
+        Probe {
+            body: Some(json!({ "action": "approve" })),
+            ..probe("`POST /api/query/{id}/review`", M::POST, "/api/query/{req}/review")
+        },
         probe("`DELETE /api/users/{id}` (forget)", M::DELETE, "/api/users/{user}"),
         probe("console: view", M::GET, "/console/requests"),
         probe("console: view", M::GET, "/console/requests/rows"),
