@@ -15,6 +15,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::api::Api;
+use crate::support::console::browser_logged_in;
 use crate::support::db::{TestDb, column, value};
 use crate::support::fake_llm::{Api as LlmApi, FakeLlm, Reply};
 use crate::support::ops::{fast, status_of, wait_status};
@@ -381,4 +382,55 @@ async fn an_unreviewed_answer_expires_as_its_tenant_chose() {
     )
     .await;
     assert!(waited, "the answer was held for review until its limit");
+}
+
+/// In headless Chromium: an operator approves the answer on the request's
+/// page, and the user's long-poll, waiting meanwhile, gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approving_in_the_console_answers_the_users_long_poll() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, fast()).await;
+    let (user, _) = tenant_tokens(&c, "acme").await;
+    let id = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
+    let answer: String = value(&c, "SELECT final_answer FROM pipeline_runs WHERE id = $1", &[&id]).await;
+    let poll = {
+        let (http, url, tok) = (
+            api.http.clone(),
+            api.url(&format!("/api/query/{id}/status?wait=90s")),
+            user.clone(),
+        );
+        tokio::spawn(async move { send(&tok, http.get(url)).await })
+    };
+    let Some(b) = browser_logged_in(&api, tenants::ADMIN).await else {
+        poll.abort();
+        return;
+    };
+    b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
+    assert_eq!(b.text("#review-answer").await.trim(), answer.trim());
+    assert!(!poll.is_finished(), "the user's long-poll waits for the review");
+    b.click("#review-approve").await;
+    b.wait_js(
+        "the page shows COMPLETED",
+        "return document.querySelector('#status').textContent.trim() === 'COMPLETED';",
+    )
+    .await;
+    let (s, polled, _) = tokio::time::timeout(Duration::from_secs(30), poll)
+        .await
+        .expect("the long-poll ends with the approval")
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{polled}");
+    assert_eq!(
+        (polled["status"].as_str(), polled["answer"].as_str()),
+        (Some("completed"), Some(answer.as_str()))
+    );
+    let actor: String = value(
+        &c,
+        "SELECT actor FROM operator_actions WHERE run_id = $1 AND action = 'review_approve'",
+        &[&id],
+    )
+    .await;
+    assert_eq!(actor, "config", "recorded as the session's token");
+    b.screenshot("review-approved").await;
+    b.close().await;
 }

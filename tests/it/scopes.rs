@@ -111,6 +111,7 @@ fn probes() -> Vec<Probe> {
         probe("console: actions", M::POST, "/console/requests/{req}/continue"),
         probe("console: actions", M::POST, "/console/users/{fresh}/archive"),
         probe("console: actions", M::POST, "/console/requests/{req}/cancel"),
+        probe("console: actions", M::POST, "/console/requests/{req}/review"),
         probe("console, operator token: the overview", M::GET, "/console/overview"),
         probe("console, operator token: the overview", M::GET, "/console/prompts"),
         probe(
