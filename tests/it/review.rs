@@ -434,3 +434,35 @@ async fn approving_in_the_console_answers_the_users_long_poll() {
     b.screenshot("review-approved").await;
     b.close().await;
 }
+
+/// A request that asks to stream and for review streams nothing: its
+/// pieces would show the answer before the verdict. (A request that only
+/// streams, beside it, shows that the daemon writes pieces.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_under_review_streams_no_pieces() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let _d = crate::support::daemon::Maasd::spawn(&db.url, fast().env("MAAS_LLM__OFFLINE__STREAM_PACE_MS", 5));
+    let insert = |review: bool| {
+        let c = &c;
+        async move {
+            value::<Uuid>(
+                c,
+                "INSERT INTO pipeline_runs (user_id, user_query, stream, review)
+                 VALUES (gen_random_uuid(), 'where did I travel in May with my sister and her dog?', true, $1)
+                 RETURNING id",
+                &[&review],
+            )
+            .await
+        }
+    };
+    let (reviewed, streamed) = (insert(true).await, insert(false).await);
+    wait_status(&c, reviewed, "AWAITING_REVIEW").await;
+    wait_status(&c, streamed, "COMPLETED").await;
+    let pieces = |id: Uuid| {
+        let c = &c;
+        async move { value::<i64>(c, "SELECT count(*) FROM answer_deltas WHERE request_id = $1", &[&id]).await }
+    };
+    assert!(pieces(streamed).await > 0, "the streamed answer was written in pieces");
+    assert_eq!(pieces(reviewed).await, 0, "no piece of an answer under review");
+}
