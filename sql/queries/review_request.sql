@@ -11,7 +11,7 @@
 -- $3 actor  (who reviews, as operator_actions records it)
 -- $4 verdict  ('approve', 'edit' or 'reject')
 -- $5 text  (edit: the answer the user gets instead)
--- $6 reason  (reject: why; edit and approve: an optional note)
+-- $6 reason  (reject: why; NULL otherwise)
 -- $7 then  (reject: 'fail' ends the request FAILED with the reason;
 --    'redo' sends it back to the responder, READY, with $8 in its context)
 -- $8 note  (redo: the reviewer's note as a block of the context, quoted by

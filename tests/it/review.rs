@@ -324,9 +324,10 @@ async fn two_reviewers_at_once_apply_one_verdict() {
             review::review(&a, Reviewer::Caller(&who), "alice", id, &approve),
             review::review(&b, Reviewer::Operator, "bob", id, &edit),
         );
-        let oks = [ra.is_ok(), rb.is_ok()];
-        assert_eq!(oks.iter().filter(|o| **o).count(), 1, "round {round}: {ra:?} {rb:?}");
-        let refused = if ra.is_ok() { rb.unwrap_err() } else { ra.unwrap_err() };
+        let refused = match (ra, rb) {
+            (Ok(_), Err(e)) | (Err(e), Ok(_)) => e,
+            other => panic!("round {round}: one verdict applies, the other is refused: {other:?}"),
+        };
         assert_eq!(refused.code.as_str(), "not_awaiting_review", "{refused:?}");
         assert!(refused.message.contains("COMPLETED"), "{refused:?}");
         let logs = logged(&c, id, "assistant_response").await;
@@ -465,4 +466,47 @@ async fn an_answer_under_review_streams_no_pieces() {
     };
     assert!(pieces(streamed).await > 0, "the streamed answer was written in pieces");
     assert_eq!(pieces(reviewed).await, 0, "no piece of an answer under review");
+}
+
+/// `maasctl requests review`: the same verdict as the other doors, as an
+/// operator of every tenant; a second one is refused (exit 1) naming the
+/// status; a usage error names the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maasctl_reviews_as_the_other_doors_do() {
+    use crate::support::cli::{NO_ENV, maasctl_async};
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let tenant: Uuid = value(&c, "INSERT INTO tenants (name) VALUES ('acme') RETURNING id", &[]).await;
+    let id: Uuid = value(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, thread_id, user_query, tenant_id)
+         VALUES (gen_random_uuid(), gen_random_uuid(), 'q', $1) RETURNING id",
+        &[&tenant],
+    )
+    .await;
+    c.execute(
+        "UPDATE pipeline_runs SET status = 'AWAITING_REVIEW', final_answer = 'the answer' WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    let sid = id.to_string();
+    let (code, out, err) = maasctl_async(
+        &db.url,
+        &["requests", "review", &sid, "--edit", "the edited answer"],
+        NO_ENV,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("COMPLETED"), "{out}");
+    assert_eq!(
+        logged(&c, id, "assistant_response").await,
+        vec!["the edited answer".to_owned()]
+    );
+    let (code, _, err) = maasctl_async(&db.url, &["requests", "review", &sid, "--approve"], NO_ENV).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("COMPLETED") && err.contains("AWAITING_REVIEW"), "{err}");
+    let (code, _, err) = maasctl_async(&db.url, &["requests", "review", &sid, "--redo"], NO_ENV).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--reject"), "{err}");
 }
