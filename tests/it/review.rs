@@ -407,6 +407,19 @@ async fn approving_in_the_console_answers_the_users_long_poll() {
         poll.abort();
         return;
     };
+    // The list's filter finds it; its page shows the answer under review.
+    b.goto_live(&api.url("/console/requests")).await;
+    b.click("#f-awaiting-review").await;
+    b.wait_js(
+        "the list of answers awaiting review",
+        "return location.search === '?status=AWAITING_REVIEW' && document.querySelector('#f-status').value === 'AWAITING_REVIEW';",
+    )
+    .await;
+    assert!(
+        b.text("#rows").await.contains(&id.to_string()),
+        "{}",
+        b.text("#rows").await
+    );
     b.goto_live(&api.url(&format!("/console/requests/{id}"))).await;
     assert_eq!(b.text("#review-answer").await.trim(), answer.trim());
     assert!(!poll.is_finished(), "the user's long-poll waits for the review");
