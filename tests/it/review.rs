@@ -18,6 +18,7 @@ use crate::support::api::Api;
 use crate::support::console::browser_logged_in;
 use crate::support::db::{TestDb, column, value};
 use crate::support::fake_llm::{Api as LlmApi, FakeLlm, Reply};
+use crate::support::metrics::metric;
 use crate::support::ops::{fast, status_of, wait_status};
 use crate::support::tenants::{self, get, send, submit, token};
 
@@ -85,7 +86,7 @@ async fn callbacks(c: &Client, id: Uuid) -> Vec<String> {
 async fn an_answer_reaches_its_user_only_once_approved() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let api = tenants::start(&db, fast()).await;
+    let api = tenants::start(&db, fast().env("MAAS_HTTP__METRICS_REFRESH_SECS", 1)).await;
     let (user, reviewer) = tenant_tokens(&c, "acme").await;
     let (_, stranger) = tenant_tokens(&c, "globex").await;
     let id = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
@@ -102,6 +103,7 @@ async fn an_answer_reaches_its_user_only_once_approved() {
     assert!(!leased, "a review wait holds no lease");
     assert!(logged(&c, id, "assistant_response").await.is_empty());
     assert!(callbacks(&c, id).await.is_empty(), "no callback before approval");
+    api.wait_metric("maas_requests_waiting{kind=\"review\"}", 1.0).await;
     let (s, body) = get(&api, &user, &format!("/api/query/{id}/status?wait=1s")).await;
     assert_eq!(s, StatusCode::OK, "{body}");
     assert_eq!(body["status"], "awaiting_review", "{body}");
@@ -151,6 +153,13 @@ async fn an_answer_reaches_its_user_only_once_approved() {
     );
     assert_eq!(logged(&c, id, "assistant_response").await, vec![answer.clone()]);
     assert_eq!(callbacks(&c, id).await, vec!["request.completed".to_owned()]);
+    api.wait_metric("maas_requests_waiting{kind=\"review\"}", 0.0).await;
+    let page = api.metrics().await;
+    assert_eq!(
+        metric(&page, "maas_wait_seconds_count{kind=\"review\",outcome=\"approve\"}"),
+        Some(1.0),
+        "{page}"
+    );
     let actions: Vec<String> = column(
         &c,
         "SELECT action || ' ' || actor FROM operator_actions WHERE run_id = $1",
@@ -344,7 +353,7 @@ async fn two_reviewers_at_once_apply_one_verdict() {
 async fn an_unreviewed_answer_expires_as_its_tenant_chose() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let api = tenants::start(&db, fast()).await;
+    let api = tenants::start(&db, fast().env("MAAS_HTTP__METRICS_REFRESH_SECS", 1)).await;
     let mut ids = Vec::new();
     for (name, policy) in [("strict", "fail"), ("lenient", "answer")] {
         let (user, _) = tenant_tokens(&c, name).await;
@@ -367,6 +376,13 @@ async fn an_unreviewed_answer_expires_as_its_tenant_chose() {
     let (strict, lenient) = (ids[0], ids[1]);
     wait_status(&c, strict, "FAILED").await;
     wait_status(&c, lenient, "COMPLETED").await;
+    for status in ["FAILED", "COMPLETED"] {
+        api.wait_metric(
+            &format!("maas_wait_expiries_total{{kind=\"review\",status=\"{status}\"}}"),
+            1.0,
+        )
+        .await;
+    }
     let error: String = value(&c, "SELECT error FROM pipeline_runs WHERE id = $1", &[&strict]).await;
     assert!(error.contains("review_timeout"), "{error}");
     assert!(logged(&c, strict, "assistant_response").await.is_empty());
