@@ -539,3 +539,84 @@ async fn maasctl_reviews_as_the_other_doors_do() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--reject"), "{err}");
 }
+
+/// A receiver of callbacks on loopback: the JSON bodies it got.
+async fn callback_receiver() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::extract::State;
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    async fn hook(State(got): State<std::sync::Arc<std::sync::Mutex<Vec<Value>>>>, body: String) -> StatusCode {
+        got.lock()
+            .unwrap()
+            .push(serde_json::from_str(&body).unwrap_or(Value::Null));
+        StatusCode::NO_CONTENT
+    }
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(hook))
+        .with_state(got.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/hook"), got)
+}
+
+/// The callback of an answer under review is delivered once it is
+/// approved, with the approved answer, and not before: a request without
+/// review, submitted after it, is called back while it still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_is_delivered_only_after_approval() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (hook, got) = callback_receiver().await;
+    let _d = crate::support::daemon::Maasd::spawn(
+        &db.url,
+        fast()
+            .env("MAAS_CALLBACKS__SECRET", "cb-secret-for-tests")
+            .env("MAAS_CALLBACKS__POLL_SECS", 1)
+            .env("MAAS_CALLBACKS__ALLOW_NETWORKS", "127.0.0.0/8, ::1"),
+    );
+    let insert = |review: bool| {
+        let (c, hook) = (&c, hook.clone());
+        async move {
+            value::<Uuid>(
+                c,
+                "INSERT INTO pipeline_runs (user_id, user_query, callback_url, review)
+                 VALUES (gen_random_uuid(), 'where did I travel in May?', $1, $2) RETURNING id",
+                &[&hook, &review],
+            )
+            .await
+        }
+    };
+    let reviewed = insert(true).await;
+    wait_status(&c, reviewed, "AWAITING_REVIEW").await;
+    let plain = insert(false).await;
+    let called = |id: Uuid| {
+        let got = got.clone();
+        move || {
+            let got = got.clone();
+            async move { got.lock().unwrap().iter().any(|b| b["id"] == json!(id)) }
+        }
+    };
+    crate::support::wait_until(crate::support::GENEROUS, "the plain request's callback", called(plain)).await;
+    assert!(!called(reviewed)().await, "no callback while the answer awaits review");
+
+    let pool = db.pool();
+    let client = pool.get().await.unwrap();
+    let edit = Verdict::Edit("You went to Lisbon.".into());
+    review::review(&client, Reviewer::Operator, "oncall", reviewed, &edit)
+        .await
+        .unwrap();
+    crate::support::wait_until(
+        crate::support::GENEROUS,
+        "the reviewed request's callback",
+        called(reviewed),
+    )
+    .await;
+    let bodies = got.lock().unwrap().clone();
+    let body = bodies.iter().find(|b| b["id"] == json!(reviewed)).unwrap();
+    assert_eq!(
+        (body["status"].as_str(), body["answer"].as_str()),
+        (Some("COMPLETED"), Some("You went to Lisbon."))
+    );
+}
