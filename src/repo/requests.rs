@@ -130,6 +130,9 @@ super::row_struct! {
         pub context_sources: Option<Value>,
         /// The client's own JSON object given at submit.
         pub metadata: Option<Value>,
+        /// The reviews of its answer (`app::review`), oldest first; `None`
+        /// when it had none.
+        pub reviews: Option<Value>,
     }
 }
 

@@ -532,6 +532,21 @@ async fn maasctl_reviews_as_the_other_doors_do() {
         logged(&c, id, "assistant_response").await,
         vec!["the edited answer".to_owned()]
     );
+    // `requests show` (and the user's export, which reads requests alike)
+    // holds the review with the original text.
+    let (code, out, err) = maasctl_async(&db.url, &["--json", "requests", "show", &sid], NO_ENV).await;
+    assert_eq!(code, 0, "{err}");
+    let shown: Value = serde_json::from_str(out.trim()).unwrap();
+    let reviews = &shown["request"]["reviews"];
+    assert_eq!(
+        (
+            reviews[0]["action"].as_str(),
+            reviews[0]["original"].as_str(),
+            reviews[0]["edited"].as_str()
+        ),
+        (Some("review_edit"), Some("the answer"), Some("the edited answer")),
+        "{shown}"
+    );
     let (code, _, err) = maasctl_async(&db.url, &["requests", "review", &sid, "--approve"], NO_ENV).await;
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("COMPLETED") && err.contains("AWAITING_REVIEW"), "{err}");
