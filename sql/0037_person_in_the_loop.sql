@@ -13,8 +13,10 @@ ALTER TABLE pipeline_runs ADD CONSTRAINT pipeline_runs_status_valid CHECK (statu
     'NEW', 'ANALYZING', 'ANALYZED', 'ASSEMBLING', 'READY', 'RESPONDING',
     'WAITING_USER_INPUT', 'AWAITING_REVIEW', 'COMPLETED', 'FAILED', 'CANCELLED'));
 
--- Per request: NULL takes the tenant's setting (tenants.hitl_clarify,
--- tenants.hitl_review); true or false overrides it. A producer sets them
+-- Per request: `clarify` NULL takes the tenant's setting
+-- (tenants.hitl_clarify), true or false overrides it; `review` true asks
+-- for an operator's review, NULL or false leaves it to tenants.hitl_review
+-- (a request cannot turn its tenant's review off). A producer sets them
 -- in its INSERT like any other column.
 -- `question`: the question the request waits on, while it waits
 -- (WAITING_USER_INPUT exactly when there is one). `wait_expires_at`: when

@@ -348,6 +348,14 @@ named_enum! {
         TokenRevoke = "token_revoke",
         /// An archivist run asked for by an operator.
         ArchiveRun = "archive_run",
+        /// An answer awaiting review let through as it was.
+        ReviewApprove = "review_approve",
+        /// An answer awaiting review replaced by the operator's text (the
+        /// original in the detail).
+        ReviewEdit = "review_edit",
+        /// An answer awaiting review refused: the request failed, or went
+        /// back to the responder with the reason.
+        ReviewReject = "review_reject",
     }
 }
 

@@ -28,6 +28,14 @@
 -- `tenant_id` names whose LLM tokens the stage spends (the per-tenant
 -- token metric, sql/0012_tenants.sql).
 --
+-- `review`: whether the request's answer waits for an operator's review:
+-- when the request asks for it (`review` true) or its tenant requires it
+-- (`hitl_review`, one primary-key read; a request cannot opt out of its
+-- tenant's review), for the stages that may
+-- answer: the responder ({ready} = 'READY') and the analyzer, whose task
+-- may run the respond stage right after it ({ready} = 'NEW'). The
+-- assembler's claim says false without reading it.
+--
 -- It also returns the memory the stage needs, always the requesting user's
 -- own (invariant 7): for the analyzer ({ready} = 'NEW') the user's $4 most
 -- recent LSM records; for the assembler ({ready} = 'ANALYZED') the record the
@@ -75,11 +83,16 @@ claimed AS (
     -- is left as it is, for the next claim.
     WHERE r.ctid = picked.at AND r.id = picked.id
     RETURNING r.id, r.user_id, r.thread_id, r.user_query, r.attempt, r.lease_token,
-              r.analysis_result, r.final_context_payload, r.debug, r.tenant_id, r.stream, r.clarify, now() AS claimed_at,
-              (extract(epoch FROM (now() - picked.due_since)) * 1000)::float8 AS due_for_ms
+              r.analysis_result, r.final_context_payload, r.debug, r.tenant_id, r.stream, r.clarify, r.review,
+              now() AS claimed_at, (extract(epoch FROM (now() - picked.due_since)) * 1000)::float8 AS due_for_ms
 )
 SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
        c.analysis_result, c.final_context_payload, c.debug, c.tenant_id, c.stream, c.claimed_at, c.due_for_ms,
+       CASE
+           WHEN {ready} IN ('NEW', 'READY')
+           THEN (c.review IS TRUE OR coalesce((SELECT t.hitl_review FROM tenants t WHERE t.id = c.tenant_id), false))
+           ELSE false
+       END AS review,
        CASE
            WHEN {ready} = 'NEW' THEN (
                SELECT jsonb_agg(to_jsonb(m) ORDER BY m.time_bucket_start DESC)

@@ -73,6 +73,8 @@ named_enum! {
         ModelNotFound = "model_not_found",
         /// No such route.
         NoRoute = "no_route",
+        /// Review: the request does not await review (its status is named).
+        NotAwaitingReview = "not_awaiting_review",
         /// Retry: the request is not `FAILED`.
         NotFailed = "not_failed",
         /// No such request, record or turn for this caller.

@@ -144,6 +144,9 @@ fn fingerprint(req: &NewRequest<'_>) -> String {
     if let Some(c) = req.clarify {
         h.update([0u8, b'c', u8::from(c)]);
     }
+    if req.review {
+        h.update(b"\0review");
+    }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -164,6 +167,7 @@ mod tests {
             metadata: None,
             stream: false,
             clarify: None,
+            review: false,
         };
         let b = NewRequest {
             thread_id: Some(t),
@@ -211,6 +215,13 @@ mod tests {
             fingerprint(&a),
             fingerprint(&NewRequest {
                 clarify: Some(true),
+                ..a.clone()
+            })
+        );
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&NewRequest {
+                review: true,
                 ..a.clone()
             })
         );

@@ -6,6 +6,8 @@ use clap::Subcommand;
 use uuid::Uuid;
 
 use super::{CliError, Outcome, age, connect, one_line, parse_duration, parse_id, shown, since};
+use crate::app::Kind;
+use crate::app::review::{Reviewer, Verdict};
 use crate::config::Config;
 use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
 use crate::model::{DeliveryState, Status};
@@ -80,6 +82,27 @@ pub enum RequestsCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Review an answer that awaits it (AWAITING_REVIEW): approve it, edit
+    /// it (the user gets your text, memory keeps it) or reject it (the
+    /// request fails with the reason, or with --redo the responder answers
+    /// again with the reason as your note).
+    Review {
+        /// The request id (uuid).
+        id: String,
+        /// Let the answer through as it is.
+        #[arg(long, conflicts_with_all = ["edit", "reject"], required_unless_present_any = ["edit", "reject"])]
+        approve: bool,
+        /// Replace the answer with this text.
+        #[arg(long, value_name = "TEXT", conflicts_with = "reject")]
+        edit: Option<String>,
+        /// Refuse the answer, for this reason.
+        #[arg(long, value_name = "REASON")]
+        reject: Option<String>,
+        /// With --reject: send the request back to the responder with the
+        /// reason as a note, instead of failing it.
+        #[arg(long, requires = "reject")]
+        redo: bool,
+    },
 }
 
 pub async fn run(cfg: &Config, cmd: RequestsCommand, actor: &str, json: bool) -> Result<Outcome, CliError> {
@@ -99,6 +122,13 @@ pub async fn run(cfg: &Config, cmd: RequestsCommand, actor: &str, json: bool) ->
         RequestsCommand::Cancel { ids, reason } => cancel(cfg, &ids, actor, &reason, json).await,
         RequestsCommand::Continue { ids, reason } => continue_(cfg, &ids, actor, reason.as_deref(), json).await,
         RequestsCommand::Reply { id, text } => reply(cfg, &id, actor, &text, json).await,
+        RequestsCommand::Review {
+            id,
+            approve: _,
+            edit,
+            reject,
+            redo,
+        } => review(cfg, &id, edit, reject, redo, actor, json).await,
     }
 }
 
@@ -549,4 +579,47 @@ async fn reply(cfg: &Config, id: &str, actor: &str, text: &str, json: bool) -> R
         eprintln!("{message}");
     }
     Ok(if applied { Outcome::Ok } else { Outcome::Finding })
+}
+
+/// `requests review`: the verdict of `app::review`, as an operator of
+/// every tenant.
+async fn review(
+    cfg: &Config,
+    id: &str,
+    edit: Option<String>,
+    reject: Option<String>,
+    redo: bool,
+    actor: &str,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let id = request_id(id)?;
+    let then = redo.then_some("redo");
+    let verdict = match (&edit, &reject) {
+        (Some(text), _) => Verdict::from_fields("edit", Some(text), None, None),
+        (None, Some(reason)) => Verdict::from_fields("reject", None, Some(reason), then),
+        (None, None) => Verdict::from_fields("approve", None, None, None),
+    }
+    .map_err(|e| CliError::Usage(e.message))?;
+    let client = connect(cfg).await?;
+    match crate::app::review::review(&client, Reviewer::Operator, actor, id, &verdict).await {
+        Ok(done) => {
+            if json {
+                println!("{}", serde_json::json!(done));
+            } else {
+                println!("{} {id}: it is {} now", done.action, done.status);
+            }
+            Ok(Outcome::Ok)
+        }
+        Err(e) if matches!(e.kind, Kind::NotFound | Kind::Conflict) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"request_id": id, "code": e.code.as_str(), "error": e.message})
+                );
+            }
+            eprintln!("not reviewed: {}", e.message);
+            Ok(Outcome::Finding)
+        }
+        Err(e) => Err(CliError::Usage(format!("review of {id}: {}", e.message))),
+    }
 }

@@ -192,7 +192,9 @@ impl Engine {
         }
         if let Some(analysis) = finished.analysis().filter(|_| !row.debug).cloned() {
             let fused = tracing::info_span!("stage", request.id = %row.id, stage = %StageKind::Assemble, fused = true);
-            let respond = !row.stream;
+            // (an answer that streams, or awaits review, is not fused: it is
+            // written by its own respond stage)
+            let respond = !row.stream && !row.review;
             if let Some(assembled) = self.fuse(input, Some(analysis), respond).instrument(fused).await {
                 finished.fuse(assembled);
             }
@@ -552,6 +554,10 @@ impl Engine {
                         context,
                         sources: context_sources,
                     },
+                    (StageKind::Respond, StageOutput::Answer(answer)) if row.review => {
+                        tracing::debug!(request.id = %row.id, attempt = row.attempt, "answer awaits review");
+                        return Finished::awaiting_review(row, answer, step_usage(usage), latency_ms);
+                    }
                     (StageKind::Respond, StageOutput::Answer(answer)) => Output::Answer(answer),
                     (_, other) => {
                         let wrong = format!("{stage} produced the wrong kind of output: {other:?}");

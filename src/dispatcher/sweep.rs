@@ -80,6 +80,7 @@ impl Engine {
         expire_all_waits(&client, |batch| {
             for w in batch {
                 tracing::info!(request.id = %w.id, was = %w.was, now = %w.new_status, "sweep: wait expired");
+                crate::metrics::observe_expiry(w.was, w.new_status);
             }
         })
         .await?;

@@ -94,6 +94,7 @@ pub async fn submit(
         metadata: sub.metadata.as_ref(),
         stream: sub.stream,
         clarify: sub.clarify,
+        review: sub.review,
     };
     // A stream takes its place before the request exists (over a cap, the
     // request is not made).
@@ -261,6 +262,13 @@ pub async fn status(
     let mut body = serde_json::to_value(&state)
         .map_err(|e| AppError::from(crate::db::Error::Unexpected(format!("status of {id}: {e}"))))?;
     let client = app.pool.get().await?;
+    // The answer under review, to who may review it (`app::review`).
+    if state.stage == crate::model::Status::AwaitingReview
+        && let Some(obj) = body.as_object_mut()
+        && let Some(answer) = crate::app::review::answer_under_review(&client, &who, id).await?
+    {
+        obj.insert("answer".into(), serde_json::Value::String(answer));
+    }
     if let Some(obj) = body.as_object_mut()
         && let Some(Some(metadata)) = crate::repo::requests::metadata_of(&client, id).await?
     {

@@ -54,6 +54,8 @@ pub struct Submission {
     pub stream: bool,
     /// May the analyzer ask the user (`clarify`); `None`: the tenant's setting.
     pub clarify: Option<bool>,
+    /// An operator reviews the answer before the user gets it.
+    pub review: bool,
 }
 
 /// Reads a submit body (see the module's guarantees).
@@ -82,6 +84,7 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, AppError> {
     let metadata = super::submit_fields::metadata(&fields)?;
     let stream = super::submit_fields::stream(&fields)?;
     let clarify = super::submit_fields::clarify(&fields)?;
+    let review = super::submit_fields::review(&fields)?;
     Ok(Submission {
         user_id,
         thread_id,
@@ -91,6 +94,7 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, AppError> {
         metadata,
         stream,
         clarify,
+        review,
     })
 }
 

@@ -184,6 +184,7 @@ pub fn routes() -> Routes {
         .get("/api/users/{id}/export", users::export)
         .post("/api/query/{id}/cancel", operate::act::<operate::Cancel>)
         .post("/api/query/{id}/retry", operate::act::<operate::Retry>)
+        .post("/api/query/{id}/review", operate::review)
         .get("/api/query/{id}/events", api::events)
         .get("/api/ws", api::ws)
         .post("/v1/chat/completions", openai::chat)

@@ -334,6 +334,7 @@ pub async fn chat(
         stream: chat.stream,
         // A chat completion has no way to take a reply: it never asks.
         clarify: Some(false),
+        review: false,
     };
     // The wait or the stream takes its place before the request exists.
     let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);

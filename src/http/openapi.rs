@@ -102,6 +102,7 @@ fn base_document() -> Value {
         submit_paths(),
         action_paths(),
         reply_paths(),
+        review_paths(),
         memory_paths(),
         search_paths(),
         user_paths(),
@@ -296,6 +297,51 @@ fn action_paths() -> Value {
                     "401": error_response("Missing or wrong bearer token"),
                     "404": error_response("No such request"),
                     "409": error_response("The run is not resting between stages")
+                }
+            }
+        }
+    })
+}
+
+/// The review of an answer that awaits it (`app::review`).
+fn review_paths() -> Value {
+    json!({
+        "/api/query/{id}/review": {
+            "post": {
+                "summary": "Approve, edit or reject an answer that awaits review (AWAITING_REVIEW), once",
+                "security": secured(),
+                "parameters": [id_param()],
+                "requestBody": {
+                    "required": true,
+                    "content": { "application/json": { "schema": {
+                        "type": "object",
+                        "required": ["action"],
+                        "properties": {
+                            "action": { "enum": ["approve", "edit", "reject"] },
+                            "text": { "type": "string", "minLength": 1, "maxLength": 100000,
+                                      "description": "edit: the answer the user gets and memory keeps" },
+                            "reason": { "type": "string", "minLength": 1, "maxLength": 1000,
+                                        "description": "reject: why (the request's error, or the responder's note)" },
+                            "then": { "enum": ["fail", "redo"],
+                                      "description": "reject: fail the request (default) or send it back to the responder with the reason" }
+                        }
+                    } } }
+                },
+                "responses": {
+                    "200": object_response(
+                        "Applied: COMPLETED (approve, edit), FAILED (reject, fail) or READY (reject, redo)",
+                        json!({
+                            "request_id": { "type": "string", "format": "uuid" },
+                            "action": { "type": "string", "enum": ["approve", "edit", "reject"] },
+                            "status": { "type": "string", "enum": ["COMPLETED", "FAILED", "READY"] }
+                        })
+                    ),
+                    "400": error_response("Malformed id or body"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "403": error_response("The token's scope is not operate"),
+                    "404": error_response("No such request for this tenant"),
+                    "409": error_response("not_awaiting_review: the request does not await review (its status is named)"),
+                    "422": error_response("A missing or wrong field (action, text, reason, then)")
                 }
             }
         }
@@ -556,6 +602,10 @@ fn components() -> Value {
                         "type": ["object", "null"],
                         "description": "The client's own JSON object, stored with the request and shown by GET /api/query/{id}/status; at most 4096 bytes as compact JSON and 8 levels deep, no NUL character (400 invalid_metadata otherwise)"
                     },
+                    "review": {
+                        "type": ["boolean", "null"],
+                        "description": "An operator approves, edits or rejects the answer (POST /api/query/{id}/review) before the user gets it; the tenant may require it anyway (hitl_review)"
+                    },
                     "stream": {
                         "type": ["boolean", "null"],
                         "description": "Send the answer's pieces on the request's streams while the model writes (delta and restart events); with Accept: text/event-stream the submit answers with the OpenAI chunk stream"
@@ -622,7 +672,7 @@ fn request_state_schema() -> Value {
             "request_id": { "type": "string", "format": "uuid" },
             "status": { "enum": ["processing", "waiting_user_input", "awaiting_review", "completed", "failed"] },
             "stage": { "enum": crate::model::Status::NAMES },
-            "answer": { "type": "string" },
+            "answer": { "type": "string", "description": "completed: the answer; awaiting_review: the answer under review, to a caller of scope operate only" },
             "error": { "type": "string" },
             "question": { "type": "string", "description": "waiting_user_input only: the question the request waits on for the user's reply" },
             "metadata": { "type": "object", "description": "GET /api/query/{id}/status only: the metadata given at submit, when it was" },

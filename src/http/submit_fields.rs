@@ -10,6 +10,9 @@
 //! them (`app::follow::deltas`); false pays nothing. `clarify` (a boolean):
 //! the analyzer may ask the user a question before it goes on (true), or
 //! never (false); absent or null, as the tenant's `hitl_clarify` says.
+//! `review` (a boolean): an operator approves, edits or rejects the answer
+//! before the user gets it (`app::review`); false leaves it to the tenant's
+//! `hitl_review`.
 //!
 //! Where a callback may go is decided at delivery, on the address
 //! connected to (`callbacks::guard`), not here.
@@ -70,6 +73,12 @@ pub(super) fn clarify(fields: &Map<String, Value>) -> Result<Option<bool>, AppEr
         None | Some(Value::Null) => Ok(None),
         _ => flag(fields, "clarify").map(Some),
     }
+}
+
+/// `review`: true asks for an operator's review; false or absent leaves it
+/// to the tenant's `hitl_review` (a request cannot turn the tenant's off).
+pub(super) fn review(fields: &Map<String, Value>) -> Result<bool, AppError> {
+    flag(fields, "review")
 }
 
 /// A boolean field: absent or null is false; anything but a boolean is a

@@ -73,6 +73,9 @@ pub struct AskArgs {
     /// `waiting_user_input` with the `question`; the user answers it with
     /// the tool `reply`.
     pub clarify: Option<bool>,
+    /// Ask for an operator's review of the answer before it is given (the
+    /// tenant may require it anyway); the wait then lasts until approved.
+    pub review: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -357,6 +360,7 @@ impl Server {
             metadata: None,
             stream: false,
             clarify: a.clarify,
+            review: a.review.unwrap_or(false),
         };
         // The wait takes its place before the request exists (over a cap,
         // the request is not made), as a long-poll's does.

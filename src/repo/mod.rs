@@ -41,7 +41,8 @@
 //! pages, erase batches, `forgotten_users`), [`tenants`] (`tenants`,
 //! `api_tokens`: tokens, limits, stored user ids), [`deltas`]
 //! (`answer_deltas`: the pieces of streamed answers), [`waits`] (requests
-//! waiting for a person: the sweep's expiries).
+//! waiting for a person: the sweep's expiries), [`reviews`] (an operator's
+//! verdict on an answer awaiting review).
 
 use std::time::Duration;
 
@@ -68,6 +69,7 @@ pub mod memory;
 pub mod prompts;
 pub mod requests;
 pub mod retention;
+pub mod reviews;
 pub mod stats;
 pub mod steps;
 pub mod tenants;
@@ -367,6 +369,7 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         users::STATEMENTS,
         tenants::STATEMENTS,
         waits::STATEMENTS,
+        reviews::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

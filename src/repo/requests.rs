@@ -76,6 +76,9 @@ pub struct NewRequest<'a> {
     /// May the analyzer ask the user a question (`clarify`)? `None`: as
     /// the tenant's `hitl_clarify` says.
     pub clarify: Option<bool>,
+    /// An operator reviews the answer before the user gets it (`review`;
+    /// false leaves it to the tenant's `hitl_review`).
+    pub review: bool,
 }
 
 /// Inserts a request; returns its id. (With an idempotency key:
@@ -94,6 +97,7 @@ pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -
             &req.metadata,
             &req.stream,
             &req.clarify,
+            &req.review,
         ],
         "id",
     )
@@ -135,6 +139,9 @@ super::row_struct! {
         pub question: Option<String>,
         /// When its wait for a person ends by itself.
         pub wait_expires_at: Option<DateTime<Utc>>,
+        /// The reviews of its answer (`app::review`), oldest first; `None`
+        /// when it had none.
+        pub reviews: Option<Value>,
     }
 }
 

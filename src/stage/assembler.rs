@@ -106,6 +106,17 @@ pub fn quote(text: &str) -> String {
     escape(text, false)
 }
 
+/// The block a rejected answer's reason adds at the end of its context
+/// when the operator sends it back to the responder (`app::review`,
+/// `then: redo`): the reviewer's note, quoted as memory is.
+pub fn review_note(reason: &str) -> String {
+    format!(
+        "\n\n<review_note>\nAn operator reviewed the previous answer to this query and did not approve it. \
+         Answer again, following the operator's note: {}\n</review_note>",
+        quote(reason)
+    )
+}
+
 /// Escapes the current query: like [`quote`], and `"` too, keeping its
 /// line breaks.
 pub fn quote_query(text: &str) -> String {

@@ -141,6 +141,7 @@ async fn the_application_layer_serves_a_caller_with_no_door() {
         metadata: None,
         stream: false,
         clarify: None,
+        review: false,
     };
     let (id, replayed) = submit::enqueue(&app, &who, &req, Some("k-1")).await.unwrap();
     assert!(!replayed);

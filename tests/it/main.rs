@@ -36,6 +36,7 @@ mod props;
 mod query_embedding;
 mod requests;
 mod retention;
+mod review;
 mod roles;
 mod schema;
 mod scopes;

@@ -365,3 +365,45 @@ async fn ask_with_clarify_returns_the_question_and_reply_answers_it() {
     .await;
     assert!(context.contains("the bees"), "{context}");
 }
+
+/// `ask` with `review: true`: the answer awaits an operator's review, so
+/// the wait ends (at its timeout) without it, naming the status; the
+/// request rests in AWAITING_REVIEW with the answer stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn ask_with_review_waits_for_the_operator() {
+    let Some(py) = python() else { return };
+    let db = TestDb::new().await;
+    let api = start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let tok = token(&db, "acme", "submit", Some(user)).await;
+    let steps = json!([call(
+        "ask",
+        json!({ "query": "Where is my sister moving?", "review": true, "timeout_secs": 3 })
+    )]);
+    let r = client(&py, over_http(&api, &tok, steps)).await;
+    let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(refused(&s[0]), None, "{}", s[0]);
+    assert_eq!(s[0]["structured"]["status"], "awaiting_review", "{}", s[0]);
+    assert!(
+        s[0]["structured"]["answer"].is_null(),
+        "no answer before review: {}",
+        s[0]
+    );
+    let id: Uuid = s[0]["structured"]["request_id"].as_str().unwrap().parse().unwrap();
+    let c = db.client().await;
+    let row = c
+        .query_one(
+            "SELECT status, review, final_answer IS NOT NULL AS answered FROM pipeline_runs WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>("status"),
+            row.get::<_, Option<bool>>("review"),
+            row.get::<_, bool>("answered")
+        ),
+        ("AWAITING_REVIEW".to_owned(), Some(true), true)
+    );
+}

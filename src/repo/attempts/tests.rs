@@ -21,6 +21,7 @@ fn claimed() -> Claimed {
         debug: false,
         tenant_id: Uuid::nil(),
         stream: false,
+        review: false,
         claimed_at: Utc::now(),
         due_for: Duration::ZERO,
         memory: Vec::new(),
