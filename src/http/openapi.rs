@@ -583,39 +583,7 @@ fn components() -> Value {
     json!({
         "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
         "schemas": {
-            "Submit": {
-                "type": "object",
-                "required": ["user_id", "query"],
-                "properties": {
-                    "user_id": { "type": "string", "format": "uuid" },
-                    "query": { "type": "string", "minLength": 1, "maxLength": 100000 },
-                    "thread_id": { "type": ["string", "null"], "format": "uuid" },
-                    "callback_url": {
-                        "type": ["string", "null"], "format": "uri", "maxLength": 2048,
-                        "description": "http(s) URL the outcome is POSTed to, signed (README, callbacks)"
-                    },
-                    "debug": {
-                        "type": ["boolean", "null"],
-                        "description": "Rest in ANALYZED and READY until POST /api/query/{id}/continue"
-                    },
-                    "metadata": {
-                        "type": ["object", "null"],
-                        "description": "The client's own JSON object, stored with the request and shown by GET /api/query/{id}/status; at most 4096 bytes as compact JSON and 8 levels deep, no NUL character (400 invalid_metadata otherwise)"
-                    },
-                    "review": {
-                        "type": ["boolean", "null"],
-                        "description": "An operator approves, edits or rejects the answer (POST /api/query/{id}/review) before the user gets it; the tenant may require it anyway (hitl_review)"
-                    },
-                    "stream": {
-                        "type": ["boolean", "null"],
-                        "description": "Send the answer's pieces on the request's streams while the model writes (delta and restart events); with Accept: text/event-stream the submit answers with the OpenAI chunk stream"
-                    },
-                    "clarify": {
-                        "type": ["boolean", "null"],
-                        "description": "true: the analyzer may ask the user a question first (the request then waits in waiting_user_input with question; answer with POST /api/query/{id}/reply); false: never; absent or null: the tenant's hitl_clarify"
-                    }
-                }
-            },
+            "Submit": submit_schema(),
             "Delta": {
                 "type": "object",
                 "required": ["request_id", "attempt", "seq", "text"],
@@ -657,6 +625,43 @@ fn components() -> Value {
                 "type": "object",
                 "required": ["error", "code"],
                 "properties": { "error": { "type": "string" }, "code": { "type": "string" } }
+            }
+        }
+    })
+}
+
+/// The body of `POST /api/query`.
+fn submit_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["user_id", "query"],
+        "properties": {
+            "user_id": { "type": "string", "format": "uuid" },
+            "query": { "type": "string", "minLength": 1, "maxLength": 100000 },
+            "thread_id": { "type": ["string", "null"], "format": "uuid" },
+            "callback_url": {
+                "type": ["string", "null"], "format": "uri", "maxLength": 2048,
+                "description": "http(s) URL the outcome is POSTed to, signed (README, callbacks)"
+            },
+            "debug": {
+                "type": ["boolean", "null"],
+                "description": "Rest in ANALYZED and READY until POST /api/query/{id}/continue"
+            },
+            "metadata": {
+                "type": ["object", "null"],
+                "description": "The client's own JSON object, stored with the request and shown by GET /api/query/{id}/status; at most 4096 bytes as compact JSON and 8 levels deep, no NUL character (400 invalid_metadata otherwise)"
+            },
+            "review": {
+                "type": ["boolean", "null"],
+                "description": "An operator approves, edits or rejects the answer (POST /api/query/{id}/review) before the user gets it; the tenant may require it anyway (hitl_review)"
+            },
+            "stream": {
+                "type": ["boolean", "null"],
+                "description": "Send the answer's pieces on the request's streams while the model writes (delta and restart events); with Accept: text/event-stream the submit answers with the OpenAI chunk stream"
+            },
+            "clarify": {
+                "type": ["boolean", "null"],
+                "description": "true: the analyzer may ask the user a question first (the request then waits in waiting_user_input with question; answer with POST /api/query/{id}/reply); false: never; absent or null: the tenant's hitl_clarify"
             }
         }
     })
