@@ -29,6 +29,22 @@
 //!   its decision says (retrying, deferred, failed, released).
 //! - **debug request** — a request submitted with `debug`: it rests in
 //!   `ANALYZED` and `READY` until an operator continues it.
+//! - **wait** — a request resting for a person: `WAITING_USER_INPUT` (for
+//!   its user's reply) or `AWAITING_REVIEW` (for an operator's review). A
+//!   wait is the row alone: no lease, no connection, no daemon; the claim,
+//!   the ring of due rows and the reclaim never read it. It ends by a
+//!   reply, a review, a cancel or the sweep when `wait_expires_at` passes
+//!   (`sql/queries/expire_waits.sql`, [`repo::waits`]). Opt-in per tenant
+//!   (`tenants.hitl_clarify`, `hitl_review`) or per request (`clarify`,
+//!   `review`).
+//! - **question** — what the analyzer asks the user of a request too vague
+//!   to answer (`pipeline_runs.question` while it waits; logged once as
+//!   the assistant's turn, `assistant_question`).
+//! - **reply** — the user's answer to a question (logged once as the
+//!   user's turn, `user_reply`); the request then goes back to the analyzer
+//!   with the exchange in its context.
+//! - **review** — an operator's approval, edit or rejection of an answer
+//!   resting in `AWAITING_REVIEW` before anyone receives it.
 //! - **claim** — taking due requests of a stage as leases, with
 //!   `FOR UPDATE SKIP LOCKED` ([`dispatcher`], `sql/queries/claim.sql`).
 //! - **lease** — the time-limited right of one daemon to run a claimed

@@ -22,6 +22,8 @@
 //!   only describes them; it does not depend on the LLM types.
 //! - **HTTP** ([`http_request`], [`StreamGauge`]): requests by route and code,
 //!   open streams, waiting long-polls.
+//! - **Waits for a person** (`waits.rs`): requests waiting by kind, waits
+//!   past their limit, how long waits lasted, expiries.
 //! - **On-call series** (`oncall.rs`): table sizes, the claim loop's polls,
 //!   failures by class, memory found, context size, callbacks, archivist
 //!   runs, and the database-wide gauges the alert rules use.
@@ -38,7 +40,9 @@ use crate::model::{Outcome, StageKind, Status};
 use crate::repo::Finished;
 
 mod oncall;
+mod waits;
 pub use oncall::*;
+pub use waits::{observe_expiry, observe_review, observe_waiting, wait_kind};
 
 /// Content type of [`PrometheusHandle::render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -64,6 +68,9 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
         return Ok(h.clone());
     }
     let handle = PrometheusBuilder::new()
+        // (a full name's buckets win over a suffix's)
+        .set_buckets_for_metric(Matcher::Full("maas_wait_seconds".into()), waits::WAIT_BUCKETS)
+        .map_err(|e| MetricsError(e.to_string()))?
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
         .map_err(|e| MetricsError(e.to_string()))?
         .set_buckets_for_metric(Matcher::Suffix("_tokens".into()), oncall::TOKEN_BUCKETS)
@@ -72,6 +79,7 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
         .map_err(|e| MetricsError(e.to_string()))?;
     describe();
     oncall::register();
+    waits::register();
     *slot = Some(handle.clone());
     Ok(handle)
 }
@@ -233,7 +241,11 @@ const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
 ];
 
 fn describe() {
-    for &(kind, name, help) in DESCRIPTIONS.iter().chain(oncall::DESCRIPTIONS) {
+    for &(kind, name, help) in DESCRIPTIONS
+        .iter()
+        .chain(oncall::DESCRIPTIONS)
+        .chain(waits::DESCRIPTIONS)
+    {
         match kind {
             Kind::Counter => describe_counter!(name, help),
             Kind::Gauge => describe_gauge!(name, help),
@@ -310,7 +322,8 @@ pub fn observe_backlog(rows: &[(Status, i64)]) {
     )]
     let count = |st: Status| rows.iter().filter(|(s, _)| *s == st).map(|(_, n)| *n).sum::<i64>() as f64;
     for st in Status::ALL {
-        if st.is_terminal() {
+        // (waits have their own series: `maas_requests_waiting`)
+        if st.is_terminal() || st.is_waiting() {
             continue;
         }
         gauge!("maas_backlog_requests", "status" => st.as_str()).set(count(st));
@@ -328,6 +341,8 @@ pub fn observe_result(f: &Finished, created_at: DateTime<Utc>, now: DateTime<Utc
         .map_or_else(|| secs(f.started_at), |ms| f64::from(ms.max(0)) / 1000.0);
     record_stage(f.stage, f.outcome(), stage_secs);
     let outcome = match (f.stage, f.outcome()) {
+        // (an answer that awaits review completes when it is approved)
+        (StageKind::Respond, Outcome::Succeeded) if f.new_status() == Status::AwaitingReview => None,
         (StageKind::Respond, Outcome::Succeeded) => Some("completed"),
         (_, Outcome::Failed) => Some("failed"),
         _ => None,

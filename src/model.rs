@@ -100,6 +100,12 @@ named_enum! {
         Assembling = "ASSEMBLING",
         Ready = "READY",
         Responding = "RESPONDING",
+        /// Waits for the user's reply to its question (`question`): no
+        /// lease, not dispatchable, not terminal.
+        WaitingUserInput = "WAITING_USER_INPUT",
+        /// Its answer waits for an operator's review: no lease, not
+        /// dispatchable, not terminal.
+        AwaitingReview = "AWAITING_REVIEW",
         Completed = "COMPLETED",
         Failed = "FAILED",
         Cancelled = "CANCELLED",
@@ -131,6 +137,29 @@ impl Status {
     pub fn is_terminal(self) -> bool {
         matches!(self, Status::Completed | Status::Failed | Status::Cancelled)
     }
+
+    /// A wait for a person (WAITING_USER_INPUT, AWAITING_REVIEW): the row
+    /// holds no lease and no daemon works on it; a reply, a review, a
+    /// cancel or the sweep's expiry ends it.
+    pub fn is_waiting(self) -> bool {
+        matches!(self, Status::WaitingUserInput | Status::AwaitingReview)
+    }
+}
+
+/// Whether the analyzer of a request may ask its user a question, and what
+/// was asked already (the claim reads it for the analyzer: `claim.sql`).
+/// A request asks at most once: its question is logged once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Clarify {
+    /// Asking is off for this request (its `clarify` flag, else its
+    /// tenant's `hitl_clarify`): the analyzer never asks.
+    #[default]
+    Off,
+    /// Asking is on and the request has not asked yet.
+    MayAsk,
+    /// The request asked `question`; `reply` is the user's reply, `None`
+    /// when the wait expired without one.
+    Asked { question: String, reply: Option<String> },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -319,6 +348,14 @@ named_enum! {
         TokenRevoke = "token_revoke",
         /// An archivist run asked for by an operator.
         ArchiveRun = "archive_run",
+        /// An answer awaiting review let through as it was.
+        ReviewApprove = "review_approve",
+        /// An answer awaiting review replaced by the operator's text (the
+        /// original in the detail).
+        ReviewEdit = "review_edit",
+        /// An answer awaiting review refused: the request failed, or went
+        /// back to the responder with the reason.
+        ReviewReject = "review_reject",
     }
 }
 

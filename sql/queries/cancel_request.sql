@@ -2,7 +2,9 @@
 -- reason $3, and records the action. An in-flight stage loses its lease here
 -- (owner and expiry cleared, as pipeline_runs_lease_matches_status demands):
 -- the daemon's heartbeat then cancels the stage, and a result that arrives
--- anyway is discarded by finish.sql's fence on status and owner.
+-- anyway is discarded by finish.sql's fence on status and owner. A waiting
+-- request (WAITING_USER_INPUT, AWAITING_REVIEW) stops waiting: a reply or
+-- a review that comes later finds it CANCELLED and is refused.
 -- No row: unknown id. Otherwise the status before and whether it was cancelled.
 WITH target AS (
     SELECT id, status, lease_owner, attempt
@@ -16,6 +18,9 @@ moved AS (
         held             = false,
         lease_owner      = NULL,
         lease_expires_at = NULL,
+        -- (a waiting request stops waiting: sql/0037_person_in_the_loop.sql)
+        question         = NULL,
+        wait_expires_at  = NULL,
         error            = 'cancelled by ' || $2::text || coalesce(': ' || $3::text, ''),
         updated_at       = now()
     FROM target t

@@ -28,6 +28,14 @@
 -- `tenant_id` names whose LLM tokens the stage spends (the per-tenant
 -- token metric, sql/0012_tenants.sql).
 --
+-- `review`: whether the request's answer waits for an operator's review:
+-- when the request asks for it (`review` true) or its tenant requires it
+-- (`hitl_review`, one primary-key read; a request cannot opt out of its
+-- tenant's review), for the stages that may
+-- answer: the responder ({ready} = 'READY') and the analyzer, whose task
+-- may run the respond stage right after it ({ready} = 'NEW'). The
+-- assembler's claim says false without reading it.
+--
 -- It also returns the memory the stage needs, always the requesting user's
 -- own (invariant 7): for the analyzer ({ready} = 'NEW') the user's $4 most
 -- recent LSM records; for the assembler ({ready} = 'ANALYZED') the record the
@@ -36,7 +44,12 @@
 -- `earlier_turns`: how many turns the user logged besides this request's
 -- query (the archive mark's sequence, one primary-key read; the query was
 -- logged when the request was inserted), so that a newcomer's analysis can
--- ask for the search over turns before any archive run.
+-- ask for the search over turns before any archive run. And `clarify`,
+-- for the analyzer only: whether it may ask the user (the request's flag,
+-- else its tenant's `hitl_clarify`; one primary-key read of `tenants`),
+-- and where it may, `exchange`: the question it asked already and the
+-- reply, from this request's turns (sql/0037_person_in_the_loop.sql).
+-- For the other stages both lookups fold away with the literal {ready}.
 WITH picked AS (
     SELECT id, ctid AS at, greatest(updated_at, run_after) AS due_since
     FROM pipeline_runs
@@ -70,11 +83,16 @@ claimed AS (
     -- is left as it is, for the next claim.
     WHERE r.ctid = picked.at AND r.id = picked.id
     RETURNING r.id, r.user_id, r.thread_id, r.user_query, r.attempt, r.lease_token,
-              r.analysis_result, r.final_context_payload, r.debug, r.tenant_id, r.stream, now() AS claimed_at,
-              (extract(epoch FROM (now() - picked.due_since)) * 1000)::float8 AS due_for_ms
+              r.analysis_result, r.final_context_payload, r.debug, r.tenant_id, r.stream, r.clarify, r.review,
+              now() AS claimed_at, (extract(epoch FROM (now() - picked.due_since)) * 1000)::float8 AS due_for_ms
 )
 SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
        c.analysis_result, c.final_context_payload, c.debug, c.tenant_id, c.stream, c.claimed_at, c.due_for_ms,
+       CASE
+           WHEN {ready} IN ('NEW', 'READY')
+           THEN (c.review IS TRUE OR coalesce((SELECT t.hitl_review FROM tenants t WHERE t.id = c.tenant_id), false))
+           ELSE false
+       END AS review,
        CASE
            WHEN {ready} = 'NEW' THEN (
                SELECT jsonb_agg(to_jsonb(m) ORDER BY m.time_bucket_start DESC)
@@ -88,6 +106,18 @@ SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
        CASE
            WHEN {ready} = 'NEW' THEN (
                SELECT greatest(m.logged_seq - 1, 0) FROM archive_marks m WHERE m.user_id = c.user_id)
-       END AS earlier_turns
+       END AS earlier_turns,
+       k.clarify,
+       CASE
+           WHEN k.clarify THEN (
+               SELECT jsonb_object_agg(l.message_type, l.content)
+               FROM raw_logs l
+               WHERE l.request_id = c.id AND l.message_type IN ('assistant_question', 'user_reply'))
+       END AS exchange
 FROM claimed c
+LEFT JOIN LATERAL (
+    SELECT coalesce(c.clarify, t.hitl_clarify) AS clarify
+    FROM tenants t
+    WHERE {ready} = 'NEW' AND t.id = c.tenant_id
+) k ON true
 CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS lazy_commit

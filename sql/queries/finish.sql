@@ -9,7 +9,9 @@
 -- $3  stage  (analyze, assemble or respond)
 -- $4  in_flight  (the stage's in-flight status; the fence)
 -- $5  new_status  (the status the attempt's outcome moves the row to,
---     before fusing and chaining)
+--     before fusing and chaining; AWAITING_REVIEW for an answer that
+--     awaits an operator's review: it is stored, not logged, and waits
+--     until the tenant's review_timeout)
 -- $6  outcome  (succeeded, retrying, deferred, failed or released)
 -- $7  attempt  (the attempt number the step records)
 -- $8  started_at  (when the attempt's claim was made)
@@ -154,12 +156,17 @@ done AS (
                                      THEN now() + make_interval(secs => $21) END,
         lease_token           = least(r.lease_token + CASE WHEN i.chain IS NOT NULL AND NOT r.debug THEN 1 ELSE 0 END,
                                       4611686018427387904),
+        -- An answer that awaits review waits as long as its tenant's
+        -- review_timeout (NULL: until reviewed or cancelled).
+        wait_expires_at       = CASE WHEN i.outcome = 'succeeded' AND i.new_status = 'AWAITING_REVIEW'
+                                     THEN now() + (SELECT t.review_timeout FROM tenants t WHERE t.id = r.tenant_id)
+                                END,
         updated_at            = now()
     FROM input i
     WHERE r.id = ANY($1::uuid[])
       AND r.id = i.id AND r.lease_token = i.token AND r.status = i.in_flight AND r.lease_owner = i.owner
     RETURNING r.id, r.user_id, r.thread_id, r.status, r.user_query, r.attempt, r.lease_token,
-              r.analysis_result, r.final_context_payload, r.debug, r.created_at, r.tenant_id, r.stream,
+              r.analysis_result, r.final_context_payload, r.debug, r.created_at, r.tenant_id, r.stream, r.review,
               i.token AS result_token, r.lease_owner IS NOT NULL AS chained, (i.fused AND NOT r.debug) AS fused,
               (i.responds AND NOT r.debug) AS responded, i.fused_answer, i.fused_model,
               i.fused_prompt_tokens, i.fused_completion_tokens, i.fused_respond_latency_ms,
@@ -198,6 +205,9 @@ answered AS MATERIALIZED (
            count(*) OVER (PARTITION BY d.user_id) AS answers
     FROM done d
     WHERE (d.responded OR (d.stage = 'respond' AND d.outcome = 'succeeded' AND d.answer IS NOT NULL))
+      -- (an answer that awaits review is logged when it is approved:
+      -- review_request.sql)
+      AND d.status = 'COMPLETED'
       -- (a request's answer is logged once: no number is handed out twice)
       AND NOT EXISTS (SELECT 1 FROM raw_logs r
                       WHERE r.request_id = d.id AND r.message_type = 'assistant_response')
@@ -263,7 +273,13 @@ SELECT d.id, d.result_token, d.created_at, d.chained,
        CASE WHEN d.chained AND d.status = 'ASSEMBLING'
             THEN assembler_memory(d.user_id, d.analysis_result)
        END AS memory,
-       d.status, d.fused, d.responded
+       d.status, d.fused, d.responded,
+       -- Whether a row chained to the responder has its answer reviewed
+       -- (as claim.sql reads it).
+       CASE WHEN d.chained AND d.status = 'RESPONDING'
+            THEN (d.review IS TRUE OR coalesce((SELECT t.hitl_review FROM tenants t WHERE t.id = d.tenant_id), false))
+            ELSE false
+       END AS review
 FROM done d
 -- The notifications are sent once: an uncorrelated subquery is an InitPlan
 -- (run once, as a one-time filter). Joined instead, the count was the inner

@@ -11,6 +11,9 @@
 -- $9  tenant_id
 -- $10 metadata
 -- $11 stream
+-- $12 clarify (NULL: the tenant's `hitl_clarify`)
+-- $13 review  (true asks for an operator's review; false leaves it to the
+--     tenant's `hitl_review`, stored as NULL)
 --
 -- Inserts a request under an idempotency key ($4, scoped to user $1, with
 -- fingerprint $5), in one statement: the key row and the request exist
@@ -28,8 +31,9 @@ WITH key AS (
         WHERE k.created_at < now() - make_interval(secs => $6)
     RETURNING request_id
 )
-INSERT INTO pipeline_runs (id, user_id, thread_id, user_query, callback_url, debug, tenant_id, tenant_user_id, metadata, stream)
+INSERT INTO pipeline_runs (id, user_id, thread_id, user_query, callback_url, debug, tenant_id, tenant_user_id, metadata, stream,
+                           clarify, review)
 SELECT request_id, maas_tenant_user($9, $1), $2, $3, $7, $8, $9,
-       CASE WHEN maas_tenant_user($9, $1) <> $1 THEN $1 END, $10, $11
+       CASE WHEN maas_tenant_user($9, $1) <> $1 THEN $1 END, $10, $11, $12, CASE WHEN $13::bool THEN true END
 FROM key
 RETURNING id

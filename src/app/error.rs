@@ -73,12 +73,16 @@ named_enum! {
         ModelNotFound = "model_not_found",
         /// No such route.
         NoRoute = "no_route",
+        /// Review: the request does not await review (its status is named).
+        NotAwaitingReview = "not_awaiting_review",
         /// Retry: the request is not `FAILED`.
         NotFailed = "not_failed",
         /// No such request, record or turn for this caller.
         NotFound = "not_found",
         /// Continue: the request does not rest between stages.
         NotHeld = "not_held",
+        /// Reply: the request does not wait for its user's reply.
+        NotWaiting = "not_waiting",
         /// The request ended failed or cancelled (its error says why).
         RequestFailed = "request_failed",
         /// The tenant is over its requests per minute.

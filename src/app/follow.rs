@@ -75,6 +75,8 @@ pub struct Change {
     pub status: Status,
     pub answer: Option<String>,
     pub error: Option<String>,
+    /// The question a request in WAITING_USER_INPUT waits on.
+    pub question: Option<String>,
 }
 
 impl From<RequestStatus> for Change {
@@ -84,12 +86,14 @@ impl From<RequestStatus> for Change {
             status: r.status,
             answer: r.answer,
             error: r.error,
+            question: r.question,
         }
     }
 }
 
 /// The JSON every endpoint shows of a request (docs/http-api.md, "Status shapes"):
-/// `status` is `processing`, `completed` (with `answer`) or `failed` (with
+/// `status` is `processing`, `waiting_user_input` (with `question`),
+/// `awaiting_review`, `completed` (with `answer`) or `failed` (with
 /// `error`); `stage` is the pipeline status (`NEW` … `COMPLETED`, `FAILED`,
 /// `CANCELLED`). A cancelled request shows as `failed` with stage
 /// `CANCELLED` and an error that says so.
@@ -102,6 +106,8 @@ pub struct RequestState {
     pub answer: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub question: Option<String>,
 }
 
 impl RequestState {
@@ -121,7 +127,14 @@ impl RequestState {
                     _ => "cancelled".into(),
                 }),
             ),
-            _ => ("processing", None, None),
+            Status::WaitingUserInput => ("waiting_user_input", None, None),
+            Status::AwaitingReview => ("awaiting_review", None, None),
+            Status::New
+            | Status::Analyzing
+            | Status::Analyzed
+            | Status::Assembling
+            | Status::Ready
+            | Status::Responding => ("processing", None, None),
         };
         RequestState {
             request_id: c.id,
@@ -129,12 +142,26 @@ impl RequestState {
             stage: c.status,
             answer,
             error,
+            question: c.question.clone().filter(|_| c.status == Status::WaitingUserInput),
         }
     }
 
     pub fn is_terminal(&self) -> bool {
         self.stage.is_terminal()
     }
+
+    /// Terminal, or waiting for its user's reply: what a caller that waits
+    /// for an answer must be shown (the question is the answer for now).
+    /// An answer under review is not: it is delivered once approved.
+    pub fn needs_caller(&self) -> bool {
+        self.is_terminal() || self.stage == Status::WaitingUserInput
+    }
+}
+
+/// Whether a change to `status` is shown with what the row holds (answer,
+/// error, question) rather than the notification alone.
+fn reads_row(status: Status) -> bool {
+    status.is_terminal() || status == Status::WaitingUserInput
 }
 
 /// What a subscriber follows.
@@ -303,7 +330,8 @@ impl Hub {
         }
     }
 
-    /// Which ids of `events` need a row read: terminal ones someone follows,
+    /// Which ids of `events` need a row read: terminal and waiting ones
+    /// someone follows (their answer, error or question is in the row),
     /// and, when anyone follows a user, those whose user is not cached.
     fn plan(&self, events: &[Event], users: &HashMap<Uuid, Uuid>) -> Vec<Uuid> {
         let Ok(subs) = self.subs.lock() else {
@@ -316,7 +344,7 @@ impl Hub {
                 let user = users.get(&e.id);
                 let followed = subs.by_request.contains_key(&e.id)
                     || (by_user && user.is_none_or(|u| subs.by_user.contains_key(u)));
-                (e.status.is_terminal() && followed) || (by_user && user.is_none())
+                (reads_row(e.status) && followed) || (by_user && user.is_none())
             })
             .map(|e| e.id)
             .collect();
@@ -336,15 +364,17 @@ impl Hub {
             let req_sinks = subs.by_request.get(&e.id);
             let user_sinks = user.and_then(|u| subs.by_user.get(&u));
             if req_sinks.is_some() || user_sinks.is_some() {
-                // Terminal states come from the table (answer, error);
-                // others from the notification, in its order.
+                // Terminal and waiting states come from the table (answer,
+                // error, question); others from the notification, in its
+                // order.
                 let change = match rows.get(&e.id) {
-                    Some(row) if e.status.is_terminal() => Change::from(row.clone()),
+                    Some(row) if reads_row(e.status) => Change::from(row.clone()),
                     _ => Change {
                         id: e.id,
                         status: e.status,
                         answer: None,
                         error: None,
+                        question: None,
                     },
                 };
                 let change = Arc::new(change);

@@ -12,6 +12,7 @@
 //! | making a request (limits, idempotency) | [`submit`]     |
 //! | following requests to their end        | [`follow`]     |
 //! | a user's memory: map, search, remember | [`memory`]     |
+//! | an operator's review of an answer      | [`review`]     |
 //!
 //! [`App`] holds what they share: the configuration, the API pool, the
 //! LISTEN session's fan-out ([`follow::Hub`]), the token cache, the caps
@@ -27,6 +28,8 @@ pub mod follow;
 pub mod input;
 pub mod limits;
 pub mod memory;
+pub mod reply;
+pub mod review;
 pub mod submit;
 
 use std::sync::Arc;

@@ -141,6 +141,12 @@ fn fingerprint(req: &NewRequest<'_>) -> String {
     if req.stream {
         h.update(b"\0stream");
     }
+    if let Some(c) = req.clarify {
+        h.update([0u8, b'c', u8::from(c)]);
+    }
+    if req.review {
+        h.update(b"\0review");
+    }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -160,6 +166,8 @@ mod tests {
             tenant_id: Uuid::nil(),
             metadata: None,
             stream: false,
+            clarify: None,
+            review: false,
         };
         let b = NewRequest {
             thread_id: Some(t),
@@ -200,6 +208,20 @@ mod tests {
             fingerprint(&a),
             fingerprint(&NewRequest {
                 stream: true,
+                ..a.clone()
+            })
+        );
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&NewRequest {
+                clarify: Some(true),
+                ..a.clone()
+            })
+        );
+        assert_ne!(
+            fingerprint(&a),
+            fingerprint(&NewRequest {
+                review: true,
                 ..a.clone()
             })
         );

@@ -1,10 +1,13 @@
 //! `maasctl requests ...`: find requests, see why they failed, retry,
-//! cancel, and step debug requests through their stages.
+//! cancel, step debug requests through their stages, and reply for a user
+//! to the question a request waits on.
 
 use clap::Subcommand;
 use uuid::Uuid;
 
 use super::{CliError, Outcome, age, connect, one_line, parse_duration, parse_id, shown, since};
+use crate::app::Kind;
+use crate::app::review::{Reviewer, Verdict};
 use crate::config::Config;
 use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
 use crate::model::{DeliveryState, Status};
@@ -60,6 +63,15 @@ pub enum RequestsCommand {
         #[arg(long)]
         reason: String,
     },
+    /// Reply for its user to the question a request waits on
+    /// (WAITING_USER_INPUT): the request goes back to the analyzer with the
+    /// reply, as `POST /api/query/{id}/reply` does.
+    Reply {
+        /// The request id (uuid).
+        id: String,
+        /// The user's reply.
+        text: String,
+    },
     /// Debug mode: release a debug request resting in ANALYZED or READY to
     /// its next stage.
     Continue {
@@ -69,6 +81,27 @@ pub enum RequestsCommand {
         /// Why (optional; recorded).
         #[arg(long)]
         reason: Option<String>,
+    },
+    /// Review an answer that awaits it (AWAITING_REVIEW): approve it, edit
+    /// it (the user gets your text, memory keeps it) or reject it (the
+    /// request fails with the reason, or with --redo the responder answers
+    /// again with the reason as your note).
+    Review {
+        /// The request id (uuid).
+        id: String,
+        /// Let the answer through as it is.
+        #[arg(long, conflicts_with_all = ["edit", "reject"], required_unless_present_any = ["edit", "reject"])]
+        approve: bool,
+        /// Replace the answer with this text.
+        #[arg(long, value_name = "TEXT", conflicts_with = "reject")]
+        edit: Option<String>,
+        /// Refuse the answer, for this reason.
+        #[arg(long, value_name = "REASON")]
+        reject: Option<String>,
+        /// With --reject: send the request back to the responder with the
+        /// reason as a note, instead of failing it.
+        #[arg(long, requires = "reject")]
+        redo: bool,
     },
 }
 
@@ -88,6 +121,14 @@ pub async fn run(cfg: &Config, cmd: RequestsCommand, actor: &str, json: bool) ->
         } => retry(cfg, &ids, all_failed, actor, &reason, json).await,
         RequestsCommand::Cancel { ids, reason } => cancel(cfg, &ids, actor, &reason, json).await,
         RequestsCommand::Continue { ids, reason } => continue_(cfg, &ids, actor, reason.as_deref(), json).await,
+        RequestsCommand::Reply { id, text } => reply(cfg, &id, actor, &text, json).await,
+        RequestsCommand::Review {
+            id,
+            approve: _,
+            edit,
+            reject,
+            redo,
+        } => review(cfg, &id, edit, reject, redo, actor, json).await,
     }
 }
 
@@ -501,4 +542,84 @@ async fn continue_(
         |outcome| matches!(outcome, ContinueOutcome::Released { .. }),
     )
     .await
+}
+
+/// `maasctl requests reply ID TEXT`: [`crate::app::reply::reply`] as an
+/// administrator of the request's own tenant. A refusal (not waiting, an
+/// empty text) is a finding that says why.
+async fn reply(cfg: &Config, id: &str, actor: &str, text: &str, json: bool) -> Result<Outcome, CliError> {
+    let id = request_id(id)?;
+    let client = connect(cfg).await?;
+    let Some(tenant) = requests::tenant_of(&client, id).await? else {
+        eprintln!("no request {id}");
+        return Ok(Outcome::Finding);
+    };
+    let who = crate::app::Principal {
+        tenant,
+        ..crate::app::Principal::default_admin(actor)
+    };
+    let (applied, message) = match crate::app::reply::reply(&client, &who, id, text).await {
+        Ok(()) => (
+            true,
+            format!("replied to {id}: the analyzer picks it up with the reply"),
+        ),
+        Err(e) if matches!(e.kind, crate::app::Kind::Unavailable | crate::app::Kind::Internal) => {
+            return Err(CliError::Usage(e.message));
+        }
+        Err(e) => (false, format!("not replied {id}: {}", e.message)),
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"id": id, "replied": applied, "message": message})
+        );
+    } else if applied {
+        println!("{message}");
+    } else {
+        eprintln!("{message}");
+    }
+    Ok(if applied { Outcome::Ok } else { Outcome::Finding })
+}
+
+/// `requests review`: the verdict of `app::review`, as an operator of
+/// every tenant.
+async fn review(
+    cfg: &Config,
+    id: &str,
+    edit: Option<String>,
+    reject: Option<String>,
+    redo: bool,
+    actor: &str,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let id = request_id(id)?;
+    let then = redo.then_some("redo");
+    let verdict = match (&edit, &reject) {
+        (Some(text), _) => Verdict::from_fields("edit", Some(text), None, None),
+        (None, Some(reason)) => Verdict::from_fields("reject", None, Some(reason), then),
+        (None, None) => Verdict::from_fields("approve", None, None, None),
+    }
+    .map_err(|e| CliError::Usage(e.message))?;
+    let client = connect(cfg).await?;
+    match crate::app::review::review(&client, Reviewer::Operator, actor, id, &verdict).await {
+        Ok(done) => {
+            if json {
+                println!("{}", serde_json::json!(done));
+            } else {
+                println!("{} {id}: it is {} now", done.action, done.status);
+            }
+            Ok(Outcome::Ok)
+        }
+        Err(e) if matches!(e.kind, Kind::NotFound | Kind::Conflict) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"request_id": id, "code": e.code.as_str(), "error": e.message})
+                );
+            }
+            eprintln!("not reviewed: {}", e.message);
+            Ok(Outcome::Finding)
+        }
+        Err(e) => Err(CliError::Usage(format!("review of {id}: {}", e.message))),
+    }
 }

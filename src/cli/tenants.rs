@@ -83,9 +83,12 @@ pub enum TenantsCommand {
     /// Every database role mapped to a tenant, with the login roles it
     /// covers.
     Roles,
-    /// Change a tenant's limits or callback secret; `none` clears one.
+    /// Change a tenant's limits, callback secret or person-in-the-loop
+    /// settings; `none` clears one.
     Set {
         name: String,
+        #[command(flatten)]
+        hitl: HitlArgs,
         #[arg(long, value_name = "N|none")]
         requests_per_minute: Option<String>,
         #[arg(long, value_name = "N|none")]
@@ -148,6 +151,121 @@ pub enum TokensCommand {
 }
 
 /// `--scope`: exactly one of the scopes' names.
+/// The person-in-the-loop settings of `tenants set` (the tenant's
+/// `hitl_*` columns, sql/0037_person_in_the_loop.sql).
+#[derive(clap::Args, Debug, Default)]
+pub struct HitlArgs {
+    /// May the analyzer ask the user a question before it goes on, for
+    /// the requests that do not say (on|off; default off).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    clarify: Option<bool>,
+    /// Must an operator review each answer, for the requests that do not
+    /// say (on|off; default off).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    review: Option<bool>,
+    /// How long a question waits for its reply (90s, 15m, 2h, 3d), or none.
+    #[arg(long, value_name = "DURATION|none")]
+    user_reply_timeout: Option<String>,
+    /// How long an answer waits for its review, or none.
+    #[arg(long, value_name = "DURATION|none")]
+    review_timeout: Option<String>,
+    /// When no reply came in time: answer without it, or fail.
+    #[arg(long, value_parser = ["answer", "fail"])]
+    on_reply_timeout: Option<String>,
+    /// When no review came in time: deliver the answer as it is, or fail.
+    #[arg(long, value_parser = ["answer", "fail"])]
+    on_review_timeout: Option<String>,
+}
+
+fn on_off(v: &str) -> Result<bool, String> {
+    match v {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("{v:?}: expected on or off")),
+    }
+}
+
+/// A timeout flag: a duration, or `none` (no limit).
+fn timeout(flag: &str, v: &str) -> Result<Option<std::time::Duration>, CliError> {
+    if v.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    match super::parse_duration(v) {
+        Ok(d) if !d.is_zero() => Ok(Some(d)),
+        Ok(_) => Err(CliError::Usage(format!(
+            "--{flag} 0: a limit must be positive, or none"
+        ))),
+        Err(e) => Err(CliError::Usage(format!("--{flag} {v}: {e}"))),
+    }
+}
+
+impl HitlArgs {
+    fn change(&self) -> Result<tenants::HitlChange<'_>, CliError> {
+        Ok(tenants::HitlChange {
+            clarify: self.clarify,
+            review: self.review,
+            user_reply_timeout: self
+                .user_reply_timeout
+                .as_deref()
+                .map(|v| timeout("user-reply-timeout", v))
+                .transpose()?,
+            review_timeout: self
+                .review_timeout
+                .as_deref()
+                .map(|v| timeout("review-timeout", v))
+                .transpose()?,
+            on_reply_timeout: self.on_reply_timeout.as_deref(),
+            on_review_timeout: self.on_review_timeout.as_deref(),
+        })
+    }
+}
+
+/// `tenants set`: the limits and secret of `change`, then the
+/// person-in-the-loop settings of `hitl` when it gives any.
+async fn set(
+    cfg: &Config,
+    name: &str,
+    change: &TenantChange<'_>,
+    hitl: &HitlArgs,
+    actor: &str,
+    json: bool,
+) -> Result<Outcome, CliError> {
+    let hitl = hitl.change()?;
+    let client = connect(cfg).await?;
+    let Some(t) = control::set_tenant(&client, name, change, actor).await? else {
+        eprintln!("no tenant {name:?}");
+        return Ok(Outcome::Finding);
+    };
+    let h = if hitl.is_empty() {
+        None
+    } else {
+        tenants::set_hitl(&client, name, &hitl, actor)
+            .await
+            .map_err(|e| CliError::Usage(format!("tenant {name}: {e}")))?
+    };
+    match (json, h) {
+        (true, Some(h)) => println!("{}", serde_json::json!({"tenant": t, "hitl": h})),
+        (true, None) => println!("{}", serde_json::to_string(&t).unwrap_or_default()),
+        (false, Some(h)) => println!("{}\n{}", show_tenant(&t), show_hitl(&h)),
+        (false, None) => println!("{}", show_tenant(&t)),
+    }
+    Ok(Outcome::Ok)
+}
+
+/// One line of a tenant's person-in-the-loop settings.
+fn show_hitl(h: &tenants::HitlSettings) -> String {
+    let limit = |s: Option<f64>| s.map_or_else(|| "no limit".to_owned(), |s| format!("{s} s"));
+    format!(
+        "person in the loop: clarify {}, reply within {} then {}; review {}, within {} then {}",
+        if h.hitl_clarify { "on" } else { "off" },
+        limit(h.user_reply_timeout_secs),
+        h.on_reply_timeout,
+        if h.hitl_review { "on" } else { "off" },
+        limit(h.review_timeout_secs),
+        h.on_review_timeout
+    )
+}
+
 fn scope_named(name: &str) -> Result<Scope, String> {
     Scope::from_name(name).ok_or_else(|| format!("one of {}", Scope::NAMES.join(", ")))
 }
@@ -319,6 +437,7 @@ pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool)
         }
         TenantsCommand::Set {
             name,
+            hitl,
             requests_per_minute,
             max_in_flight,
             callback_secret,
@@ -334,13 +453,7 @@ pub async fn tenants(cfg: &Config, cmd: TenantsCommand, actor: &str, json: bool)
                     .as_deref()
                     .map(|s| (!s.eq_ignore_ascii_case("none")).then_some(s)),
             };
-            match control::set_tenant(&connect(cfg).await?, &name, &change, actor).await? {
-                Some(t) => t,
-                None => {
-                    eprintln!("no tenant {name:?}");
-                    return Ok(Outcome::Finding);
-                }
-            }
+            return set(cfg, &name, &change, &hitl, actor, json).await;
         }
     };
     if json {

@@ -97,6 +97,8 @@ pub const MIGRATIONS: &[Migration] = migrations![
     34 => "0034_request_bounds_where_written.sql",
     35 => "0035_no_trust_in_the_caller.sql",
     36 => "0036_tenant_turns.sql",
+    37 => "0037_person_in_the_loop.sql",
+    38 => "0038_review.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

@@ -516,7 +516,9 @@ pub fn sanitise_result(f: &mut Finished) -> Sanitised {
             sanitize::text(&mut u.error_class, MAX_ERROR_CHARS, &mut out);
             sanitize::text(&mut u.error_message, MAX_ERROR_CHARS, &mut out);
         }
-        Ended::Succeeded(Output::Answer(answer)) => sanitize::text(answer, MAX_ANSWER_CHARS, &mut out),
+        Ended::Succeeded(Output::Answer(answer) | Output::AnswerToReview(answer)) => {
+            sanitize::text(answer, MAX_ANSWER_CHARS, &mut out);
+        }
         Ended::Succeeded(Output::Context { context, sources }) => {
             sanitize::text(context, MAX_CONTEXT_CHARS, &mut out);
             if let Some(v) = sources.as_mut() {

@@ -47,6 +47,7 @@ use super::{Engine, bump, millis};
 use crate::llm::embed::Embedder;
 use crate::model::{Prompts, StageKind};
 use crate::repo::{self, Claimed, Finished, Output, StepUsage, Unsuccessful};
+use crate::sanitize;
 use crate::stage::{StageError, StageInput, StageOutput, StageSuccess, analysis, memory};
 
 /// What a stage attempt of `row` is given (no sink for pieces: see
@@ -62,6 +63,7 @@ fn input_of(row: &mut Claimed, prompts: Arc<Prompts>) -> StageInput {
         context: row.context.clone(),
         memory: std::mem::take(&mut row.memory),
         earlier_turns: row.earlier_turns,
+        clarify: std::mem::take(&mut row.clarify),
         query_embedding: row.analysis.as_ref().and_then(analysis::kept_query_embedding),
         retrieved: Vec::new(),
         prompts,
@@ -181,9 +183,18 @@ impl Engine {
         let usage = &finished.usage;
         self.tenant_names
             .count(&self.pool, row.tenant_id, usage.prompt_tokens, usage.completion_tokens);
+        // An analysis that asks the user (only where the request may ask:
+        // the analyzer drops a question elsewhere) ends in a wait, not in
+        // the next stage.
+        if let Some(question) = finished.analysis().and_then(analysis::question_of) {
+            self.ask(&row, &finished, question).instrument(span).await;
+            return;
+        }
         if let Some(analysis) = finished.analysis().filter(|_| !row.debug).cloned() {
             let fused = tracing::info_span!("stage", request.id = %row.id, stage = %StageKind::Assemble, fused = true);
-            let respond = !row.stream;
+            // (an answer that streams, or awaits review, is not fused: it is
+            // written by its own respond stage)
+            let respond = !row.stream && !row.review;
             if let Some(assembled) = self.fuse(input, Some(analysis), respond).instrument(fused).await {
                 finished.fuse(assembled);
             }
@@ -475,6 +486,43 @@ impl Engine {
         }
     }
 
+    /// Writes a successful analyze attempt that asks the user: the row
+    /// waits for the reply, holding no lease (`ask_user.sql`). Then drops
+    /// the row and frees its slot, whatever happened: a row whose lease was
+    /// lost is someone else's, and a write that failed leaves the lease to
+    /// expire, after which the analyzer runs again.
+    async fn ask(&self, row: &Claimed, finished: &Finished, mut question: String) {
+        let mut found = sanitize::Sanitised::default();
+        sanitize::text(&mut question, sanitize::MAX_ERROR_CHARS, &mut found);
+        let mut stored = finished.analysis().cloned().unwrap_or_default();
+        sanitize::json(&mut stored, &mut found);
+        let written = match self.pool.get().await {
+            Ok(client) => {
+                repo::waits::ask_user(
+                    &client,
+                    row,
+                    &self.worker,
+                    &stored,
+                    &question,
+                    &finished.usage,
+                    finished.latency_ms,
+                )
+                .await
+            }
+            Err(e) => Err(e.into()),
+        };
+        match written {
+            Ok(Some(expires)) => {
+                bump(&self.stats.succeeded[StageKind::Analyze.index()]);
+                tracing::info!(expires = ?expires, "the analyzer asked the user; the request waits for the reply");
+            }
+            Ok(None) => tracing::info!("the lease was lost before the question was written; nothing changed"),
+            Err(e) => tracing::warn!(error = %e,
+                "the question could not be written; the analyzer runs again once the lease expires"),
+        }
+        self.forget(row.id, row.lease_token);
+    }
+
     /// Marks a row's stage finished and gives its result to the completer.
     fn hand_over(&self, finished: Finished) {
         let (id, token) = (finished.id, finished.lease_token);
@@ -506,6 +554,10 @@ impl Engine {
                         context,
                         sources: context_sources,
                     },
+                    (StageKind::Respond, StageOutput::Answer(answer)) if row.review => {
+                        tracing::debug!(request.id = %row.id, attempt = row.attempt, "answer awaits review");
+                        return Finished::awaiting_review(row, answer, step_usage(usage), latency_ms);
+                    }
                     (StageKind::Respond, StageOutput::Answer(answer)) => Output::Answer(answer),
                     (_, other) => {
                         let wrong = format!("{stage} produced the wrong kind of output: {other:?}");

@@ -51,7 +51,8 @@ impl Engine {
     /// wrote the last piece after the sink was dropped; `None` for every
     /// other attempt.
     pub(super) fn delta_sink(&self, stage: StageKind, row: &Claimed) -> Option<(DeltaSink, oneshot::Receiver<()>)> {
-        if stage != StageKind::Respond || !row.stream {
+        // (an answer that awaits review is not shown before it is approved)
+        if stage != StageKind::Respond || !row.stream || row.review {
             return None;
         }
         let (sink, pieces) = mpsc::unbounded_channel();

@@ -7,6 +7,9 @@
 //! - An expired lease goes back to its ready status (attempt spent) or to
 //!   `FAILED` past `max_attempts`, in batches of [`RECLAIM_BATCH`] rows
 //!   ([`reclaim_all`], which `maasctl sweep` uses too).
+//! - A wait for a person (WAITING_USER_INPUT, AWAITING_REVIEW) whose limit
+//!   passed ends as its tenant chose ([`expire_all_waits`], also
+//!   `maasctl sweep`): every daemon sweeps, each wait ends once.
 //! - A failed sweep is logged and tried again at the next tick.
 
 use std::sync::Arc;
@@ -63,7 +66,8 @@ impl Engine {
         }
     }
 
-    /// One sweep: take back expired leases, then wake every dispatcher.
+    /// One sweep: take back expired leases, end expired waits, then wake
+    /// every dispatcher (a wait that went back to NEW is due at once).
     pub async fn sweep_once(&self) -> Result<usize, crate::db::Error> {
         let client = self.pool.get().await?;
         let total = reclaim_all(&client, self.cfg.max_attempts, |batch| {
@@ -71,6 +75,13 @@ impl Engine {
                 tracing::warn!(request.id = %r.id, was = %r.was, now = %r.new_status, "sweep: lease expired; row taken back");
             }
             self.stats.reclaimed.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        })
+        .await?;
+        expire_all_waits(&client, |batch| {
+            for w in batch {
+                tracing::info!(request.id = %w.id, was = %w.was, now = %w.new_status, "sweep: wait expired");
+                crate::metrics::observe_expiry(w.was, w.new_status);
+            }
         })
         .await?;
         drop(client);
@@ -97,6 +108,23 @@ pub async fn reclaim_all(
     loop {
         let batch = repo::reclaim_expired(client, max_attempts, RECLAIM_BATCH).await?;
         taken(&batch);
+        total += batch.len();
+        if batch.len() < RECLAIM_BATCH {
+            return Ok(total);
+        }
+    }
+}
+
+/// Ends every wait whose limit passed, [`RECLAIM_BATCH`] rows per
+/// statement, handing each batch to `ended` as it goes; returns how many.
+pub async fn expire_all_waits(
+    client: &impl GenericClient,
+    mut ended: impl FnMut(&[repo::waits::Expired]),
+) -> Result<usize, crate::db::Error> {
+    let mut total = 0;
+    loop {
+        let batch = repo::waits::expire_waits(client, RECLAIM_BATCH).await?;
+        ended(&batch);
         total += batch.len();
         if batch.len() < RECLAIM_BATCH {
             return Ok(total);

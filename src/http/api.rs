@@ -93,6 +93,8 @@ pub async fn submit(
         tenant_id: who.tenant,
         metadata: sub.metadata.as_ref(),
         stream: sub.stream,
+        clarify: sub.clarify,
+        review: sub.review,
     };
     // A stream takes its place before the request exists (over a cap, the
     // request is not made).
@@ -260,6 +262,13 @@ pub async fn status(
     let mut body = serde_json::to_value(&state)
         .map_err(|e| AppError::from(crate::db::Error::Unexpected(format!("status of {id}: {e}"))))?;
     let client = app.pool.get().await?;
+    // The answer under review, to who may review it (`app::review`).
+    if state.stage == crate::model::Status::AwaitingReview
+        && let Some(obj) = body.as_object_mut()
+        && let Some(answer) = crate::app::review::answer_under_review(&client, &who, id).await?
+    {
+        obj.insert("answer".into(), serde_json::Value::String(answer));
+    }
     if let Some(obj) = body.as_object_mut()
         && let Some(Some(metadata)) = crate::repo::requests::metadata_of(&client, id).await?
     {
@@ -306,7 +315,7 @@ async fn state_after_wait(
         .await?
         .pop()
         .ok_or_else(|| AppError::not_found(format!("no request {id}")))?;
-    if state.is_terminal() || wait.is_zero() {
+    if state.needs_caller() || wait.is_zero() {
         return Ok(state);
     }
     // A long-poll holds a place until it answers; over a cap it answers

@@ -99,6 +99,8 @@ async fn database_figures(client: &deadpool_postgres::Object) -> crate::metrics:
         callbacks,
         last_archive_run: ok(gauges::last_archive_run(client).await, "archive run")
             .map(|r| r.map(|r| (r.finished_at, r.failures))),
+        waiting: ok(gauges::waiting(client).await, "waiting")
+            .map(|rows| rows.into_iter().map(|w| (w.status, w.n, w.overdue)).collect()),
     }
 }
 

@@ -52,6 +52,10 @@ pub struct Submission {
     pub metadata: Option<Value>,
     /// Send the answer's pieces while the model writes.
     pub stream: bool,
+    /// May the analyzer ask the user (`clarify`); `None`: the tenant's setting.
+    pub clarify: Option<bool>,
+    /// An operator reviews the answer before the user gets it.
+    pub review: bool,
 }
 
 /// Reads a submit body (see the module's guarantees).
@@ -79,6 +83,8 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, AppError> {
     let debug = super::submit_fields::debug(&fields)?;
     let metadata = super::submit_fields::metadata(&fields)?;
     let stream = super::submit_fields::stream(&fields)?;
+    let clarify = super::submit_fields::clarify(&fields)?;
+    let review = super::submit_fields::review(&fields)?;
     Ok(Submission {
         user_id,
         thread_id,
@@ -87,6 +93,8 @@ pub fn parse_submission(body: &[u8]) -> Result<Submission, AppError> {
         debug,
         metadata,
         stream,
+        clarify,
+        review,
     })
 }
 

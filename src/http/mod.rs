@@ -54,6 +54,7 @@ pub mod openai;
 pub mod openapi;
 pub mod operate;
 pub mod ops;
+pub mod reply;
 pub mod serve;
 mod submit_fields;
 pub mod tenancy;
@@ -173,6 +174,7 @@ pub fn routes() -> Routes {
         .post("/api/query", api::submit)
         .get("/api/query/{id}/status", api::status)
         .post("/api/query/{id}/continue", operate::act::<operate::Continue>)
+        .post("/api/query/{id}/reply", reply::reply)
         .get("/api/users/{id}/memory", users::memory)
         .get("/api/users/{id}/memory/search", users::memory_search)
         .put("/api/users/{id}/memory/{record}", users::replace_summary)
@@ -182,6 +184,7 @@ pub fn routes() -> Routes {
         .get("/api/users/{id}/export", users::export)
         .post("/api/query/{id}/cancel", operate::act::<operate::Cancel>)
         .post("/api/query/{id}/retry", operate::act::<operate::Retry>)
+        .post("/api/query/{id}/review", operate::review)
         .get("/api/query/{id}/events", api::events)
         .get("/api/ws", api::ws)
         .post("/v1/chat/completions", openai::chat)

@@ -332,6 +332,9 @@ pub async fn chat(
         tenant_id: who.tenant,
         metadata: Some(&metadata),
         stream: chat.stream,
+        // A chat completion has no way to take a reply: it never asks.
+        clarify: Some(false),
+        review: false,
     };
     // The wait or the stream takes its place before the request exists.
     let caller = caller.map_or(Caller::ANONYMOUS, |Extension(c)| c);

@@ -101,6 +101,8 @@ fn base_document() -> Value {
     for group in [
         submit_paths(),
         action_paths(),
+        reply_paths(),
+        review_paths(),
         memory_paths(),
         search_paths(),
         user_paths(),
@@ -192,6 +194,42 @@ fn submit_paths() -> Value {
     })
 }
 
+/// The user's reply to the question a request waits on.
+fn reply_paths() -> Value {
+    json!({
+        "/api/query/{id}/reply": {
+            "post": {
+                "summary": "Reply to the question a request waits on (waiting_user_input): the request goes back to the analyzer with the reply",
+                "security": secured(),
+                "parameters": [id_param()],
+                "requestBody": {
+                    "required": true,
+                    "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["text"],
+                        "properties": { "text": { "type": "string", "description": "The user's reply: not empty, at most 100000 characters, no NUL" } }
+                    } } }
+                },
+                "responses": {
+                    "200": object_response(
+                        "Applied: the request is processing again, at the analyzer",
+                        json!({
+                            "request_id": { "type": "string", "format": "uuid" },
+                            "status": { "type": "string", "enum": ["processing"] },
+                            "stage": { "type": "string", "enum": ["NEW"] }
+                        })
+                    ),
+                    "400": error_response("Malformed id or body"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "403": error_response("The token's scope is not submit, operate or admin"),
+                    "404": error_response("No such request for this caller"),
+                    "409": error_response("not_waiting: the request does not wait for a reply; the message names its status"),
+                    "422": error_response("A missing, empty or too long text, or one holding a NUL character")
+                }
+            }
+        }
+    })
+}
+
 /// The operator actions on one request: cancel, retry, continue.
 fn action_paths() -> Value {
     json!({
@@ -259,6 +297,51 @@ fn action_paths() -> Value {
                     "401": error_response("Missing or wrong bearer token"),
                     "404": error_response("No such request"),
                     "409": error_response("The run is not resting between stages")
+                }
+            }
+        }
+    })
+}
+
+/// The review of an answer that awaits it (`app::review`).
+fn review_paths() -> Value {
+    json!({
+        "/api/query/{id}/review": {
+            "post": {
+                "summary": "Approve, edit or reject an answer that awaits review (AWAITING_REVIEW), once",
+                "security": secured(),
+                "parameters": [id_param()],
+                "requestBody": {
+                    "required": true,
+                    "content": { "application/json": { "schema": {
+                        "type": "object",
+                        "required": ["action"],
+                        "properties": {
+                            "action": { "enum": ["approve", "edit", "reject"] },
+                            "text": { "type": "string", "minLength": 1, "maxLength": 100000,
+                                      "description": "edit: the answer the user gets and memory keeps" },
+                            "reason": { "type": "string", "minLength": 1, "maxLength": 1000,
+                                        "description": "reject: why (the request's error, or the responder's note)" },
+                            "then": { "enum": ["fail", "redo"],
+                                      "description": "reject: fail the request (default) or send it back to the responder with the reason" }
+                        }
+                    } } }
+                },
+                "responses": {
+                    "200": object_response(
+                        "Applied: COMPLETED (approve, edit), FAILED (reject, fail) or READY (reject, redo)",
+                        json!({
+                            "request_id": { "type": "string", "format": "uuid" },
+                            "action": { "type": "string", "enum": ["approve", "edit", "reject"] },
+                            "status": { "type": "string", "enum": ["COMPLETED", "FAILED", "READY"] }
+                        })
+                    ),
+                    "400": error_response("Malformed id or body"),
+                    "401": error_response("Missing or wrong bearer token"),
+                    "403": error_response("The token's scope is not operate"),
+                    "404": error_response("No such request for this tenant"),
+                    "409": error_response("not_awaiting_review: the request does not await review (its status is named)"),
+                    "422": error_response("A missing or wrong field (action, text, reason, then)")
                 }
             }
         }
@@ -500,31 +583,7 @@ fn components() -> Value {
     json!({
         "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
         "schemas": {
-            "Submit": {
-                "type": "object",
-                "required": ["user_id", "query"],
-                "properties": {
-                    "user_id": { "type": "string", "format": "uuid" },
-                    "query": { "type": "string", "minLength": 1, "maxLength": 100000 },
-                    "thread_id": { "type": ["string", "null"], "format": "uuid" },
-                    "callback_url": {
-                        "type": ["string", "null"], "format": "uri", "maxLength": 2048,
-                        "description": "http(s) URL the outcome is POSTed to, signed (README, callbacks)"
-                    },
-                    "debug": {
-                        "type": ["boolean", "null"],
-                        "description": "Rest in ANALYZED and READY until POST /api/query/{id}/continue"
-                    },
-                    "metadata": {
-                        "type": ["object", "null"],
-                        "description": "The client's own JSON object, stored with the request and shown by GET /api/query/{id}/status; at most 4096 bytes as compact JSON and 8 levels deep, no NUL character (400 invalid_metadata otherwise)"
-                    },
-                    "stream": {
-                        "type": ["boolean", "null"],
-                        "description": "Send the answer's pieces on the request's streams while the model writes (delta and restart events); with Accept: text/event-stream the submit answers with the OpenAI chunk stream"
-                    }
-                }
-            },
+            "Submit": submit_schema(),
             "Delta": {
                 "type": "object",
                 "required": ["request_id", "attempt", "seq", "text"],
@@ -571,18 +630,56 @@ fn components() -> Value {
     })
 }
 
+/// The body of `POST /api/query`.
+fn submit_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["user_id", "query"],
+        "properties": {
+            "user_id": { "type": "string", "format": "uuid" },
+            "query": { "type": "string", "minLength": 1, "maxLength": 100000 },
+            "thread_id": { "type": ["string", "null"], "format": "uuid" },
+            "callback_url": {
+                "type": ["string", "null"], "format": "uri", "maxLength": 2048,
+                "description": "http(s) URL the outcome is POSTed to, signed (README, callbacks)"
+            },
+            "debug": {
+                "type": ["boolean", "null"],
+                "description": "Rest in ANALYZED and READY until POST /api/query/{id}/continue"
+            },
+            "metadata": {
+                "type": ["object", "null"],
+                "description": "The client's own JSON object, stored with the request and shown by GET /api/query/{id}/status; at most 4096 bytes as compact JSON and 8 levels deep, no NUL character (400 invalid_metadata otherwise)"
+            },
+            "review": {
+                "type": ["boolean", "null"],
+                "description": "An operator approves, edits or rejects the answer (POST /api/query/{id}/review) before the user gets it; the tenant may require it anyway (hitl_review)"
+            },
+            "stream": {
+                "type": ["boolean", "null"],
+                "description": "Send the answer's pieces on the request's streams while the model writes (delta and restart events); with Accept: text/event-stream the submit answers with the OpenAI chunk stream"
+            },
+            "clarify": {
+                "type": ["boolean", "null"],
+                "description": "true: the analyzer may ask the user a question first (the request then waits in waiting_user_input with question; answer with POST /api/query/{id}/reply); false: never; absent or null: the tenant's hitl_clarify"
+            }
+        }
+    })
+}
+
 /// The state of a request, as status, streams and WebSocket show it.
 fn request_state_schema() -> Value {
     json!({
         "type": "object",
         "required": ["request_id", "status", "stage"],
-        "description": "processing; completed with answer; failed with error. A cancelled request is failed with stage CANCELLED.",
+        "description": "processing; waiting_user_input with question; awaiting_review; completed with answer; failed with error. A cancelled request is failed with stage CANCELLED.",
         "properties": {
             "request_id": { "type": "string", "format": "uuid" },
-            "status": { "enum": ["processing", "completed", "failed"] },
-            "stage": { "enum": ["NEW", "ANALYZING", "ANALYZED", "ASSEMBLING", "READY", "RESPONDING", "COMPLETED", "FAILED", "CANCELLED"] },
-            "answer": { "type": "string" },
+            "status": { "enum": ["processing", "waiting_user_input", "awaiting_review", "completed", "failed"] },
+            "stage": { "enum": crate::model::Status::NAMES },
+            "answer": { "type": "string", "description": "completed: the answer; awaiting_review: the answer under review, to a caller of scope operate only" },
             "error": { "type": "string" },
+            "question": { "type": "string", "description": "waiting_user_input only: the question the request waits on for the user's reply" },
             "metadata": { "type": "object", "description": "GET /api/query/{id}/status only: the metadata given at submit, when it was" },
             "context": { "type": ["string", "null"], "description": "With include=context: the assembled context (null before the assemble stage)" },
             "context_sources": {

@@ -1,6 +1,7 @@
 //! Operator actions over HTTP: `POST /api/query/{id}/cancel` and
 //! `POST /api/query/{id}/retry`, each with a JSON body `{"reason": "…"}`,
-//! and `POST /api/query/{id}/continue` (no body).
+//! and `POST /api/query/{id}/continue` (no body); the review of an answer
+//! that awaits it, `POST /api/query/{id}/review` ([`review`]).
 //!
 //! Each is an [`Action`] run by the one handler [`act`]: one call of
 //! [`crate::control`], as for `maasctl requests cancel|retry|continue` and
@@ -20,6 +21,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::input::parse_id;
+use crate::app::review::{Reviewer, Verdict};
 use crate::app::{AppError, Code, Principal};
 use crate::control::{self, CancelOutcome, ContinueOutcome, RetryOutcome};
 
@@ -201,4 +203,57 @@ impl Action for Continue {
         };
         Some(Err((Code::NotHeld, why)))
     }
+}
+
+/// `POST /api/query/{id}/review` with `{"action": "approve" | "edit" |
+/// "reject", "text"?, "reason"?, "then"?}` (scope operate): an operator's
+/// verdict on an answer that awaits review, by [`crate::app::review`] as
+/// `maasctl requests review` and the console give it. 200 with
+/// `{request_id, action, status}`; 404 for an unknown request (or another
+/// tenant's); 409 `not_awaiting_review` naming its status; 422 naming a
+/// missing or wrong field.
+pub async fn review(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, AppError> {
+    let id = parse_id(&id, "request")?;
+    let verdict = verdict(&body)?;
+    let client = app.pool.get().await.map_err(db_error)?;
+    let done = crate::app::review::review(&client, Reviewer::Caller(&who), ACTOR, id, &verdict).await?;
+    Ok(
+        Json(json!({"request_id": done.request_id, "action": done.action, "status": done.status.as_str()}))
+            .into_response(),
+    )
+}
+
+/// The verdict of a review body: `action` required, `text`, `reason` and
+/// `then` strings when given.
+fn verdict(body: &[u8]) -> Result<Verdict, AppError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| AppError::bad_request(Code::MalformedJson, format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(fields) = v else {
+        return Err(AppError::bad_request(
+            Code::MalformedJson,
+            "the body must be a JSON object",
+        ));
+    };
+    let text = |name: &str| -> Result<Option<&str>, AppError> {
+        match fields.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.as_str())),
+            Some(_) => Err(AppError::unprocessable(
+                Code::InvalidField,
+                format!("{name} must be a string"),
+            )),
+        }
+    };
+    let action = text("action")?.ok_or_else(|| {
+        AppError::unprocessable(
+            Code::MissingField,
+            "action is required: {\"action\": \"approve\" | \"edit\" | \"reject\"}",
+        )
+    })?;
+    Verdict::from_fields(action, text("text")?, text("reason")?, text("then")?)
 }

@@ -7,7 +7,12 @@
 //! levels deep, no NUL character in any key or string: stored and shown,
 //! never read by the engine). A refusal of `metadata` is a 400 naming it.
 //! `stream` (a boolean): send the answer's pieces while the model writes
-//! them (`app::follow::deltas`); false pays nothing.
+//! them (`app::follow::deltas`); false pays nothing. `clarify` (a boolean):
+//! the analyzer may ask the user a question before it goes on (true), or
+//! never (false); absent or null, as the tenant's `hitl_clarify` says.
+//! `review` (a boolean): an operator approves, edits or rejects the answer
+//! before the user gets it (`app::review`); false leaves it to the tenant's
+//! `hitl_review`.
 //!
 //! Where a callback may go is decided at delivery, on the address
 //! connected to (`callbacks::guard`), not here.
@@ -60,6 +65,20 @@ pub(super) fn debug(fields: &Map<String, Value>) -> Result<bool, AppError> {
 
 pub(super) fn stream(fields: &Map<String, Value>) -> Result<bool, AppError> {
     flag(fields, "stream")
+}
+
+/// `clarify`: `None` when absent or null (the tenant decides).
+pub(super) fn clarify(fields: &Map<String, Value>) -> Result<Option<bool>, AppError> {
+    match fields.get("clarify") {
+        None | Some(Value::Null) => Ok(None),
+        _ => flag(fields, "clarify").map(Some),
+    }
+}
+
+/// `review`: true asks for an operator's review; false or absent leaves it
+/// to the tenant's `hitl_review` (a request cannot turn the tenant's off).
+pub(super) fn review(fields: &Map<String, Value>) -> Result<bool, AppError> {
+    flag(fields, "review")
 }
 
 /// A boolean field: absent or null is false; anything but a boolean is a

@@ -26,7 +26,7 @@ use crate::app::Need;
 /// when it follows a user.
 pub fn need_of_route(method: &Method, path: &str) -> Need {
     match (method.as_str(), path) {
-        ("POST", "/api/query" | "/v1/chat/completions") => Need::Submit,
+        ("POST", "/api/query" | "/api/query/{id}/reply" | "/v1/chat/completions") => Need::Submit,
         ("GET", "/api/users/{id}/memory" | "/api/users/{id}/memory/search" | "/api/users/{id}/export") => {
             Need::ReadUser
         }
@@ -46,6 +46,7 @@ mod tests {
     fn routes_need_what_the_docs_say() {
         let need = |m: &Method, p: &str| need_of_route(m, p);
         assert_eq!(need(&Method::POST, "/api/query"), Need::Submit);
+        assert_eq!(need(&Method::POST, "/api/query/{id}/reply"), Need::Submit);
         assert_eq!(need(&Method::GET, "/api/query/{id}/status"), Need::ReadRequest);
         assert_eq!(need(&Method::GET, "/api/query/{id}/events"), Need::ReadRequest);
         assert_eq!(need(&Method::GET, "/api/users/{id}/export"), Need::ReadUser);

@@ -68,6 +68,27 @@ pub struct AskArgs {
     /// How long to wait for the answer, in seconds (default 120, at most
     /// 600); past it the result says `processing` with the request id.
     pub timeout_secs: Option<u32>,
+    /// May maas ask the user a question first (true), or never (false)?
+    /// Leave out for the tenant's setting. When it asks, the result says
+    /// `waiting_user_input` with the `question`; the user answers it with
+    /// the tool `reply`.
+    pub clarify: Option<bool>,
+    /// Ask for an operator's review of the answer before it is given (the
+    /// tenant may require it anyway); the wait then lasts until approved.
+    pub review: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct ReplyArgs {
+    /// The request (a UUID) whose question the user answers: the
+    /// `request_id` of the `ask` that returned `waiting_user_input`.
+    pub request_id: String,
+    /// The user's reply, as they wrote it.
+    pub text: String,
+    /// How long to wait for the answer, in seconds (default 120, at most
+    /// 600); past it the result says `processing` with the request id.
+    pub timeout_secs: Option<u32>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -205,6 +226,20 @@ the user's memory. Needs scope submit."
     }
 
     #[tool(
+        description = "Answer the question maas asked the user (an `ask` that returned status \
+waiting_user_input with a question): the reply goes back to the pipeline, which answers with it in \
+context. Waits for that answer (or another state) as `ask` does. Refused with not_waiting when the \
+request does not wait for a reply. Needs scope submit."
+    )]
+    async fn reply(
+        &self,
+        Parameters(a): Parameters<ReplyArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(answer(self.do_reply(a, &ctx).await))
+    }
+
+    #[tool(
         description = "Erase everything maas holds about the user (requests, turns, records), for good, \
 leaving a tombstone: later requests for the user are refused. The erase runs in the background. \
 Needs scope admin."
@@ -282,6 +317,30 @@ impl Server {
         }))
     }
 
+    async fn do_reply(&self, a: ReplyArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, AppError> {
+        let (who, key) = self.caller_for(ctx, Need::Submit)?;
+        let id = uuid_arg("request_id", Some(&a.request_id))?
+            .ok_or_else(|| AppError::bad_request(Code::MissingArgument, "request_id is required"))?;
+        let wait = a
+            .timeout_secs
+            .map_or(ASK_WAIT, |s| Duration::from_secs(u64::from(s)))
+            .min(ASK_MAX_WAIT);
+        // The wait takes its place before the reply applies, as `ask`'s does.
+        let _place = self.app.long_polls.enter(key)?;
+        {
+            let client = self.app.pool.get().await.map_err(AppError::from)?;
+            crate::app::reply::reply(&client, &who, id, &a.text).await?;
+        }
+        let state = self.follow(id, who.tenant, key, wait, ctx).await?;
+        Ok(json!({
+            "request_id": id,
+            "status": state.status,
+            "answer": state.answer,
+            "error": state.error,
+            "question": state.question,
+        }))
+    }
+
     async fn do_ask(&self, a: AskArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, AppError> {
         let (who, key) = self.caller_for(ctx, Need::Submit)?;
         query_text("query", &a.query)?;
@@ -300,6 +359,8 @@ impl Server {
             tenant_id: who.tenant,
             metadata: None,
             stream: false,
+            clarify: a.clarify,
+            review: a.review.unwrap_or(false),
         };
         // The wait takes its place before the request exists (over a cap,
         // the request is not made), as a long-poll's does.
@@ -327,6 +388,10 @@ impl Server {
         });
         if let (Some(obj), Some(sources)) = (done.as_object_mut(), sources) {
             obj.insert("context_sources".into(), sources);
+        }
+        // Asked back: the question is this call's result.
+        if let (Some(obj), Some(q)) = (done.as_object_mut(), state.question) {
+            obj.insert("question".into(), json!(q));
         }
         Ok(done)
     }
@@ -357,7 +422,7 @@ impl Server {
         loop {
             step += 1.0;
             progress(ctx, step, &state).await;
-            if state.is_terminal() {
+            if state.needs_caller() {
                 break;
             }
             tokio::select! {

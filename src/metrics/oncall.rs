@@ -341,13 +341,15 @@ pub struct DatabaseFigures {
     pub callbacks: Option<(i64, i64, Option<f64>)>,
     /// The last finished archive run: (finished, unix seconds; failures).
     pub last_archive_run: Option<Option<(f64, i64)>>,
+    /// (waiting status, requests, past their limit).
+    pub waiting: Option<Vec<(Status, i64, i64)>>,
 }
 
 #[allow(
     clippy::cast_precision_loss,
     reason = "a gauge is a float; counts stay far below 2^52"
 )]
-fn float(n: i64) -> f64 {
+pub(super) fn float(n: i64) -> f64 {
     n as f64
 }
 
@@ -385,6 +387,9 @@ pub fn observe_database(figures: &DatabaseFigures, archivist_enabled: bool) {
     if let Some(Some((at, failures))) = figures.last_archive_run {
         gauge!("maas_archivist_last_run_timestamp_seconds").set(at);
         gauge!("maas_archivist_last_run_failures").set(float(failures));
+    }
+    if let Some(rows) = &figures.waiting {
+        super::observe_waiting(rows);
     }
 }
 

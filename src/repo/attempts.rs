@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::{FromRow, secs};
 use crate::db::Error;
-use crate::model::{MemoryRecord, Outcome, StageKind, Status};
+use crate::model::{Clarify, MemoryRecord, Outcome, StageKind, Status};
 
 const CLAIM: &str = include_str!("../../sql/queries/claim.sql");
 const FINISH: &str = include_str!("../../sql/queries/finish.sql");
@@ -64,6 +64,10 @@ pub struct Claimed {
     pub tenant_id: Uuid,
     /// The request asked for its answer's pieces while the model writes.
     pub stream: bool,
+    /// Its answer waits for an operator's review (`AWAITING_REVIEW`): read
+    /// by the claims of the stages that may answer (see `claim.sql`), false
+    /// in the others.
+    pub review: bool,
     pub claimed_at: DateTime<Utc>,
     /// How long the row had been due before this claim.
     pub due_for: Duration,
@@ -72,6 +76,9 @@ pub struct Claimed {
     /// The user's logged turns besides this request's query, for the
     /// analyzer (`claim.sql`); 0 for the other stages.
     pub earlier_turns: i64,
+    /// Whether the analyzer may ask the user, and what it asked already
+    /// (`claim.sql`); `Off` for the other stages.
+    pub clarify: Clarify,
 }
 
 impl Claimed {
@@ -91,10 +98,12 @@ impl Claimed {
             debug: r.try_get("debug")?,
             tenant_id: r.try_get("tenant_id")?,
             stream: r.try_get("stream")?,
+            review: r.try_get::<_, Option<bool>>("review")?.unwrap_or(false),
             claimed_at: r.try_get("claimed_at")?,
             due_for: Duration::ZERO,
             memory: memory.and_then(|m| serde_json::from_value(m).ok()).unwrap_or_default(),
             earlier_turns: 0,
+            clarify: Clarify::Off,
         })
     }
 }
@@ -106,8 +115,29 @@ impl FromRow for Claimed {
         Ok(Claimed {
             due_for: Duration::try_from_secs_f64(due_ms.max(0.0) / 1000.0).unwrap_or_default(),
             earlier_turns: r.try_get::<_, Option<i64>>("earlier_turns")?.unwrap_or(0),
+            clarify: clarify_of(r.try_get("clarify")?, r.try_get("exchange")?),
             ..Claimed::from_columns(r)?
         })
+    }
+}
+
+/// The analyzer's [`Clarify`] from the claim's `clarify` and `exchange`
+/// (`{"assistant_question": …, "user_reply": …}`, the request's turns).
+fn clarify_of(on: Option<bool>, exchange: Option<Value>) -> Clarify {
+    let text = |key: &str| {
+        exchange
+            .as_ref()
+            .and_then(|e| e.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    match (on, text("assistant_question")) {
+        (Some(true), Some(question)) => Clarify::Asked {
+            question,
+            reply: text("user_reply"),
+        },
+        (Some(true), None) => Clarify::MayAsk,
+        _ => Clarify::Off,
     }
 }
 
@@ -189,6 +219,10 @@ pub enum Output {
     Context { context: String, sources: Option<Value> },
     /// The responder's answer.
     Answer(String),
+    /// The responder's answer to a request whose answer an operator
+    /// reviews: stored, not logged, and the row rests in `AWAITING_REVIEW`
+    /// (see `finish.sql`).
+    AnswerToReview(String),
 }
 
 impl Output {
@@ -197,7 +231,7 @@ impl Output {
         match self {
             Output::Analysis { .. } => StageKind::Analyze,
             Output::Context { .. } => StageKind::Assemble,
-            Output::Answer(_) => StageKind::Respond,
+            Output::Answer(_) | Output::AnswerToReview(_) => StageKind::Respond,
         }
     }
 }
@@ -246,6 +280,14 @@ impl Finished {
     /// The attempt on `row` of the stage that produced `output`.
     pub fn succeeded(row: &Claimed, output: Output, usage: StepUsage, latency_ms: Option<i32>) -> Finished {
         Finished::ended(output.stage(), row, Ended::Succeeded(output), usage, latency_ms)
+    }
+
+    /// A successful respond attempt on `row` whose answer awaits an
+    /// operator's review (`row.review`): `answer` is stored and the row
+    /// rests in `AWAITING_REVIEW`, neither logged nor delivered until it
+    /// is approved (`app::review`).
+    pub fn awaiting_review(row: &Claimed, answer: String, usage: StepUsage, latency_ms: Option<i32>) -> Finished {
+        Finished::succeeded(row, Output::AnswerToReview(answer), usage, latency_ms)
     }
 
     /// An attempt of `stage` on `row` that did not succeed.
@@ -306,6 +348,7 @@ impl Finished {
     /// `finish.sql` decides).
     pub fn new_status(&self) -> Status {
         match &self.ended {
+            Ended::Succeeded(Output::AnswerToReview(_)) => Status::AwaitingReview,
             Ended::Succeeded(_) => self.stage.done_status(),
             Ended::Unsuccessful(u) => u.new_status,
         }
@@ -357,7 +400,7 @@ impl Finished {
         match self.output()? {
             Output::Context { context, .. } => Some(context),
             Output::Analysis { fused, .. } => fused.as_ref().map(|a| a.context.as_str()),
-            Output::Answer(_) => None,
+            Output::Answer(_) | Output::AnswerToReview(_) => None,
         }
     }
 
@@ -366,14 +409,15 @@ impl Finished {
         match self.output()? {
             Output::Context { sources, .. } => sources.as_ref(),
             Output::Analysis { fused, .. } => fused.as_ref().and_then(|a| a.context_sources.as_ref()),
-            Output::Answer(_) => None,
+            Output::Answer(_) | Output::AnswerToReview(_) => None,
         }
     }
 
-    /// A successful respond attempt's answer (not a fused one's).
+    /// A successful respond attempt's answer (not a fused one's), one
+    /// that awaits review included.
     pub fn answer(&self) -> Option<&str> {
         match self.output()? {
-            Output::Answer(a) => Some(a),
+            Output::Answer(a) | Output::AnswerToReview(a) => Some(a),
             _ => None,
         }
     }

@@ -11,6 +11,23 @@ use crate::db::Error;
 super::statements! {
     TABLES = "gauges_tables",
     ARCHIVIST = "gauges_archivist",
+    WAITING = "gauges_waiting",
+}
+
+super::row_struct! {
+    /// Requests in one waiting status.
+    #[derive(Debug, Clone)]
+    pub struct Waiting {
+        pub status: crate::model::Status,
+        pub n: i64,
+        /// Past their limit, not yet ended by a sweep.
+        pub overdue: i64,
+    }
+}
+
+/// Requests waiting for a person, by status, and how many are overdue.
+pub async fn waiting(client: &impl GenericClient) -> Result<Vec<Waiting>, Error> {
+    super::query_as(client, WAITING, &[]).await
 }
 
 super::row_struct! {

@@ -19,7 +19,7 @@ super::statements! {
 }
 
 super::statement_params! {
-    /// The inputs of `submit_idempotent.sql`, `$1` to `$9` in field order.
+    /// The inputs of `submit_idempotent.sql`, `$1` to `$12` in field order.
     struct SubmitParams<'a> {
         user_id: Uuid,
         thread_id: Option<Uuid>,
@@ -32,6 +32,8 @@ super::statement_params! {
         tenant_id: Uuid,
         metadata: Option<&'a Value>,
         stream: bool,
+        clarify: Option<bool>,
+        review: bool,
     }
 }
 
@@ -56,6 +58,8 @@ pub async fn submit(
         tenant_id: req.tenant_id,
         metadata: req.metadata,
         stream: req.stream,
+        clarify: req.clarify,
+        review: req.review,
     };
     super::query_opt_value(client, SUBMIT, &params.params(), "id").await
 }

@@ -40,7 +40,9 @@
 //! the metrics), [`users`] (one user's data: view, corrections, export
 //! pages, erase batches, `forgotten_users`), [`tenants`] (`tenants`,
 //! `api_tokens`: tokens, limits, stored user ids), [`deltas`]
-//! (`answer_deltas`: the pieces of streamed answers).
+//! (`answer_deltas`: the pieces of streamed answers), [`waits`] (requests
+//! waiting for a person: the sweep's expiries), [`reviews`] (an operator's
+//! verdict on an answer awaiting review).
 
 use std::time::Duration;
 
@@ -67,10 +69,12 @@ pub mod memory;
 pub mod prompts;
 pub mod requests;
 pub mod retention;
+pub mod reviews;
 pub mod stats;
 pub mod steps;
 pub mod tenants;
 pub mod users;
+pub mod waits;
 
 // The dispatcher's statements, at the paths it calls them by.
 pub use attempts::{
@@ -364,6 +368,8 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         gauges::STATEMENTS,
         users::STATEMENTS,
         tenants::STATEMENTS,
+        waits::STATEMENTS,
+        reviews::STATEMENTS,
     ] {
         all.extend_from_slice(file);
     }

@@ -38,6 +38,7 @@ super::statements! {
     RECENTLY_FINISHED = "requests_recently_finished",
     PAGE = "requests_page",
     OF_TENANT = "request_of_tenant": "SELECT id FROM pipeline_runs WHERE id = $1 AND tenant_id = $2",
+    TENANT_OF = "request_tenant": "SELECT tenant_id FROM pipeline_runs WHERE id = $1",
     USER_STATES = "user_states",
     CONTEXT = "request_context",
     USAGE = "request_usage",
@@ -72,6 +73,12 @@ pub struct NewRequest<'a> {
     pub metadata: Option<&'a Value>,
     /// Send the answer's pieces while the model writes (`stream`).
     pub stream: bool,
+    /// May the analyzer ask the user a question (`clarify`)? `None`: as
+    /// the tenant's `hitl_clarify` says.
+    pub clarify: Option<bool>,
+    /// An operator reviews the answer before the user gets it (`review`;
+    /// false leaves it to the tenant's `hitl_review`).
+    pub review: bool,
 }
 
 /// Inserts a request; returns its id. (With an idempotency key:
@@ -89,6 +96,8 @@ pub async fn submit_request(client: &impl GenericClient, req: &NewRequest<'_>) -
             &req.tenant_id,
             &req.metadata,
             &req.stream,
+            &req.clarify,
+            &req.review,
         ],
         "id",
     )
@@ -126,7 +135,19 @@ super::row_struct! {
         pub context_sources: Option<Value>,
         /// The client's own JSON object given at submit.
         pub metadata: Option<Value>,
+        /// The question it waits on (WAITING_USER_INPUT).
+        pub question: Option<String>,
+        /// When its wait for a person ends by itself.
+        pub wait_expires_at: Option<DateTime<Utc>>,
+        /// The reviews of its answer (`app::review`), oldest first; `None`
+        /// when it had none.
+        pub reviews: Option<Value>,
     }
+}
+
+/// The tenant of request `id`, `None` for an unknown id.
+pub async fn tenant_of(client: &impl GenericClient, id: Uuid) -> Result<Option<Uuid>, Error> {
+    super::query_opt_value(client, TENANT_OF, &[&id], "tenant_id").await
 }
 
 /// One request, `None` for an unknown id.
@@ -219,6 +240,8 @@ pub struct RequestStatus {
     pub status: Status,
     pub answer: Option<String>,
     pub error: Option<String>,
+    /// The question it waits on (WAITING_USER_INPUT only).
+    pub question: Option<String>,
 }
 
 impl RequestStatus {
@@ -233,6 +256,7 @@ impl RequestStatus {
             status,
             answer: r.try_get("final_answer")?,
             error: r.try_get("error")?,
+            question: r.try_get("question")?,
         }))
     }
 

@@ -53,6 +53,7 @@ super::statements! {
     TENANT_ADD = "tenants_add",
     TENANT_LIST = "tenants_list",
     TENANT_SET = "tenants_set",
+    TENANT_SET_HITL = "tenants_set_hitl",
     STORED_USER = "tenants_stored_user",
     LIMIT_LOCK = "tenants_limit_lock",
     LIMIT_COUNTS = "tenants_limit_counts",
@@ -235,6 +236,75 @@ pub async fn set(
             &c.max_in_flight.flatten(),
             &c.callback_secret.is_some(),
             &c.callback_secret.flatten(),
+            &actor,
+        ],
+    )
+    .await
+}
+
+/// A change of the person-in-the-loop settings (`maasctl tenants set
+/// --clarify …`): `None` leaves a field alone; for the timeouts
+/// `Some(None)` clears it (no limit).
+#[derive(Debug, Clone, Default)]
+pub struct HitlChange<'a> {
+    pub clarify: Option<bool>,
+    pub review: Option<bool>,
+    pub user_reply_timeout: Option<Option<std::time::Duration>>,
+    pub review_timeout: Option<Option<std::time::Duration>>,
+    /// `answer` or `fail`.
+    pub on_reply_timeout: Option<&'a str>,
+    /// `answer` or `fail`.
+    pub on_review_timeout: Option<&'a str>,
+}
+
+impl HitlChange<'_> {
+    /// Whether it changes anything.
+    pub fn is_empty(&self) -> bool {
+        self.clarify.is_none()
+            && self.review.is_none()
+            && self.user_reply_timeout.is_none()
+            && self.review_timeout.is_none()
+            && self.on_reply_timeout.is_none()
+            && self.on_review_timeout.is_none()
+    }
+}
+
+super::row_struct! {
+    /// A tenant's person-in-the-loop settings (`tenants.hitl_*`).
+    #[derive(Debug, Clone, Serialize, PartialEq)]
+    pub struct HitlSettings {
+        pub name: String,
+        pub hitl_clarify: bool,
+        pub hitl_review: bool,
+        pub user_reply_timeout_secs: Option<f64>,
+        pub review_timeout_secs: Option<f64>,
+        pub on_reply_timeout: String,
+        pub on_review_timeout: String,
+    }
+}
+
+/// Changes tenant `name`'s person-in-the-loop settings, recorded as
+/// `actor`'s action; `None` when unknown.
+pub async fn set_hitl(
+    client: &impl GenericClient,
+    name: &str,
+    c: &HitlChange<'_>,
+    actor: &str,
+) -> Result<Option<HitlSettings>, Error> {
+    let secs = |d: Option<Option<std::time::Duration>>| d.flatten().map(|d| d.as_secs_f64());
+    super::query_opt_as(
+        client,
+        TENANT_SET_HITL,
+        &[
+            &name,
+            &c.clarify,
+            &c.review,
+            &c.user_reply_timeout.is_some(),
+            &secs(c.user_reply_timeout),
+            &c.review_timeout.is_some(),
+            &secs(c.review_timeout),
+            &c.on_reply_timeout,
+            &c.on_review_timeout,
             &actor,
         ],
     )

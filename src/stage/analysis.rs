@@ -7,11 +7,17 @@
 //!   rules — `needs_context` a boolean, `context_type` a string,
 //!   `time_scope` a string (absent or null: `"none"`), `search_keywords`
 //!   strings (absent or null: none), `context_found` an object or null whose
-//!   `lsm_record_id` is an integer, a string holding one, or null.
+//!   `lsm_record_id` is an integer, a string holding one, or null;
+//!   `clarify` absent, null, or an object whose `question` is a non-empty
+//!   string (the analyzer asks the user that before it goes on).
 //! - [`Analysis::to_json`] is exactly the JSON stored in
 //!   `pipeline_runs.analysis`: the five keys, normalised as above, with
 //!   every other field of `context_found` kept as the model gave it and
-//!   `lsm_record_id` always present there. `from_json(&a.to_json()) == a`.
+//!   `lsm_record_id` always present there, `clarify` only when the
+//!   analysis asks, and `clarification` (`{"question", "reply"}`, reply
+//!   null when the user did not reply) only for a request that asked
+//!   already: the stages after the analyzer read the exchange from it
+//!   ([`Analysis::query_with_exchange`]). `from_json(&a.to_json()) == a`.
 //!   When the query was embedded during the analyze stage and the analysis
 //!   asks for context, the stored JSON also keeps that embedding
 //!   ([`keep_query_embedding`]: a sixth key, `query_embedding`, which
@@ -38,6 +44,11 @@ pub struct Analysis {
     time_scope: String,
     search_keywords: Vec<String>,
     context_found: Option<ContextFound>,
+    /// The question the analyzer asks the user before it goes on.
+    question: Option<String>,
+    /// The question a request asked already, and the user's reply (`None`:
+    /// the wait expired without one).
+    clarification: Option<(String, Option<String>)>,
 }
 
 /// The memory record the analyzer found relevant, if it named one.
@@ -112,24 +123,85 @@ impl Analysis {
             }
             Some(_) => return Err("context_found must be an object or null".into()),
         };
+        let question = match obj.get("clarify") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(c)) => match c.get("question") {
+                Some(Value::String(q)) if !q.trim().is_empty() => Some(q.trim().to_owned()),
+                _ => return Err("clarify.question must be a non-empty string".into()),
+            },
+            Some(_) => return Err("clarify must be an object or null".into()),
+        };
+        let clarification = match obj.get("clarification") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(c)) => match (c.get("question"), c.get("reply")) {
+                (Some(Value::String(q)), Some(Value::String(r))) => Some((q.clone(), Some(r.clone()))),
+                (Some(Value::String(q)), None | Some(Value::Null)) => Some((q.clone(), None)),
+                _ => return Err("clarification must hold a question and a reply (a string or null)".into()),
+            },
+            Some(_) => return Err("clarification must be an object or null".into()),
+        };
         Ok(Analysis {
             needs_context,
             context_type,
             time_scope,
             search_keywords,
             context_found,
+            question,
+            clarification,
         })
     }
 
     /// The JSON stored in `pipeline_runs.analysis` (see the module doc).
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "needs_context": self.needs_context,
             "context_type": self.context_type,
             "time_scope": self.time_scope,
             "search_keywords": self.search_keywords,
             "context_found": self.context_found.as_ref().map_or(Value::Null, |f| Value::Object(f.fields.clone())),
-        })
+        });
+        if let Some(obj) = v.as_object_mut() {
+            if let Some(q) = &self.question {
+                obj.insert("clarify".into(), json!({"question": q}));
+            }
+            if let Some((q, r)) = &self.clarification {
+                obj.insert("clarification".into(), json!({"question": q, "reply": r}));
+            }
+        }
+        v
+    }
+
+    /// The same analysis, recording that the request asked `question` and
+    /// got `reply` (`None`: no reply in time).
+    pub fn with_clarification(mut self, question: &str, reply: Option<&str>) -> Analysis {
+        self.clarification = Some((question.to_owned(), reply.map(str::to_owned)));
+        self
+    }
+
+    /// The query the stages after the analyzer answer: `query` itself, or,
+    /// for a request that asked its user, the query followed by the
+    /// question and the reply (or that the user did not reply).
+    pub fn query_with_exchange(&self, query: &str) -> String {
+        match &self.clarification {
+            None => query.to_owned(),
+            Some((q, Some(r))) => format!("{query}\n\n[The assistant asked: {q}]\n[The user replied: {r}]"),
+            Some((q, None)) => {
+                format!(
+                    "{query}\n\n[The assistant asked: {q}]\n[The user did not reply in time; answer as well as possible]"
+                )
+            }
+        }
+    }
+
+    /// The question the analyzer asks the user, if it asks.
+    pub fn question(&self) -> Option<&str> {
+        self.question.as_deref()
+    }
+
+    /// The same analysis without a question (the request may not ask).
+    pub fn without_question(mut self) -> Analysis {
+        self.question = None;
+        self
     }
 
     /// Whether the query needs long-term memory.
@@ -176,6 +248,12 @@ impl Analysis {
     pub fn time_range(&self, now: DateTime<Utc>) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
         crate::timescope::range(&self.time_scope, now)
     }
+}
+
+/// The question a stored analysis asks the user, if it is a valid analysis
+/// that asks ([`Analysis::question`]): what the dispatcher asks with.
+pub fn question_of(stored: &Value) -> Option<String> {
+    Analysis::from_json(stored).ok()?.question.filter(|q| !q.is_empty())
 }
 
 /// The key of the stored analysis that keeps the query's embedding.
@@ -254,6 +332,44 @@ mod tests {
         let stored = a.to_json();
         assert_eq!(stored["context_found"], json!({"lsm_record_id": 7, "period": "May"}));
         assert_eq!(Analysis::from_json(&stored).ok(), Some(a));
+    }
+
+    #[test]
+    fn a_question_is_kept_only_when_asked() {
+        let a = Analysis::parse(
+            r#"{"needs_context": false, "context_type": "none", "clarify": {"question": " Which trip? "}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.question(), Some("Which trip?"));
+        let stored = a.to_json();
+        assert_eq!(stored["clarify"], json!({"question": "Which trip?"}));
+        assert_eq!(question_of(&stored).as_deref(), Some("Which trip?"));
+        assert_eq!(Analysis::from_json(&stored).ok(), Some(a.clone()));
+        let quiet = a.without_question().to_json();
+        assert_eq!(quiet.get("clarify"), None);
+        assert_eq!(question_of(&quiet), None);
+        let answered = Analysis::from_json(&quiet)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_clarification("Which trip?", Some("Lisbon"));
+        let stored = answered.to_json();
+        assert_eq!(
+            stored["clarification"],
+            json!({"question": "Which trip?", "reply": "Lisbon"})
+        );
+        assert_eq!(Analysis::from_json(&stored).ok(), Some(answered.clone()));
+        let q = answered.query_with_exchange("where?");
+        assert!(
+            q.starts_with("where?") && q.contains("Which trip?") && q.contains("Lisbon"),
+            "{q}"
+        );
+        let unanswered = Analysis::from_json(&quiet)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_clarification("Which trip?", None);
+        assert!(unanswered.query_with_exchange("where?").contains("did not reply"));
+        for bad in [r#"{"question": ""}"#, r#"{"question": 3}"#, r#""ask""#] {
+            let text = format!(r#"{{"needs_context": false, "context_type": "none", "clarify": {bad}}}"#);
+            assert!(Analysis::parse(&text).is_err(), "{text}");
+        }
     }
 
     #[test]

@@ -3,6 +3,13 @@
 //! newcomer has turns before any LSM record, and the analysis may ask for
 //! the search over them), the analyzer model; strict parsing into an
 //! [`Analysis`].
+//!
+//! Asking the user: only where the request may ask ([`Clarify::MayAsk`]),
+//! the input says `"may_ask_user": true` and the analysis may carry
+//! `clarify: {"question": …}`; anywhere else a question is dropped. A
+//! request that asked gets `"clarification": {"question", "reply"}`, with
+//! `reply` null and a `note` when the user did not reply in time; it does
+//! not ask again (a request asks at most once).
 
 use serde_json::{Value, json};
 
@@ -10,7 +17,7 @@ use super::analysis::Analysis;
 use super::{StageError, StageInput, StageOutput, StageSuccess, Usage, from_llm};
 use crate::error::Disposition;
 use crate::llm::{ChatRequest, Llm, LlmDisposition, Role};
-use crate::model::{MemoryRecord, PromptRole};
+use crate::model::{Clarify, MemoryRecord, PromptRole};
 
 /// Invalid model output gets exactly one retry.
 pub const INVALID_JSON_ATTEMPTS: u32 = crate::llm::INVALID_OUTPUT_ATTEMPTS;
@@ -24,7 +31,7 @@ pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageErr
     };
     let mut memory: &[MemoryRecord] = &input.memory;
     loop {
-        let body = json!({
+        let mut body = json!({
             "user_query": input.user_query,
             "lsm_records": memory.iter().map(|m| json!({
                 "id": m.id,
@@ -35,6 +42,7 @@ pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageErr
             })).collect::<Vec<_>>(),
             "earlier_turns": input.earlier_turns,
         });
+        add_clarify(&mut body, &input.clarify);
         let req = ChatRequest::new(Some(prompt.clone()), body.to_string()).json();
         match llm.chat(Role::Analyzer, req).await {
             Ok(resp) => {
@@ -45,6 +53,13 @@ pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageErr
                 };
                 return match Analysis::parse(&resp.text) {
                     Ok(analysis) => {
+                        let analysis = match &input.clarify {
+                            Clarify::MayAsk => analysis,
+                            Clarify::Off => analysis.without_question(),
+                            Clarify::Asked { question, reply } => analysis
+                                .without_question()
+                                .with_clarification(question, reply.as_deref()),
+                        };
                         super::metrics::analysis(&analysis);
                         Ok(StageSuccess {
                             output: StageOutput::Analysis(analysis.to_json()),
@@ -68,6 +83,30 @@ pub async fn run(llm: &Llm, input: &StageInput) -> Result<StageSuccess, StageErr
                 memory = &memory[..memory.len() / 2];
             }
             Err(e) => return Err(from_llm(e, llm, Role::Analyzer)),
+        }
+    }
+}
+
+/// What the analyzer's input says of asking the user (see the module doc);
+/// nothing where asking is off, so its input is as it always was.
+fn add_clarify(body: &mut Value, clarify: &Clarify) {
+    let Some(obj) = body.as_object_mut() else { return };
+    match clarify {
+        Clarify::Off => {}
+        Clarify::MayAsk => {
+            obj.insert("may_ask_user".into(), Value::Bool(true));
+        }
+        Clarify::Asked { question, reply } => {
+            let mut c = json!({"question": question, "reply": reply});
+            if reply.is_none()
+                && let Some(c) = c.as_object_mut()
+            {
+                c.insert(
+                    "note".into(),
+                    json!("the user did not reply to this question in time: answer without the reply"),
+                );
+            }
+            obj.insert("clarification".into(), c);
         }
     }
 }

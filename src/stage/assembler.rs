@@ -65,7 +65,12 @@ pub fn run(
         thread_budget: budgets.thread_budget_tokens,
         recent,
     };
-    let (context, sources, block) = assemble(counter, max_tokens, system, intro, &memory, &input.user_query);
+    // A request that asked its user answers its query with the exchange.
+    let query = analysis.as_ref().map_or_else(
+        || input.user_query.clone(),
+        |a| a.query_with_exchange(&input.user_query),
+    );
+    let (context, sources, block) = assemble(counter, max_tokens, system, intro, &memory, &query);
     let tokens = counter.count(&context);
     let memory_tokens = block.and_then(|b| context.get(b)).map(|b| counter.count(b));
     super::metrics::context(tokens, memory_tokens);
@@ -99,6 +104,17 @@ pub struct Memory<'a> {
 /// Escapes memory text so it cannot open or close a block of the pie.
 pub fn quote(text: &str) -> String {
     escape(text, false)
+}
+
+/// The block a rejected answer's reason adds at the end of its context
+/// when the operator sends it back to the responder (`app::review`,
+/// `then: redo`): the reviewer's note, quoted as memory is.
+pub fn review_note(reason: &str) -> String {
+    format!(
+        "\n\n<review_note>\nAn operator reviewed the previous answer to this query and did not approve it. \
+         Answer again, following the operator's note: {}\n</review_note>",
+        quote(reason)
+    )
 }
 
 /// Escapes the current query: like [`quote`], and `"` too, keeping its
@@ -153,7 +169,7 @@ fn speaker(item: &MemoryItem) -> (&str, &str) {
         return (name, text);
     }
     let who = match item.message_type.as_deref() {
-        Some("assistant_response") => "Assistant",
+        Some("assistant_response" | "assistant_question") => "Assistant",
         _ => "User",
     };
     (who, item.content.as_str())

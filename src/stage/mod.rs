@@ -34,7 +34,7 @@ pub use analysis::Analysis;
 use crate::config::MemoryConfig;
 use crate::error::Disposition;
 use crate::llm::{Failure, Llm, LlmError, Role, TokenCounter};
-use crate::model::{MemoryItem, MemoryRecord, Prompts, StageKind};
+use crate::model::{Clarify, MemoryItem, MemoryRecord, Prompts, StageKind};
 
 /// What a stage sees of a claimed request.
 #[derive(Debug, Clone)]
@@ -57,6 +57,9 @@ pub struct StageInput {
     /// How many turns the user logged besides this request's query (the
     /// analyzer's input: a newcomer has turns before any LSM record).
     pub earlier_turns: i64,
+    /// Whether the analyzer may ask the user a question, and the question
+    /// and reply of a request that asked (the analyzer's input).
+    pub clarify: Clarify,
     /// The query's embedding and its model, computed while the analyzer
     /// ran (the dispatcher overlaps the two); the fused assemble's search
     /// uses it instead of embedding the query again.
@@ -270,6 +273,7 @@ mod tests {
                 })
                 .collect(),
             earlier_turns: 0,
+            clarify: Clarify::Off,
             query_embedding: None,
             retrieved: Vec::new(),
             prompts: Arc::new(Prompts::default()),

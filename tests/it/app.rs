@@ -140,6 +140,8 @@ async fn the_application_layer_serves_a_caller_with_no_door() {
         tenant_id: who.tenant,
         metadata: None,
         stream: false,
+        clarify: None,
+        review: false,
     };
     let (id, replayed) = submit::enqueue(&app, &who, &req, Some("k-1")).await.unwrap();
     assert!(!replayed);

@@ -882,7 +882,7 @@ async fn every_documented_operation_is_served(api: &Api) {
             assert!(!body.contains("no_route"), "{method} {path}: {body}");
         }
     }
-    assert_eq!(ops, 20);
+    assert_eq!(ops, 22);
 }
 
 /// Readiness names what is wrong.

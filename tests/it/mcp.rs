@@ -101,7 +101,7 @@ async fn a_client_lists_the_tools_and_remembers_recalls_and_asks_for_its_user() 
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     names.sort();
-    assert_eq!(names, ["ask", "correct", "forget", "recall", "remember"]);
+    assert_eq!(names, ["ask", "correct", "forget", "recall", "remember", "reply"]);
     for t in s[0]["tools"].as_array().unwrap() {
         assert!(t["description"].as_str().unwrap().len() > 80, "{t}");
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
@@ -248,7 +248,7 @@ async fn a_session_of_an_older_revision_and_a_foreign_origin() {
     let mut plan = over_http(&api, &tok, json!([{ "op": "list_tools" }]));
     plan["mode"] = json!("legacy");
     let r = client(&py, plan).await;
-    assert_eq!(r["steps"][0]["tools"].as_array().map(Vec::len), Some(5), "{r}");
+    assert_eq!(r["steps"][0]["tools"].as_array().map(Vec::len), Some(6), "{r}");
     let mut plan = over_http(&api, &tok, json!([{ "op": "list_tools" }]));
     plan["headers"] = json!({ "Origin": "http://evil.example" });
     let r = client(&py, plan).await;
@@ -326,4 +326,84 @@ async fn a_bound_token_sees_only_its_users_requests_by_id() {
     )
     .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+}
+
+/// With `clarify`, `ask` of a vague query returns the question (status
+/// `waiting_user_input`); `reply` answers it and returns the answer, whose
+/// context holds the reply; a second `reply` is refused (`not_waiting`).
+#[tokio::test(flavor = "multi_thread")]
+async fn ask_with_clarify_returns_the_question_and_reply_answers_it() {
+    let Some(py) = python() else { return };
+    let db = TestDb::new().await;
+    let api = start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let tok = token(&db, "acme", "submit", Some(user)).await;
+    let steps = json!([call("ask", json!({ "query": "And that one?", "clarify": true }))]);
+    let r = client(&py, over_http(&api, &tok, steps)).await;
+    let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
+    let asked = &s[0]["structured"];
+    assert_eq!(asked["status"], "waiting_user_input", "{r}");
+    assert!(
+        asked["question"].as_str().is_some_and(|q| q.contains("And that one?")),
+        "{r}"
+    );
+    let id: Uuid = asked["request_id"].as_str().unwrap().parse().unwrap();
+    let steps = json!([
+        call("reply", json!({ "request_id": id, "text": "the bees" })),
+        call("reply", json!({ "request_id": id, "text": "again" })),
+    ]);
+    let r = client(&py, over_http(&api, &tok, steps)).await;
+    let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(s[0]["structured"]["status"], "completed", "{r}");
+    assert_eq!(refused(&s[1]), Some("not_waiting"), "{r}");
+    let c = db.client().await;
+    let context: String = crate::support::db::value(
+        &c,
+        "SELECT final_context_payload FROM pipeline_runs WHERE id = $1",
+        &[&id],
+    )
+    .await;
+    assert!(context.contains("the bees"), "{context}");
+}
+
+/// `ask` with `review: true`: the answer awaits an operator's review, so
+/// the wait ends (at its timeout) without it, naming the status; the
+/// request rests in AWAITING_REVIEW with the answer stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn ask_with_review_waits_for_the_operator() {
+    let Some(py) = python() else { return };
+    let db = TestDb::new().await;
+    let api = start(&db, Opts::default()).await;
+    let user = Uuid::new_v4();
+    let tok = token(&db, "acme", "submit", Some(user)).await;
+    let steps = json!([call(
+        "ask",
+        json!({ "query": "Where is my sister moving?", "review": true, "timeout_secs": 3 })
+    )]);
+    let r = client(&py, over_http(&api, &tok, steps)).await;
+    let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(refused(&s[0]), None, "{}", s[0]);
+    assert_eq!(s[0]["structured"]["status"], "awaiting_review", "{}", s[0]);
+    assert!(
+        s[0]["structured"]["answer"].is_null(),
+        "no answer before review: {}",
+        s[0]
+    );
+    let id: Uuid = s[0]["structured"]["request_id"].as_str().unwrap().parse().unwrap();
+    let c = db.client().await;
+    let row = c
+        .query_one(
+            "SELECT status, review, final_answer IS NOT NULL AS answered FROM pipeline_runs WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>("status"),
+            row.get::<_, Option<bool>>("review"),
+            row.get::<_, bool>("answered")
+        ),
+        ("AWAITING_REVIEW".to_owned(), Some(true), true)
+    );
 }

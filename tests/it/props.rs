@@ -321,10 +321,12 @@ fn claimed() -> maas::repo::Claimed {
         debug: false,
         tenant_id: uuid::Uuid::nil(),
         stream: false,
+        review: false,
         claimed_at: chrono::Utc::now(),
         due_for: Duration::ZERO,
         memory: Vec::new(),
         earlier_turns: 0,
+        clarify: maas::model::Clarify::Off,
     }
 }
 

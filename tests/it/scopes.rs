@@ -84,6 +84,11 @@ fn probes() -> Vec<Probe> {
             ..probe("`POST /v1/chat/completions`", M::POST, "/v1/chat/completions")
         },
         probe("`GET /v1/models`", M::GET, "/v1/models"),
+        Probe {
+            // Not waiting: refused as such (409), past the scope check.
+            body: Some(json!({ "text": "walk" })),
+            ..probe("`POST /api/query/{id}/reply`", M::POST, "/api/query/{req}/reply")
+        },
         probe(api_read, M::GET, "/api/query/{req}/status"),
         probe(api_read, M::GET, "/api/query/{req}/events"),
         probe(api_read, M::GET, "/api/ws?request_id={req}"),
@@ -97,6 +102,10 @@ fn probes() -> Vec<Probe> {
         act(M::DELETE, "/api/users/{user}/memory/1"),
         act(M::DELETE, "/api/users/{user}/turns/1"),
         act(M::POST, "/api/query/{req}/cancel"),
+        Probe {
+            body: Some(json!({ "action": "approve" })),
+            ..probe("`POST /api/query/{id}/review`", M::POST, "/api/query/{req}/review")
+        },
         probe("`DELETE /api/users/{id}` (forget)", M::DELETE, "/api/users/{user}"),
         probe("console: view", M::GET, "/console/requests"),
         probe("console: view", M::GET, "/console/requests/rows"),
@@ -107,6 +116,7 @@ fn probes() -> Vec<Probe> {
         probe("console: actions", M::POST, "/console/requests/{req}/continue"),
         probe("console: actions", M::POST, "/console/users/{fresh}/archive"),
         probe("console: actions", M::POST, "/console/requests/{req}/cancel"),
+        probe("console: actions", M::POST, "/console/requests/{req}/review"),
         probe("console, operator token: the overview", M::GET, "/console/overview"),
         probe("console, operator token: the overview", M::GET, "/console/prompts"),
         probe(

@@ -346,6 +346,7 @@ fn respond_input(deltas: Option<DeltaSink>) -> StageInput {
         ),
         memory: Vec::new(),
         earlier_turns: 0,
+        clarify: maas::model::Clarify::Off,
         query_embedding: None,
         retrieved: Vec::new(),
         prompts: Arc::new(Prompts::default()),

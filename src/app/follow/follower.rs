@@ -196,7 +196,8 @@ impl Follower {
     }
 }
 
-/// Follows until the request is terminal, `deadline` passes or the daemon
+/// Follows until the request is terminal or waits for its user's reply
+/// ([`RequestState::needs_caller`]), `deadline` passes or the daemon
 /// shuts down (`shutdown`), from `state`: the newest state seen. The one
 /// wait of a long-poll and of a chat completion that is not streamed.
 pub async fn until_end(
@@ -205,7 +206,7 @@ pub async fn until_end(
     deadline: tokio::time::Instant,
     shutdown: &CancellationToken,
 ) -> Result<RequestState, crate::db::Error> {
-    while !state.is_terminal() {
+    while !state.needs_caller() {
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => break,
             _ = shutdown.cancelled() => break,

@@ -19,6 +19,7 @@ fn cancelled_shows_as_failed_with_its_stage() {
         status: Status::Cancelled,
         answer: None,
         error: Some("by operator".into()),
+        question: None,
     });
     assert_eq!(
         (s.status, s.stage, s.error.as_deref()),
@@ -29,11 +30,37 @@ fn cancelled_shows_as_failed_with_its_stage() {
         status: Status::Responding,
         answer: None,
         error: Some("an earlier retry".into()),
+        question: None,
     });
     assert_eq!((s.status, s.error.as_deref()), ("processing", None));
     let json = serde_json::to_value(&s).unwrap_or_default();
     assert_eq!(json["stage"], "RESPONDING");
     assert!(json.get("answer").is_none());
+}
+
+#[test]
+fn a_waiting_request_shows_its_question() {
+    let id = Uuid::new_v4();
+    let s = RequestState::of(&Change {
+        id,
+        status: Status::WaitingUserInput,
+        answer: None,
+        error: None,
+        question: Some("Which trip?".into()),
+    });
+    assert_eq!(
+        (s.status, s.stage, s.question.as_deref()),
+        ("waiting_user_input", Status::WaitingUserInput, Some("Which trip?"))
+    );
+    assert!(!s.is_terminal());
+    let s = RequestState::of(&Change {
+        id,
+        status: Status::AwaitingReview,
+        answer: None,
+        error: None,
+        question: Some("stale".into()),
+    });
+    assert_eq!((s.status, s.question), ("awaiting_review", None));
 }
 
 #[tokio::test]
@@ -70,6 +97,7 @@ async fn terminal_events_carry_the_row_and_reach_user_subscribers() {
         status: Status::Completed,
         answer: Some("42".into()),
         error: None,
+        question: None,
     };
     hub.deliver(&events, &HashMap::from([(id, row)]), &mut users);
     for sub in [&mut by_user, &mut by_req] {

@@ -30,6 +30,7 @@ pub mod charts;
 pub mod memory;
 pub mod pages;
 pub mod prompts;
+pub mod review;
 
 use std::convert::Infallible;
 use std::sync::OnceLock;
@@ -125,6 +126,7 @@ pub fn router() -> Router<AppState> {
         .route("/console/requests/{id}", get(pages::request))
         .route("/console/requests/{id}/body", get(pages::request_body))
         .route("/console/requests/{id}/answer", get(answer))
+        .route("/console/requests/{id}/review", post(review::review))
         .route("/console/requests/{id}/{action}", post(pages::act))
         .route("/console/users/{id}", get(memory::user))
         .route("/console/users/{id}/archive", post(memory::archive))

@@ -250,7 +250,7 @@ pub async fn request_rows(
 /// The user id a session knows request `id`'s user by — the stored one
 /// for an operator, the tenant's own otherwise — or 404 when the request
 /// is not the session's tenant's.
-async fn request_user(c: &Client, s: &Session, id: Uuid, stored: Uuid) -> Result<Uuid, Fail> {
+pub(super) async fn request_user(c: &Client, s: &Session, id: Uuid, stored: Uuid) -> Result<Uuid, Fail> {
     let Some(tenant) = s.tenant() else {
         return Ok(stored);
     };
@@ -288,6 +288,7 @@ async fn request_data(app: &AppState, id: &str, s: &Session) -> Result<minijinja
         retry => status == crate::model::Status::Failed,
         cancel => !status.is_terminal(),
         cont => r.debug && r.held,
+        review => status == crate::model::Status::AwaitingReview,
     };
     Ok(context! {
         r => v(&r), user => user.to_string(), steps => v(&steps), actions => v(&actions), callbacks => v(&cbs), analysis,

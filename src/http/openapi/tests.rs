@@ -39,7 +39,9 @@ fn the_groups_give_every_operation_and_its_key_answers() {
             "POST /api/query",
             "POST /api/query/{id}/cancel",
             "POST /api/query/{id}/continue",
+            "POST /api/query/{id}/reply",
             "POST /api/query/{id}/retry",
+            "POST /api/query/{id}/review",
             "POST /v1/chat/completions",
             "PUT /api/users/{id}/memory/{record}",
         ]
@@ -53,6 +55,10 @@ fn the_groups_give_every_operation_and_its_key_answers() {
     assert_eq!(
         codes("/api/query", "post"),
         ["200", "202", "400", "401", "403", "413", "415", "422", "429", "503"]
+    );
+    assert_eq!(
+        codes("/api/query/{id}/review", "post"),
+        ["200", "400", "401", "403", "404", "409", "422"]
     );
     assert_eq!(
         codes("/api/query/{id}/status", "get"),
@@ -92,9 +98,17 @@ fn the_groups_give_every_operation_and_its_key_answers() {
         ]
     );
     assert_eq!(
-        doc["components"]["schemas"]["RequestState"]["properties"]["stage"]["enum"]
-            .as_array()
-            .map(Vec::len),
-        Some(9)
+        doc["components"]["schemas"]["RequestState"]["properties"]["stage"]["enum"],
+        json!(crate::model::Status::NAMES)
+    );
+    assert_eq!(
+        doc["components"]["schemas"]["RequestState"]["properties"]["status"]["enum"],
+        json!([
+            "processing",
+            "waiting_user_input",
+            "awaiting_review",
+            "completed",
+            "failed"
+        ])
     );
 }

@@ -13,6 +13,13 @@
 //! - `time_scope` and a `period`/`recent` `context_type` come from
 //!   [`timescope::find`], so every scope written is one
 //!   [`Analysis::time_range`](crate::stage::Analysis::time_range) reads.
+//! - Asking the user ([`vague`]): where the request says it may
+//!   (`"may_ask_user": true`), a query with no content word — no word of
+//!   four or more letters that is not a stop word or a number ("And that
+//!   one?", "What about it?") — gets `clarify: {"question": …}`, the same
+//!   question for the same query. A request that asked already
+//!   (`clarification` in its input) searches with the words of its query
+//!   and of the user's reply.
 
 use serde_json::{Value, json};
 
@@ -90,10 +97,37 @@ fn earlier_turns(req: &ChatRequest) -> i64 {
         .unwrap_or(0)
 }
 
+/// The JSON object of the last user message, if it is one.
+fn input_object(req: &ChatRequest) -> Option<Value> {
+    req.last_user_message().and_then(parse_json_object)
+}
+
+/// Whether a query is too vague to search: it holds no content word (no
+/// word of four or more letters that is not a stop word or a number).
+pub(crate) fn vague(query: &str) -> bool {
+    distinct_words(query, 1).is_empty()
+}
+
+/// The question the offline analyzer asks about a vague `query`.
+fn question_about(query: &str) -> String {
+    format!("What do you mean by \"{query}\"? Tell me what it is about, so I can look it up.")
+}
+
 /// The analyzer's answer.
 pub(crate) fn analyze(req: &ChatRequest) -> Value {
     let query = query_of(req);
-    let keywords = distinct_words(&query, 8);
+    let input = input_object(req);
+    let reply = input
+        .as_ref()
+        .and_then(|v| v.pointer("/clarification/reply"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let may_ask = input
+        .as_ref()
+        .and_then(|v| v.get("may_ask_user"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    let keywords = distinct_words(&format!("{query} {reply}"), 8);
     let records = records_of(req);
     let time = timescope::find(&query);
 
@@ -128,14 +162,21 @@ pub(crate) fn analyze(req: &ChatRequest) -> Value {
         None if from_turns => ("topic", "none".to_owned()),
         None => (context_type, "none".to_owned()),
     };
-    json!({
+    let mut analysis = json!({
         "needs_context": !records.is_empty() || from_turns,
         "context_type": context_type,
         "time_scope": time_scope,
         "search_keywords": keywords,
         "context_found": context_found,
         "offline": true,
-    })
+    });
+    if may_ask
+        && vague(&query)
+        && let Some(obj) = analysis.as_object_mut()
+    {
+        obj.insert("clarify".into(), json!({"question": question_about(&query)}));
+    }
+    analysis
 }
 
 #[cfg(test)]
@@ -143,6 +184,29 @@ pub(crate) fn analyze(req: &ChatRequest) -> Value {
 mod tests {
     use super::*;
     use crate::llm::Message;
+
+    #[test]
+    fn a_vague_query_is_asked_about_only_where_the_request_may_ask() {
+        let ask = |query: &str, may: bool| {
+            let body = json!({"user_query": query, "lsm_records": [], "earlier_turns": 0, "may_ask_user": may});
+            analyze(&ChatRequest::new(None, body.to_string()))
+        };
+        for query in ["And that one?", "What about it?", "Is it?", "ok"] {
+            assert!(vague(query), "{query}");
+            let q = ask(query, true)["clarify"]["question"].as_str().map(str::to_owned);
+            assert!(q.as_deref().is_some_and(|q| q.contains(query)), "{query}: {q:?}");
+            assert_eq!(ask(query, false).get("clarify"), None, "{query}");
+        }
+        for query in ["Where did we travel in May?", "What is the capital of France?"] {
+            assert!(!vague(query), "{query}");
+            assert_eq!(ask(query, true).get("clarify"), None, "{query}");
+        }
+        let body = json!({"user_query": "And that one?", "lsm_records": [], "earlier_turns": 0,
+                          "clarification": {"question": "Which?", "reply": "the Lisbon trip"}});
+        let v = analyze(&ChatRequest::new(None, body.to_string()));
+        assert_eq!(v.get("clarify"), None, "a request asks once");
+        assert_eq!(v["search_keywords"], json!(["lisbon", "trip"]));
+    }
 
     #[test]
     fn analysis_without_records_needs_no_context() {

@@ -21,10 +21,12 @@ fn claimed() -> Claimed {
         debug: false,
         tenant_id: Uuid::nil(),
         stream: false,
+        review: false,
         claimed_at: Utc::now(),
         due_for: Duration::ZERO,
         memory: Vec::new(),
         earlier_turns: 0,
+        clarify: crate::model::Clarify::Off,
     }
 }
 

@@ -39,7 +39,11 @@ fn marks(prefix: &str) -> Vec<&'static str> {
 }
 
 /// Where each MCP row is walked: the row's start, and the tests.
-const WALKS: [(&str, &[&str]); 7] = [
+const WALKS: [(&str, &[&str]); 8] = [
+    (
+        "`POST /api/query/{id}/reply`",
+        &["every_mcp_tool_with_every_scope_does_what_the_table_says"],
+    ),
     (
         "`POST /api/query`; MCP tools",
         &["every_mcp_tool_with_every_scope_does_what_the_table_says"],
@@ -209,11 +213,12 @@ async fn every_mcp_tool_with_every_scope_does_what_the_table_says() {
     let Some(py) = python() else { return };
     let db = TestDb::new().await;
     let api = start(&db, Opts::default()).await;
-    let rows: [(&str, &[usize]); 4] = [
+    let rows: [(&str, &[usize]); 5] = [
         ("`POST /api/query`; MCP tools", &[0, 1]),
         ("`GET /api/users/{id}/memory`", &[2, 3]),
         ("`POST /api/query/{id}/cancel`", &[4]),
         ("`DELETE /api/users/{id}` (forget)", &[5]),
+        ("`POST /api/query/{id}/reply`", &[6]),
     ];
     let mut wrong = Vec::new();
     for scope in ["submit", "read", "operate", "admin"] {
@@ -226,6 +231,7 @@ async fn every_mcp_tool_with_every_scope_does_what_the_table_says() {
             { "op": "read", "uri": format!("maas://users/{user}/threads") },
             call("correct", json!({ "user_id": user, "action": "delete_turn", "id": 999_999_999 })),
             call("forget", json!({ "user_id": Uuid::new_v4() })),
+            call("reply", json!({ "request_id": Uuid::new_v4(), "text": "walk" })),
         ]);
         let r = client(&py, over_http(&api, &tok, steps)).await;
         let s = r["steps"].as_array().unwrap_or_else(|| panic!("{r}"));
@@ -416,7 +422,7 @@ async fn an_mcp_session_is_its_tokens() {
         }
         assert_eq!(
             s[4]["tools"].as_array().map(Vec::len),
-            Some(5),
+            Some(6),
             "{scope}: the session ended: {r}"
         );
         let warned = r["log"].as_array().unwrap();
