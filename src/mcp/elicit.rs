@@ -12,10 +12,10 @@
 //! - Revisions before 2026-07-28 (a session over HTTP, or stdio): the
 //!   server sends `elicitation/create` to the client during the call and
 //!   waits for its result ([`Server::elicit_inline`]).
-//! - 2026-07-28 and later, which forbid requests from the server: the call
-//!   ends with an `input_required` result carrying the elicitation and, as
-//!   its opaque state, the request's id; the client retries the call with
-//!   the user's answer ([`Resume`]). The state is only a handle: the reply
+//! - 2026-07-28 and later (HTTP or stdio), which forbid requests from the
+//!   server: the call ends with an `input_required` result carrying the
+//!   elicitation and, as its opaque state, the request's id; the client
+//!   retries the call with the user's answer ([`Resume`]). The state is only a handle: the reply
 //!   is checked as any reply is (the caller's tenant and, for a bound
 //!   token, user), so a forged one reaches nothing the tool `reply` would
 //!   not.
@@ -78,7 +78,10 @@ fn form(question: &str) -> Result<ElicitRequestParams, AppError> {
 /// The `input_required` result asking `question` of request `id`.
 pub(super) fn input_required(id: Uuid, question: &str) -> Result<InputRequiredResult, AppError> {
     let mut asks = InputRequests::new();
-    asks.insert(FIELD.to_owned(), InputRequest::Elicitation(ElicitRequest::new(form(question)?)));
+    asks.insert(
+        FIELD.to_owned(),
+        InputRequest::Elicitation(ElicitRequest::new(form(question)?)),
+    );
     Ok(InputRequiredResult::new(Some(asks), Some(id.to_string())))
 }
 
@@ -88,7 +91,11 @@ pub(super) fn input_required(id: Uuid, question: &str) -> Result<InputRequiredRe
 fn text_of(result: &ElicitResult) -> Result<Option<String>, AppError> {
     match result.action {
         ElicitationAction::Accept => {
-            let text = result.content.as_ref().and_then(|c| c.get(FIELD)).and_then(|t| t.as_str());
+            let text = result
+                .content
+                .as_ref()
+                .and_then(|c| c.get(FIELD))
+                .and_then(|t| t.as_str());
             text.map(|t| Some(t.to_owned())).ok_or_else(|| {
                 AppError::bad_request(
                     Code::MissingArgument,
@@ -147,7 +154,10 @@ impl Server {
         question: &str,
         wait: Duration,
     ) -> Result<Option<String>, AppError> {
-        let asked = ctx.peer.create_elicitation_with_timeout(form(question)?, Some(wait)).await;
+        let asked = ctx
+            .peer
+            .create_elicitation_with_timeout(form(question)?, Some(wait))
+            .await;
         match asked {
             Ok(result) => text_of(&result),
             Err(e) => {

@@ -140,7 +140,9 @@ def answering(plan, elicited):
 
     async def on_elicit(context, params):
         schema = getattr(params, "requested_schema", None)
-        elicited.append({"message": params.message, "schema": dump(schema) if schema else None})
+        if schema is not None and not isinstance(schema, dict):
+            schema = dump(schema)
+        elicited.append({"message": params.message, "schema": schema})
         if spec["action"] == "accept":
             return types.ElicitResult(action="accept", content={"reply": spec["reply"]})
         return types.ElicitResult(action=spec["action"])
@@ -168,6 +170,13 @@ def connect(plan, elicited):
     )
 
 
+def described(e):
+    """An exception as text, with those a task group gathered."""
+    inner = getattr(e, "exceptions", None)
+    text = f"{type(e).__name__}: {e}"
+    return f"{text} [{'; '.join(described(i) for i in inner)}]" if inner else text
+
+
 async def main():
     plan = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())
     outputs = []
@@ -187,7 +196,7 @@ async def main():
                 try:
                     outputs.append(await step(client, s, outputs, plan))
                 except Exception as e:  # noqa: BLE001 - the test asserts on it
-                    outputs.append({"exception": f"{type(e).__name__}: {e}"})
+                    outputs.append({"exception": described(e)})
             report["steps"] = outputs
             report["session_id"] = Seen.session_id
     except BaseException as e:  # noqa: BLE001 - connection refused, 401, 403

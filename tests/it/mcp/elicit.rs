@@ -59,7 +59,10 @@ async fn answered_in_one_call(db: &TestDb, r: &Value, how: &str) {
         asked[0]["message"].as_str().is_some_and(|m| m.contains(VAGUE)),
         "{how}: {r}"
     );
-    assert_eq!(asked[0]["schema"]["properties"]["reply"]["type"], "string", "{how}: {r}");
+    assert_eq!(
+        asked[0]["schema"]["properties"]["reply"]["type"], "string",
+        "{how}: {r}"
+    );
     let id: Uuid = s[0]["structured"]["request_id"].as_str().unwrap().parse().unwrap();
     let (replies, context) = replies_and_context(db, id).await;
     assert_eq!(replies, vec![REPLY.to_owned()], "{how}: the reply is logged once");
@@ -110,7 +113,10 @@ async fn a_client_that_declines_gets_the_question_and_can_reply() {
     for (mode, action) in [("auto", "decline"), ("legacy", "cancel")] {
         let steps = json!([
             call("ask", json!({ "query": VAGUE, "clarify": true })),
-            call("reply", json!({ "request_id": "$0.structured.request_id", "text": REPLY })),
+            call(
+                "reply",
+                json!({ "request_id": "$0.structured.request_id", "text": REPLY })
+            ),
         ]);
         let mut plan = answering(over_http(&api, &tok, steps), action);
         plan["mode"] = json!(mode);
@@ -118,7 +124,9 @@ async fn a_client_that_declines_gets_the_question_and_can_reply() {
         let s = r["steps"].as_array().unwrap_or_else(|| panic!("{mode}: {r}"));
         assert_eq!(s[0]["structured"]["status"], "waiting_user_input", "{mode}: {r}");
         assert!(
-            s[0]["structured"]["question"].as_str().is_some_and(|q| q.contains(VAGUE)),
+            s[0]["structured"]["question"]
+                .as_str()
+                .is_some_and(|q| q.contains(VAGUE)),
             "{mode}: {r}"
         );
         assert_eq!(r["elicited"].as_array().map(Vec::len), Some(1), "{mode}: {r}");
