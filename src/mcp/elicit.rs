@@ -15,10 +15,10 @@
 //! - 2026-07-28 and later (HTTP or stdio), which forbid requests from the
 //!   server: the call ends with an `input_required` result carrying the
 //!   elicitation and, as its opaque state, the request's id; the client
-//!   retries the call with the user's answer ([`Resume`]). The state is only a handle: the reply
-//!   is checked as any reply is (the caller's tenant and, for a bound
-//!   token, user), so a forged one reaches nothing the tool `reply` would
-//!   not.
+//!   retries the call with the user's answer ([`Resume`]). The state is
+//!   only a handle: the reply is checked as any reply is (the caller's
+//!   tenant and, for a bound token, user), so a forged one reaches nothing
+//!   the tool `reply` would not.
 
 use std::time::Duration;
 
