@@ -33,6 +33,7 @@
 //! … --user U`) acts for that user only, needs no `user_id`, and is refused
 //! naming the field when another is given.
 
+mod elicit;
 pub mod http;
 mod resources;
 pub mod sessions;

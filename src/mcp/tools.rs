@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use rmcp::handler::server::tool::{InputResponses, RequestState as RoundState};
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ProgressNotificationParam};
+use rmcp::model::{CallToolResponse, CallToolResult, InputRequiredResult, ProgressNotificationParam};
 use rmcp::schemars::JsonSchema;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, tool, tool_router};
@@ -12,11 +13,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::{Server, answer};
+use super::elicit::{self, Channel, Resume};
+use super::{Server, answer, tool_error};
 use crate::app::follow::{Access, Follower, Frame, RequestState, Target};
 use crate::app::input::{check_field, query_text};
 use crate::app::{AppError, Caller, Code, Kind, Need};
-use crate::model::MemoryItem;
+use crate::model::{MemoryItem, Status};
 use crate::repo::requests::NewRequest;
 use crate::users::{self, Correction, Why};
 
@@ -176,6 +178,28 @@ async fn progress(ctx: &RequestContext<RoleServer>, step: f64, state: &RequestSt
     }
 }
 
+/// What a tool that may ask the user ends with: its JSON, or (a client
+/// asked by rounds) the question as an `input_required` result.
+enum Outcome {
+    Done(Value),
+    Ask(InputRequiredResult),
+}
+
+/// What a wait ended with: the request's state, or the question to ask.
+enum Waited {
+    State(RequestState),
+    Ask(InputRequiredResult),
+}
+
+/// A tool's outcome as the call's response; a refusal as its error result.
+fn respond(done: Result<Outcome, AppError>) -> CallToolResponse {
+    match done {
+        Ok(Outcome::Done(v)) => answer(Ok(v)).into(),
+        Ok(Outcome::Ask(round)) => round.into(),
+        Err(refusal) => tool_error(&refusal).into(),
+    }
+}
+
 /// The actor of an MCP action: `mcp:TOKEN`.
 fn actor(who: &crate::app::Principal) -> String {
     format!("mcp:{}", who.token)
@@ -220,9 +244,15 @@ the user's memory. Needs scope submit."
     async fn ask(
         &self,
         Parameters(a): Parameters<AskArgs>,
+        RoundState(state): RoundState,
+        InputResponses(inputs): InputResponses,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, ErrorData> {
-        Ok(answer(self.do_ask(a, &ctx).await))
+    ) -> Result<CallToolResponse, ErrorData> {
+        let done = match elicit::resume(state.as_deref(), inputs.as_ref()) {
+            Ok(resume) => self.do_ask(a, resume, &ctx).await,
+            Err(e) => Err(e),
+        };
+        Ok(respond(done))
     }
 
     #[tool(
@@ -234,9 +264,15 @@ request does not wait for a reply. Needs scope submit."
     async fn reply(
         &self,
         Parameters(a): Parameters<ReplyArgs>,
+        RoundState(state): RoundState,
+        InputResponses(inputs): InputResponses,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, ErrorData> {
-        Ok(answer(self.do_reply(a, &ctx).await))
+    ) -> Result<CallToolResponse, ErrorData> {
+        let done = match elicit::resume(state.as_deref(), inputs.as_ref()) {
+            Ok(resume) => self.do_reply(a, resume, &ctx).await,
+            Err(e) => Err(e),
+        };
+        Ok(respond(done))
     }
 
     #[tool(
@@ -317,7 +353,12 @@ impl Server {
         }))
     }
 
-    async fn do_reply(&self, a: ReplyArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, AppError> {
+    async fn do_reply(
+        &self,
+        a: ReplyArgs,
+        resume: Option<Resume>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Outcome, AppError> {
         let (who, key) = self.caller_for(ctx, Need::Submit)?;
         let id = uuid_arg("request_id", Some(&a.request_id))?
             .ok_or_else(|| AppError::bad_request(Code::MissingArgument, "request_id is required"))?;
@@ -327,29 +368,37 @@ impl Server {
             .min(ASK_MAX_WAIT);
         // The wait takes its place before the reply applies, as `ask`'s does.
         let _place = self.app.long_polls.enter(key)?;
-        {
-            let client = self.app.pool.get().await.map_err(AppError::from)?;
-            crate::app::reply::reply(&client, &who, id, &a.text).await?;
-        }
-        let state = self.follow(id, who.tenant, key, wait, ctx).await?;
-        Ok(json!({
+        // A retry after the question was elicited again applies the user's
+        // answer to it, not this call's text a second time.
+        let ask = match resume {
+            Some(r) if r.id != id => {
+                return Err(AppError::bad_request(
+                    Code::InvalidArgument,
+                    format!("requestState names request {}, not request_id {id}", r.id),
+                ));
+            }
+            Some(r) => self.resumed(&who, &r).await?,
+            None => {
+                self.apply_reply(&who, id, &a.text).await?;
+                true
+            }
+        };
+        let state = match self.wait_answer(&who, id, key, wait, ask, ctx).await? {
+            Waited::State(state) => state,
+            Waited::Ask(round) => return Ok(Outcome::Ask(round)),
+        };
+        Ok(Outcome::Done(json!({
             "request_id": id,
             "status": state.status,
             "answer": state.answer,
             "error": state.error,
             "question": state.question,
-        }))
+        })))
     }
 
-    async fn do_ask(&self, a: AskArgs, ctx: &RequestContext<RoleServer>) -> Result<Value, AppError> {
-        let (who, key) = self.caller_for(ctx, Need::Submit)?;
-        query_text("query", &a.query)?;
+    /// Submits the request `ask` names for `user`: its id.
+    async fn submit(&self, who: &crate::app::Principal, a: &AskArgs, user: users::UserKey) -> Result<Uuid, AppError> {
         let thread = uuid_arg("thread_id", a.thread_id.as_deref())?;
-        let user = self.user(&who, a.user_id.as_deref()).await?;
-        let wait = a
-            .timeout_secs
-            .map_or(ASK_WAIT, |s| Duration::from_secs(u64::from(s)))
-            .min(ASK_MAX_WAIT);
         let req = NewRequest {
             user_id: user.shown,
             thread_id: thread,
@@ -362,11 +411,37 @@ impl Server {
             clarify: a.clarify,
             review: a.review.unwrap_or(false),
         };
+        let (id, _) = crate::app::submit::enqueue(&self.app, who, &req, None).await?;
+        Ok(id)
+    }
+
+    async fn do_ask(
+        &self,
+        a: AskArgs,
+        resume: Option<Resume>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Outcome, AppError> {
+        let (who, key) = self.caller_for(ctx, Need::Submit)?;
+        query_text("query", &a.query)?;
+        uuid_arg("thread_id", a.thread_id.as_deref())?;
+        let user = self.user(&who, a.user_id.as_deref()).await?;
+        let wait = a
+            .timeout_secs
+            .map_or(ASK_WAIT, |s| Duration::from_secs(u64::from(s)))
+            .min(ASK_MAX_WAIT);
         // The wait takes its place before the request exists (over a cap,
         // the request is not made), as a long-poll's does.
         let _place = self.app.long_polls.enter(key)?;
-        let (id, _) = crate::app::submit::enqueue(&self.app, &who, &req, None).await?;
-        let state = self.follow(id, who.tenant, key, wait, ctx).await?;
+        // A retry after the question was elicited: the request exists, and
+        // the user's answer is applied to it.
+        let (id, ask) = match resume {
+            Some(r) => (r.id, self.resumed(&who, &r).await?),
+            None => (self.submit(&who, &a, user).await?, true),
+        };
+        let state = match self.wait_answer(&who, id, key, wait, ask, ctx).await? {
+            Waited::State(state) => state,
+            Waited::Ask(round) => return Ok(Outcome::Ask(round)),
+        };
         // The context is the user's memory: only with what its HTTP twin
         // (`?include=context`) needs.
         let sources = match state.is_terminal() && who.scope.allows(Need::ReadUser) {
@@ -393,7 +468,52 @@ impl Server {
         if let (Some(obj), Some(q)) = (done.as_object_mut(), state.question) {
             obj.insert("question".into(), json!(q));
         }
-        Ok(done)
+        Ok(Outcome::Done(done))
+    }
+
+    /// Applies the answer of a retried round: whether the wait may ask
+    /// again (not after the user declined: the question is the result).
+    async fn resumed(&self, who: &crate::app::Principal, r: &Resume) -> Result<bool, AppError> {
+        match &r.text {
+            Some(text) => self.apply_reply(who, r.id, text).await.map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Waits for request `id`'s answer within `wait`; when it waits for
+    /// the user and `ask`, asks the client (see [`elicit`]): during the
+    /// call, applying each answer and waiting on, or by an `input_required`
+    /// result. Declined, or a client that cannot be asked: the state with
+    /// the question.
+    async fn wait_answer(
+        &self,
+        who: &crate::app::Principal,
+        id: Uuid,
+        key: Caller,
+        wait: Duration,
+        ask: bool,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Waited, AppError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let state = self.follow(id, who.tenant, key, left, ctx).await?;
+            let question = match (&state.question, state.stage) {
+                (Some(q), Status::WaitingUserInput) if ask => q.clone(),
+                _ => return Ok(Waited::State(state)),
+            };
+            match elicit::channel(ctx) {
+                Channel::None => return Ok(Waited::State(state)),
+                Channel::Rounds => return Ok(Waited::Ask(elicit::input_required(id, &question)?)),
+                Channel::Inline => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    match self.elicit_inline(ctx, &question, left).await? {
+                        Some(text) => self.apply_reply(who, id, &text).await?,
+                        None => return Ok(Waited::State(state)),
+                    }
+                }
+            }
+        }
     }
 
     /// Follows request `id` until its terminal state or `wait`, sending a

@@ -19,6 +19,7 @@ use crate::support::tenants::{get, start};
 
 mod conformance;
 mod doors;
+mod elicit;
 
 /// The venv's Python, or `None` (after saying why) where it is missing.
 fn python() -> Option<String> {

@@ -13,9 +13,12 @@ input), where the plan is
       `token` instead of the plan's when given, with the session id the SDK
       holds when `session`; its status and JSON body)
   A string "$N.a.b" in a step's args is the value at a.b of step N's output.
+  With "elicit": {"action": "accept", "reply": "..."} (or "decline",
+  "cancel") the client declares the elicitation capability and answers every
+  elicitation so; what it was asked is the report's "elicited".
 
 Output: {"protocol_version", "server", "instructions", "session_id", "steps":
-[...], "log": [warnings the SDK logged]} or {"connect_error": "..."}; a step
+[...], "elicited": [{"message", "schema"}], "log": [warnings the SDK logged]} or {"connect_error": "..."}; a step
 that raised is {"exception": "..."}.
 """
 
@@ -25,7 +28,7 @@ import logging
 import sys
 
 import httpx2
-from mcp import Client
+from mcp import Client, types
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
@@ -129,27 +132,59 @@ async def step(client, s, outputs, plan):
     raise ValueError(f"unknown op {op}")
 
 
-def connect(plan):
+def answering(plan, elicited):
+    """The elicitation callback the plan asks for (None: no capability)."""
+    spec = plan.get("elicit")
+    if spec is None:
+        return None
+
+    async def on_elicit(context, params):
+        schema = getattr(params, "requested_schema", None)
+        if schema is not None and not isinstance(schema, dict):
+            schema = dump(schema)
+        elicited.append({"message": params.message, "schema": schema})
+        if spec["action"] == "accept":
+            return types.ElicitResult(action="accept", content={"reply": spec["reply"]})
+        return types.ElicitResult(action=spec["action"])
+
+    return on_elicit
+
+
+def connect(plan, elicited):
     mode = plan.get("mode", "auto")
+    callback = answering(plan, elicited)
     if "stdio" in plan:
         p = plan["stdio"]
         params = StdioServerParameters(command=p["command"], args=p.get("args", []), env=p.get("env"))
-        return Client(params, mode=mode, read_timeout_seconds=120)
+        return Client(params, mode=mode, read_timeout_seconds=120, elicitation_callback=callback)
     headers = {"Authorization": f"Bearer {plan['token']}"} if plan.get("token") else {}
     headers.update(plan.get("headers", {}))
     http = httpx2.AsyncClient(
         headers=headers, timeout=httpx2.Timeout(120.0), event_hooks={"response": [Seen.response]}
     )
-    return Client(streamable_http_client(plan["url"], http_client=http), mode=mode, read_timeout_seconds=120)
+    return Client(
+        streamable_http_client(plan["url"], http_client=http),
+        mode=mode,
+        read_timeout_seconds=120,
+        elicitation_callback=callback,
+    )
+
+
+def described(e):
+    """An exception as text, with those a task group gathered."""
+    inner = getattr(e, "exceptions", None)
+    text = f"{type(e).__name__}: {e}"
+    return f"{text} [{'; '.join(described(i) for i in inner)}]" if inner else text
 
 
 async def main():
     plan = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())
     outputs = []
+    elicited = []
     warnings = Warnings()
     logging.getLogger("mcp").addHandler(warnings)
     try:
-        client = connect(plan)
+        client = connect(plan, elicited)
         async with client:
             info = client.server_info
             report = {
@@ -161,11 +196,12 @@ async def main():
                 try:
                     outputs.append(await step(client, s, outputs, plan))
                 except Exception as e:  # noqa: BLE001 - the test asserts on it
-                    outputs.append({"exception": f"{type(e).__name__}: {e}"})
+                    outputs.append({"exception": described(e)})
             report["steps"] = outputs
             report["session_id"] = Seen.session_id
     except BaseException as e:  # noqa: BLE001 - connection refused, 401, 403
         report = {"connect_error": f"{type(e).__name__}: {e}", "steps": outputs}
+    report["elicited"] = elicited
     report["log"] = warnings.lines
     print(json.dumps(report))
 
