@@ -21,6 +21,7 @@
 //! | `remember` | submit | stores a turn in `raw_logs` ([`crate::users::remember`])     |
 //! | `recall`   | read   | the pipeline's retrieval ([`crate::app::memory::search`])    |
 //! | `ask`      | submit | submits ([`crate::app::submit::enqueue`]) and waits the answer |
+//! | `reply`    | submit | the user's reply to an `ask`'s question ([`crate::app::reply::reply`]) and waits the answer |
 //! | `correct`  | operate| [`crate::users::correct`], as `PUT`/`DELETE …/memory/{record}`, `DELETE …/turns/{turn}` |
 //! | `forget`   | admin  | [`crate::users::forget_in_background`], as `DELETE /api/users/{id}` |
 //!
