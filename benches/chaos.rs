@@ -413,7 +413,8 @@ async fn submit(http: reqwest::Client, shared: Arc<Shared>) {
     // A request that waits for a person does not stream (its follower
     // would wait as long).
     let stream = n % 3 == 0 && wait == Wait::None;
-    let mut body = json!({"user_id": shared.user(), "query": format!("{}http query {n}", wait.prefix()), "stream": stream});
+    let mut body =
+        json!({"user_id": shared.user(), "query": format!("{}http query {n}", wait.prefix()), "stream": stream});
     match wait.flags() {
         (Some(clarify), _) => body["clarify"] = json!(clarify),
         (_, Some(review)) => body["review"] = json!(review),
@@ -1392,10 +1393,7 @@ async fn run(args: Args) -> bool {
         "waited: asked / replied / reviewed",
         format!("{asked} / {replied} / {reviewed}"),
     );
-    row(
-        "  waited / of them COMPLETED",
-        format!("{waited} / {waited_completed}"),
-    );
+    row("  waited / of them COMPLETED", format!("{waited} / {waited_completed}"));
     row(
         "  replies SQL / HTTP, reviews",
         format!(

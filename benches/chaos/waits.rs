@@ -112,9 +112,14 @@ pub async fn replier(url: String, shared: Arc<Shared>, mut stop: tokio::sync::wa
             _ = stop.changed() => return,
             () = tokio::time::sleep(POLL) => {}
         }
-        let Some(c) = connected(&url, &mut db, &shared).await else { continue };
+        let Some(c) = connected(&url, &mut db, &shared).await else {
+            continue;
+        };
         let Ok(rows) = c
-            .query("SELECT id FROM pipeline_runs WHERE status = 'WAITING_USER_INPUT' LIMIT 50", &[])
+            .query(
+                "SELECT id FROM pipeline_runs WHERE status = 'WAITING_USER_INPUT' LIMIT 50",
+                &[],
+            )
             .await
         else {
             shared.waits.errors.fetch_add(1, Ordering::Relaxed);
@@ -126,7 +131,8 @@ pub async fn replier(url: String, shared: Arc<Shared>, mut stop: tokio::sync::wa
             let text = format!("chaos reply to {id}");
             turn += 1;
             if turn % 2 == 0 {
-                let insert = c.execute("INSERT INTO pipeline_replies (run_id, text) VALUES ($1, $2)", &[&id, &text]);
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id, &text];
+                let insert = c.execute("INSERT INTO pipeline_replies (run_id, text) VALUES ($1, $2)", &params);
                 match tokio::time::timeout(Duration::from_secs(10), insert).await {
                     Ok(Ok(_)) => shared.waits.replies_sql.fetch_add(1, Ordering::Relaxed),
                     // Not waiting any more (object_not_in_prerequisite_state).
@@ -141,7 +147,14 @@ pub async fn replier(url: String, shared: Arc<Shared>, mut stop: tokio::sync::wa
                 };
             } else {
                 let body = json!({"text": text});
-                post(&http, &shared, &format!("/api/query/{id}/reply"), &body, &shared.waits.replies_http).await;
+                post(
+                    &http,
+                    &shared,
+                    &format!("/api/query/{id}/reply"),
+                    &body,
+                    &shared.waits.replies_http,
+                )
+                .await;
             }
         }
     }
@@ -157,9 +170,14 @@ pub async fn reviewer(url: String, shared: Arc<Shared>, mut stop: tokio::sync::w
             _ = stop.changed() => return,
             () = tokio::time::sleep(POLL) => {}
         }
-        let Some(c) = connected(&url, &mut db, &shared).await else { continue };
+        let Some(c) = connected(&url, &mut db, &shared).await else {
+            continue;
+        };
         let Ok(rows) = c
-            .query("SELECT id FROM pipeline_runs WHERE status = 'AWAITING_REVIEW' LIMIT 50", &[])
+            .query(
+                "SELECT id FROM pipeline_runs WHERE status = 'AWAITING_REVIEW' LIMIT 50",
+                &[],
+            )
             .await
         else {
             shared.waits.errors.fetch_add(1, Ordering::Relaxed);
@@ -169,7 +187,14 @@ pub async fn reviewer(url: String, shared: Arc<Shared>, mut stop: tokio::sync::w
         for row in rows {
             let id: Uuid = row.get(0);
             let body = json!({"action": "approve"});
-            post(&http, &shared, &format!("/api/query/{id}/review"), &body, &shared.waits.reviews).await;
+            post(
+                &http,
+                &shared,
+                &format!("/api/query/{id}/review"),
+                &body,
+                &shared.waits.reviews,
+            )
+            .await;
         }
     }
 }
@@ -210,7 +235,8 @@ async fn post(http: &reqwest::Client, shared: &Shared, path: &str, body: &Value,
 }
 
 /// A request that waited: its question was logged, or a review applied.
-const WAITED: &str = "(EXISTS (SELECT 1 FROM raw_logs l WHERE l.request_id = r.id AND l.message_type = 'assistant_question')
+const WAITED: &str =
+    "(EXISTS (SELECT 1 FROM raw_logs l WHERE l.request_id = r.id AND l.message_type = 'assistant_question')
                       OR EXISTS (SELECT 1 FROM operator_actions a WHERE a.run_id = r.id AND a.action LIKE 'review_%'))";
 
 /// The waits' invariants: (what, query counting the violations).
@@ -267,7 +293,11 @@ pub fn checks() -> Vec<(&'static str, String)> {
 /// applied, requests that waited and how many of them COMPLETED.
 pub async fn figures(c: &Client) -> [i64; 5] {
     [
-        count(c, "SELECT count(*) FROM raw_logs WHERE message_type = 'assistant_question'").await,
+        count(
+            c,
+            "SELECT count(*) FROM raw_logs WHERE message_type = 'assistant_question'",
+        )
+        .await,
         count(c, "SELECT count(*) FROM raw_logs WHERE message_type = 'user_reply'").await,
         count(c, "SELECT count(*) FROM operator_actions WHERE action LIKE 'review_%'").await,
         count(c, &format!("SELECT count(*) FROM pipeline_runs r WHERE {WAITED}")).await,
