@@ -25,6 +25,9 @@
 //!   submissions ask to stream (`"stream": true`) and follow their SSE
 //!   events (`GET /api/query/{id}/events`) from a random daemon, resuming
 //!   on another with `Last-Event-ID` when the connection breaks.
+//!   One submission in ten asks its user (`clarify`), another one in ten
+//!   needs review; a replier and a reviewer answer them through the faults
+//!   (`waits`).
 //! - Faults, each at least once, in random order at random moments, then
 //!   more at random until the time is up: SIGKILL of a daemon and a restart;
 //!   SIGSTOP for longer than the lease, then SIGCONT; `pg_terminate_backend`
@@ -50,7 +53,8 @@
 //!   have done enough to count: each door acknowledged at least half of
 //!   its share of the load, and at least half of the acknowledged
 //!   requests completed (a run where every submission failed has nothing
-//!   to lose).
+//!   to lose). And every request that waited for a person got exactly one
+//!   reply or review, none expired, and each ended `COMPLETED`.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a chaos harness fails loudly")]
 #![allow(
     clippy::cast_possible_truncation,
@@ -62,6 +66,8 @@
 
 #[allow(dead_code, reason = "shared with the maas bench and the tests, which use more of it")]
 mod support;
+#[path = "chaos/waits.rs"]
+mod waits;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -82,6 +88,7 @@ use support::{analysis_provider, connect, count, on_provider, percentile, poll_u
 use tokio::task::JoinSet;
 use tokio_postgres::Client;
 use uuid::Uuid;
+use waits::Wait;
 
 const DAEMONS: usize = 3;
 const LEASE_SECS: u64 = 3;
@@ -167,6 +174,8 @@ struct Shared {
     users: Vec<Uuid>,
     /// The clients following streamed requests.
     followers: Mutex<Vec<tokio::task::JoinHandle<Followed>>>,
+    /// What the replier and the reviewer did.
+    waits: waits::Tally,
 }
 
 impl Shared {
@@ -350,11 +359,14 @@ async fn sql_loader(url: String, shared: Arc<Shared>, per_sec: f64, mut stop: to
             }
         }
         let Some(c) = client.as_ref() else { continue };
-        let query = format!("chaos sql query {}", shared.next());
+        let n = shared.next();
+        let wait = Wait::of(n);
+        let query = format!("{}sql query {n}", wait.prefix());
         let user = shared.user();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&user, &query];
+        let (clarify, review) = wait.flags();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&user, &query, &clarify, &review];
         let insert = c.query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query) VALUES ($1, $2) RETURNING id",
+            "INSERT INTO pipeline_runs (user_id, user_query, clarify, review) VALUES ($1, $2, $3, $4) RETURNING id",
             &params,
         );
         match tokio::time::timeout(Duration::from_secs(10), insert).await {
@@ -397,8 +409,17 @@ async fn http_loader(shared: Arc<Shared>, per_sec: f64, mut stop: tokio::sync::w
 async fn submit(http: reqwest::Client, shared: Arc<Shared>) {
     let n = shared.next();
     let key = format!("chaos-{n}");
-    let stream = n % 3 == 0;
-    let body = json!({"user_id": shared.user(), "query": format!("chaos http query {n}"), "stream": stream});
+    let wait = Wait::of(n);
+    // A request that waits for a person does not stream (its follower
+    // would wait as long).
+    let stream = n % 3 == 0 && wait == Wait::None;
+    let mut body =
+        json!({"user_id": shared.user(), "query": format!("{}http query {n}", wait.prefix()), "stream": stream});
+    match wait.flags() {
+        (Some(clarify), _) => body["clarify"] = json!(clarify),
+        (_, Some(review)) => body["review"] = json!(review),
+        _ => {}
+    }
     for attempt in 0..5 {
         if attempt > 0 {
             shared.http_retries.fetch_add(1, Ordering::Relaxed);
@@ -842,6 +863,11 @@ struct Verdict {
     /// Requests no fault touched, and those of them that were harmed.
     untouched: i64,
     harmed: i64,
+    /// Violations of the waits' invariants (`waits::checks`).
+    waits: i64,
+    /// Requests that asked, replies logged, reviews applied, requests
+    /// that waited and those of them COMPLETED (`waits::figures`).
+    waited: [i64; 5],
 }
 
 /// Runs each (what, counting query) check and returns the sum of the
@@ -964,9 +990,13 @@ async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
     let acked_twice = acked.len() as i64 - ids.len() as i64;
     let dup_checks = [
         (
+            // A request that asked the user is analyzed again with the reply.
             "stage succeeded twice",
-            "SELECT count(*) FROM (SELECT 1 FROM pipeline_steps WHERE outcome = 'succeeded'
-                                  GROUP BY run_id, stage HAVING count(*) > 1) s",
+            "SELECT count(*) FROM (SELECT 1 FROM pipeline_steps s WHERE outcome = 'succeeded'
+                                  GROUP BY run_id, stage
+                                  HAVING count(*) > 1 + (stage = 'analyze' AND EXISTS (
+                                      SELECT 1 FROM raw_logs l WHERE l.request_id = s.run_id
+                                        AND l.message_type = 'assistant_question'))::int) s",
         ),
         (
             "raw log written twice",
@@ -1022,6 +1052,10 @@ async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
         ),
     ];
     v.inconsistent = violations(c, &consistency, &mut v.details).await;
+    let wait_checks = waits::checks();
+    let wait_checks: Vec<(&str, &str)> = wait_checks.iter().map(|(w, q)| (*w, q.as_str())).collect();
+    v.waits = violations(c, &wait_checks, &mut v.details).await;
+    v.waited = waits::figures(c).await;
     v.llm_steps_succeeded = count(
         c,
         "SELECT count(*) FROM pipeline_steps WHERE outcome = 'succeeded' AND stage IN ('analyze', 'respond')",
@@ -1044,8 +1078,10 @@ async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
         .collect();
     for row in c
         .query(
+            // A request that waited for a person is left out: its time
+            // is the replier's and the reviewer's.
             "SELECT created_at, extract(epoch FROM updated_at - created_at)::float8 * 1000
-             FROM pipeline_runs WHERE status = 'COMPLETED'",
+             FROM pipeline_runs WHERE status = 'COMPLETED' AND clarify IS NOT TRUE AND review IS NOT TRUE",
             &[],
         )
         .await
@@ -1139,6 +1175,8 @@ async fn run(args: Args) -> bool {
     };
     fake.answer_when(&[POISON_NUL], Reply::text(analysis_with("nul\u{0}here")));
     fake.answer_when(&[POISON_HUGE], Reply::text(analysis_with(&"h".repeat(1_200_000))));
+    // A request that may ask its user is asked a question.
+    fake.answer_when(&waits::needles(), Reply::text(waits::asking(&reply)));
     let rates = FaultRates {
         rate_limited: 0.03,
         server_error: 0.03,
@@ -1161,6 +1199,7 @@ async fn run(args: Args) -> bool {
         seq: AtomicU64::new(0),
         users: (0..USERS).map(|_| Uuid::new_v4()).collect(),
         followers: Mutex::new(Vec::new()),
+        waits: waits::Tally::default(),
     });
     let mut daemons = Daemons {
         url: url.clone(),
@@ -1203,6 +1242,11 @@ async fn run(args: Args) -> bool {
         ));
     }
     load.spawn(http_loader(Arc::clone(&shared), args.rate / 2.0, stop_rx.clone()));
+    // The user and the operator answer until the drain ends.
+    let (people_stop_tx, people_stop_rx) = tokio::sync::watch::channel(false);
+    let mut people = JoinSet::new();
+    people.spawn(waits::replier(url.clone(), Arc::clone(&shared), people_stop_rx.clone()));
+    people.spawn(waits::reviewer(url.clone(), Arc::clone(&shared), people_stop_rx));
 
     let mut injector = Injector {
         cluster: cluster.clone(),
@@ -1238,6 +1282,8 @@ async fn run(args: Args) -> bool {
         let n = count(&checker, in_flight).await;
         eprintln!("chaos: {n} requests still in flight after {drain_secs:.0} s");
     }
+    let _ = people_stop_tx.send(true);
+    while people.join_next().await.is_some() {}
     injector.daemons.check_alive(&shared).await;
     let acked = shared.acked.lock().unwrap().clone();
     let (streams, stream_details) = judge_streams(&checker, &shared, &reply, Duration::from_secs(30)).await;
@@ -1301,6 +1347,7 @@ async fn run(args: Args) -> bool {
         && v.failed_without_reason == 0
         && v.inconsistent == 0
         && v.harmed == 0
+        && v.waits == 0
         && problems.is_empty();
 
     // Stop everything this run started.
@@ -1340,6 +1387,31 @@ async fn run(args: Args) -> bool {
         format!("{} / {}", v.untouched, v.harmed),
     );
     row("poisoned requests", injector.poisoned.len().to_string());
+    let [asked, replied, reviewed, waited, waited_completed] = v.waited;
+    let wt = &shared.waits;
+    row(
+        "waited: asked / replied / reviewed",
+        format!("{asked} / {replied} / {reviewed}"),
+    );
+    row("  waited / of them COMPLETED", format!("{waited} / {waited_completed}"));
+    row(
+        "  replies SQL / HTTP, reviews",
+        format!(
+            "{} / {}, {}",
+            wt.replies_sql.load(Ordering::Relaxed),
+            wt.replies_http.load(Ordering::Relaxed),
+            wt.reviews.load(Ordering::Relaxed)
+        ),
+    );
+    row(
+        "  resent and refused / errors",
+        format!(
+            "{} / {}",
+            wt.refused.load(Ordering::Relaxed),
+            wt.errors.load(Ordering::Relaxed)
+        ),
+    );
+    row("  wait violations", v.waits.to_string());
     row(
         "streamed: followed / violations",
         format!("{} / {}", streams.followed, streams.violations()),
@@ -1428,6 +1500,15 @@ async fn run(args: Args) -> bool {
             "failed_without_reason": v.failed_without_reason,
             "untouched": v.untouched,
             "harmed": v.harmed,
+            "waits": {
+                "asked": asked,
+                "replied": replied,
+                "reviewed": reviewed,
+                "waited": waited,
+                "waited_completed": waited_completed,
+                "refused": wt.refused.load(Ordering::Relaxed),
+                "violations": v.waits,
+            },
             "faults": faults,
             "provider": {
                 "completions": tally.completions,
