@@ -89,8 +89,7 @@ claimed AS (
 SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
        c.analysis_result, c.final_context_payload, c.debug, c.tenant_id, c.stream, c.claimed_at, c.due_for_ms,
        CASE
-           WHEN {ready} IN ('NEW', 'READY')
-           THEN (c.review IS TRUE OR coalesce((SELECT t.hitl_review FROM tenants t WHERE t.id = c.tenant_id), false))
+           WHEN {ready} IN ('NEW', 'READY') THEN (c.review IS TRUE OR coalesce(k.hitl_review, false))
            ELSE false
        END AS review,
        CASE
@@ -115,9 +114,11 @@ SELECT c.id, c.user_id, c.thread_id, c.user_query, c.attempt, c.lease_token,
                WHERE l.request_id = c.id AND l.message_type IN ('assistant_question', 'user_reply'))
        END AS exchange
 FROM claimed c
+-- (one primary-key read of the request's tenant, for the analyze and
+-- respond claims only: whether it may ask, whether its answer awaits review)
 LEFT JOIN LATERAL (
-    SELECT coalesce(c.clarify, t.hitl_clarify) AS clarify
+    SELECT CASE WHEN {ready} = 'NEW' THEN coalesce(c.clarify, t.hitl_clarify) END AS clarify, t.hitl_review
     FROM tenants t
-    WHERE {ready} = 'NEW' AND t.id = c.tenant_id
+    WHERE {ready} IN ('NEW', 'READY') AND t.id = c.tenant_id
 ) k ON true
 CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS lazy_commit
