@@ -101,6 +101,23 @@ pub struct Tally {
     pub errors: AtomicU64,
 }
 
+/// The ids of up to 50 requests in `status`, read on the task's own
+/// connection (made again after an error, which is counted).
+async fn waiting(url: &str, db: &mut Option<Client>, shared: &Shared, status: &str) -> Option<Vec<Uuid>> {
+    let c = connected(url, db, shared).await?;
+    match c
+        .query("SELECT id FROM pipeline_runs WHERE status = $1 LIMIT 50", &[&status])
+        .await
+    {
+        Ok(rows) => Some(rows.iter().map(|r| r.get(0)).collect()),
+        Err(_) => {
+            shared.waits.errors.fetch_add(1, Ordering::Relaxed);
+            *db = None;
+            None
+        }
+    }
+}
+
 /// The user: answers every request that waits for a reply, by turns over
 /// SQL and HTTP, until `stop`.
 pub async fn replier(url: String, shared: Arc<Shared>, mut stop: tokio::sync::watch::Receiver<bool>) {
@@ -112,22 +129,13 @@ pub async fn replier(url: String, shared: Arc<Shared>, mut stop: tokio::sync::wa
             _ = stop.changed() => return,
             () = tokio::time::sleep(POLL) => {}
         }
-        let Some(c) = connected(&url, &mut db, &shared).await else {
+        let Some(ids) = waiting(&url, &mut db, &shared, "WAITING_USER_INPUT").await else {
             continue;
         };
-        let Ok(rows) = c
-            .query(
-                "SELECT id FROM pipeline_runs WHERE status = 'WAITING_USER_INPUT' LIMIT 50",
-                &[],
-            )
-            .await
-        else {
-            shared.waits.errors.fetch_add(1, Ordering::Relaxed);
-            db = None;
+        let Some(c) = db.as_ref() else {
             continue;
         };
-        for row in rows {
-            let id: Uuid = row.get(0);
+        for id in ids {
             let text = format!("chaos reply to {id}");
             turn += 1;
             if turn % 2 == 0 {
@@ -170,22 +178,10 @@ pub async fn reviewer(url: String, shared: Arc<Shared>, mut stop: tokio::sync::w
             _ = stop.changed() => return,
             () = tokio::time::sleep(POLL) => {}
         }
-        let Some(c) = connected(&url, &mut db, &shared).await else {
+        let Some(ids) = waiting(&url, &mut db, &shared, "AWAITING_REVIEW").await else {
             continue;
         };
-        let Ok(rows) = c
-            .query(
-                "SELECT id FROM pipeline_runs WHERE status = 'AWAITING_REVIEW' LIMIT 50",
-                &[],
-            )
-            .await
-        else {
-            shared.waits.errors.fetch_add(1, Ordering::Relaxed);
-            db = None;
-            continue;
-        };
-        for row in rows {
-            let id: Uuid = row.get(0);
+        for id in ids {
             let body = json!({"action": "approve"});
             post(
                 &http,
