@@ -25,9 +25,10 @@
 //!   submissions ask to stream (`"stream": true`) and follow their SSE
 //!   events (`GET /api/query/{id}/events`) from a random daemon, resuming
 //!   on another with `Last-Event-ID` when the connection breaks.
-//!   One submission in ten asks its user (`clarify`), another one in ten
-//!   needs review; a replier and a reviewer answer them through the faults
-//!   (`waits`).
+//!   Of every twenty submissions, three ask their user (`clarify`) and
+//!   three need review: two of each are answered by a replier and a
+//!   reviewer through the faults, one is cancelled while it waits, and one
+//!   (inserted for a tenant with 4 s limits) is left to expire (`waits`).
 //! - Faults, each at least once, in random order at random moments, then
 //!   more at random until the time is up: SIGKILL of a daemon and a restart;
 //!   SIGSTOP for longer than the lease, then SIGCONT; `pg_terminate_backend`
@@ -54,7 +55,10 @@
 //!   its share of the load, and at least half of the acknowledged
 //!   requests completed (a run where every submission failed has nothing
 //!   to lose). And every request that waited for a person got exactly one
-//!   reply or review, none expired, and each ended `COMPLETED`.
+//!   reply or review and ended `COMPLETED`, every cancelled wait ended
+//!   `CANCELLED` and went no further, and every wait left to expire ended
+//!   once, as its tenant chose, and not before its limit; no other wait
+//!   expired.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a chaos harness fails loudly")]
 #![allow(
     clippy::cast_possible_truncation,
@@ -88,7 +92,7 @@ use support::{analysis_provider, connect, count, on_provider, percentile, poll_u
 use tokio::task::JoinSet;
 use tokio_postgres::Client;
 use uuid::Uuid;
-use waits::Wait;
+use waits::{Plan, Wait};
 
 const DAEMONS: usize = 3;
 const LEASE_SECS: u64 = 3;
@@ -360,13 +364,18 @@ async fn sql_loader(url: String, shared: Arc<Shared>, per_sec: f64, mut stop: to
         }
         let Some(c) = client.as_ref() else { continue };
         let n = shared.next();
-        let wait = Wait::of(n);
-        let query = format!("{}sql query {n}", wait.prefix());
+        let plan = Plan::of(n);
+        let query = format!("{}sql query {n}", plan.prefix());
         let user = shared.user();
-        let (clarify, review) = wait.flags();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&user, &query, &clarify, &review];
+        let (clarify, review) = plan.flags();
+        // The loader is trusted (the owner): it names the tenant and its
+        // user as the HTTP path does.
+        let tenant = plan.tenant().unwrap_or(Uuid::nil());
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [&user, &query, &clarify, &review, &tenant];
         let insert = c.query_one(
-            "INSERT INTO pipeline_runs (user_id, user_query, clarify, review) VALUES ($1, $2, $3, $4) RETURNING id",
+            "INSERT INTO pipeline_runs (user_id, tenant_user_id, tenant_id, user_query, clarify, review)
+             VALUES (maas_tenant_user($5, $1), CASE WHEN $5 <> '00000000-0000-0000-0000-000000000000' THEN $1 END,
+                     $5, $2, $3, $4) RETURNING id",
             &params,
         );
         match tokio::time::timeout(Duration::from_secs(10), insert).await {
@@ -409,13 +418,13 @@ async fn http_loader(shared: Arc<Shared>, per_sec: f64, mut stop: tokio::sync::w
 async fn submit(http: reqwest::Client, shared: Arc<Shared>) {
     let n = shared.next();
     let key = format!("chaos-{n}");
-    let wait = Wait::of(n);
+    let plan = Plan::of(n).over_http();
     // A request that waits for a person does not stream (its follower
     // would wait as long).
-    let stream = n % 3 == 0 && wait == Wait::None;
+    let stream = n % 3 == 0 && plan.wait == Wait::None;
     let mut body =
-        json!({"user_id": shared.user(), "query": format!("{}http query {n}", wait.prefix()), "stream": stream});
-    match wait.flags() {
+        json!({"user_id": shared.user(), "query": format!("{}http query {n}", plan.prefix()), "stream": stream});
+    match plan.flags() {
         (Some(clarify), _) => body["clarify"] = json!(clarify),
         (_, Some(review)) => body["review"] = json!(review),
         _ => {}
@@ -865,9 +874,8 @@ struct Verdict {
     harmed: i64,
     /// Violations of the waits' invariants (`waits::checks`).
     waits: i64,
-    /// Requests that asked, replies logged, reviews applied, requests
-    /// that waited and those of them COMPLETED (`waits::figures`).
-    waited: [i64; 5],
+    /// What the waits did (`waits::figures`).
+    waited: Option<waits::Figures>,
 }
 
 /// Runs each (what, counting query) check and returns the sum of the
@@ -910,6 +918,9 @@ async fn harmed(
             "WITH untouched AS (
                  SELECT r.id, r.status, r.created_at, r.updated_at FROM pipeline_runs r
                  WHERE NOT (r.id = ANY($6)) AND r.user_query NOT LIKE 'chaos poison%'
+                   -- A wait cancelled or left to expire ends as planned
+                   -- (waits::checks judges it).
+                   AND r.user_query NOT LIKE 'chaos % cancel %' AND r.user_query NOT LIKE 'chaos % expire %'
                    AND NOT EXISTS (SELECT 1 FROM unnest($1::timestamptz[], $2::timestamptz[]) AS w(s, e)
                                    WHERE r.created_at <= w.e AND r.updated_at >= w.s)
                    AND NOT EXISTS (SELECT 1 FROM unnest($3::uuid[], $4::timestamptz[], $5::timestamptz[]) AS h(u, s, e)
@@ -1055,7 +1066,7 @@ async fn check(c: &Client, acked: &[Uuid], faults: &[Injected]) -> Verdict {
     let wait_checks = waits::checks();
     let wait_checks: Vec<(&str, &str)> = wait_checks.iter().map(|(w, q)| (*w, q.as_str())).collect();
     v.waits = violations(c, &wait_checks, &mut v.details).await;
-    v.waited = waits::figures(c).await;
+    v.waited = Some(waits::figures(c).await);
     v.llm_steps_succeeded = count(
         c,
         "SELECT count(*) FROM pipeline_steps WHERE outcome = 'succeeded' AND stage IN ('analyze', 'respond')",
@@ -1224,6 +1235,7 @@ async fn run(args: Args) -> bool {
         shared.http.lock().unwrap()[i] = Some(addr);
     }
 
+    waits::create_tenant(&connect(&url, Duration::from_secs(30)).await).await;
     eprintln!(
         "chaos: {} s, {} requests/s, {DAEMONS} daemons (lease {LEASE_SECS} s, sweep {SWEEP_SECS} s), PostgreSQL on port {}",
         args.seconds, args.rate, cluster.port
@@ -1387,20 +1399,32 @@ async fn run(args: Args) -> bool {
         format!("{} / {}", v.untouched, v.harmed),
     );
     row("poisoned requests", injector.poisoned.len().to_string());
-    let [asked, replied, reviewed, waited, waited_completed] = v.waited;
+    let w = v.waited.as_ref().unwrap();
     let wt = &shared.waits;
     row(
         "waited: asked / replied / reviewed",
-        format!("{asked} / {replied} / {reviewed}"),
+        format!("{} / {} / {}", w.asked, w.replied, w.reviewed),
     );
-    row("  waited / of them COMPLETED", format!("{waited} / {waited_completed}"));
     row(
-        "  replies SQL / HTTP, reviews",
+        "  answered: waited / of them COMPLETED",
+        format!("{} / {}", w.waited, w.waited_completed),
+    );
+    row(
+        "  replies SQL / HTTP, reviews, cancels",
         format!(
-            "{} / {}, {}",
+            "{} / {}, {}, {}",
             wt.replies_sql.load(Ordering::Relaxed),
             wt.replies_http.load(Ordering::Relaxed),
-            wt.reviews.load(Ordering::Relaxed)
+            wt.reviews.load(Ordering::Relaxed),
+            wt.cancels.load(Ordering::Relaxed)
+        ),
+    );
+    row("  cancelled while waiting", w.cancelled.to_string());
+    row(
+        "  expired: questions / reviews, latest past limit",
+        format!(
+            "{} / {}, {:.2} s",
+            w.expired_questions, w.expired_reviews, w.expiry_late_max_s
         ),
     );
     row(
@@ -1501,11 +1525,15 @@ async fn run(args: Args) -> bool {
             "untouched": v.untouched,
             "harmed": v.harmed,
             "waits": {
-                "asked": asked,
-                "replied": replied,
-                "reviewed": reviewed,
-                "waited": waited,
-                "waited_completed": waited_completed,
+                "asked": w.asked,
+                "replied": w.replied,
+                "reviewed": w.reviewed,
+                "waited": w.waited,
+                "waited_completed": w.waited_completed,
+                "cancelled": w.cancelled,
+                "expired_questions": w.expired_questions,
+                "expired_reviews": w.expired_reviews,
+                "expiry_late_max_s": w.expiry_late_max_s,
                 "refused": wt.refused.load(Ordering::Relaxed),
                 "violations": v.waits,
             },

@@ -173,6 +173,10 @@ pub struct AppError {
     /// When to come back, in seconds; a [`Kind::TooMany`] or
     /// [`Kind::Unavailable`] without one says 1.
     pub retry_after: Option<u64>,
+    /// For a database failure: the server's own words (message, SQLSTATE,
+    /// constraint). The network doors keep it to the log; a trusted door
+    /// (`maasctl`, on the operator's own connection) prints it.
+    pub cause: Option<String>,
 }
 
 impl AppError {
@@ -182,6 +186,7 @@ impl AppError {
             code,
             message: message.into(),
             retry_after: None,
+            cause: None,
         }
     }
 
@@ -189,6 +194,21 @@ impl AppError {
     pub fn retry_after(mut self, secs: u64) -> AppError {
         self.retry_after = Some(secs);
         self
+    }
+
+    /// The same error, with the database's words for it.
+    fn caused_by(mut self, e: &crate::db::Error) -> AppError {
+        self.cause = Some(e.to_string());
+        self
+    }
+
+    /// What an operator reads: the message, and the cause where there is
+    /// one.
+    pub fn detailed(&self) -> String {
+        match &self.cause {
+            Some(cause) => format!("{}: {cause}", self.message),
+            None => self.message.clone(),
+        }
     }
 
     /// When to come back, in seconds, for the kinds that are retried.
@@ -254,12 +274,13 @@ impl From<crate::db::Error> for AppError {
                 Code::DatabaseBusy,
                 "the rows this request needs are locked by another transaction, or the statement timed out; try again",
             )
+            .caused_by(&e)
         } else if e.is_connection() {
             tracing::warn!(error = %e, "app: database unavailable");
-            AppError::unavailable(Code::DatabaseUnavailable, "the database is unavailable; try again")
+            AppError::unavailable(Code::DatabaseUnavailable, "the database is unavailable; try again").caused_by(&e)
         } else {
             tracing::error!(error = %e, "app: database error");
-            AppError::internal("internal error")
+            AppError::internal("internal error").caused_by(&e)
         }
     }
 }

@@ -149,6 +149,11 @@ pub enum CliError {
     Llm(#[from] crate::llm::ConfigError),
     #[error("{0}")]
     Usage(String),
+    /// The application layer failed where the operator's input was fine
+    /// (the database, a fault of maas): what failed, with the server's
+    /// words (`AppError::detailed`).
+    #[error("{0}")]
+    App(String),
     #[error("output: {0}")]
     Io(#[from] std::io::Error),
 }

@@ -564,7 +564,7 @@ async fn reply(cfg: &Config, id: &str, actor: &str, text: &str, json: bool) -> R
             format!("replied to {id}: the analyzer picks it up with the reply"),
         ),
         Err(e) if matches!(e.kind, crate::app::Kind::Unavailable | crate::app::Kind::Internal) => {
-            return Err(CliError::Usage(e.message));
+            return Err(CliError::App(format!("reply to {id}: {}", e.detailed())));
         }
         Err(e) => (false, format!("not replied {id}: {}", e.message)),
     };
@@ -620,6 +620,9 @@ async fn review(
             eprintln!("not reviewed: {}", e.message);
             Ok(Outcome::Finding)
         }
-        Err(e) => Err(CliError::Usage(format!("review of {id}: {}", e.message))),
+        Err(e) if matches!(e.kind, Kind::Invalid | Kind::Unprocessable) => {
+            Err(CliError::Usage(format!("review of {id}: {}", e.message)))
+        }
+        Err(e) => Err(CliError::App(format!("review of {id}: {}", e.detailed()))),
     }
 }

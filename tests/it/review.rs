@@ -195,6 +195,55 @@ async fn an_answer_reaches_its_user_only_once_approved() {
     );
 }
 
+/// An operate token bound to one user reviews that user's answers only:
+/// another user's request under review reads as absent, its answer
+/// unshown, and its verdict refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reviewer_bound_to_a_user_reviews_that_users_answers_only() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, fast()).await;
+    let (user, _) = tenant_tokens(&c, "acme").await;
+    let mine = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
+    let theirs = submit_for_review(&api, &c, &user, "Where did I travel in June?").await;
+    let owner: Uuid = value(
+        &c,
+        "SELECT coalesce(tenant_user_id, user_id) FROM pipeline_runs WHERE id = $1",
+        &[&mine],
+    )
+    .await;
+    let bound = token(&c, "acme", "desk", "operate").await;
+    c.execute("UPDATE api_tokens SET user_id = $1 WHERE name = 'desk'", &[&owner])
+        .await
+        .unwrap();
+
+    let (s, body) = get(&api, &bound, &format!("/api/query/{theirs}/status")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "another user's request: {body}");
+    assert!(body.get("answer").is_none(), "{body}");
+    let (s, body) = post_review(&api, &bound, theirs, json!({"action": "approve"})).await;
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found")),
+        "{body}"
+    );
+    assert_eq!(status_of(&c, theirs).await, "AWAITING_REVIEW");
+
+    let answer: String = value(&c, "SELECT final_answer FROM pipeline_runs WHERE id = $1", &[&mine]).await;
+    let (s, body) = get(&api, &bound, &format!("/api/query/{mine}/status")).await;
+    assert_eq!(
+        (s, body["answer"].as_str()),
+        (StatusCode::OK, Some(answer.as_str())),
+        "{body}"
+    );
+    let (s, body) = post_review(&api, &bound, mine, json!({"action": "approve"})).await;
+    assert_eq!(
+        (s, body["status"].as_str()),
+        (StatusCode::OK, Some("COMPLETED")),
+        "{body}"
+    );
+    assert_eq!(status_of(&c, theirs).await, "AWAITING_REVIEW");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_is_what_the_user_gets_and_memory_keeps() {
     let db = TestDb::new().await;
@@ -553,6 +602,45 @@ async fn maasctl_reviews_as_the_other_doors_do() {
     let (code, _, err) = maasctl_async(&db.url, &["requests", "review", &sid, "--redo"], NO_ENV).await;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--reject"), "{err}");
+
+    // A verdict the database refuses: the operator reads the server's own
+    // words (message, SQLSTATE, constraint), and the request still waits.
+    let refused: Uuid = value(
+        &c,
+        "INSERT INTO pipeline_runs (user_id, thread_id, user_query, tenant_id)
+         VALUES (gen_random_uuid(), gen_random_uuid(), 'q2', $1) RETURNING id",
+        &[&tenant],
+    )
+    .await;
+    c.batch_execute(&format!(
+        "UPDATE pipeline_runs SET status = 'AWAITING_REVIEW', final_answer = 'an answer' WHERE id = '{refused}';
+         CREATE FUNCTION refuse_answers() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             RAISE EXCEPTION 'answers are frozen for the audit'
+                 USING ERRCODE = '23514', CONSTRAINT = 'audit_freeze';
+         END $$;
+         CREATE TRIGGER refuse_answers BEFORE INSERT ON raw_logs FOR EACH ROW
+             WHEN (NEW.message_type = 'assistant_response') EXECUTE FUNCTION refuse_answers();"
+    ))
+    .await
+    .unwrap();
+    let (code, _, err) = maasctl_async(
+        &db.url,
+        &["requests", "review", &refused.to_string(), "--approve"],
+        NO_ENV,
+    )
+    .await;
+    assert_eq!(code, 2, "{err}");
+    for part in [
+        "answers are frozen for the audit",
+        "SQLSTATE 23514",
+        "audit_freeze",
+        &refused.to_string(),
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    let status: String = value(&c, "SELECT status FROM pipeline_runs WHERE id = $1", &[&refused]).await;
+    assert_eq!(status, "AWAITING_REVIEW");
 }
 
 /// A receiver of callbacks on loopback: the JSON bodies it got.

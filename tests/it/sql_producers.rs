@@ -29,7 +29,7 @@ use crate::support::tenants::{get, start, submit_ok, token};
 const GRANTS: &str = "
 GRANT CONNECT ON DATABASE {db} TO {role};
 GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT INSERT ON pipeline_runs, raw_logs TO {role};
+GRANT INSERT ON pipeline_runs, raw_logs, pipeline_replies TO {role};
 GRANT SELECT ON maas_my_requests TO {role};";
 
 const NIL: Uuid = Uuid::nil();
@@ -134,6 +134,39 @@ impl Env {
         (role, c)
     }
 
+    /// A request of `tenant` that waits for its user's reply (made by the
+    /// owner, as the analyzer's question would leave it).
+    async fn waiting(&self, tenant: Uuid) -> Uuid {
+        let id: Uuid = value(
+            &self.admin,
+            "INSERT INTO pipeline_runs (user_id, user_query, tenant_id) VALUES (gen_random_uuid(), 'q', $1) RETURNING id",
+            &[&tenant],
+        )
+        .await;
+        self.admin
+            .execute(
+                "UPDATE pipeline_runs SET status = 'WAITING_USER_INPUT', question = 'Which one?' WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        id
+    }
+
+    /// (status, replies logged) of request `id`.
+    async fn replied(&self, id: Uuid) -> (String, i64) {
+        let r = self
+            .admin
+            .query_one(
+                "SELECT status, (SELECT count(*) FROM raw_logs l WHERE l.request_id = r.id AND l.message_type = 'user_reply')
+                 FROM pipeline_runs r WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    }
+
     /// The next value raw_logs' identity will hand out.
     async fn next_turn_id(&self) -> i64 {
         value(
@@ -212,6 +245,8 @@ async fn row_mapped(env: &Env) {
     )
     .await;
     assert_eq!(reads(&c).await, vec![mine]);
+    // It answers its own tenant's questions only.
+    replies_only_within_its_tenant(env, &c).await;
     // Nor does it learn another role's tenant from the lookup.
     let lookup = "SELECT maas_role_tenant($1::text::name)";
     let theirs: Option<Uuid> = value(&c, lookup, &[&other_group]).await;
@@ -344,6 +379,7 @@ async fn look_alikes(c: &Client, schema: &str) {
 /// its turn stored as shop's user; a stored user id, another tenant, a
 /// blank query and a turn id of its own refused.
 async fn holds_as_any_producer(env: &Env, c: &Client) {
+    replies_only_within_its_tenant(env, c).await;
     let user = Uuid::new_v4();
     let stored = env.stored(env.shop, user).await;
     inserts_as(env, c, user, (stored, env.shop, Some(user))).await;
@@ -386,6 +422,30 @@ async fn holds_as_any_producer(env: &Env, c: &Client) {
     )
     .await;
     assert_eq!(turn, vec![stored]);
+}
+
+const REPLY: &str = "INSERT INTO pipeline_replies (run_id, text) VALUES ($1, 'the blue one')";
+
+/// Producer `c` of shop answers shop's waiting request through
+/// `pipeline_replies`, and is refused (as absent, naming the column) for
+/// helpdesk's and the default tenant's: those keep waiting, no reply
+/// logged.
+async fn replies_only_within_its_tenant(env: &Env, c: &Client) {
+    for tenant in [env.helpdesk, NIL] {
+        let id = env.waiting(tenant).await;
+        let e = c.execute(REPLY, &[&id]).await.expect_err("another tenant's request");
+        let db = e.as_db_error().unwrap_or_else(|| panic!("{e}"));
+        assert_eq!(
+            (db.code(), db.column()),
+            (&SqlState::NO_DATA_FOUND, Some("run_id")),
+            "{db}"
+        );
+        assert!(db.message().contains("not a request of this role's tenant"), "{db}");
+        assert_eq!(env.replied(id).await, ("WAITING_USER_INPUT".to_owned(), 0));
+    }
+    let id = env.waiting(env.shop).await;
+    assert_eq!(c.execute(REPLY, &[&id]).await.unwrap(), 1);
+    assert_eq!(env.replied(id).await, ("NEW".to_owned(), 1));
 }
 
 /// A role no mapping covers: every insert refused naming it, and its view
@@ -441,6 +501,10 @@ async fn row_two_tenants(env: &Env) {
     )
     .await;
     assert!(said.contains("shop") && said.contains("helpdesk"), "{said}");
+    let waiting = env.waiting(env.shop).await;
+    let said = refused(&c, REPLY, &[&waiting], &SqlState::INSUFFICIENT_PRIVILEGE, None).await;
+    assert!(said.contains("shop") && said.contains("helpdesk"), "{said}");
+    assert_eq!(env.replied(waiting).await, ("WAITING_USER_INPUT".to_owned(), 0));
     let e = c
         .query("SELECT * FROM maas_my_requests", &[])
         .await
