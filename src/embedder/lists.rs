@@ -83,10 +83,10 @@ pub async fn train(client: &impl GenericClient, user: Uuid, model: &str, dims: i
         return Ok(0);
     }
     let k = lists_for(turns);
+    // `want` of the user's embeddings, drawn at random (by a hash of the
+    // turn id, so the same for the same turns).
     let want = k * SAMPLE_PER_LIST;
-    // Every step-th turn id: about `want` of the user's embeddings.
-    let step = (turns / i64::try_from(want).unwrap_or(i64::MAX).max(1)).max(1);
-    let sample = repo::embeddings::lists_sample(client, user, model, dims, step, want).await?;
+    let sample = repo::embeddings::lists_sample(client, user, model, dims, want).await?;
     let seed = user.as_u64_pair().0;
     let centroids = tokio::task::spawn_blocking(move || kmeans(&sample, k, ITERATIONS, seed))
         .await

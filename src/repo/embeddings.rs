@@ -193,24 +193,17 @@ pub async fn lists_state(client: &impl GenericClient, user: Uuid, model: &str, d
     super::query_one_as(client, LISTS_STATE, &[&user, &model, &dims]).await
 }
 
-/// Up to `limit` of `user`'s embeddings of `model` and `dims`, those of
-/// turn ids that are multiples of `step`, as vectors.
+/// `limit` of `user`'s embeddings of `model` and `dims` drawn at random
+/// (the same for the same turns), as vectors.
 pub async fn lists_sample(
     client: &impl GenericClient,
     user: Uuid,
     model: &str,
     dims: i32,
-    step: i64,
     limit: usize,
 ) -> Result<Vec<Vec<f32>>, Error> {
-    let step = step.max(1);
-    let parts: Vec<String> = super::query_column(
-        client,
-        LISTS_SAMPLE,
-        &[&user, &model, &dims, &step, &as_limit(limit)],
-        "parts",
-    )
-    .await?;
+    let parts: Vec<String> =
+        super::query_column(client, LISTS_SAMPLE, &[&user, &model, &dims, &as_limit(limit)], "parts").await?;
     parts.iter().map(|p| parse_parts(p)).collect()
 }
 

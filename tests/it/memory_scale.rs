@@ -373,3 +373,100 @@ async fn common_lexemes_are_counted_skipped_and_forgotten_and_the_hits_stay_the_
         0
     );
 }
+
+/// A user whose turns come in a rhythm (here a question and its answer,
+/// each of its own 8 topics, logged in turn, so the ids alternate between
+/// the two kinds) is trained from a sample across the rhythm: every topic
+/// of both kinds gets a centroid of its own, and the list pass finds the
+/// exact search's hits for queries of either kind. A sample of every n-th
+/// id with an even n saw one kind only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_are_trained_from_a_sample_across_the_turns_rhythm() {
+    use maas::embedder::lists::{assign_all, lists_for, train};
+    const RHYTHM_TURNS: usize = 4_000;
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let user = Uuid::new_v4();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut random = |scale: f32| -> Vec<f32> { (0..DIMS).map(|_| (rng.random::<f32>() - 0.5) * scale).collect() };
+    let unit = |v: Vec<f32>| -> Vec<f32> {
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter().map(|x| x / norm).collect()
+    };
+    // 16 topics: turn i is of kind i % 2, topic (i / 2) % 8 of that kind;
+    // a turn's cosine with its topic's centre is about 0.7.
+    let centres: Vec<Vec<f32>> = (0..16).map(|_| unit(random(1.0))).collect();
+    let topic = |i: usize| (i % 2) * 8 + (i / 2) % 8;
+    let vs: Vec<Vec<f32>> = (0..RHYTHM_TURNS)
+        .map(|i| {
+            let noise = unit(random(1.0));
+            unit(centres[topic(i)].iter().zip(&noise).map(|(c, n)| c + n).collect())
+        })
+        .collect();
+    let ids: Vec<i64> = c
+        .query(
+            "INSERT INTO raw_logs (user_id, thread_id, message_type, content)
+             SELECT $1, $1, CASE WHEN g % 2 = 0 THEN 'user_query' ELSE 'assistant_response' END, 'turn number ' || g
+             FROM generate_series(0, $2::int8 - 1) g ORDER BY g
+             RETURNING id",
+            &[&user, &i64::try_from(RHYTHM_TURNS).unwrap()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut ids = ids;
+    ids.sort_unstable();
+    let pool = db.pool();
+    let client = pool.get().await.unwrap();
+    let turns = i64::try_from(RHYTHM_TURNS).unwrap();
+    for (ids, vs) in ids.chunks(500).zip(vs.chunks(500)) {
+        maas::repo::embeddings::store(&client, user, MODEL, ids, vs, turns)
+            .await
+            .unwrap();
+    }
+    let k = train(&client, user, MODEL, 384).await.unwrap();
+    assert_eq!(k, i64::try_from(lists_for(turns)).unwrap());
+    let centroids: Vec<Vec<f32>> = maas::repo::embeddings::lists_centroids(&client, user, MODEL, 384)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| maas::repo::embeddings::parse_parts(&c.parts).unwrap())
+        .collect();
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    for (t, centre) in centres.iter().enumerate() {
+        let best = centroids.iter().map(|c| dot(c, centre)).fold(f32::MIN, f32::max);
+        assert!(
+            best > 0.6,
+            "topic {t} (kind {}) has no centroid: best cosine {best}",
+            t / 8
+        );
+    }
+
+    // Through the lists, the exact search's hits, for queries of both kinds.
+    assign_all(&client, MODEL).await.unwrap();
+    client
+        .batch_execute("SET maas.memory_exact_turns = '100'")
+        .await
+        .unwrap();
+    let (mut found, mut wanted) = (0, 0);
+    for i in (0..RHYTHM_TURNS).step_by(RHYTHM_TURNS / 20) {
+        for j in [i, i + 1] {
+            let q = unit(vs[j].iter().zip(random(0.1)).map(|(x, n)| x + n).collect());
+            client
+                .batch_execute("SET maas.memory_exact_turns = '100'")
+                .await
+                .unwrap();
+            let approx = hits(&client, user, &q).await;
+            client.batch_execute("RESET maas.memory_exact_turns").await.unwrap();
+            let exact = hits(&client, user, &q).await;
+            wanted += exact.len();
+            found += exact.iter().filter(|id| approx.contains(id)).count();
+        }
+    }
+    assert!(
+        found * 10 >= wanted * 9,
+        "the list pass found {found} of the exact search's {wanted} hits"
+    );
+}
