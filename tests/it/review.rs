@@ -51,6 +51,31 @@ async fn tenant_tokens(c: &Client, name: &str) -> (String, String) {
     )
 }
 
+/// A daemon with the tenant acme and its two tokens.
+struct Acme {
+    db: TestDb,
+    c: Client,
+    api: Api,
+    /// The user's application's token (submit).
+    user: String,
+    /// The reviewer's (operate).
+    reviewer: String,
+}
+
+async fn acme() -> Acme {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let api = tenants::start(&db, fast()).await;
+    let (user, reviewer) = tenant_tokens(&c, "acme").await;
+    Acme {
+        db,
+        c,
+        api,
+        user,
+        reviewer,
+    }
+}
+
 /// Submits `query` with `review: true` and a callback URL (nothing listens
 /// there; the outbox row is what is checked); waits for AWAITING_REVIEW.
 async fn submit_for_review(api: &Api, c: &Client, tok: &str, query: &str) -> Uuid {
@@ -200,10 +225,9 @@ async fn an_answer_reaches_its_user_only_once_approved() {
 /// unshown, and its verdict refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reviewer_bound_to_a_user_reviews_that_users_answers_only() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    let api = tenants::start(&db, fast()).await;
-    let (user, _) = tenant_tokens(&c, "acme").await;
+    let Acme {
+        db: _db, c, api, user, ..
+    } = acme().await;
     let mine = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
     let theirs = submit_for_review(&api, &c, &user, "Where did I travel in June?").await;
     let owner: Uuid = value(
@@ -246,10 +270,13 @@ async fn a_reviewer_bound_to_a_user_reviews_that_users_answers_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_is_what_the_user_gets_and_memory_keeps() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    let api = tenants::start(&db, fast()).await;
-    let (user, reviewer) = tenant_tokens(&c, "acme").await;
+    let Acme {
+        db: _db,
+        c,
+        api,
+        user,
+        reviewer,
+    } = acme().await;
     let id = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
     let original: String = value(&c, "SELECT final_answer FROM pipeline_runs WHERE id = $1", &[&id]).await;
     let edited = "You went to Lisbon in May, with your sister.";
@@ -277,10 +304,13 @@ async fn an_edit_is_what_the_user_gets_and_memory_keeps() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejection_fails_the_request_with_its_reason() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    let api = tenants::start(&db, fast()).await;
-    let (user, reviewer) = tenant_tokens(&c, "acme").await;
+    let Acme {
+        db: _db,
+        c,
+        api,
+        user,
+        reviewer,
+    } = acme().await;
     let id = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
     let (s, body) = post_review(
         &api,
@@ -454,10 +484,9 @@ async fn an_unreviewed_answer_expires_as_its_tenant_chose() {
 /// page, and the user's long-poll, waiting meanwhile, gets it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approving_in_the_console_answers_the_users_long_poll() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    let api = tenants::start(&db, fast()).await;
-    let (user, _) = tenant_tokens(&c, "acme").await;
+    let Acme {
+        db: _db, c, api, user, ..
+    } = acme().await;
     let id = submit_for_review(&api, &c, &user, "Where did I travel in May?").await;
     let answer: String = value(&c, "SELECT final_answer FROM pipeline_runs WHERE id = $1", &[&id]).await;
     let poll = {
