@@ -19,7 +19,9 @@
 -- - else (lists not yet trained or assigned): the 1,000 turns of all
 --   whose codes are nearest (sql/0024_embedding_codes.sql), then the
 --   exact cosine of those.
--- The scaling below is then over those turns. A candidate's score is (1 − $11) · its BM25 score over the best BM25
+-- The scaling below is then over those turns and the full-text
+-- candidates, whose cosine is computed too. A candidate's score is
+-- (1 − $11) · its BM25 score over the best BM25
 -- score of the candidates + $11 · its cosine scaled to 0..1 over the
 -- user's turns (min to max): linear fusion, which beat reciprocal rank
 -- fusion by 5 points of recall on LoCoMo (BENCHMARKS.md, session 8).
@@ -90,8 +92,6 @@
         WHERE e.turn_id = c.turn_id AND e.user_id = $1::uuid
         LIMIT 1) e
     CROSS JOIN query_parts q
-), span AS (
-    SELECT min(d.cosine) AS lo, greatest(max(d.cosine) - min(d.cosine), 1e-9) AS width FROM dense d
 ), near AS (
     SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.speaker
     FROM (SELECT d.id FROM dense d ORDER BY d.cosine DESC LIMIT 100) d
@@ -106,6 +106,30 @@
 ), candidates AS (
     SELECT DISTINCT ON (u.id) u.*
     FROM (SELECT * FROM rare UNION ALL SELECT * FROM common UNION ALL SELECT * FROM near) u
+), missing AS MATERIALIZED (
+    -- Approximate paths: the exact cosine of the candidates the nearest
+    -- codes left out (the full-text ones), a lookup by key each, so that
+    -- every candidate is scored on both parts as on the exact path; left
+    -- without it, a turn that shares the query's words but sits in a list
+    -- not probed scored as the farthest of all (0), and recall of all
+    -- evidence through lists fell 8 points instead of 2 (BENCHMARKS.md,
+    -- session 28). Nothing on the exact path, where dense holds them all.
+    SELECT c.id,
+           1 - (SELECT sum(cube_distance(x.a, x.b) ^ 2) FROM unnest(e.parts, q.parts) AS x(a, b)) / 2 AS cosine
+    FROM candidates c
+    CROSS JOIN LATERAL (
+        SELECT e.parts FROM turn_embeddings e
+        WHERE e.turn_id = c.id AND e.user_id = $1::uuid AND e.model = $10::text
+          AND e.dims = cardinality($9::real[])
+        LIMIT 1) e
+    CROSS JOIN query_parts q
+    WHERE (SELECT s.path FROM size s) <> 'exact' AND NOT EXISTS (SELECT 1 FROM dense d WHERE d.id = c.id)
+), cosines AS (
+    SELECT d.id, d.cosine FROM dense d
+    UNION ALL
+    SELECT m.id, m.cosine FROM missing m
+), span AS (
+    SELECT min(d.cosine) AS lo, greatest(max(d.cosine) - min(d.cosine), 1e-9) AS width FROM cosines d
 ), named AS (
     -- The candidates' speakers the query names (see "Speakers" in
     -- memory_search.sql).
@@ -129,6 +153,6 @@
                + CASE WHEN s.named THEN 0.15::float8 ELSE 0 END AS score
     FROM scored s
     CROSS JOIN span
-    LEFT JOIN dense d ON d.id = s.id
+    LEFT JOIN cosines d ON d.id = s.id
     ORDER BY score DESC, s.created_at DESC, s.id DESC
     LIMIT $3::int

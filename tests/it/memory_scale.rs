@@ -74,12 +74,18 @@ async fn forget(pool: &maas::db::Pool, user: Uuid) {
 /// The hits of a search by `embedding` alone (semantic weight 1, a query
 /// text that matches no turn), best first.
 async fn hits(client: &deadpool_postgres::Client, user: Uuid, embedding: &[f32]) -> Vec<i64> {
+    hits_for(client, user, embedding, "zzzzqx").await
+}
+
+/// The hits of a search by `embedding` and `query` (semantic weight 1: the
+/// text only makes full-text candidates), best first.
+async fn hits_for(client: &deadpool_postgres::Client, user: Uuid, embedding: &[f32], query: &str) -> Vec<i64> {
     let s = maas::repo::memory::MemorySearch {
         user_id: user,
         request_id: Uuid::new_v4(),
         thread_id: None,
         thread_turns: 0,
-        query: "zzzzqx",
+        query,
         hits: 10,
         window: 0,
         records: 0,
@@ -147,6 +153,10 @@ async fn the_approximate_pass_finds_a_planted_vector_and_small_users_stay_exact(
     let approx = hits(&client, user, &vs[hidden]).await;
     assert!(!approx.contains(&ids[hidden]), "{approx:?}");
     assert_eq!(approx.len(), 10);
+    // Named by its words, the hidden turn is a full-text candidate: its
+    // cosine is computed too, and it comes first.
+    let named = hits_for(&client, user, &vs[hidden], &format!("number {}", hidden + 1)).await;
+    assert_eq!(named.first(), Some(&ids[hidden]), "{named:?}");
 }
 
 /// A count from `sql` with `user` as `$1`.
@@ -212,6 +222,10 @@ async fn lists_are_trained_assigned_searched_and_forgotten() {
     let approx = hits(&client, user, &vs[hidden]).await;
     assert!(!approx.contains(&ids[hidden]), "{approx:?}");
     assert_eq!(approx.len(), 10);
+    // Named by its words, the hidden turn is a full-text candidate: its
+    // cosine is computed too, and it comes first.
+    let named = hits_for(&client, user, &vs[hidden], &format!("number {}", hidden + 1)).await;
+    assert_eq!(named.first(), Some(&ids[hidden]), "{named:?}");
     // At or below the size: exact, whatever the lists say.
     client.batch_execute("RESET maas.memory_exact_turns").await.unwrap();
     assert_eq!(hits(&client, user, &vs[hidden]).await.first(), Some(&ids[hidden]));
