@@ -250,6 +250,7 @@ use serde_json::{Value, json};
 
 use crate::support::api::Api;
 use crate::support::daemon::Opts;
+use crate::support::sse::Sse;
 use crate::support::{GENEROUS, tenants};
 
 /// A query with no content word: the offline analyzer asks about it
@@ -258,60 +259,25 @@ const VAGUE: &str = "And that one?";
 /// The user's reply to the question about [`VAGUE`].
 const REPLY: &str = "the Lisbon trip in May";
 
-/// An SSE stream of one request, read event by event.
-struct Sse {
-    resp: reqwest::Response,
-    buf: String,
+/// The SSE stream of request `id`, as `tok` opens it.
+async fn open_events(api: &Api, tok: &str, id: Uuid) -> Sse {
+    let resp = api
+        .http
+        .get(api.url(&format!("/api/query/{id}/events")))
+        .bearer_auth(tok)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    Sse::new(resp)
 }
 
-impl Sse {
-    async fn open(api: &Api, tok: &str, id: Uuid) -> Sse {
-        let resp = api
-            .http
-            .get(api.url(&format!("/api/query/{id}/events")))
-            .bearer_auth(tok)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), StatusCode::OK);
-        Sse {
-            resp,
-            buf: String::new(),
-        }
-    }
-
-    /// The next state the stream sends (keep-alives left out); `None` when
-    /// it ended.
-    async fn next(&mut self) -> Option<Value> {
-        let deadline = tokio::time::Instant::now() + GENEROUS;
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let event: String = self.buf.drain(..end + 2).collect();
-                let data: Vec<&str> = event
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data:"))
-                    .map(str::trim_start)
-                    .collect();
-                if data.is_empty() {
-                    continue;
-                }
-                return Some(serde_json::from_str(&data.join("\n")).unwrap());
-            }
-            let chunk = tokio::time::timeout_at(deadline, self.resp.chunk())
-                .await
-                .expect("an SSE chunk within the deadline")
-                .ok()??;
-            self.buf.push_str(std::str::from_utf8(&chunk).unwrap());
-        }
-    }
-
-    /// Reads until a state whose `status` is not `processing`.
-    async fn until_not_processing(&mut self) -> Value {
-        loop {
-            let s = self.next().await.expect("the stream ended early");
-            if s["status"] != "processing" {
-                return s;
-            }
+/// Reads `sse` until a state whose `status` is not `processing`.
+async fn until_not_processing(sse: &mut Sse) -> Value {
+    loop {
+        let s = sse.next().await.expect("the stream ended early");
+        if s["status"] != "processing" {
+            return s;
         }
     }
 }
@@ -385,8 +351,8 @@ async fn over_http_the_question_is_streamed_and_the_reply_reaches_the_answer() {
     let tok = tenant_token(&c, "shop", false).await;
     let other = tenant_token(&c, "rival", false).await;
     let id = submit(&api, &tok, json!({ "clarify": true })).await;
-    let mut sse = Sse::open(&api, &tok, id).await;
-    let asked = sse.until_not_processing().await;
+    let mut sse = open_events(&api, &tok, id).await;
+    let asked = until_not_processing(&mut sse).await;
     assert_eq!(asked["status"], "waiting_user_input", "{asked}");
     assert_eq!(asked["stage"], "WAITING_USER_INPUT", "{asked}");
     let question = asked["question"].as_str().unwrap_or_default().to_owned();
@@ -432,7 +398,7 @@ async fn over_http_the_question_is_streamed_and_the_reply_reaches_the_answer() {
 
     let (s, v) = reply(&api, &tok, id, REPLY).await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    let done = sse.until_not_processing().await;
+    let done = until_not_processing(&mut sse).await;
     assert_eq!(done["status"], "completed", "{done}");
     let (s, ctx) = tenants::get(&api, &reader, &format!("/api/query/{id}/status?include=context")).await;
     assert_eq!(s, StatusCode::OK, "{ctx}");

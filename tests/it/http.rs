@@ -17,6 +17,7 @@ use crate::support::api::Api;
 use crate::support::daemon::{Maasd, Opts};
 use crate::support::db::{TestDb, value};
 use crate::support::metrics::metric;
+use crate::support::sse::Sse;
 use crate::support::{GENEROUS, count, insert_held, new_users, release, wait_until};
 
 impl Api {
@@ -57,37 +58,6 @@ async fn ws_next(ws: &mut Ws) -> Result<Value, Option<u16>> {
             Some(Ok(Message::Close(frame))) => return Err(frame.map(|f| u16::from(f.code))),
             Some(Ok(_)) => continue,
             Some(Err(_)) | None => return Err(None),
-        }
-    }
-}
-
-/// Reads an SSE response: each `data:` payload as JSON, until the stream ends.
-struct Sse {
-    resp: reqwest::Response,
-    buf: String,
-}
-
-impl Sse {
-    async fn next(&mut self) -> Option<Value> {
-        let deadline = tokio::time::Instant::now() + GENEROUS;
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let event: String = self.buf.drain(..end + 2).collect();
-                let data: Vec<&str> = event
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data:"))
-                    .map(str::trim_start)
-                    .collect();
-                if data.is_empty() {
-                    continue; // a keep-alive comment
-                }
-                return Some(serde_json::from_str(&data.join("\n")).unwrap());
-            }
-            let chunk = tokio::time::timeout_at(deadline, self.resp.chunk())
-                .await
-                .expect("an SSE chunk within the deadline")
-                .ok()??;
-            self.buf.push_str(std::str::from_utf8(&chunk).unwrap());
         }
     }
 }
@@ -552,10 +522,7 @@ async fn streams_show_the_current_state_first(api: &Api, held: Uuid, user: Uuid)
             .unwrap()
             .starts_with("text/event-stream")
     );
-    let mut sse = Sse {
-        resp,
-        buf: String::new(),
-    };
+    let mut sse = Sse::new(resp);
     for first in [
         ws_next(&mut by_request).await.unwrap(),
         ws_next(&mut by_user).await.unwrap(),
@@ -695,10 +662,7 @@ async fn http_streams_and_long_polls_end_cleanly_on_shutdown() {
     let mut user_ws = api.ws(&format!("user_id={user}")).await.unwrap();
     assert_eq!(ws_next(&mut ws).await.unwrap()["stage"], "NEW");
     assert_eq!(ws_next(&mut user_ws).await.unwrap()["stage"], "NEW");
-    let mut sse = Sse {
-        resp: api.get(&format!("/api/query/{held}/events")).await,
-        buf: String::new(),
-    };
+    let mut sse = Sse::new(api.get(&format!("/api/query/{held}/events")).await);
     assert_eq!(sse.next().await.unwrap()["stage"], "NEW");
     let poll = tokio::spawn(
         api.http

@@ -10,6 +10,7 @@ pub mod fake_llm;
 pub mod metrics;
 pub mod ops;
 pub mod poll;
+pub mod sse;
 pub mod tenants;
 
 use std::future::Future;
