@@ -18,6 +18,7 @@
 //!
 //! Files: `claim.rs` (dispatch loops, claiming, the prompt cache),
 //! `execute.rs` (one attempt under timeout and panic guard, its record),
+//! `retrieve.rs` (the memory an assemble stage packs),
 //! `policy.rs` (the attempt policy), `complete.rs` (group commit and
 //! chaining), `lease.rs` (the in-flight map and the heartbeat), `sweep.rs`
 //! (the catch-up sweep, a [`crate::service::Service`]), `publish.rs` (a
@@ -27,6 +28,7 @@ mod claim;
 mod complete;
 mod contention;
 mod execute;
+mod retrieve;
 mod lease;
 mod liveness;
 pub mod policy;
