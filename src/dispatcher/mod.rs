@@ -28,11 +28,11 @@ mod claim;
 mod complete;
 mod contention;
 mod execute;
-mod retrieve;
 mod lease;
 mod liveness;
 pub mod policy;
 pub mod publish;
+mod retrieve;
 pub mod sweep;
 mod tenant_tokens;
 
