@@ -106,6 +106,33 @@ pub fn texts_field(obj: &Map<String, Value>, name: &str, most: usize, chars: usi
     Ok(out)
 }
 
+/// The question of `clarify`: absent or null, or an object whose
+/// `question` is a non-empty string (trimmed).
+fn clarify_of(obj: &Map<String, Value>) -> Result<Option<String>, String> {
+    match obj.get("clarify") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(c)) => match c.get("question") {
+            Some(Value::String(q)) if !q.trim().is_empty() => Ok(Some(q.trim().to_owned())),
+            _ => Err("clarify.question must be a non-empty string".into()),
+        },
+        Some(_) => Err("clarify must be an object or null".into()),
+    }
+}
+
+/// The question and reply of `clarification`: absent or null, or an
+/// object with a question and a reply (a string or null).
+fn clarification_of(obj: &Map<String, Value>) -> Result<Option<(String, Option<String>)>, String> {
+    match obj.get("clarification") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(c)) => match (c.get("question"), c.get("reply")) {
+            (Some(Value::String(q)), Some(Value::String(r))) => Ok(Some((q.clone(), Some(r.clone())))),
+            (Some(Value::String(q)), None | Some(Value::Null)) => Ok(Some((q.clone(), None))),
+            _ => Err("clarification must hold a question and a reply (a string or null)".into()),
+        },
+        Some(_) => Err("clarification must be an object or null".into()),
+    }
+}
+
 /// A JSON value's kind, for a refusal.
 fn kind(v: &Value) -> &'static str {
     match v {
@@ -198,23 +225,7 @@ impl Analysis {
             }
             Some(_) => return Err("context_found must be an object or null".into()),
         };
-        let question = match obj.get("clarify") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(c)) => match c.get("question") {
-                Some(Value::String(q)) if !q.trim().is_empty() => Some(q.trim().to_owned()),
-                _ => return Err("clarify.question must be a non-empty string".into()),
-            },
-            Some(_) => return Err("clarify must be an object or null".into()),
-        };
-        let clarification = match obj.get("clarification") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(c)) => match (c.get("question"), c.get("reply")) {
-                (Some(Value::String(q)), Some(Value::String(r))) => Some((q.clone(), Some(r.clone()))),
-                (Some(Value::String(q)), None | Some(Value::Null)) => Some((q.clone(), None)),
-                _ => return Err("clarification must hold a question and a reply (a string or null)".into()),
-            },
-            Some(_) => return Err("clarification must be an object or null".into()),
-        };
+        let (question, clarification) = (clarify_of(obj)?, clarification_of(obj)?);
         Ok(Analysis {
             needs_context,
             context_type,
