@@ -181,3 +181,34 @@ async fn a_bad_sub_queries_or_entities_field_is_refused_and_the_request_complete
         .await;
     }
 }
+
+/// With embeddings on, each sub-query (and the entities, joined) is
+/// embedded like the query, once, by the provider, and the request still
+/// finds both cities.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_sub_query_is_embedded_once_like_the_query() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let fake = FakeLlm::start().await;
+    let opts = Opts::default()
+        .env("MAAS_ARCHIVIST__ENABLED", "false")
+        .env("MAAS_LLM_PROVIDER", Provider::OpenAi.provider())
+        .env("OPENAI_BASE_URL", fake.openai_base_url())
+        .env("MAAS_LLM__OPENAI__BASE_URL", fake.openai_base_url())
+        .env("OPENAI_API_KEY", "sk-test-sub-queries")
+        .env("MAAS_LLM__EMBEDDING__PROVIDER", "openai");
+    let api = Api::start(&db, opts).await;
+    let user = johns_memory(&c).await;
+    let with = json!({"sub_queries": ["John visited Paris", "John trip Seattle"], "entities": ["John", "Paris"]});
+    let (context, _) = ask(&api, &fake, &c, user, analysis(with)).await;
+    assert!(context.contains(PARIS) && context.contains(SEATTLE), "{context}");
+    let embedded = |text: &str| {
+        fake.requests()
+            .iter()
+            .filter(|r| r.path == "/v1/embeddings" && r.body["input"] == json!([text]))
+            .count()
+    };
+    for text in [QUESTION, "John visited Paris", "John trip Seattle", "John Paris"] {
+        assert_eq!(embedded(text), 1, "{text}: {:?}", fake.requests());
+    }
+}
