@@ -123,32 +123,42 @@ fn key(item: &MemoryItem) -> (bool, i64) {
 
 /// The items of the query's search (`main`, as retrieved) and of its
 /// sub-queries (`more`, one list per sub-query as retrieved) as one list in
-/// packing order: `main` first, as it is; then the sub-queries' long-term
-/// items taken in turn, round robin by rank: the first hit of each
-/// sub-query (with its window: the neighbours it brought), then the second
-/// of each, and so on. A turn or record already taken is dropped. With no
+/// packing order: the thread's turns first, as `main` has them; then the
+/// long-term items of every search taken in turn, round robin by rank: the
+/// query's first hit (with its window: the neighbours it brought), then
+/// the first of each sub-query, then the query's second, and so on. A
+/// question of several parts gets each part's strongest evidence before
+/// any part's weaker one: with the query's hits first, a user whose
+/// history fills the budget from the question alone got nothing of the
+/// sub-queries. A turn or record already taken is dropped. With no
 /// sub-query, `main` unchanged.
 pub fn merge(main: Vec<MemoryItem>, more: Vec<Vec<MemoryItem>>) -> Vec<MemoryItem> {
     if more.is_empty() {
         return main;
     }
-    let mut seen: HashSet<(bool, i64)> = main.iter().map(key).collect();
-    // Each sub-query's windows in rank order: a hit with its neighbours,
-    // or a record alone.
-    let ranked: Vec<Vec<Vec<MemoryItem>>> = more.into_iter().map(windows).collect();
-    let rounds = ranked.iter().map(Vec::len).max().unwrap_or(0);
-    let mut out = main;
-    let mut ranked: Vec<_> = ranked.into_iter().map(Vec::into_iter).collect();
-    for _ in 0..rounds {
+    let (mut out, rest): (Vec<MemoryItem>, Vec<MemoryItem>) = main.into_iter().partition(|i| i.why == FoundAs::Thread);
+    let mut seen: HashSet<(bool, i64)> = out.iter().map(key).collect();
+    // Each search's windows in rank order: a hit with its neighbours, or a
+    // record alone.
+    let mut ranked: Vec<_> = std::iter::once(rest)
+        .chain(more)
+        .map(|items| windows(items).into_iter())
+        .collect();
+    loop {
+        let mut taken = false;
         for windows in &mut ranked {
-            for item in windows.next().into_iter().flatten() {
+            let Some(window) = windows.next() else { continue };
+            taken = true;
+            for item in window {
                 if seen.insert(key(&item)) {
                     out.push(item);
                 }
             }
         }
+        if !taken {
+            return out;
+        }
     }
-    out
 }
 
 /// A search's long-term items grouped by what brought them (a hit's
@@ -242,7 +252,7 @@ mod tests {
     }
 
     #[test]
-    fn merge_puts_the_query_first_then_the_sub_queries_round_robin_by_rank() {
+    fn merge_takes_the_query_and_its_sub_queries_in_turn_by_rank() {
         let near = |id: i64, hit: i64| MemoryItem {
             hit_id: hit,
             ..item(id, FoundAs::Neighbour, 1)
@@ -271,12 +281,13 @@ mod tests {
         assert_eq!(
             got,
             [
-                // the query's items as retrieved
+                // the thread's turn first
                 (1, false),
+                // rank 1: the query's hit 2 with its neighbour 3, the
+                // first's hit 10 with its neighbour, the second's hit 2
+                // (taken already) with its new neighbour 20
                 (2, false),
                 (3, false),
-                // rank 1: the first's hit 10 with its neighbour, the
-                // second's hit 2 (taken already) with its new neighbour 20
                 (10, false),
                 (11, false),
                 (20, false),

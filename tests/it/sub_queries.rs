@@ -130,6 +130,50 @@ async fn sub_queries_find_the_turns_the_questions_own_words_cannot() {
     );
 }
 
+/// A user whose history fills the budget from the question's own words
+/// (eighty turns about cities) still gets each sub-query's strongest
+/// evidence: the searches are taken in turn, not the question's first. The
+/// two turns the sub-queries find are as long as the others, so that they
+/// cannot slip into what room the question's hits leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_queries_get_their_turns_when_the_questions_own_hits_fill_the_budget() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let fake = FakeLlm::start().await;
+    let api = start(&db, &fake).await;
+    let user = Uuid::new_v4();
+    let long = |head: &str| {
+        format!(
+            "{head}, and the streets were loud at night, full of lights and traffic, and everything I read \
+             about in magazines seemed more exciting than the town where I grew up and still live today"
+        )
+    };
+    let paris = long("I visited Paris last spring with my sister");
+    let seattle = long("Seattle was rainy the whole week of the conference");
+    let mut turns = vec![paris.clone(), seattle.clone()];
+    turns.extend((0..80).map(|n| long(&format!("Big cities number {n} are what I dream of"))));
+    for content in &turns {
+        c.execute(
+            "INSERT INTO raw_logs (user_id, thread_id, message_type, content) VALUES ($1, gen_random_uuid(), 'user_query', $2)",
+            &[&user, content],
+        )
+        .await
+        .unwrap();
+    }
+    let (context, _) = ask(&api, &fake, &c, user, analysis(json!({}))).await;
+    assert!(
+        context.matches("Big cities number").count() >= 20 && !context.contains(&paris),
+        "the question's own hits fill the budget: {context}"
+    );
+    let with = json!({"sub_queries": ["John visited Paris", "John trip Seattle"]});
+    let (context, _) = ask(&api, &fake, &c, user, analysis(with)).await;
+    assert!(context.contains(&paris) && context.contains(&seattle), "{context}");
+    assert!(
+        context.contains("Big cities number"),
+        "and the question's own: {context}"
+    );
+}
+
 /// A `sub_queries` or `entities` field of the wrong type or over its bound
 /// is refused alone, the refusal logged with the field's name and the
 /// limit; the request completes on the rest of the analysis.
