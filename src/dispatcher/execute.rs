@@ -405,9 +405,10 @@ impl Engine {
     }
 
     /// Reads the memory the assemble stage packs, as the stage layer plans
-    /// it from the input ([`memory::plan_for`]): one statement, none when
-    /// the plan needs none (no long-term search and no thread). A failure
-    /// is a retryable stage error.
+    /// it from the input ([`memory::plan_for`]), through the one search of
+    /// a plan ([`crate::users::retrieve`]): one statement, none when the
+    /// plan needs none (no long-term search and no thread). A failure is a
+    /// retryable stage error.
     async fn retrieve(&self, input: &mut StageInput) -> Result<(), StageError> {
         let plan = memory::plan_for(input, chrono::Utc::now());
         if !plan.needs_statement() {
@@ -427,28 +428,14 @@ impl Engine {
                 .await
                 .map(|(e, model)| (e, model.to_owned())),
         };
-        let (embedding, model) = found.unzip();
-        let semantic = embedding
-            .zip(model.as_deref())
-            .map(|(embedding, model)| repo::memory::Semantic {
-                embedding,
-                model,
-                weight: m.semantic_weight,
-            });
-        let search = repo::memory::MemorySearch {
+        let who = crate::users::Searcher {
             user_id: input.user_id,
             request_id: input.request_id,
-            thread_id: plan.thread_id,
-            thread_turns: m.thread_turns,
-            query: &plan.query,
-            hits: m.hits,
-            window: m.window,
-            records: m.records,
-            semantic,
         };
+        let (embedding, model) = found.unzip();
         let read = async {
             let client = self.pool.get().await?;
-            repo::memory::search(&client, &search).await
+            crate::users::retrieve(&client, m, &plan, who, embedding.zip(model.as_deref())).await
         };
         let items = match tokio::time::timeout(self.cfg.stage_timeout(), read).await {
             Ok(Ok(items)) => items,
@@ -468,7 +455,7 @@ impl Engine {
                 ));
             }
         };
-        input.retrieved = plan.arrange(items);
+        input.retrieved = items;
         Ok(())
     }
 

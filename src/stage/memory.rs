@@ -14,12 +14,31 @@
 //!   others (`period`), keeping their order.
 //! - A plan that needs nothing ([`MemoryPlan::needs_statement`] false: no
 //!   search and no thread) runs no statement.
+//! - The long-term search asks for [`hits`] turns: `memory.hits`, or one
+//!   per [`TOKENS_PER_HIT`] tokens of `memory.budget_tokens` when that is
+//!   more, so a larger budget has candidates to fill it (every caller of
+//!   the search takes the count from here).
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{Analysis, StageInput};
+use crate::config::MemoryConfig;
 use crate::model::{FoundAs, MemoryItem};
+
+/// Tokens of the long-term budget per hit the search asks for: a LoCoMo
+/// turn's line costs about 40 tokens (one per three bytes), and the five
+/// strongest hits bring up to four neighbours each, so 40 hits (the
+/// default `memory.hits`) fill the default 2,000 tokens with some to
+/// spare for the lines that do not fit.
+pub const TOKENS_PER_HIT: usize = 50;
+
+/// How many turns the long-term search asks for: `memory.hits`, or
+/// `memory.budget_tokens` / [`TOKENS_PER_HIT`] when that is more (80 at
+/// 4,000 tokens; 40 at the defaults, which is `memory.hits` itself).
+pub fn hits(m: &MemoryConfig) -> usize {
+    m.hits.max(m.budget_tokens / TOKENS_PER_HIT)
+}
 
 /// What to retrieve for one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,6 +145,20 @@ mod tests {
         let r = analysis(r#"{"needs_context": true, "context_type": "recent"}"#);
         assert!(plan(Some(&r), "q", None, Utc::now()).recent);
         assert_eq!(plan(None, "q", None, Utc::now()).query, "q");
+    }
+
+    #[test]
+    fn the_hits_grow_with_the_budget_never_below_the_setting() {
+        let m = |budget_tokens, hits| MemoryConfig {
+            budget_tokens,
+            hits,
+            ..MemoryConfig::default()
+        };
+        assert_eq!(hits(&MemoryConfig::default()), MemoryConfig::default().hits);
+        assert_eq!(hits(&m(2000, 40)), 40);
+        assert_eq!(hits(&m(4000, 40)), 80);
+        assert_eq!(hits(&m(1000, 40)), 40);
+        assert_eq!(hits(&m(2000, 100)), 100);
     }
 
     #[test]
