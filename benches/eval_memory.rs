@@ -54,6 +54,30 @@
 //! - `embedding_model` is the model maasd stored with the turns'
 //!   embeddings (`off` without any).
 //!
+//! - Budgets: recall (all / any, overall and per category, with the memory
+//!   block's size) at long-term budgets of 1,000, 2,000 and 4,000 tokens
+//!   (`budgets`, each with its `source`). 2,000 is maasd's own
+//!   (`memory.budget_tokens`), scored from the pipeline's contexts as
+//!   above; the others are rebuilt after the run, maasd stopped, through
+//!   the library: for each completed request, newest first, the turns
+//!   that requests logged since its assemble attempt was claimed are
+//!   deleted (and the user's logged count set back), so the memory is the
+//!   one it searched; its plan comes from its stored analysis at that time
+//!   (`stage::memory::plan_for`), its query's embedding from the one the
+//!   analysis kept, its items from the one search of a plan
+//!   (`users::retrieve`, whose hit count follows the budget:
+//!   `stage::memory::hits`), its context from the assemble stage of a
+//!   pipeline built as maasd builds it (`daemon::pipeline`) with that
+//!   budget. The same rebuild at 2,000 is compared with the pipeline's own
+//!   context: `rebuilt` counts the identical ones (and those that score
+//!   the same); `budgets_ordered` says whether recall never falls as the
+//!   budget grows (printed, not asserted). `MAAS_EVAL_MEMORY_SHOW_GAPS=1`
+//!   prints where each differing context first differs (stderr).
+//! - The memory search's latency (`search_ms_p50`, `search_ms_p99`): the
+//!   rebuild's search statements at 2,000 tokens (the pipeline's), timed
+//!   around `users::retrieve`: one at a time on an idle database, not under
+//!   the run's concurrency (maasd keeps no histogram of its searches).
+//!
 //! - `MAAS_EVAL_MEMORY_APPROXIMATE=P` (a measurement of what the lists of
 //!   large users cost in recall, nothing else sets it): every user is
 //!   searched as a large one (`maas.memory_exact_turns` 0 for the
@@ -523,7 +547,11 @@ struct Rebuilt {
 /// use, set back).
 #[allow(clippy::too_many_lines, reason = "one pass, read top to bottom")]
 async fn rebuild(url: &str, questions: &[Question], ids: &[Option<Uuid>]) -> Rebuilt {
-    let mut cfg = maas::config::Config::load(None).expect("the configuration maasd loaded");
+    // maasd's configuration: the defaults and the same environment, with
+    // this database (a file names it: `DATABASE_URL` is not set here).
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("eval-memory-rebuild.toml");
+    std::fs::write(&file, format!("database_url = {}\n", Value::from(url))).unwrap();
+    let mut cfg = maas::config::Config::load(Some(&file)).expect("the configuration maasd loads");
     cfg.database_url = maas::config::Secret(url.to_owned());
     let pool = maas::db::connect_pool(&cfg, "eval-memory").unwrap();
     let client = pool.get().await.unwrap();
