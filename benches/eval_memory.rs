@@ -60,9 +60,11 @@
 //!   (`memory.budget_tokens`), scored from the pipeline's contexts as
 //!   above; the others are rebuilt after the run, maasd stopped, through
 //!   the library: for each completed request, newest first, the turns
-//!   that requests logged since its assemble attempt was claimed are
-//!   deleted (and the user's logged count set back), so the memory is the
-//!   one it searched; its plan comes from its stored analysis at that time
+//!   that requests logged and the embeddings committed since its search
+//!   are deleted (by commit time: the cluster runs with
+//!   `track_commit_timestamp` on) and the user's logged count set back, so
+//!   the memory is the one it searched; its plan comes from its stored
+//!   analysis at that time
 //!   (`stage::memory::plan_for`), its query's embedding from the one the
 //!   analysis kept, its items from the one search of a plan
 //!   (`users::retrieve`, whose hit count follows the budget:
@@ -512,8 +514,11 @@ struct Asked {
     query: String,
     analysis: Value,
     context: String,
-    /// When its assemble attempt started (the claim's time): the turns
-    /// logged from then on are left out of its rebuild.
+    /// When its search ran: the end of its analyze attempt (a fused
+    /// assemble searches then, once the analysis and the query's embedding
+    /// are made), or the claim of its own assemble attempt, whichever is
+    /// later. What was committed from then on (turns, embeddings) is left
+    /// out of its rebuild.
     searched_at: DateTime<Utc>,
 }
 
@@ -542,9 +547,10 @@ struct Rebuilt {
 /// pipeline built as maasd builds it ([`maas::daemon::pipeline`]) with
 /// `memory.budget_tokens` set to the budget. The memory is first put back
 /// as the request saw it: requests are taken newest search first, and
-/// before each the turns logged by requests since its search are deleted
-/// (and the user's logged count, which the ranking's document frequencies
-/// use, set back).
+/// before each the turns that requests logged, and the embeddings the
+/// embedder stored, since its search are deleted (by commit time: the
+/// cluster tracks commit timestamps), and the user's logged count, which
+/// the ranking's document frequencies use, is set back.
 #[allow(clippy::too_many_lines, reason = "one pass, read top to bottom")]
 async fn rebuild(url: &str, questions: &[Question], ids: &[Option<Uuid>]) -> Rebuilt {
     // maasd's configuration: the defaults and the same environment, with
@@ -576,7 +582,15 @@ async fn rebuild(url: &str, questions: &[Question], ids: &[Option<Uuid>]) -> Reb
     for a in &asked {
         client
             .execute(
-                "DELETE FROM raw_logs WHERE user_id = $1 AND request_id IS NOT NULL AND created_at >= $2",
+                "DELETE FROM raw_logs WHERE user_id = $1 AND request_id IS NOT NULL \
+                 AND pg_xact_commit_timestamp(xmin) >= $2",
+                &[&a.user, &a.searched_at],
+            )
+            .await
+            .unwrap();
+        client
+            .execute(
+                "DELETE FROM turn_embeddings WHERE user_id = $1 AND pg_xact_commit_timestamp(xmin) >= $2",
                 &[&a.user, &a.searched_at],
             )
             .await
@@ -693,8 +707,12 @@ async fn asked(client: &Client, ids: &[Option<Uuid>]) -> Vec<Asked> {
     let rows = client
         .query(
             "SELECT r.id, r.user_id, r.thread_id, r.user_query, r.analysis_result, r.final_context_payload,
-                    (SELECT min(s.started_at) FROM pipeline_steps s
-                     WHERE s.run_id = r.id AND s.stage = 'assemble') AS searched_at
+                    greatest(
+                        (SELECT max(s.started_at) FROM pipeline_steps s
+                         WHERE s.run_id = r.id AND s.stage = 'assemble' AND s.outcome = 'succeeded'),
+                        (SELECT max(s.started_at + s.latency_ms * interval '1 millisecond') FROM pipeline_steps s
+                         WHERE s.run_id = r.id AND s.stage = 'analyze' AND s.outcome = 'succeeded')
+                    ) AS searched_at
              FROM pipeline_runs r
              WHERE r.id = ANY($1) AND r.status = 'COMPLETED'",
             &[&all],
@@ -850,7 +868,29 @@ async fn run(args: Args) -> bool {
         .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
         .await
         .unwrap();
+    // Commit times, for the rebuild to put each user's memory back as a
+    // request saw it ([`rebuild`]); a restart turns them on (once: the
+    // setting stays with the cluster).
+    let tracked: String = admin
+        .query_one("SHOW track_commit_timestamp", &[])
+        .await
+        .unwrap()
+        .get(0);
     drop(admin);
+    if tracked != "on" {
+        let (admin, conn) = tokio_postgres::connect(&admin_url, NoTls).await.unwrap();
+        tokio::spawn(conn);
+        admin
+            .batch_execute("ALTER SYSTEM SET track_commit_timestamp = on")
+            .await
+            .unwrap();
+        drop(admin);
+        let c = cluster.clone();
+        tokio::task::spawn_blocking(move || c.restart(false))
+            .await
+            .unwrap()
+            .unwrap();
+    }
     ensure_database(&admin_url, DB).await.unwrap();
     let url = cluster.url(DB);
     let approximate = std::env::var("MAAS_EVAL_MEMORY_APPROXIMATE")
