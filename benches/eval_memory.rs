@@ -735,7 +735,7 @@ async fn asked(client: &Client, ids: &[Option<Uuid>]) -> Vec<Asked> {
             })
         })
         .collect();
-    asked.sort_by(|a, b| b.searched_at.cmp(&a.searched_at));
+    asked.sort_by_key(|a| std::cmp::Reverse(a.searched_at));
     asked
 }
 
@@ -1166,7 +1166,11 @@ async fn run(args: Args) -> bool {
             let v = &report["budgets"][b.to_string()];
             let cats: Vec<String> = v["per_category"]
                 .as_object()
-                .map(|m| m.iter().map(|(k, c)| format!("{k}: {}/{}", c["recall_all"], c["recall_any"])).collect())
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, c)| format!("{k}: {}/{}", c["recall_all"], c["recall_any"]))
+                        .collect()
+                })
                 .unwrap_or_default();
             let _ = writeln!(
                 s,

@@ -40,9 +40,9 @@ use crate::config::Config;
 use crate::db::{self, Pool};
 use crate::model::MemoryItem;
 use crate::repo;
-pub use retrieve::{Searcher, retrieve};
 pub use crate::repo::users::{Corrected, EraseTable, RecordView, TurnView, UserKey, UserState, Why};
 use crate::service::Service;
+pub use retrieve::{Searcher, retrieve};
 
 /// SQLSTATE of a request refused because its user was forgotten.
 pub const REFUSED_SQLSTATE: &str = "MA410";
