@@ -14,10 +14,10 @@
 //!   others (`period`), keeping their order.
 //! - A plan that needs nothing ([`MemoryPlan::needs_statement`] false: no
 //!   search and no thread) runs no statement.
-//! - The long-term search asks for [`hits`] turns: `memory.hits`, or one
-//!   per [`TOKENS_PER_HIT`] tokens of `memory.budget_tokens` when that is
-//!   more, so a larger budget has candidates to fill it (every caller of
-//!   the search takes the count from here).
+//! - The long-term search asks for [`hits`] turns: `memory.hits`, scaled
+//!   up in proportion to `memory.budget_tokens` above
+//!   [`HITS_BUDGET_TOKENS`], so a larger budget has candidates to fill it
+//!   (every caller of the search takes the count from here).
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -26,18 +26,18 @@ use super::{Analysis, StageInput};
 use crate::config::MemoryConfig;
 use crate::model::{FoundAs, MemoryItem};
 
-/// Tokens of the long-term budget per hit the search asks for: a LoCoMo
-/// turn's line costs about 40 tokens (one per three bytes), and the five
-/// strongest hits bring up to four neighbours each, so 40 hits (the
-/// default `memory.hits`) fill the default 2,000 tokens with some to
-/// spare for the lines that do not fit.
-pub const TOKENS_PER_HIT: usize = 50;
+/// The long-term budget `memory.hits` is meant for: the default
+/// `memory.budget_tokens`, at which 40 hits were measured to fill the block
+/// (a LoCoMo turn's line costs about 40 tokens, one per three bytes, and
+/// the five strongest hits bring up to four neighbours each).
+pub const HITS_BUDGET_TOKENS: usize = 2000;
 
-/// How many turns the long-term search asks for: `memory.hits`, or
-/// `memory.budget_tokens` / [`TOKENS_PER_HIT`] when that is more (80 at
-/// 4,000 tokens; 40 at the defaults, which is `memory.hits` itself).
+/// How many turns the long-term search asks for: `memory.hits` at a budget
+/// of [`HITS_BUDGET_TOKENS`] or less, and in proportion above it (80 at
+/// 4,000 tokens with the default 40), so a larger budget has candidates to
+/// fill it; never fewer than `memory.hits`.
 pub fn hits(m: &MemoryConfig) -> usize {
-    m.hits.max(m.budget_tokens / TOKENS_PER_HIT)
+    m.hits.max(m.hits.saturating_mul(m.budget_tokens) / HITS_BUDGET_TOKENS)
 }
 
 /// What to retrieve for one request.
@@ -158,7 +158,12 @@ mod tests {
         assert_eq!(hits(&m(2000, 40)), 40);
         assert_eq!(hits(&m(4000, 40)), 80);
         assert_eq!(hits(&m(1000, 40)), 40);
-        assert_eq!(hits(&m(2000, 100)), 100);
+        assert_eq!(hits(&m(4000, 1)), 2);
+        assert_eq!(
+            hits(&m(2000, 1)),
+            1,
+            "a setting below the default holds at the default budget"
+        );
     }
 
     #[test]
