@@ -542,8 +542,9 @@ struct Rebuilt {
 /// [`BUDGETS`] through the library's own code, after the run (maasd
 /// stopped): the request's plan from its stored analysis and time
 /// ([`maas::stage::memory::plan_for`]), its query's embedding as the
-/// analysis kept it, the one search of a plan ([`maas::users::retrieve`],
-/// whose hit count follows the budget), and the assemble stage of a
+/// analysis kept it (its sub-queries', if any, made again), the one
+/// search of a plan ([`maas::users::retrieve`], whose hit count follows
+/// the budget), and the assemble stage of a
 /// pipeline built as maasd builds it ([`maas::daemon::pipeline`]) with
 /// `memory.budget_tokens` set to the budget. The memory is first put back
 /// as the request saw it: requests are taken newest search first, and
@@ -572,6 +573,7 @@ async fn rebuild(url: &str, questions: &[Question], ids: &[Option<Uuid>]) -> Reb
         })
         .collect();
     let asked = asked(&client, ids).await;
+    let mut embedder: Option<Option<maas::llm::embed::Embedder>> = None;
     let mut out = Rebuilt {
         tallies: BUDGETS.iter().map(|&b| (b, Tally::default())).collect(),
         rebuilt: 0,
@@ -626,6 +628,16 @@ async fn rebuild(url: &str, questions: &[Question], ids: &[Option<Uuid>]) -> Reb
         };
         let plan = maas::stage::memory::plan_for(&input, a.searched_at);
         let kept = maas::stage::analysis::kept_query_embedding(&a.analysis);
+        // The sub-queries' embeddings are not kept: made again, by maasd's
+        // embedder (loaded the first time a plan has sub-queries).
+        let mut more = Vec::new();
+        if !plan.sub_queries.is_empty() && kept.is_some() {
+            let e = embedder.get_or_insert_with(|| maas::daemon::embedder(&cfg).expect("maasd's embedder"));
+            for sub in &plan.sub_queries {
+                let found = maas::llm::embed::Embedder::for_search(e.as_ref(), sub).await;
+                more.push(found.map(|(v, model)| (v, model.to_owned())));
+            }
+        }
         let who = maas::users::Searcher {
             user_id: a.user,
             request_id: a.id,
@@ -635,9 +647,8 @@ async fn rebuild(url: &str, questions: &[Question], ids: &[Option<Uuid>]) -> Reb
         for (budget, c, pipeline) in &pipelines {
             input.retrieved = Vec::new();
             if plan.needs_statement() {
-                let embedding = kept.as_ref().map(|(e, m)| (e.clone(), m.as_str()));
                 let t = Instant::now();
-                input.retrieved = maas::users::retrieve(&client, &c.memory, &plan, who, embedding)
+                input.retrieved = maas::users::retrieve(&client, &c.memory, &plan, who, &kept, &more)
                     .await
                     .unwrap();
                 if *budget == PIPELINE_BUDGET {

@@ -77,6 +77,11 @@
 //!   input).
 //! - **record** — a summary of turns the archivist made: a row of
 //!   `lsm_storage` (long-term memory).
+//! - **sub-query** — a short search text the analysis gives beside the
+//!   query (`sub_queries`, at most four: one per person or instance a
+//!   question with several parts implies), searched like the query and
+//!   merged after its hits; the analysis' **entities** (names, places,
+//!   titles) are one more, joined ([`stage::memory::merge`]).
 //! - **archive run** — one pass of the archivist over the users that have
 //!   turns to archive ([`archivist`]).
 //! - **embedding** — the vector of a turn's text (with the turn before it)

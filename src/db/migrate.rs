@@ -99,6 +99,7 @@ pub const MIGRATIONS: &[Migration] = migrations![
     36 => "0036_tenant_turns.sql",
     37 => "0037_person_in_the_loop.sql",
     38 => "0038_review.sql",
+    39 => "0039_analyzer_sub_queries.sql",
 ];
 
 pub const TRIGGERS: &[TriggerFile] = trigger_files![

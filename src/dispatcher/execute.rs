@@ -12,10 +12,11 @@
 //! - A successful analyze may run the assemble stage at once on the same
 //!   input ([`Engine::fuse`]); whatever fusing does, the analysis stands.
 //! - Before an assemble stage (fused or not) the request's memory is read
-//!   as the stage layer plans it (`stage::memory::plan_for`): one
-//!   statement, none when the plan needs none; the engine does not read
-//!   the analysis itself. A failed read is a retryable stage error (a
-//!   fused assemble is then left to the assemble stage).
+//!   as the stage layer plans it (`retrieve.rs`): one statement, one more
+//!   per sub-query the plan holds, none when the plan needs none; the
+//!   engine does not read the analysis itself. A failed read is a
+//!   retryable stage error (a fused assemble is then left to the assemble
+//!   stage).
 //! - With an embedder, the query of a user with earlier turns is embedded
 //!   while the analyzer's model call runs; the fused assemble's search uses
 //!   that embedding, and it is kept with the analysis
@@ -48,7 +49,7 @@ use crate::llm::embed::Embedder;
 use crate::model::{Prompts, StageKind};
 use crate::repo::{self, Claimed, Finished, Output, StepUsage, Unsuccessful};
 use crate::sanitize;
-use crate::stage::{StageError, StageInput, StageOutput, StageSuccess, analysis, memory};
+use crate::stage::{StageError, StageInput, StageOutput, StageSuccess, analysis};
 
 /// What a stage attempt of `row` is given (no sink for pieces: see
 /// [`Engine::delta_sink`]).
@@ -402,61 +403,6 @@ impl Engine {
         }
         input.query_embedding = embedded.map(|(e, model)| (e, model.to_owned()));
         r
-    }
-
-    /// Reads the memory the assemble stage packs, as the stage layer plans
-    /// it from the input ([`memory::plan_for`]), through the one search of
-    /// a plan ([`crate::users::retrieve`]): one statement, none when the
-    /// plan needs none (no long-term search and no thread). A failure is a
-    /// retryable stage error.
-    async fn retrieve(&self, input: &mut StageInput) -> Result<(), StageError> {
-        let plan = memory::plan_for(input, chrono::Utc::now());
-        if !plan.needs_statement() {
-            return Ok(());
-        }
-        let m = &self.cfg.memory;
-        // The query alone is embedded, and only for a long-term search.
-        let embedder = self.embedder.as_ref().filter(|_| !plan.query.trim().is_empty());
-        // Embedded while the analyzer ran (by this embedder's model), or now.
-        let early = input
-            .query_embedding
-            .take()
-            .filter(|(_, model)| embedder.is_some_and(|e| e.model() == model));
-        let found = match early {
-            Some(found) => Some(found),
-            None => Embedder::for_search(embedder, &input.user_query)
-                .await
-                .map(|(e, model)| (e, model.to_owned())),
-        };
-        let who = crate::users::Searcher {
-            user_id: input.user_id,
-            request_id: input.request_id,
-        };
-        let (embedding, model) = found.unzip();
-        let read = async {
-            let client = self.pool.get().await?;
-            crate::users::retrieve(&client, m, &plan, who, embedding.zip(model.as_deref())).await
-        };
-        let items = match tokio::time::timeout(self.cfg.stage_timeout(), read).await {
-            Ok(Ok(items)) => items,
-            Ok(Err(e)) => {
-                return Err(StageError::retry(
-                    "memory_search",
-                    format!("reading the memory failed: {e}"),
-                ));
-            }
-            Err(_) => {
-                return Err(StageError::retry(
-                    "memory_search",
-                    format!(
-                        "reading the memory did not finish within {} s",
-                        self.cfg.stage_timeout_secs
-                    ),
-                ));
-            }
-        };
-        input.retrieved = items;
-        Ok(())
     }
 
     /// Runs one stage within the stage timeout; a timeout or a panic is a

@@ -18,6 +18,7 @@
 //!
 //! Files: `claim.rs` (dispatch loops, claiming, the prompt cache),
 //! `execute.rs` (one attempt under timeout and panic guard, its record),
+//! `retrieve.rs` (the memory an assemble stage packs),
 //! `policy.rs` (the attempt policy), `complete.rs` (group commit and
 //! chaining), `lease.rs` (the in-flight map and the heartbeat), `sweep.rs`
 //! (the catch-up sweep, a [`crate::service::Service`]), `publish.rs` (a
@@ -31,6 +32,7 @@ mod lease;
 mod liveness;
 pub mod policy;
 pub mod publish;
+mod retrieve;
 pub mod sweep;
 mod tenant_tokens;
 

@@ -10,6 +10,13 @@
 //!   `lsm_record_id` is an integer, a string holding one, or null;
 //!   `clarify` absent, null, or an object whose `question` is a non-empty
 //!   string (the analyzer asks the user that before it goes on).
+//! - `sub_queries` (at most [`MAX_SUB_QUERIES`] texts of at most
+//!   [`MAX_SUB_QUERY_CHARS`] characters) and `entities` (at most
+//!   [`MAX_ENTITIES`] of at most [`MAX_ENTITY_CHARS`]) are optional: absent,
+//!   null or blank items give none. A value of the wrong type or over a
+//!   bound refuses that field alone — logged with the field's name and the
+//!   limit ([`texts_field`]) — and the analysis stands without it: never a
+//!   failed request over an aid to the search.
 //! - [`Analysis::to_json`] is exactly the JSON stored in
 //!   `pipeline_runs.analysis`: the five keys, normalised as above, with
 //!   every other field of `context_found` kept as the model gave it and
@@ -17,7 +24,9 @@
 //!   analysis asks, and `clarification` (`{"question", "reply"}`, reply
 //!   null when the user did not reply) only for a request that asked
 //!   already: the stages after the analyzer read the exchange from it
-//!   ([`Analysis::query_with_exchange`]). `from_json(&a.to_json()) == a`.
+//!   ([`Analysis::query_with_exchange`]); `sub_queries` and `entities` only
+//!   when there are some (so an analysis without them is stored as it
+//!   always was). `from_json(&a.to_json()) == a`.
 //!   When the query was embedded during the analyze stage and the analysis
 //!   asks for context, the stored JSON also keeps that embedding
 //!   ([`keep_query_embedding`]: a sixth key, `query_embedding`, which
@@ -49,6 +58,99 @@ pub struct Analysis {
     /// The question a request asked already, and the user's reply (`None`:
     /// the wait expired without one).
     clarification: Option<(String, Option<String>)>,
+    /// Further search texts, searched beside the query.
+    sub_queries: Vec<String>,
+    /// Names, places and titles the query is about.
+    entities: Vec<String>,
+}
+
+/// Most sub-queries an analysis may carry.
+pub const MAX_SUB_QUERIES: usize = 4;
+/// Most characters of one sub-query.
+pub const MAX_SUB_QUERY_CHARS: usize = 200;
+/// Most entities an analysis may carry.
+pub const MAX_ENTITIES: usize = 8;
+/// Most characters of one entity.
+pub const MAX_ENTITY_CHARS: usize = 100;
+
+/// The optional list of texts `name` of an analysis: absent or null gives
+/// none, items are trimmed and blank ones dropped; an error (naming the
+/// field, and the limit it broke) when it is not an array of strings, has
+/// more than `most` items or an item longer than `chars` characters.
+pub fn texts_field(obj: &Map<String, Value>, name: &str, most: usize, chars: usize) -> Result<Vec<String>, String> {
+    let items = match obj.get(name) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(other) => return Err(format!("{name} must be an array of strings, not {}", kind(other))),
+    };
+    if items.len() > most {
+        return Err(format!(
+            "{name} holds {} items, more than the {most} allowed",
+            items.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let Some(text) = item.as_str() else {
+            return Err(format!("{name}[{i}] must be a string, not {}", kind(item)));
+        };
+        let text = text.trim();
+        let n = text.chars().count();
+        if n > chars {
+            return Err(format!("{name}[{i}] has {n} characters, more than the {chars} allowed"));
+        }
+        if !text.is_empty() {
+            out.push(text.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// The question of `clarify`: absent or null, or an object whose
+/// `question` is a non-empty string (trimmed).
+fn clarify_of(obj: &Map<String, Value>) -> Result<Option<String>, String> {
+    match obj.get("clarify") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(c)) => match c.get("question") {
+            Some(Value::String(q)) if !q.trim().is_empty() => Ok(Some(q.trim().to_owned())),
+            _ => Err("clarify.question must be a non-empty string".into()),
+        },
+        Some(_) => Err("clarify must be an object or null".into()),
+    }
+}
+
+/// The question and reply of `clarification`: absent or null, or an
+/// object with a question and a reply (a string or null).
+fn clarification_of(obj: &Map<String, Value>) -> Result<Option<(String, Option<String>)>, String> {
+    match obj.get("clarification") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(c)) => match (c.get("question"), c.get("reply")) {
+            (Some(Value::String(q)), Some(Value::String(r))) => Ok(Some((q.clone(), Some(r.clone())))),
+            (Some(Value::String(q)), None | Some(Value::Null)) => Ok(Some((q.clone(), None))),
+            _ => Err("clarification must hold a question and a reply (a string or null)".into()),
+        },
+        Some(_) => Err("clarification must be an object or null".into()),
+    }
+}
+
+/// A JSON value's kind, for a refusal.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// [`texts_field`], a refusal logged and taken as none.
+fn texts_or_none(obj: &Map<String, Value>, name: &str, most: usize, chars: usize) -> Vec<String> {
+    texts_field(obj, name, most, chars).unwrap_or_else(|problem| {
+        tracing::warn!(field = name, %problem, "the analysis' {name} were refused; the request goes on without them");
+        Vec::new()
+    })
 }
 
 /// The memory record the analyzer found relevant, if it named one.
@@ -123,23 +225,7 @@ impl Analysis {
             }
             Some(_) => return Err("context_found must be an object or null".into()),
         };
-        let question = match obj.get("clarify") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(c)) => match c.get("question") {
-                Some(Value::String(q)) if !q.trim().is_empty() => Some(q.trim().to_owned()),
-                _ => return Err("clarify.question must be a non-empty string".into()),
-            },
-            Some(_) => return Err("clarify must be an object or null".into()),
-        };
-        let clarification = match obj.get("clarification") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(c)) => match (c.get("question"), c.get("reply")) {
-                (Some(Value::String(q)), Some(Value::String(r))) => Some((q.clone(), Some(r.clone()))),
-                (Some(Value::String(q)), None | Some(Value::Null)) => Some((q.clone(), None)),
-                _ => return Err("clarification must hold a question and a reply (a string or null)".into()),
-            },
-            Some(_) => return Err("clarification must be an object or null".into()),
-        };
+        let (question, clarification) = (clarify_of(obj)?, clarification_of(obj)?);
         Ok(Analysis {
             needs_context,
             context_type,
@@ -148,6 +234,8 @@ impl Analysis {
             context_found,
             question,
             clarification,
+            sub_queries: texts_or_none(obj, "sub_queries", MAX_SUB_QUERIES, MAX_SUB_QUERY_CHARS),
+            entities: texts_or_none(obj, "entities", MAX_ENTITIES, MAX_ENTITY_CHARS),
         })
     }
 
@@ -166,6 +254,12 @@ impl Analysis {
             }
             if let Some((q, r)) = &self.clarification {
                 obj.insert("clarification".into(), json!({"question": q, "reply": r}));
+            }
+            if !self.sub_queries.is_empty() {
+                obj.insert("sub_queries".into(), json!(self.sub_queries));
+            }
+            if !self.entities.is_empty() {
+                obj.insert("entities".into(), json!(self.entities));
             }
         }
         v
@@ -222,6 +316,18 @@ impl Analysis {
     /// Words to search memory with; empty when it gave none.
     pub fn search_keywords(&self) -> &[String] {
         &self.search_keywords
+    }
+
+    /// Further search texts the analyzer gave (at most
+    /// [`MAX_SUB_QUERIES`]); empty when it gave none.
+    pub fn sub_queries(&self) -> &[String] {
+        &self.sub_queries
+    }
+
+    /// The names, places and titles the query is about (at most
+    /// [`MAX_ENTITIES`]); empty when it gave none.
+    pub fn entities(&self) -> &[String] {
+        &self.entities
     }
 
     /// The record the analyzer found relevant, if any.
@@ -369,6 +475,80 @@ mod tests {
         for bad in [r#"{"question": ""}"#, r#"{"question": 3}"#, r#""ask""#] {
             let text = format!(r#"{{"needs_context": false, "context_type": "none", "clarify": {bad}}}"#);
             assert!(Analysis::parse(&text).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn sub_queries_and_entities_are_kept_trimmed_and_stored_only_when_given() {
+        let a = Analysis::parse(
+            r#"{"needs_context": true, "context_type": "topic",
+                "sub_queries": [" John trip Seattle ", "", "John visited Paris"], "entities": ["John", "Paris"]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.sub_queries(), ["John trip Seattle", "John visited Paris"]);
+        assert_eq!(a.entities(), ["John", "Paris"]);
+        let stored = a.to_json();
+        assert_eq!(
+            stored["sub_queries"],
+            json!(["John trip Seattle", "John visited Paris"])
+        );
+        assert_eq!(Analysis::from_json(&stored).ok(), Some(a));
+        let none = Analysis::parse(r#"{"needs_context": true, "context_type": "topic", "sub_queries": null}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(none.sub_queries().is_empty() && none.entities().is_empty());
+        let stored = none.to_json();
+        assert_eq!((stored.get("sub_queries"), stored.get("entities")), (None, None));
+    }
+
+    #[test]
+    fn a_bad_sub_queries_or_entities_field_is_refused_alone_naming_it() {
+        let long = "x".repeat(MAX_SUB_QUERY_CHARS + 1);
+        let cases = [
+            (
+                r#""sub_queries": "John Paris""#,
+                "sub_queries must be an array of strings, not a string",
+            ),
+            (
+                r#""sub_queries": ["a", "b", "c", "d", "e"]"#,
+                "sub_queries holds 5 items, more than the 4 allowed",
+            ),
+            (
+                r#""sub_queries": ["a", 7]"#,
+                "sub_queries[1] must be a string, not a number",
+            ),
+            (
+                &*format!(r#""sub_queries": ["{long}"]"#),
+                "sub_queries[0] has 201 characters, more than the 200 allowed",
+            ),
+            (
+                r#""entities": {"name": "John"}"#,
+                "entities must be an array of strings, not an object",
+            ),
+            (
+                r#""entities": ["1","2","3","4","5","6","7","8","9"]"#,
+                "entities holds 9 items, more than the 8 allowed",
+            ),
+        ];
+        for (field, problem) in cases {
+            let text =
+                format!(r#"{{"needs_context": true, "context_type": "topic", "search_keywords": ["trip"], {field}}}"#);
+            let obj: Map<String, Value> = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+            let name = if field.contains("sub_queries") {
+                "sub_queries"
+            } else {
+                "entities"
+            };
+            let (most, chars) = if name == "entities" {
+                (MAX_ENTITIES, MAX_ENTITY_CHARS)
+            } else {
+                (MAX_SUB_QUERIES, MAX_SUB_QUERY_CHARS)
+            };
+            assert_eq!(texts_field(&obj, name, most, chars), Err(problem.to_owned()), "{text}");
+            // The analysis stands without the field.
+            let a = Analysis::parse(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(a.sub_queries().is_empty() && a.entities().is_empty(), "{text}");
+            assert_eq!(a.search_keywords(), ["trip"]);
+            assert!(a.needs_context());
         }
     }
 

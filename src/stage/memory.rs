@@ -18,6 +18,17 @@
 //!   up in proportion to `memory.budget_tokens` above
 //!   [`HITS_BUDGET_TOKENS`], so a larger budget has candidates to fill it
 //!   (every caller of the search takes the count from here).
+//! - Sub-queries: with a long-term search, each of the analysis'
+//!   `sub_queries` (at most four) is one more search text, and its
+//!   `entities` joined are one more after them (the search statement
+//!   takes one text, an OR of its lexemes: the entities as a text of their
+//!   own find the turns that name them without changing the query's
+//!   ranking). Each is searched like the query (same limits and time
+//!   range, no thread turns) and [`merge`] puts their items after the
+//!   query's. Without sub-queries or entities the plan, its statement and
+//!   its order are exactly the query's.
+
+use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -51,6 +62,10 @@ pub struct MemoryPlan {
     pub recent: bool,
     /// Items inside this range come first (`period`).
     pub time_range: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// Further long-term search texts, searched beside `query`: the
+    /// analysis' sub-queries, then its entities as one text; empty without
+    /// a long-term search. At most [`MAX_SUB_QUERIES`](super::analysis::MAX_SUB_QUERIES) + 1.
+    pub sub_queries: Vec<String>,
 }
 
 impl MemoryPlan {
@@ -89,6 +104,7 @@ pub fn plan(analysis: Option<&Analysis>, query: &str, thread: Option<Uuid>, now:
             query: query.to_owned(),
             recent: false,
             time_range: None,
+            sub_queries: Vec::new(),
         };
     };
     let query = if a.needs_context() {
@@ -106,7 +122,70 @@ pub fn plan(analysis: Option<&Analysis>, query: &str, thread: Option<Uuid>, now:
         query,
         recent: a.context_type() == "recent",
         time_range: if a.needs_context() { a.time_range(now) } else { None },
+        sub_queries: if a.needs_context() { sub_queries(a) } else { Vec::new() },
     }
+}
+
+/// The analysis' sub-queries, then its entities joined as one more text.
+fn sub_queries(a: &Analysis) -> Vec<String> {
+    let mut texts = a.sub_queries().to_vec();
+    if !a.entities().is_empty() {
+        texts.push(a.entities().join(" "));
+    }
+    texts
+}
+
+/// Whether two retrieved items are the same turn or record.
+fn key(item: &MemoryItem) -> (bool, i64) {
+    (item.is_record(), item.id)
+}
+
+/// The items of the query's search (`main`, as retrieved) and of its
+/// sub-queries (`more`, one list per sub-query as retrieved) as one list in
+/// packing order: `main` first, as it is; then the sub-queries' long-term
+/// items taken in turn, round robin by rank: the first hit of each
+/// sub-query (with its window: the neighbours it brought), then the second
+/// of each, and so on. A turn or record already taken is dropped. With no
+/// sub-query, `main` unchanged.
+pub fn merge(main: Vec<MemoryItem>, more: Vec<Vec<MemoryItem>>) -> Vec<MemoryItem> {
+    if more.is_empty() {
+        return main;
+    }
+    let mut seen: HashSet<(bool, i64)> = main.iter().map(key).collect();
+    // Each sub-query's windows in rank order: a hit with its neighbours,
+    // or a record alone.
+    let ranked: Vec<Vec<Vec<MemoryItem>>> = more.into_iter().map(windows).collect();
+    let rounds = ranked.iter().map(Vec::len).max().unwrap_or(0);
+    let mut out = main;
+    let mut ranked: Vec<_> = ranked.into_iter().map(Vec::into_iter).collect();
+    for _ in 0..rounds {
+        for windows in &mut ranked {
+            for item in windows.next().into_iter().flatten() {
+                if seen.insert(key(&item)) {
+                    out.push(item);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A search's long-term items grouped by what brought them (a hit's
+/// window, or a record alone), in the order of the first of each group.
+fn windows(items: Vec<MemoryItem>) -> Vec<Vec<MemoryItem>> {
+    let mut groups: Vec<((bool, i64), Vec<MemoryItem>)> = Vec::new();
+    for item in items.into_iter().filter(|i| i.why != FoundAs::Thread) {
+        let by = if item.is_record() {
+            (true, item.id)
+        } else {
+            (false, item.hit_id)
+        };
+        match groups.iter_mut().find(|(k, _)| *k == by) {
+            Some((_, group)) => group.push(item),
+            None => groups.push((by, vec![item])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
 }
 
 /// The plan of a stage input (the assemble stage's, or the fused one's).
@@ -166,10 +245,12 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_time_range_moves_items_inside_it_first() {
-        let at = |d: i64| DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::days(d);
-        let item = |id: i64, why: FoundAs, day: i64| MemoryItem {
+    fn at(d: i64) -> DateTime<Utc> {
+        DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::days(d)
+    }
+
+    fn item(id: i64, why: FoundAs, day: i64) -> MemoryItem {
+        MemoryItem {
             kind: MemoryKind::Turn,
             id,
             why,
@@ -180,12 +261,82 @@ mod tests {
             content: String::new(),
             created_at: at(day),
             period_end: None,
+        }
+    }
+
+    #[test]
+    fn sub_queries_and_entities_are_searched_only_with_a_long_term_search() {
+        let a = analysis(
+            r#"{"needs_context": true, "context_type": "topic", "sub_queries": ["John visited Paris", "John Seattle"],
+                "entities": ["John", "Paris"]}"#,
+        );
+        let p = plan(Some(&a), "Which cities has John been to?", None, Utc::now());
+        assert_eq!(p.query, "Which cities has John been to?");
+        assert_eq!(p.sub_queries, ["John visited Paris", "John Seattle", "John Paris"]);
+        let off = analysis(r#"{"needs_context": false, "context_type": "none", "sub_queries": ["x"]}"#);
+        assert!(plan(Some(&off), "q", None, Utc::now()).sub_queries.is_empty());
+        let plain = analysis(r#"{"needs_context": true, "context_type": "topic"}"#);
+        assert!(plan(Some(&plain), "q", None, Utc::now()).sub_queries.is_empty());
+    }
+
+    #[test]
+    fn merge_puts_the_query_first_then_the_sub_queries_round_robin_by_rank() {
+        let near = |id: i64, hit: i64| MemoryItem {
+            hit_id: hit,
+            ..item(id, FoundAs::Neighbour, 1)
         };
+        let record = |id: i64| MemoryItem {
+            kind: MemoryKind::Record,
+            ..item(id, FoundAs::Record, 1)
+        };
+        let main = vec![item(1, FoundAs::Thread, 1), item(2, FoundAs::Hit, 1), near(3, 2)];
+        let first = vec![
+            item(10, FoundAs::Hit, 1),
+            near(11, 10),
+            item(12, FoundAs::Hit, 1),
+            record(2),
+        ];
+        let second = vec![
+            item(2, FoundAs::Hit, 1),
+            near(20, 2),
+            item(21, FoundAs::Hit, 1),
+            item(10, FoundAs::Hit, 1),
+        ];
+        let got: Vec<(i64, bool)> = merge(main.clone(), vec![first, second])
+            .iter()
+            .map(|i| (i.id, i.is_record()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                // the query's items as retrieved
+                (1, false),
+                (2, false),
+                (3, false),
+                // rank 1: the first's hit 10 with its neighbour, the
+                // second's hit 2 (taken already) with its new neighbour 20
+                (10, false),
+                (11, false),
+                (20, false),
+                // rank 2: the first's 12, the second's 21
+                (12, false),
+                (21, false),
+                // rank 3: the first's record 2 (not turn 2), the second's
+                // 10 taken already
+                (2, true),
+            ]
+        );
+        assert_eq!(merge(main.clone(), Vec::new()), main, "no sub-query: unchanged");
+    }
+
+    #[test]
+    fn a_time_range_moves_items_inside_it_first() {
         let p = MemoryPlan {
             thread_id: None,
             query: "q".into(),
             recent: false,
             time_range: Some((at(10), at(20))),
+            sub_queries: Vec::new(),
         };
         let got = p.arrange(vec![
             item(1, FoundAs::Thread, 1),

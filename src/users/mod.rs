@@ -42,7 +42,7 @@ use crate::model::MemoryItem;
 use crate::repo;
 pub use crate::repo::users::{Corrected, EraseTable, RecordView, TurnView, UserKey, UserState, Why};
 use crate::service::Service;
-pub use retrieve::{Searcher, retrieve};
+pub use retrieve::{Embedded, Searcher, retrieve};
 
 /// SQLSTATE of a request refused because its user was forgotten.
 pub const REFUSED_SQLSTATE: &str = "MA410";
@@ -222,12 +222,14 @@ pub async fn search(
     }))
     .map_err(|e| UserError::Db(db::Error::Unexpected(format!("the search's plan: {e}"))))?;
     let plan = crate::stage::memory::plan(Some(&analysis), s.query, None, chrono::Utc::now());
-    let embedding = crate::llm::embed::Embedder::for_search(embedder, &plan.query).await;
+    let embedding = crate::llm::embed::Embedder::for_search(embedder, &plan.query)
+        .await
+        .map(|(e, model)| (e, model.to_owned()));
     let who = Searcher {
         user_id: user.user_id,
         request_id: Uuid::nil(),
     };
-    let mut hits = retrieve(client, &cfg.memory, &plan, who, embedding).await?;
+    let mut hits = retrieve(client, &cfg.memory, &plan, who, &embedding, &[]).await?;
     if let Some(limit) = s.limit {
         hits.truncate(limit);
     }

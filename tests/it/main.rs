@@ -45,6 +45,7 @@ mod sql_tenancy;
 mod stages;
 mod stream_providers;
 mod streaming;
+mod sub_queries;
 mod support;
 mod systemd;
 mod tenants;
