@@ -75,10 +75,12 @@
 //!   the same); `budgets_ordered` says whether recall never falls as the
 //!   budget grows (printed, not asserted). `MAAS_EVAL_MEMORY_SHOW_GAPS=1`
 //!   prints where each differing context first differs (stderr).
-//! - The memory search's latency (`search_ms_p50`, `search_ms_p99`): the
-//!   rebuild's search statements at 2,000 tokens (the pipeline's), timed
-//!   around `users::retrieve`: one at a time on an idle database, not under
-//!   the run's concurrency (maasd keeps no histogram of its searches).
+//! - The memory search's latency (`search_ms_p50`, `search_ms_p99`, over
+//!   `search_statements` questions): each question's search at 2,000
+//!   tokens (the pipeline's: the query's statement and any sub-query's),
+//!   timed around `users::retrieve` in the rebuild: one at a time on an
+//!   idle database, not under the run's concurrency (maasd keeps no
+//!   histogram of its searches).
 //!
 //! - `MAAS_EVAL_MEMORY_APPROXIMATE=P` (a measurement of what the lists of
 //!   large users cost in recall, nothing else sets it): every user is
@@ -534,7 +536,7 @@ struct Rebuilt {
     /// Of the others: how many score the same (all and any) as the
     /// pipeline's own context.
     same_score: usize,
-    /// Each search statement at the pipeline's budget (µs), sorted.
+    /// Each question's search at the pipeline's budget (µs), sorted.
     search_us: Vec<u128>,
 }
 
@@ -1205,7 +1207,7 @@ async fn run(args: Args) -> bool {
         );
         let _ = writeln!(
             s,
-            "memory search p50 {} ms p99 {} ms ({} statements at {PIPELINE_BUDGET} tokens, timed in the rebuild: one at a time, maasd stopped)",
+            "memory search p50 {} ms p99 {} ms ({} questions' searches at {PIPELINE_BUDGET} tokens, timed in the rebuild: one at a time, maasd stopped)",
             report["search_ms_p50"], report["search_ms_p99"], report["search_statements"]
         );
         let _ = writeln!(
