@@ -164,7 +164,8 @@
 //!    behind a trait that knows no SQL; the typed analysis), [`service`]
 //!    (the background-job trait).
 //! 6. [`listener`] (the LISTEN session and its [`listener::Notifier`]),
-//!    [`users`] (a user's data: see, correct, forget).
+//!    [`users`] (a user's data: see, correct, forget; the one search
+//!    of a memory plan, [`users::retrieve`], for the pipeline and the doors).
 //! 7. Engine and services: [`dispatcher`] (claim → run → decide → write;
 //!    the sweep; a streamed answer's deltas to `answer_deltas`), [`archivist`] (turns → records, on a schedule and on
 //!    demand, exactly once), [`embedder`] (turns → embeddings, when on),

@@ -19,7 +19,9 @@ pub struct MemoryConfig {
     pub thread_budget_tokens: usize,
     /// Most turns of the thread read for the short-term memory. Default 20.
     pub thread_turns: usize,
-    /// Most matching turns of the long-term search. Default 40.
+    /// Most matching turns of the long-term search at a `budget_tokens` of
+    /// 2000 or less; a larger budget asks for proportionally more
+    /// (`stage::memory::hits`). Default 40.
     pub hits: usize,
     /// Same-thread neighbours each side of each of the five strongest
     /// hits (the other hits come alone). Default 2.

@@ -1,8 +1,10 @@
 //! The memory an assemble stage packs (fused or not), read as the stage
 //! layer plans it ([`memory::plan_for`]).
 //!
-//! - One statement for the query (`repo::memory::search`), none when the
-//!   plan needs none (no long-term search and no thread).
+//! - The statements are the one search of a plan
+//!   ([`crate::users::retrieve`], as the doors and the memory benchmark
+//!   run it): one for the query, none when the plan needs none (no
+//!   long-term search and no thread).
 //! - One more for each of the plan's sub-queries (at most five: the
 //!   analysis' sub-queries and its entities), on the same connection after
 //!   the query's, with the same limits and no thread turns; each
@@ -16,34 +18,10 @@
 use futures_util::future::join_all;
 
 use super::Engine;
-use crate::config::MemoryConfig;
 use crate::llm::embed::Embedder;
 use crate::model::MemoryItem;
-use crate::repo::{self, memory::MemorySearch};
 use crate::stage::{StageError, StageInput, memory};
-
-/// A search text's embedding and the model that made it, if any.
-type Embedded = Option<(Vec<f32>, String)>;
-
-/// The long-term search of `text` for `input`'s request, with the daemon's
-/// limits and `text`'s embedding; no thread turns.
-fn searched<'a>(input: &StageInput, m: &MemoryConfig, text: &'a str, embedded: &'a Embedded) -> MemorySearch<'a> {
-    MemorySearch {
-        user_id: input.user_id,
-        request_id: input.request_id,
-        thread_id: None,
-        thread_turns: m.thread_turns,
-        query: text,
-        hits: m.hits,
-        window: m.window,
-        records: m.records,
-        semantic: embedded.as_ref().map(|(embedding, model)| repo::memory::Semantic {
-            embedding: embedding.clone(),
-            model,
-            weight: m.semantic_weight,
-        }),
-    }
-}
+use crate::users::Embedded;
 
 impl Engine {
     /// Reads the memory the assemble stage packs into `input.retrieved`
@@ -54,14 +32,11 @@ impl Engine {
             return Ok(());
         }
         let (query, more) = self.embeddings(input, &plan).await;
-        let search = |text, embedded| searched(input, &self.cfg.memory, text, embedded);
-        let main = MemorySearch {
-            thread_id: plan.thread_id,
-            ..search(&plan.query, &query)
+        let who = crate::users::Searcher {
+            user_id: input.user_id,
+            request_id: input.request_id,
         };
-        let subs: Vec<MemorySearch<'_>> = plan.sub_queries.iter().zip(&more).map(|(q, e)| search(q, e)).collect();
-        let (items, found) = self.read(&main, &subs).await?;
-        input.retrieved = plan.arrange(memory::merge(items, found));
+        input.retrieved = self.read(&plan, who, &query, &more).await?;
         Ok(())
     }
 
@@ -89,21 +64,18 @@ impl Engine {
         tokio::join!(query, more)
     }
 
-    /// Runs the query's search, then each sub-query's, on one pooled
+    /// Runs the plan's searches ([`crate::users::retrieve`]) on one pooled
     /// connection within the stage timeout.
     async fn read(
         &self,
-        main: &MemorySearch<'_>,
-        subs: &[MemorySearch<'_>],
-    ) -> Result<(Vec<MemoryItem>, Vec<Vec<MemoryItem>>), StageError> {
+        plan: &memory::MemoryPlan,
+        who: crate::users::Searcher,
+        query: &Embedded,
+        more: &[Embedded],
+    ) -> Result<Vec<MemoryItem>, StageError> {
         let read = async {
             let client = self.pool.get().await?;
-            let items = repo::memory::search(&client, main).await?;
-            let mut found = Vec::with_capacity(subs.len());
-            for s in subs {
-                found.push(repo::memory::search(&client, s).await?);
-            }
-            Ok::<_, crate::db::Error>((items, found))
+            crate::users::retrieve(&client, &self.cfg.memory, plan, who, query, more).await
         };
         match tokio::time::timeout(self.cfg.stage_timeout(), read).await {
             Ok(Ok(read)) => Ok(read),

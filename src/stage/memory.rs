@@ -14,6 +14,10 @@
 //!   others (`period`), keeping their order.
 //! - A plan that needs nothing ([`MemoryPlan::needs_statement`] false: no
 //!   search and no thread) runs no statement.
+//! - The long-term search asks for [`hits`] turns: `memory.hits`, scaled
+//!   up in proportion to `memory.budget_tokens` above
+//!   [`HITS_BUDGET_TOKENS`], so a larger budget has candidates to fill it
+//!   (every caller of the search takes the count from here).
 //! - Sub-queries: with a long-term search, each of the analysis'
 //!   `sub_queries` (at most four) is one more search text, and its
 //!   `entities` joined are one more after them (the search statement
@@ -30,7 +34,22 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{Analysis, StageInput};
+use crate::config::MemoryConfig;
 use crate::model::{FoundAs, MemoryItem};
+
+/// The long-term budget `memory.hits` is meant for: the default
+/// `memory.budget_tokens`, at which 40 hits were measured to fill the block
+/// (a LoCoMo turn's line costs about 40 tokens, one per three bytes, and
+/// the five strongest hits bring up to four neighbours each).
+pub const HITS_BUDGET_TOKENS: usize = 2000;
+
+/// How many turns the long-term search asks for: `memory.hits` at a budget
+/// of [`HITS_BUDGET_TOKENS`] or less, and in proportion above it (80 at
+/// 4,000 tokens with the default 40), so a larger budget has candidates to
+/// fill it; never fewer than `memory.hits`.
+pub fn hits(m: &MemoryConfig) -> usize {
+    m.hits.max(m.hits.saturating_mul(m.budget_tokens) / HITS_BUDGET_TOKENS)
+}
 
 /// What to retrieve for one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -215,6 +234,25 @@ mod tests {
         let r = analysis(r#"{"needs_context": true, "context_type": "recent"}"#);
         assert!(plan(Some(&r), "q", None, Utc::now()).recent);
         assert_eq!(plan(None, "q", None, Utc::now()).query, "q");
+    }
+
+    #[test]
+    fn the_hits_grow_with_the_budget_never_below_the_setting() {
+        let m = |budget_tokens, hits| MemoryConfig {
+            budget_tokens,
+            hits,
+            ..MemoryConfig::default()
+        };
+        assert_eq!(hits(&MemoryConfig::default()), MemoryConfig::default().hits);
+        assert_eq!(hits(&m(2000, 40)), 40);
+        assert_eq!(hits(&m(4000, 40)), 80);
+        assert_eq!(hits(&m(1000, 40)), 40);
+        assert_eq!(hits(&m(4000, 1)), 2);
+        assert_eq!(
+            hits(&m(2000, 1)),
+            1,
+            "a setting below the default holds at the default budget"
+        );
     }
 
     fn at(d: i64) -> DateTime<Utc> {

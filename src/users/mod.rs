@@ -23,6 +23,7 @@
 //!   step is idempotent.
 
 pub mod export;
+mod retrieve;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,7 @@ use crate::model::MemoryItem;
 use crate::repo;
 pub use crate::repo::users::{Corrected, EraseTable, RecordView, TurnView, UserKey, UserState, Why};
 use crate::service::Service;
+pub use retrieve::{Embedded, Searcher, retrieve};
 
 /// SQLSTATE of a request refused because its user was forgotten.
 pub const REFUSED_SQLSTATE: &str = "MA410";
@@ -220,25 +222,14 @@ pub async fn search(
     }))
     .map_err(|e| UserError::Db(db::Error::Unexpected(format!("the search's plan: {e}"))))?;
     let plan = crate::stage::memory::plan(Some(&analysis), s.query, None, chrono::Utc::now());
-    let semantic = crate::llm::embed::Embedder::for_search(embedder, &plan.query)
+    let embedding = crate::llm::embed::Embedder::for_search(embedder, &plan.query)
         .await
-        .map(|(embedding, model)| repo::memory::Semantic {
-            embedding,
-            model,
-            weight: cfg.memory.semantic_weight,
-        });
-    let search = repo::memory::MemorySearch {
+        .map(|(e, model)| (e, model.to_owned()));
+    let who = Searcher {
         user_id: user.user_id,
         request_id: Uuid::nil(),
-        thread_id: None,
-        thread_turns: 0,
-        query: &plan.query,
-        hits: cfg.memory.hits,
-        window: cfg.memory.window,
-        records: cfg.memory.records,
-        semantic,
     };
-    let mut hits = plan.arrange(repo::memory::search(client, &search).await?);
+    let mut hits = retrieve(client, &cfg.memory, &plan, who, &embedding, &[]).await?;
     if let Some(limit) = s.limit {
         hits.truncate(limit);
     }

@@ -656,3 +656,29 @@ async fn a_question_naming_a_speaker_prefers_that_speakers_turns() {
     assert!(context.contains("we adopted a pet dog"), "{context}");
     assert!(!context.contains("Caroline adopted pet?"), "{context}");
 }
+
+/// The search asks for more hits when the budget is larger
+/// (`stage::memory::hits`): with `memory.hits` 1, a budget of 4,000 tokens
+/// brings two matching turns where 2,000 brings one (the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_larger_budget_asks_for_more_hits() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (user, chat) = (Uuid::new_v4(), Uuid::new_v4());
+    log_turn(&c, user, chat, "user_query", "Caroline: we adopted a pet dog").await;
+    log_turn(&c, user, chat, "assistant_response", "Melanie: Caroline adopted pet?").await;
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_MEMORY__HITS", "1")
+            .env("MAAS_MEMORY__BUDGET_TOKENS", "4000")
+            .env("MAAS_MEMORY__WINDOW", "0"),
+    )
+    .await;
+    let id = api.ask(user, None, "Which pet did Caroline adopt?").await;
+    let state = api.status_with(id, "include=context").await;
+    let context = state["context"].as_str().unwrap_or_default();
+    assert!(context.contains("we adopted a pet dog"), "{context}");
+    assert!(context.contains("Caroline adopted pet?"), "{context}");
+}

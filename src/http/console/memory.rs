@@ -133,7 +133,7 @@ async fn user_data(app: &AppState, s: &Session, id: &str, uq: &UserQuery) -> Res
     Ok(context! {
         view => v(&view), mark => v(&mark), eligible => v(&eligible), actions => v(&actions),
         q, hits => v(&hits),
-        limits => context! { hits => app.cfg.memory.hits, records => app.cfg.memory.records, window => app.cfg.memory.window },
+        limits => context! { hits => crate::stage::memory::hits(&app.cfg.memory), records => app.cfg.memory.records, window => app.cfg.memory.window },
         schedule => context! { enabled => app.cfg.archivist.enabled, cron => app.cfg.archivist.schedule.clone() },
     })
 }
