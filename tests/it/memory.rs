@@ -22,27 +22,6 @@ async fn start(db: &TestDb) -> Api {
     Api::start(db, Opts::default().env("MAAS_ARCHIVIST__ENABLED", "false")).await
 }
 
-impl Api {
-    /// Submits and follows the request to its end; returns its id.
-    async fn ask(&self, user: Uuid, thread: Option<Uuid>, query: &str) -> Uuid {
-        let resp = self
-            .submit(&json!({ "user_id": user, "thread_id": thread, "query": query }))
-            .await;
-        assert_eq!(resp.status(), StatusCode::ACCEPTED);
-        let body: Value = resp.json().await.unwrap();
-        let id: Uuid = body["request_id"].as_str().unwrap().parse().unwrap();
-        let state = self.status_with(id, "wait=60s").await;
-        assert_eq!(state["status"], "completed", "{state}");
-        id
-    }
-
-    async fn status_with(&self, id: Uuid, query: &str) -> Value {
-        let resp = self.get(&format!("/api/query/{id}/status?{query}")).await;
-        assert_eq!(resp.status(), StatusCode::OK);
-        resp.json().await.unwrap()
-    }
-}
-
 async fn log_turn(c: &Client, user: Uuid, thread: Uuid, kind: &str, content: &str) {
     c.execute(
         "INSERT INTO raw_logs (user_id, thread_id, message_type, content) VALUES ($1, $2, $3, $4)",

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio_postgres::Client;
 use uuid::Uuid;
@@ -28,19 +27,8 @@ fn no_archivist() -> Opts {
 /// Submits over HTTP and waits for the end; returns the request's status
 /// with its context.
 async fn ask_http(api: &Api, user: Uuid, query: &str) -> Value {
-    let resp = api
-        .submit(&json!({ "user_id": user, "thread_id": Uuid::new_v4(), "query": query }))
-        .await;
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let body: Value = resp.json().await.unwrap();
-    let id = body["request_id"].as_str().unwrap().to_owned();
-    let resp = api
-        .get(&format!("/api/query/{id}/status?wait=60s&include=context"))
-        .await;
-    assert_eq!(resp.status(), StatusCode::OK);
-    let state: Value = resp.json().await.unwrap();
-    assert_eq!(state["status"], "completed", "{state}");
-    state
+    let id = api.ask(user, Some(Uuid::new_v4()), query).await;
+    api.status_with(id, "include=context").await
 }
 
 /// Inserts a request in a new thread and waits for it; returns its id.

@@ -5,7 +5,6 @@
 //! completes. With a provider (the fake one, over HTTP) and the requests
 //! over the HTTP API.
 
-use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio_postgres::Client;
 use uuid::Uuid;
@@ -69,19 +68,8 @@ fn analysis(more: Value) -> String {
 async fn ask(api: &Api, fake: &FakeLlm, c: &Client, user: Uuid, analysis: String) -> (String, Value) {
     fake.push(Provider::OpenAi, Reply::text(analysis));
     fake.push(Provider::OpenAi, Reply::text("Noted."));
-    let resp = api
-        .submit(&json!({ "user_id": user, "thread_id": Uuid::new_v4(), "query": QUESTION }))
-        .await;
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let body: Value = resp.json().await.unwrap();
-    let id = body["request_id"].as_str().unwrap().to_owned();
-    let resp = api
-        .get(&format!("/api/query/{id}/status?wait=60s&include=context"))
-        .await;
-    assert_eq!(resp.status(), StatusCode::OK);
-    let state: Value = resp.json().await.unwrap();
-    assert_eq!(state["status"], "completed", "never a failed request: {state}");
-    let id: Uuid = id.parse().unwrap();
+    let id = api.ask(user, Some(Uuid::new_v4()), QUESTION).await;
+    let state = api.status_with(id, "include=context").await;
     let stored: Value = value(c, "SELECT analysis_result FROM pipeline_runs WHERE id = $1", &[&id]).await;
     (state["context"].as_str().unwrap_or_default().to_owned(), stored)
 }

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::daemon::{Maasd, Opts};
@@ -71,6 +71,25 @@ impl Api {
     /// Submits `body`; asserts it was accepted and returns the request's id.
     pub async fn submit_accepted(&self, body: &Value) -> Uuid {
         accepted(self.submit(body).await).await
+    }
+
+    /// Submits a request of `user` (in `thread`, or none) and follows it
+    /// to its end; asserts it completed and returns its id.
+    pub async fn ask(&self, user: Uuid, thread: Option<Uuid>, query: &str) -> Uuid {
+        let id = self
+            .submit_accepted(&json!({ "user_id": user, "thread_id": thread, "query": query }))
+            .await;
+        let state = self.status_with(id, "wait=60s").await;
+        assert_eq!(state["status"], "completed", "{state}");
+        id
+    }
+
+    /// The request's status with the query string `query` (`wait=…`,
+    /// `include=context`); asserts 200.
+    pub async fn status_with(&self, id: Uuid, query: &str) -> Value {
+        let resp = self.get(&format!("/api/query/{id}/status?{query}")).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.json().await.unwrap()
     }
 
     /// The `/metrics` page.
