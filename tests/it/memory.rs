@@ -616,22 +616,7 @@ async fn scattered_hits_come_as_single_turns_from_every_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_question_naming_a_speaker_prefers_that_speakers_turns() {
     let db = TestDb::new().await;
-    let c = db.client().await;
-    let (user, chat) = (Uuid::new_v4(), Uuid::new_v4());
-    log_turn(&c, user, chat, "user_query", "Caroline: we adopted a pet dog").await;
-    log_turn(&c, user, chat, "assistant_response", "Melanie: Caroline adopted pet?").await;
-    a_record(&c, user, "pets", "Caroline and Melanie talk about pets").await;
-    let api = Api::start(
-        &db,
-        Opts::default()
-            .env("MAAS_ARCHIVIST__ENABLED", "false")
-            .env("MAAS_MEMORY__HITS", "1")
-            .env("MAAS_MEMORY__WINDOW", "0"),
-    )
-    .await;
-    let id = api.ask(user, None, "Which pet did Caroline adopt?").await;
-    let state = api.status_with(id, "include=context").await;
-    let context = state["context"].as_str().unwrap_or_default();
+    let context = which_pet(&db, "2000", true).await;
     assert!(context.contains("we adopted a pet dog"), "{context}");
     assert!(!context.contains("Caroline adopted pet?"), "{context}");
 }
@@ -642,22 +627,33 @@ async fn a_question_naming_a_speaker_prefers_that_speakers_turns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_larger_budget_asks_for_more_hits() {
     let db = TestDb::new().await;
+    let context = which_pet(&db, "4000", false).await;
+    assert!(context.contains("we adopted a pet dog"), "{context}");
+    assert!(context.contains("Caroline adopted pet?"), "{context}");
+}
+
+/// "Which pet did Caroline adopt?" asked of a user whose memory holds two
+/// turns that match it equally, Caroline's and Melanie's (and a record
+/// about pets when `record`), with `memory.hits` 1, no neighbours and a
+/// long-term budget of `budget` tokens; returns the request's context.
+async fn which_pet(db: &TestDb, budget: &str, record: bool) -> String {
     let c = db.client().await;
     let (user, chat) = (Uuid::new_v4(), Uuid::new_v4());
     log_turn(&c, user, chat, "user_query", "Caroline: we adopted a pet dog").await;
     log_turn(&c, user, chat, "assistant_response", "Melanie: Caroline adopted pet?").await;
+    if record {
+        a_record(&c, user, "pets", "Caroline and Melanie talk about pets").await;
+    }
     let api = Api::start(
-        &db,
+        db,
         Opts::default()
             .env("MAAS_ARCHIVIST__ENABLED", "false")
             .env("MAAS_MEMORY__HITS", "1")
-            .env("MAAS_MEMORY__BUDGET_TOKENS", "4000")
+            .env("MAAS_MEMORY__BUDGET_TOKENS", budget)
             .env("MAAS_MEMORY__WINDOW", "0"),
     )
     .await;
     let id = api.ask(user, None, "Which pet did Caroline adopt?").await;
     let state = api.status_with(id, "include=context").await;
-    let context = state["context"].as_str().unwrap_or_default();
-    assert!(context.contains("we adopted a pet dog"), "{context}");
-    assert!(context.contains("Caroline adopted pet?"), "{context}");
+    state["context"].as_str().unwrap_or_default().to_owned()
 }
