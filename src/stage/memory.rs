@@ -24,8 +24,8 @@
 //!   takes one text, an OR of its lexemes: the entities as a text of their
 //!   own find the turns that name them without changing the query's
 //!   ranking). Each is searched like the query (same limits and time
-//!   range, no thread turns) and [`merge`] puts their items after the
-//!   query's. Without sub-queries or entities the plan, its statement and
+//!   range, no thread turns) and [`merge`] takes every search's hits in
+//!   turn by rank, the query's first in each round. Without sub-queries or entities the plan, its statement and
 //!   its order are exactly the query's.
 
 use std::collections::HashSet;

@@ -10,8 +10,9 @@
 //!   `memory.budget_tokens` the same way for every caller.
 //! - Each of the plan's sub-queries is one more statement on the same
 //!   connection, after the query's, with the same limits and no thread
-//!   turns; [`memory::merge`] puts their items after the query's. A plan
-//!   without sub-queries runs exactly the query's statement.
+//!   turns; [`memory::merge`] takes every search's hits in turn by rank,
+//!   the query's first in each round. A plan without sub-queries runs
+//!   exactly the query's statement.
 //! - The semantic part of a statement is on when the caller gives its
 //!   text's embedding (weighed with `memory.semantic_weight`); otherwise
 //!   full text alone.
