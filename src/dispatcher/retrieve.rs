@@ -9,8 +9,9 @@
 //!   analysis' sub-queries and its entities), on the same connection after
 //!   the query's, with the same limits and no thread turns; each
 //!   sub-query is embedded like the query when embeddings are on (one
-//!   embedding each, all at once). [`memory::merge`] puts their items after
-//!   the query's before the plan arranges them. A plan without
+//!   embedding each, all at once). [`memory::merge`] takes every search's
+//!   hits in turn by rank, the query's first in each round, before the
+//!   plan arranges them. A plan without
 //!   sub-queries runs exactly the statement it always ran.
 //! - A failure of any of them is a retryable stage error; the whole read
 //!   is bounded by the stage timeout.
