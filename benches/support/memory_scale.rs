@@ -360,7 +360,7 @@ impl Probe {
             window: m.window,
             records: m.records,
             semantic: Some(Semantic {
-                embedding: self.vectors[i % self.vectors.len()].clone(),
+                embedding: &self.vectors[i % self.vectors.len()],
                 model: MODEL,
                 weight,
             }),
@@ -433,7 +433,7 @@ async fn reads(c: &Client, s: &MemorySearch<'_>) -> (f64, f64) {
                 &s.thread_id,
                 &int(s.thread_turns),
                 &s.request_id,
-                &sem.embedding.as_slice(),
+                &sem.embedding,
                 &sem.model,
                 &sem.weight,
             ],

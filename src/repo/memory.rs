@@ -78,7 +78,7 @@ pub struct MemorySearch<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Semantic<'a> {
     /// The query's embedding (unit length).
-    pub embedding: Vec<f32>,
+    pub embedding: &'a [f32],
     /// The model that made it; only turn embeddings of this model count.
     pub model: &'a str,
     /// Weight of the cosine in a hit's score, 0 to 1.
@@ -162,7 +162,7 @@ pub async fn search(client: &Client, s: &MemorySearch<'_>) -> Result<Vec<MemoryI
         request_id: s.request_id,
     };
     let semantic = s.semantic.as_ref().filter(|_| long_term).map(|m| SemanticParams {
-        embedding: m.embedding.as_slice(),
+        embedding: m.embedding,
         model: m.model,
         weight: m.weight.clamp(0.0, 1.0),
     });

@@ -77,7 +77,7 @@ fn search_of<'a>(m: &MemoryConfig, who: Searcher, text: &'a str, embedded: Optio
         semantic: embedded
             .and_then(Option::as_ref)
             .map(|(embedding, model)| repo::memory::Semantic {
-                embedding: embedding.clone(),
+                embedding,
                 model,
                 weight: m.semantic_weight,
             }),

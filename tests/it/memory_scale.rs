@@ -90,7 +90,7 @@ async fn hits_for(client: &deadpool_postgres::Client, user: Uuid, embedding: &[f
         window: 0,
         records: 0,
         semantic: Some(maas::repo::memory::Semantic {
-            embedding: embedding.to_vec(),
+            embedding,
             model: MODEL,
             weight: 1.0,
         }),
