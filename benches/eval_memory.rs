@@ -89,6 +89,14 @@
 //!   turns are embedded (`maas::embedder::lists`), and `P` lists probed
 //!   (`maas.memory_lists_probed`).
 //!
+//! - `MAAS_EVAL_MEMORY_FIRST_PERSON=named|first` (a measurement of
+//!   questions a user asks about themself; nothing else sets it): only the
+//!   questions that name the user's speaker (`speaker_a`, logged as
+//!   `user_query`) and not the other are asked, as LoCoMo writes them
+//!   (`named`) or put in the first person (`first`: "What did Caroline
+//!   paint?" → "What did I paint?", see [`in_first_person`]), so the two
+//!   runs score the same questions.
+//!
 //! Each question and its answer are logged as turns of the user, like any
 //! request's; questions submitted later may find them in memory.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
@@ -257,6 +265,8 @@ fn load(path: &str) -> (Conversation, Vec<Question>, usize) {
     }
     let mut questions = Vec::new();
     let mut dropped = 0;
+    let first_person = std::env::var("MAAS_EVAL_MEMORY_FIRST_PERSON").ok();
+    let second = conv["speaker_b"].as_str().unwrap_or_default();
     for q in conv["qa"].as_array().map(Vec::as_slice).unwrap_or_default() {
         let category = q["category"].as_u64().unwrap_or(0);
         if !(1..=4).contains(&category) {
@@ -265,16 +275,85 @@ fn load(path: &str) -> (Conversation, Vec<Question>, usize) {
         let ids = evidence_ids(q["evidence"].as_array().map(Vec::as_slice).unwrap_or_default());
         let evidence: Option<Vec<String>> = ids.iter().map(|id| by_dia.get(id).map(|t| norm(t))).collect();
         match evidence {
-            Some(evidence) if !evidence.is_empty() => questions.push(Question {
-                user,
-                text: q["question"].as_str().unwrap_or_default().to_owned(),
-                category,
-                evidence,
-            }),
+            Some(evidence) if !evidence.is_empty() => {
+                let text = q["question"].as_str().unwrap_or_default().to_owned();
+                let text = match first_person.as_deref() {
+                    None => Some(text),
+                    Some(mode) => {
+                        let names = |who: &str| text.to_lowercase().contains(&who.to_lowercase());
+                        let about_user = names(first) && (second.is_empty() || !names(second));
+                        match mode {
+                            _ if !about_user => None,
+                            "first" => Some(in_first_person(&text, first)),
+                            "named" => Some(text),
+                            other => panic!("MAAS_EVAL_MEMORY_FIRST_PERSON={other}: named or first"),
+                        }
+                    }
+                };
+                if let Some(text) = text {
+                    questions.push(Question {
+                        user,
+                        text,
+                        category,
+                        evidence,
+                    });
+                }
+            }
             _ => dropped += 1,
         }
     }
     (Conversation { user, turns }, questions, dropped)
+}
+
+/// `question` about `me` put in the first person, word by word: `me`'s →
+/// my, `me` → I, his / her → my, he / she → I, then the verb next to "I"
+/// agrees (is → am, has → have, does → do).
+fn in_first_person(question: &str, me: &str) -> String {
+    let mut words: Vec<String> = Vec::new();
+    for raw in question.split_whitespace() {
+        let cut = raw.trim_end_matches(|c: char| !c.is_alphanumeric());
+        let (word, tail) = raw.split_at(cut.len());
+        let lower = word.to_lowercase();
+        let me_lower = me.to_lowercase();
+        let new = if lower == me_lower {
+            "I"
+        } else if lower == format!("{me_lower}'s") || lower == format!("{me_lower}\u{2019}s") {
+            "my"
+        } else {
+            match lower.as_str() {
+                "his" | "her" => "my",
+                "he" | "she" => "I",
+                _ => word,
+            }
+        };
+        words.push(format!("{new}{tail}"));
+    }
+    for i in 0..words.len() {
+        let bare = |w: &str| w.trim_end_matches(|c: char| !c.is_alphanumeric()).to_owned();
+        let next_is_i = words.get(i + 1).is_some_and(|w| bare(w) == "I");
+        let prev_is_i = i > 0 && bare(&words[i - 1]) == "I";
+        if !(next_is_i || prev_is_i) {
+            continue;
+        }
+        let w = bare(&words[i]);
+        let agreed = match w.to_lowercase().as_str() {
+            "is" => "am",
+            "has" => "have",
+            "does" => "do",
+            _ => continue,
+        };
+        let agreed = if w.starts_with(char::is_uppercase) {
+            let mut c = agreed.chars();
+            c.next()
+                .map(|f| f.to_uppercase().chain(c).collect())
+                .unwrap_or_default()
+        } else {
+            agreed.to_owned()
+        };
+        let tail = words[i][w.len()..].to_owned();
+        words[i] = format!("{agreed}{tail}");
+    }
+    words.join(" ")
 }
 
 async fn insert_turns(db: &Client, c: &Conversation) {
@@ -862,6 +941,13 @@ async fn run(args: Args) -> bool {
         conversations.push(c);
         questions.extend(q);
         dropped += d;
+    }
+    if let Ok(mode) = std::env::var("MAAS_EVAL_MEMORY_FIRST_PERSON") {
+        let shown: Vec<&str> = questions.iter().take(3).map(|q| q.text.as_str()).collect();
+        eprintln!(
+            "MAAS_EVAL_MEMORY_FIRST_PERSON={mode}: {} questions, e.g. {shown:?}",
+            questions.len()
+        );
     }
 
     let spec = ClusterSpec {

@@ -82,6 +82,10 @@
 //!   question with several parts implies), searched like the query, its hits
 //!   taken in turn with the query's; the analysis' **entities** (names, places,
 //!   titles) are one more, joined ([`stage::memory::merge`]).
+//! - **first person** — a query that speaks of its user as "I", "my",
+//!   "я", "мой" ([`person`]): its memory search scores the user's own turns
+//!   (`user_query`) as a named speaker's, and the offline analyzer searches
+//!   memory for it.
 //! - **archive run** — one pass of the archivist over the users that have
 //!   turns to archive ([`archivist`]).
 //! - **embedding** — the vector of a turn's text (with the turn before it)
@@ -147,8 +151,8 @@
 //! 0. Leaves, no crate imports: [`model`] (statuses, stages, prompt roles,
 //!    the memory shapes), [`error`] (what a failure means for the request),
 //!    [`secret`], [`backoff`], [`sys`], [`shutdown`], [`telemetry`],
-//!    [`timescope`], [`sanitize`] (what a model's text may carry into the
-//!    database).
+//!    [`timescope`], [`person`] (a query in the first person), [`sanitize`]
+//!    (what a model's text may carry into the database).
 //! 1. [`llm`] — providers (OpenAI-compatible, Anthropic, Gemini, offline),
 //!    rate limits, token counting, fence stripping, error mapping,
 //!    embeddings ([`llm::embed`]).
@@ -245,6 +249,7 @@ pub mod llm;
 pub mod mcp;
 pub mod metrics;
 pub mod model;
+pub mod person;
 pub mod repo;
 pub mod retention;
 pub mod sanitize;

@@ -359,6 +359,7 @@ impl Probe {
             hits: m.hits,
             window: m.window,
             records: m.records,
+            first_person: false,
             semantic: Some(Semantic {
                 embedding: &self.vectors[i % self.vectors.len()],
                 model: MODEL,

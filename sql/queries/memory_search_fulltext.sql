@@ -15,7 +15,7 @@
     SELECT c.id, c.thread_id, c.user_seq, c.created_at,
            (SELECT sum(w.idf_turn) FROM w WHERE c.search @@ w.tq) * 2.2::float8
                / (1.3::float8 + 0.9::float8 * length(c.search) / 13) AS bm25,
-           c.speaker IN (SELECT n.speaker FROM named n) AS named
+           (c.speaker IN (SELECT n.speaker FROM named n) OR ($9::boolean AND c.by_user)) AS named
     FROM candidates c
 ), hits AS (
     -- (a named speaker's turn: a tenth of the best score more; the

@@ -1,9 +1,9 @@
 -- Part 2 of the memory search (memory_search.sql), when embeddings are on
 -- (`[llm.embedding]`): the hits by full text fused with embeddings.
 --
--- $9 embedding (real[], unit length: the query's embedding)
--- $10 model (the model of $9; only turn embeddings of that model are compared)
--- $11 weight (of the semantic part in a hit's score, 0 to 1; the default
+-- $10 embedding (real[], unit length: the query's embedding)
+-- $11 model (the model of $10; only turn embeddings of that model are compared)
+-- $12 weight (of the semantic part in a hit's score, 0 to 1; the default
 --     0.6 fitted leave-one-conversation-out: BENCHMARKS.md, session 27)
 --
 -- The cosine of the query's embedding with each of the user's turn
@@ -21,20 +21,20 @@
 --   exact cosine of those.
 -- The scaling below is then over those turns and the full-text
 -- candidates, whose cosine is computed too. A candidate's score is
--- (1 − $11) · its BM25 score over the best BM25
--- score of the candidates + $11 · its cosine scaled to 0..1 over the
+-- (1 − $12) · its BM25 score over the best BM25
+-- score of the candidates + $12 · its cosine scaled to 0..1 over the
 -- user's turns (min to max): linear fusion, which beat reciprocal rank
 -- fusion by 5 points of recall on LoCoMo (BENCHMARKS.md, session 8).
 ), query_parts AS (
-    SELECT embedding_parts($9::real[]) AS parts, embedding_code($9::real[]) AS code
+    SELECT embedding_parts($10::real[]) AS parts, embedding_code($10::real[]) AS code
 ), size AS (
     -- One decision per search, from the user's count of logged turns and
     -- its lists: 'exact', 'lists' or 'codes'.
     SELECT CASE WHEN n.turns <= coalesce(nullif(current_setting('maas.memory_exact_turns', true), '')::float8, 3000)
                 THEN 'exact'
                 WHEN EXISTS (SELECT 1 FROM embedding_lists l
-                             WHERE l.user_id = $1::uuid AND l.model = $10::text
-                               AND l.dims = cardinality($9::real[]) AND l.complete)
+                             WHERE l.user_id = $1::uuid AND l.model = $11::text
+                               AND l.dims = cardinality($10::real[]) AND l.complete)
                 THEN 'lists'
                 ELSE 'codes' END AS path
     FROM n
@@ -44,7 +44,7 @@
     SELECT array_agg(c.list) AS lists
     FROM (SELECT c.list FROM embedding_centroids c
           WHERE $3::int > 0 AND (SELECT s.path FROM size s) = 'lists'
-            AND c.user_id = $1::uuid AND c.model = $10::text AND c.dims = cardinality($9::real[])
+            AND c.user_id = $1::uuid AND c.model = $11::text AND c.dims = cardinality($10::real[])
           ORDER BY (SELECT sum(cube_distance(x.a, x.b) ^ 2)
                     FROM unnest(c.parts, (SELECT q.parts FROM query_parts q)) AS x(a, b))
           LIMIT coalesce(nullif(current_setting('maas.memory_lists_probed', true), '')::int, 8)) c
@@ -57,9 +57,9 @@
            1 - (SELECT sum(cube_distance(x.a, x.b) ^ 2) FROM unnest(e.parts, q.parts) AS x(a, b)) / 2 AS cosine
     FROM turn_embeddings e
     CROSS JOIN query_parts q
-    WHERE $3::int > 0 AND (SELECT s.path FROM size s) = 'exact' AND e.user_id = $1::uuid AND e.model = $10::text
+    WHERE $3::int > 0 AND (SELECT s.path FROM size s) = 'exact' AND e.user_id = $1::uuid AND e.model = $11::text
       -- (a model that changed its dimensions under the same name is skipped)
-      AND e.dims = cardinality($9::real[])
+      AND e.dims = cardinality($10::real[])
     UNION ALL
     -- Approximate: the nearest codes first (of the probed lists, or of
     -- all), then the exact cosine of those.
@@ -72,8 +72,8 @@
            FROM unnest((SELECT p.lists FROM probed p)::int[]) AS l(list)
            CROSS JOIN LATERAL (
                SELECT c.turn_id, c.code FROM turn_embeddings c
-               WHERE c.user_id = $1::uuid AND c.model = $10::text
-                 AND c.dims = cardinality($9::real[]) AND c.list = l.list
+               WHERE c.user_id = $1::uuid AND c.model = $11::text
+                 AND c.dims = cardinality($10::real[]) AND c.list = l.list
                OFFSET 0) c
            -- (the query's code as a parameter, not a join: a join costs a
            -- step per turn)
@@ -83,7 +83,7 @@
           (SELECT c.turn_id
            FROM turn_embeddings c
            WHERE $3::int > 0 AND (SELECT s.path FROM size s) = 'codes' AND c.user_id = $1::uuid
-             AND c.model = $10::text AND c.dims = cardinality($9::real[])
+             AND c.model = $11::text AND c.dims = cardinality($10::real[])
            ORDER BY bit_count(c.code # (SELECT q.code FROM query_parts q))
            LIMIT 1000)) c
     -- (a lookup by key each: a join could read the user's every row)
@@ -93,13 +93,14 @@
         LIMIT 1) e
     CROSS JOIN query_parts q
 ), near AS (
-    SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.speaker
+    SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search, r.speaker, r.by_user
     FROM (SELECT d.id FROM dense d ORDER BY d.cosine DESC LIMIT 100) d
     -- (a lookup by key each: with a generic plan, a join was seen to read
     -- all of a large user's turns)
     CROSS JOIN LATERAL (
         SELECT r.id, r.thread_id, r.user_seq, r.created_at, r.search,
-               substring(left(r.content, 42) from '^([[:alpha:]][[:alnum:]._-]*(?: +[[:alnum:]._-]+){0,2}): ') AS speaker
+               substring(left(r.content, 42) from '^([[:alpha:]][[:alnum:]._-]*(?: +[[:alnum:]._-]+){0,2}): ') AS speaker,
+               r.message_type = 'user_query' AS by_user
         FROM raw_logs r
         WHERE r.id = d.id AND r.user_id = $1::uuid AND r.request_id IS DISTINCT FROM $8::uuid
         LIMIT 1) r
@@ -119,8 +120,8 @@
     FROM candidates c
     CROSS JOIN LATERAL (
         SELECT e.parts FROM turn_embeddings e
-        WHERE e.turn_id = c.id AND e.user_id = $1::uuid AND e.model = $10::text
-          AND e.dims = cardinality($9::real[])
+        WHERE e.turn_id = c.id AND e.user_id = $1::uuid AND e.model = $11::text
+          AND e.dims = cardinality($10::real[])
         LIMIT 1) e
     CROSS JOIN query_parts q
     WHERE (SELECT s.path FROM size s) <> 'exact' AND NOT EXISTS (SELECT 1 FROM dense d WHERE d.id = c.id)
@@ -144,12 +145,12 @@
     SELECT c.id, c.thread_id, c.user_seq, c.created_at,
            coalesce((SELECT sum(w.idf_turn) FROM w WHERE c.search @@ w.tq), 0) * 2.2::float8
                / (1.3::float8 + 0.9::float8 * length(c.search) / 13) AS bm25,
-           c.speaker IN (SELECT n.speaker FROM named n) AS named
+           (c.speaker IN (SELECT n.speaker FROM named n) OR ($9::boolean AND c.by_user)) AS named
     FROM candidates c
 ), hits AS (
     SELECT s.id, s.thread_id, s.user_seq, s.created_at,
-           (1 - $11::float8) * s.bm25 / greatest(max(s.bm25) OVER (), 1e-9)
-               + $11::float8 * coalesce((d.cosine - span.lo) / span.width, 0)
+           (1 - $12::float8) * s.bm25 / greatest(max(s.bm25) OVER (), 1e-9)
+               + $12::float8 * coalesce((d.cosine - span.lo) / span.width, 0)
                + CASE WHEN s.named THEN 0.15::float8 ELSE 0 END AS score
     FROM scored s
     CROSS JOIN span

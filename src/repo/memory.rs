@@ -68,6 +68,9 @@ pub struct MemorySearch<'a> {
     pub window: usize,
     /// Most matching records.
     pub records: usize,
+    /// The query speaks of its user in the first person: the user's own
+    /// turns score as a named speaker's (see `memory_search.sql`).
+    pub first_person: bool,
     /// The semantic part, when embeddings are on.
     pub semantic: Option<Semantic<'a>>,
 }
@@ -86,7 +89,7 @@ pub struct Semantic<'a> {
 }
 
 super::statement_params! {
-    /// The inputs of `memory_search.sql`, `$1` to `$8` in field order.
+    /// The inputs of `memory_search.sql`, `$1` to `$9` in field order.
     struct SearchParams<'a> {
         user_id: Uuid,
         query: &'a str,
@@ -96,11 +99,12 @@ super::statement_params! {
         thread_id: Option<Uuid>,
         thread_turns: i32,
         request_id: Uuid,
+        first_person: bool,
     }
 }
 
 super::statement_params! {
-    /// The further inputs of `memory_search_semantic.sql`, `$9` to `$11`.
+    /// The further inputs of `memory_search_semantic.sql`, `$10` to `$12`.
     struct SemanticParams<'a> {
         embedding: &'a [f32],
         model: &'a str,
@@ -160,6 +164,7 @@ pub async fn search(client: &Client, s: &MemorySearch<'_>) -> Result<Vec<MemoryI
         thread_id: s.thread_id,
         thread_turns: int(s.thread_turns),
         request_id: s.request_id,
+        first_person: long_term && s.first_person,
     };
     let semantic = s.semantic.as_ref().filter(|_| long_term).map(|m| SemanticParams {
         embedding: m.embedding,

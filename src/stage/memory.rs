@@ -66,6 +66,11 @@ pub struct MemoryPlan {
     /// analysis' sub-queries, then its entities as one text; empty without
     /// a long-term search. At most [`MAX_SUB_QUERIES`](super::analysis::MAX_SUB_QUERIES) + 1.
     pub sub_queries: Vec<String>,
+    /// The query speaks of its user in the first person
+    /// ([`speaks_of_self`](crate::person::speaks_of_self)):
+    /// the user's own turns score as a named speaker's in every search of
+    /// the plan.
+    pub first_person: bool,
 }
 
 impl MemoryPlan {
@@ -105,8 +110,10 @@ pub fn plan(analysis: Option<&Analysis>, query: &str, thread: Option<Uuid>, now:
             recent: false,
             time_range: None,
             sub_queries: Vec::new(),
+            first_person: crate::person::speaks_of_self(query),
         };
     };
+    let first = a.needs_context() && crate::person::speaks_of_self(query);
     let query = if a.needs_context() {
         let mut q = query.to_owned();
         for k in a.search_keywords() {
@@ -123,6 +130,7 @@ pub fn plan(analysis: Option<&Analysis>, query: &str, thread: Option<Uuid>, now:
         recent: a.context_type() == "recent",
         time_range: if a.needs_context() { a.time_range(now) } else { None },
         sub_queries: if a.needs_context() { sub_queries(a) } else { Vec::new() },
+        first_person: first,
     }
 }
 
@@ -237,6 +245,18 @@ mod tests {
     }
 
     #[test]
+    fn a_question_in_the_first_person_asks_about_the_users_own_turns() {
+        let a = analysis(r#"{"needs_context": true, "context_type": "topic"}"#);
+        assert!(plan(Some(&a), "What did I paint?", None, Utc::now()).first_person);
+        assert!(plan(None, "my dog", None, Utc::now()).first_person);
+        let none = analysis(r#"{"needs_context": false, "context_type": "none"}"#);
+        assert!(
+            !plan(Some(&none), "What did I paint?", None, Utc::now()).first_person,
+            "no long-term search"
+        );
+    }
+
+    #[test]
     fn the_hits_grow_with_the_budget_never_below_the_setting() {
         let m = |budget_tokens, hits| MemoryConfig {
             budget_tokens,
@@ -348,6 +368,7 @@ mod tests {
             recent: false,
             time_range: Some((at(10), at(20))),
             sub_queries: Vec::new(),
+            first_person: false,
         };
         let got = p.arrange(vec![
             item(1, FoundAs::Thread, 1),

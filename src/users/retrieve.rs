@@ -52,19 +52,26 @@ pub async fn retrieve(
 ) -> Result<Vec<MemoryItem>, db::Error> {
     let main = MemorySearch {
         thread_id: plan.thread_id,
-        ..search_of(m, who, &plan.query, Some(query))
+        ..search_of(m, plan, who, &plan.query, Some(query))
     };
     let items = repo::memory::search(client, &main).await?;
     let mut found = Vec::with_capacity(plan.sub_queries.len());
     for (i, text) in plan.sub_queries.iter().enumerate() {
-        found.push(repo::memory::search(client, &search_of(m, who, text, sub_queries.get(i))).await?);
+        found.push(repo::memory::search(client, &search_of(m, plan, who, text, sub_queries.get(i))).await?);
     }
     Ok(plan.arrange(memory::merge(items, found)))
 }
 
-/// The long-term search of `text` for `who` within the limits of `m`,
-/// with `embedded` as its semantic part; no thread turns.
-fn search_of<'a>(m: &MemoryConfig, who: Searcher, text: &'a str, embedded: Option<&'a Embedded>) -> MemorySearch<'a> {
+/// The long-term search of `text` (the plan's query or one of its
+/// sub-queries) for `who` within the limits of `m`, with `embedded` as its
+/// semantic part; no thread turns.
+fn search_of<'a>(
+    m: &MemoryConfig,
+    plan: &MemoryPlan,
+    who: Searcher,
+    text: &'a str,
+    embedded: Option<&'a Embedded>,
+) -> MemorySearch<'a> {
     MemorySearch {
         user_id: who.user_id,
         request_id: who.request_id,
@@ -74,6 +81,7 @@ fn search_of<'a>(m: &MemoryConfig, who: Searcher, text: &'a str, embedded: Optio
         hits: memory::hits(m),
         window: m.window,
         records: m.records,
+        first_person: plan.first_person,
         semantic: embedded
             .and_then(Option::as_ref)
             .map(|(embedding, model)| repo::memory::Semantic {

@@ -621,6 +621,43 @@ async fn a_question_naming_a_speaker_prefers_that_speakers_turns() {
     assert!(!context.contains("Caroline adopted pet?"), "{context}");
 }
 
+/// A question in the first person asks about the user's own words: of two
+/// turns that match it equally, the user's is the hit, though the
+/// assistant's is newer; the same turns asked about without "I" give the
+/// newer one, so the tie is the first person's to break.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_in_the_first_person_prefers_the_users_own_turns() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let users = [Uuid::new_v4(), Uuid::new_v4()];
+    for user in users {
+        let chat = Uuid::new_v4();
+        log_turn(&c, user, chat, "user_query", "we adopted a pet dog").await;
+        log_turn(&c, user, chat, "assistant_response", "you adopted a pet cat").await;
+    }
+    let api = Api::start(
+        &db,
+        Opts::default()
+            .env("MAAS_ARCHIVIST__ENABLED", "false")
+            .env("MAAS_MEMORY__HITS", "1")
+            .env("MAAS_MEMORY__WINDOW", "0"),
+    )
+    .await;
+    let mut contexts = Vec::new();
+    for (user, question) in users
+        .into_iter()
+        .zip(["Which pet did I adopt?", "Which pet was adopted before?"])
+    {
+        let id = api.ask(user, None, question).await;
+        let state = api.status_with(id, "include=context").await;
+        contexts.push(state["context"].as_str().unwrap_or_default().to_owned());
+    }
+    assert!(contexts[0].contains("we adopted a pet dog"), "{}", contexts[0]);
+    assert!(!contexts[0].contains("you adopted a pet cat"), "{}", contexts[0]);
+    assert!(contexts[1].contains("you adopted a pet cat"), "{}", contexts[1]);
+    assert!(!contexts[1].contains("we adopted a pet dog"), "{}", contexts[1]);
+}
+
 /// The search asks for more hits when the budget is larger
 /// (`stage::memory::hits`): with `memory.hits` 1, a budget of 4,000 tokens
 /// brings two matching turns where 2,000 brings one (the test above).

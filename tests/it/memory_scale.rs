@@ -89,6 +89,7 @@ async fn hits_for(client: &deadpool_postgres::Client, user: Uuid, embedding: &[f
         hits: 10,
         window: 0,
         records: 0,
+        first_person: false,
         semantic: Some(maas::repo::memory::Semantic {
             embedding,
             model: MODEL,
@@ -284,6 +285,7 @@ async fn text_hits(client: &deadpool_postgres::Client, user: Uuid, query: &str) 
         hits: 40,
         window: 0,
         records: 0,
+        first_person: false,
         semantic: None,
     };
     let items = maas::repo::memory::search(client, &s).await.unwrap();

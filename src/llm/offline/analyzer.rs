@@ -231,6 +231,8 @@ mod tests {
             "Do you remember what I told you about the garden?",
             "What did we decide last week?",
             "How is Olga doing?",
+            "When did I paint that sunrise?",
+            "Что я говорил про сад?",
         ] {
             assert_eq!(ask(query, 3)["needs_context"], true, "{query}");
             assert_eq!(ask(query, 0)["needs_context"], false, "{query}: no earlier turns");

@@ -5,13 +5,11 @@
 use std::collections::HashMap;
 
 /// Words by which a query refers to the user's own life or to what was
-/// said before, English and Russian (whole words, lower case).
+/// said before, English and Russian (whole words, lower case), besides the
+/// first person ([`crate::person`]).
 const MEMORY_WORDS: &[&str] = &[
-    "my",
-    "mine",
     "our",
     "ours",
-    "me",
     "we",
     "us",
     "remember",
@@ -25,17 +23,6 @@ const MEMORY_WORDS: &[&str] = &[
     "last",
     "ago",
     "previous",
-    "мой",
-    "моя",
-    "моё",
-    "мое",
-    "мои",
-    "моего",
-    "моей",
-    "моему",
-    "моим",
-    "моих",
-    "мою",
     "наш",
     "наша",
     "наше",
@@ -44,8 +31,6 @@ const MEMORY_WORDS: &[&str] = &[
     "нашей",
     "нашу",
     "нам",
-    "мне",
-    "меня",
     "мы",
     "помнишь",
     "помню",
@@ -68,7 +53,7 @@ pub(super) fn could_use_memory(query: &str) -> bool {
     for raw in query.split_whitespace() {
         let word: String = raw.chars().filter(|c| c.is_alphanumeric()).collect();
         let lower = word.to_lowercase();
-        if MEMORY_WORDS.contains(&lower.as_str()) {
+        if MEMORY_WORDS.contains(&lower.as_str()) || crate::person::is_first_person(&lower) {
             return true;
         }
         let capital = word.chars().next().is_some_and(char::is_uppercase) && word.chars().count() > 1;
