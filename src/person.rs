@@ -37,7 +37,7 @@ const FIRST_PERSON: &[&str] = &[
 
 /// Whether `word` (lower case, letters and digits only) is one by which a
 /// user speaks of themself.
-pub fn is_first_person(word: &str) -> bool {
+fn is_first_person(word: &str) -> bool {
     FIRST_PERSON.contains(&word)
 }
 

@@ -232,6 +232,7 @@ mod tests {
             "What did we decide last week?",
             "How is Olga doing?",
             "When did I paint that sunrise?",
+            "I'm moving next week, any tips?",
             "Что я говорил про сад?",
         ] {
             assert_eq!(ask(query, 3)["needs_context"], true, "{query}");

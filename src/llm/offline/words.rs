@@ -45,15 +45,19 @@ const MEMORY_WORDS: &[&str] = &[
     "прошлом",
 ];
 
-/// Whether a query could use what the user said earlier: it refers to the
-/// user's own life or to the past ([`MEMORY_WORDS`]), or names someone or
+/// Whether a query could use what the user said earlier: it speaks in the
+/// first person ([`crate::person::speaks_of_self`]), refers to the user's
+/// own life or to the past ([`MEMORY_WORDS`]), or names someone or
 /// something (a capitalised word that does not open a sentence).
 pub(super) fn could_use_memory(query: &str) -> bool {
+    if crate::person::speaks_of_self(query) {
+        return true;
+    }
     let mut opens_sentence = true;
     for raw in query.split_whitespace() {
         let word: String = raw.chars().filter(|c| c.is_alphanumeric()).collect();
         let lower = word.to_lowercase();
-        if MEMORY_WORDS.contains(&lower.as_str()) || crate::person::is_first_person(&lower) {
+        if MEMORY_WORDS.contains(&lower.as_str()) {
             return true;
         }
         let capital = word.chars().next().is_some_and(char::is_uppercase) && word.chars().count() > 1;
