@@ -71,6 +71,11 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
         // (a full name's buckets win over a suffix's)
         .set_buckets_for_metric(Matcher::Full("maas_wait_seconds".into()), waits::WAIT_BUCKETS)
         .map_err(|e| MetricsError(e.to_string()))?
+        .set_buckets_for_metric(
+            Matcher::Full("maas_memory_search_duration_seconds".into()),
+            oncall::MEMORY_SEARCH_BUCKETS,
+        )
+        .map_err(|e| MetricsError(e.to_string()))?
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
         .map_err(|e| MetricsError(e.to_string()))?
         .set_buckets_for_metric(Matcher::Suffix("_tokens".into()), oncall::TOKEN_BUCKETS)

@@ -14,7 +14,8 @@
 //!   plan arranges them. A plan without
 //!   sub-queries runs exactly the statement it always ran.
 //! - A failure of any of them is a retryable stage error; the whole read
-//!   is bounded by the stage timeout.
+//!   is bounded by the stage timeout, and timed
+//!   (`maas_memory_search_duration_seconds`, by result).
 
 use futures_util::future::join_all;
 
@@ -78,7 +79,15 @@ impl Engine {
             let client = self.pool.get().await?;
             crate::users::retrieve(&client, &self.cfg.memory, plan, who, query, more).await
         };
-        match tokio::time::timeout(self.cfg.stage_timeout(), read).await {
+        let started = std::time::Instant::now();
+        let read = tokio::time::timeout(self.cfg.stage_timeout(), read).await;
+        let result = match &read {
+            Ok(Ok(_)) => "ok",
+            Ok(Err(_)) => "error",
+            Err(_) => "timeout",
+        };
+        crate::metrics::memory_search(result, started.elapsed());
+        match read {
             Ok(Ok(read)) => Ok(read),
             Ok(Err(e)) => Err(StageError::retry(
                 "memory_search",

@@ -28,6 +28,14 @@ pub(super) const TOKEN_BUCKETS: &[f64] = &[
     16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0,
 ];
 
+/// Buckets of `maas_memory_search_duration_seconds`: 1 ms to 5 s (a
+/// search takes a few milliseconds; the `_seconds` default starts at 5).
+pub(super) const MEMORY_SEARCH_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+
+/// Outcomes of one memory read (the `result` label of its duration).
+pub const MEMORY_SEARCH_RESULTS: [&str; 3] = ["ok", "error", "timeout"];
+
 /// The tables whose size is exported (`maas_table_rows`, `maas_table_bytes`).
 pub const TABLES: [&str; 3] = ["pipeline_runs", "raw_logs", "lsm_storage"];
 
@@ -98,6 +106,11 @@ pub(super) const DESCRIPTIONS: &[(Kind, &str, &str)] = &[
         Kind::Seconds,
         "maas_claim_poll_duration_seconds",
         "Time of one claim statement (prompts and connection included), by stage and result",
+    ),
+    (
+        Kind::Seconds,
+        "maas_memory_search_duration_seconds",
+        "Time of the memory an assemble stage reads (the query's search and its sub-queries', connection included), by result (ok, error, timeout)",
     ),
     (
         Kind::Counter,
@@ -259,6 +272,12 @@ pub fn claim_poll(stage: StageKind, rows: Option<usize>, took: Duration) {
     counter!("maas_claim_polls_total", "stage" => stage.as_str(), "result" => result).increment(1);
     histogram!("maas_claim_poll_duration_seconds", "stage" => stage.as_str(), "result" => result)
         .record(took.as_secs_f64());
+}
+
+/// The memory one assemble stage read: `result` one of
+/// [`MEMORY_SEARCH_RESULTS`], in `took`.
+pub fn memory_search(result: &'static str, took: Duration) {
+    histogram!("maas_memory_search_duration_seconds", "result" => result).record(took.as_secs_f64());
 }
 
 /// A written stage result that was a failure: retried (or failed for

@@ -216,6 +216,19 @@ fn every_on_call_series_is_exported(page: &str) {
     }
     assert!(total(&page, "maas_claim_polls_total", &["result=\"processed\""]) >= 1.0);
     assert!(total(&page, "maas_claim_poll_duration_seconds_count", &[]) >= 1.0);
+    // The memory the assemble stages read, timed.
+    assert!(
+        total(&page, "maas_memory_search_duration_seconds_count", &["result=\"ok\""]) >= 1.0,
+        "{page}"
+    );
+    assert!(
+        metric(
+            &page,
+            "maas_memory_search_duration_seconds_bucket{result=\"ok\",le=\"0.001\"}"
+        )
+        .is_some(),
+        "millisecond buckets: {page}"
+    );
     // Callbacks: delivered, dead, the dead-letter gauge.
     assert_eq!(
         metric(&page, "maas_callback_deliveries_total{outcome=\"dead\"}"),
